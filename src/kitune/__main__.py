@@ -1,0 +1,5 @@
+"""``python -m kitune`` entry point."""
+
+from kitune.cli import main
+
+main()

@@ -1,0 +1,50 @@
+"""The ``kitune`` command line (Typer). Thin: parse arguments → :mod:`kitune.service` → print.
+
+Each command group lives in its own module in this package and exposes ``register(app)``.
+"""
+
+from __future__ import annotations
+
+import typer
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="kitune",
+    help=(
+        "kitune pre-computes Knowledge Indicators (KIs) from a corpus for LLM agents, measures an "
+        "agent with them against a search-and-fetch baseline, and tunes its own prompts.\n\n"
+        "Typical flow: kitune extract → kitune context → kitune eval → kitune optimize. "
+        "`kitune demo` runs the whole loop on the bundled fixture with the embedded local model."
+    ),
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+    add_completion=False,
+)
+
+_REGISTERED = False
+
+
+def _register() -> None:
+    global _REGISTERED
+    if _REGISTERED:
+        return
+    from kitune.cli import (
+        config_cmds,
+        eval_cmds,
+        extract_cmds,
+        context_cmds,
+        lm_cmds,
+        loop_cmds,
+        store_cmds,
+    )
+
+    for module in (config_cmds, lm_cmds, store_cmds, extract_cmds, context_cmds, eval_cmds, loop_cmds):
+        module.register(app)
+    _REGISTERED = True
+
+
+def main() -> None:
+    """Console-script entry point."""
+    _register()
+    app()

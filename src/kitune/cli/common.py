@@ -1,0 +1,38 @@
+"""Shared CLI helpers: the --config option, config loading with clean errors, failure exit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, NoReturn
+
+import typer
+from rich.console import Console
+
+from kitune.config import KituneConfig, load_config
+from kitune.errors import KituneError
+
+__all__ = ["ConfigOption", "console", "fail", "get_config"]
+
+console = Console(stderr=True)
+
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--config", "-c", help="YAML/TOML config file (default: $KITUNE_CONFIG, else built-in defaults).",
+        show_default=False,
+    ),
+]
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    """Print ``message`` in red on stderr and exit with ``code``."""
+    console.print(f"[bold red]error:[/] {message}")
+    raise typer.Exit(code)
+
+
+def get_config(path: Path | None, overrides: dict[str, object] | None = None) -> KituneConfig:
+    """Load the config or exit 2 with the ConfigError message (no traceback)."""
+    try:
+        return load_config(path, overrides)
+    except KituneError as e:
+        fail(str(e))

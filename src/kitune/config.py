@@ -1,0 +1,380 @@
+"""Configuration: pydantic models loaded from a YAML/TOML file plus environment variables.
+
+Precedence, lowest to highest: field defaults → the config file → ``KITUNE_*`` environment
+variables (nested with ``__``, e.g. ``KITUNE_LM__EXTRACT__MODEL=openai/gpt-4o-mini``) →
+explicit ``overrides`` passed to :func:`load_config`.
+
+Secrets (API keys) never live in the file: the file names the *environment variable* that holds
+a key (``api_key_env``), and :func:`load_config` refuses a file that contains a literal key.
+
+LLM roles: ``extract``, ``rewrite``, ``agent``, ``judge`` and ``reflection`` (the optimisers'
+proposer). Each names its own model; all share one OpenAI-compatible gateway (base URL + key)
+when ``lm.gateway`` is set. When no role has a model and no gateway is configured, kitune uses
+the embedded local model (llama.cpp), see :class:`LocalModelConfig`.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from kitune.errors import ConfigError
+
+__all__ = [
+    "ROLES",
+    "AgentConfig",
+    "ElasticsearchStoreConfig",
+    "EmbedderConfig",
+    "ExtractionConfig",
+    "GatewayConfig",
+    "KituneConfig",
+    "LMConfig",
+    "LMRoleConfig",
+    "LanceStoreConfig",
+    "LifecycleConfig",
+    "LocalModelConfig",
+    "OptimizeConfig",
+    "RetrievalConfig",
+    "Role",
+    "StoreConfig",
+    "TrackingConfig",
+    "load_config",
+    "mask_secrets",
+]
+
+Role = Literal["extract", "rewrite", "agent", "judge", "reflection"]
+ROLES: tuple[Role, ...] = ("extract", "rewrite", "agent", "judge", "reflection")
+
+_SECRET_KEYS = {"api_key", "apikey", "password", "token", "secret", "bearer_token"}
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class LMRoleConfig(_Section):
+    """One LLM role (extract, rewrite, agent, judge or reflection)."""
+
+    model: str | None = Field(
+        default=None,
+        description="LiteLLM model string, e.g. 'openai/gpt-4o-mini'. None: the gateway's "
+        "default_model, else the embedded local model.",
+    )
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0, description="Sampling temperature.")
+    max_tokens: int = Field(default=1024, ge=1, le=200_000, description="Max output tokens per call.")
+    timeout_s: float = Field(default=120.0, gt=0, description="Per-call timeout in seconds; actually enforced.")
+    num_retries: int = Field(default=3, ge=0, le=10, description="Bounded retries for 429/5xx/timeouts.")
+    api_base_env: str | None = Field(
+        default=None, description="Env var holding this role's base URL (overrides the gateway's)."
+    )
+    api_key_env: str | None = Field(
+        default=None, description="Env var holding this role's API key (overrides the gateway's)."
+    )
+
+
+class GatewayConfig(_Section):
+    """One OpenAI-compatible gateway shared by every role (a LiteLLM proxy, OpenRouter, vLLM …)."""
+
+    base_url_env: str | None = Field(
+        default=None, description="Env var holding the gateway base URL, e.g. KITUNE_GATEWAY_URL."
+    )
+    api_key_env: str | None = Field(
+        default=None, description="Env var holding the gateway API key, e.g. KITUNE_GATEWAY_KEY."
+    )
+    default_model: str | None = Field(
+        default=None, description="Model used by roles that name none, e.g. 'openai/gpt-4o-mini'."
+    )
+
+
+class LocalModelConfig(_Section):
+    """The embedded local model: llama.cpp serving a GGUF shipped on PyPI, on 127.0.0.1."""
+
+    model: Literal["qwen2.5-coder-1.5b", "qwen2.5-0.5b", "gemma3-270m"] = Field(
+        default="qwen2.5-coder-1.5b", description="Which packaged GGUF to serve."
+    )
+    gguf_path: Path | None = Field(default=None, description="Use this GGUF file instead of a packaged one.")
+    n_ctx: int = Field(default=8192, ge=512, description="Context window in tokens.")
+    n_threads: int | None = Field(default=None, ge=1, description="CPU threads; None: all cores.")
+    port: int = Field(default=0, ge=0, le=65535, description="Port on 127.0.0.1; 0 picks a free one.")
+    startup_timeout_s: float = Field(default=180.0, gt=0, description="How long to wait for the server.")
+
+
+class LMConfig(_Section):
+    """LLM access for every role."""
+
+    gateway: GatewayConfig = Field(default_factory=GatewayConfig, description="Shared gateway.")
+    extract: LMRoleConfig = Field(default_factory=lambda: LMRoleConfig(max_tokens=2048), description="Extractor.")
+    rewrite: LMRoleConfig = Field(default_factory=lambda: LMRoleConfig(max_tokens=512), description="Query rewriter.")
+    agent: LMRoleConfig = Field(default_factory=lambda: LMRoleConfig(max_tokens=512), description="Eval agent.")
+    judge: LMRoleConfig = Field(default_factory=lambda: LMRoleConfig(max_tokens=256), description="Judge.")
+    reflection: LMRoleConfig = Field(
+        default_factory=lambda: LMRoleConfig(temperature=1.0, max_tokens=4096), description="Optimiser proposer."
+    )
+    local: LocalModelConfig = Field(default_factory=LocalModelConfig, description="Embedded local model.")
+    cache: bool = Field(default=False, description="Use DSPy's response cache (usage still recorded).")
+
+    def role(self, role: Role) -> LMRoleConfig:
+        """Return the config of ``role``."""
+        cfg: LMRoleConfig = getattr(self, role)
+        return cfg
+
+
+class EmbedderConfig(_Section):
+    """Text embedder used by the embedded stores."""
+
+    type: Literal["wordllama", "hash"] = Field(default="wordllama", description="wordllama (offline) or hash (tests).")
+    dim: int = Field(default=256, ge=8, le=4096, description="Vector dimension.")
+
+
+class LanceStoreConfig(_Section):
+    """Embedded default store on LanceDB (no server)."""
+
+    type: Literal["lancedb"] = "lancedb"
+    path: Path | None = Field(default=None, description="Database folder; None: <workdir>/lancedb.")
+    table: str = Field(default="kis", description="KI table name.")
+    write_batch_size: int = Field(default=512, ge=1, description="KIs per commit.")
+    compact_every_fragments: int = Field(default=32, ge=2, description="optimize() once this many fragments exist.")
+
+
+class ElasticsearchStoreConfig(_Section):
+    """Elasticsearch 9.x backend (scale-out)."""
+
+    type: Literal["elasticsearch"] = "elasticsearch"
+    url_env: str = Field(default="KITUNE_ES_URL", description="Env var holding the cluster URL.")
+    api_key_env: str | None = Field(default="KITUNE_ES_API_KEY", description="Env var holding an API key.")
+    index: str = Field(default="kitune-kis", description="KI index name.")
+    inference_id: str = Field(default=".elser-2-elasticsearch", description="semantic_text inference endpoint.")
+    bulk_chunk_size: int = Field(default=500, ge=1, description="Documents per bulk request.")
+    max_retries: int = Field(default=5, ge=0, description="Retries of 429 items, with backoff.")
+
+
+StoreConfig = Annotated[LanceStoreConfig | ElasticsearchStoreConfig, Field(discriminator="type")]
+
+
+class RetrievalConfig(_Section):
+    """Hybrid retrieval knobs (Optuna may tune them)."""
+
+    rrf_k: int = Field(default=60, ge=1, le=1000, description="RRF constant k in 1/(k + rank).")
+    tag_weight: float = Field(default=1.0, ge=0.0, description="RRF weight of the tag branch.")
+    lexical_weight: float = Field(default=1.0, ge=0.0, description="RRF weight of BM25 on titles.")
+    semantic_weight: float = Field(default=1.0, ge=0.0, description="RRF weight of vectors on descriptions.")
+    branch_size: int = Field(default=50, ge=1, le=1000, description="Candidates per branch before fusion.")
+    default_size: int = Field(default=10, ge=1, le=100, description="KIs returned by get_context.")
+    max_size: int = Field(default=50, ge=1, le=1000, description="Largest size a request may ask for.")
+    confidence_floor: int = Field(default=0, ge=0, le=100, description="Drop KIs below this confidence.")
+    snippet_chars: int = Field(default=700, ge=50, le=10_000, description="Baseline search snippet size.")
+    snippets_per_hit: int = Field(default=3, ge=1, le=10, description="Baseline snippets per hit.")
+    search_hits: int = Field(default=10, ge=1, le=100, description="Baseline hits per search.")
+
+
+class ExtractionConfig(_Section):
+    """Extractor run settings."""
+
+    max_facts_per_doc: int = Field(default=15, ge=0, le=50, description="Cap on facts per document.")
+    concurrency: int = Field(default=4, ge=1, le=256, description="Documents extracted in parallel.")
+    chunk_chars: int = Field(default=6000, ge=500, description="Split documents longer than this.")
+    write_batch_size: int = Field(default=256, ge=1, description="KIs buffered before a store write.")
+
+
+class AgentConfig(_Section):
+    """Eval agent budget and concurrency."""
+
+    max_steps: int = Field(default=43, ge=1, le=500, description="Step budget per question.")
+    max_tokens: int | None = Field(default=None, ge=1, description="Optional input-token budget per question.")
+    timeout_s: float | None = Field(default=None, gt=0, description="Optional wall-clock budget per question.")
+    observation_max_chars: int = Field(default=8000, ge=200, description="Cap on one tool result.")
+    concurrency: int = Field(default=2, ge=1, le=64, description="Questions run in parallel.")
+
+
+class LifecycleConfig(_Section):
+    """KI lifecycle."""
+
+    stale_after_days: float = Field(default=7.0, gt=0, description="Unseen this long → stale; twice → expired.")
+
+
+class TrackingConfig(_Section):
+    """MLflow tracking. Registries need a database store, hence SQLite by default."""
+
+    tracking_uri: str | None = Field(default=None, description="None: sqlite:///<workdir>/mlflow.db.")
+    experiment: str = Field(default="kitune", description="MLflow experiment name.")
+
+
+class OptimizeConfig(_Section):
+    """Optimisation loop."""
+
+    optimizer: Literal["gepa", "mipro"] = Field(default="gepa", description="DSPy optimiser.")
+    iterations: int = Field(default=2, ge=1, le=100, description="Loop iterations.")
+    accept_margin: float = Field(default=0.0, ge=0.0, le=1.0, description="Validation gain needed to accept.")
+    validation_fraction: float = Field(default=0.5, gt=0.0, lt=1.0, description="Share of questions held out.")
+    seed: int = Field(default=0, description="Seed for splits and optimisers.")
+    accuracy_weight: float = Field(default=1.0, ge=0.0, description="Metric weight of judge accuracy.")
+    token_weight: float = Field(default=0.1, ge=0.0, description="Metric penalty per 10k input tokens.")
+    timeout_weight: float = Field(default=0.2, ge=0.0, description="Metric penalty per timed-out question.")
+
+
+class KituneConfig(BaseSettings):
+    """The whole configuration. See the module docstring for precedence and secrets."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="KITUNE_", env_nested_delimiter="__", extra="forbid", validate_assignment=True
+    )
+
+    workdir: Path = Field(default=Path("kitune-work"), description="Where stores, runs and traces live.")
+    corpus_name: str = Field(default="corpus", description="Name used in KI references (index://<name>).")
+    lm: LMConfig = Field(default_factory=LMConfig, description="LLM roles and the embedded model.")
+    embedder: EmbedderConfig = Field(default_factory=EmbedderConfig, description="Embedder.")
+    store: StoreConfig = Field(default_factory=LanceStoreConfig, description="KI store backend.")
+    retrieval: RetrievalConfig = Field(default_factory=RetrievalConfig, description="Retrieval knobs.")
+    extraction: ExtractionConfig = Field(default_factory=ExtractionConfig, description="Extraction.")
+    agent: AgentConfig = Field(default_factory=AgentConfig, description="Eval agent.")
+    lifecycle: LifecycleConfig = Field(default_factory=LifecycleConfig, description="KI lifecycle.")
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="MLflow tracking.")
+    optimize: OptimizeConfig = Field(default_factory=OptimizeConfig, description="Optimisation loop.")
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Environment beats the file; the file arrives as init kwargs. Overrides are merged
+        # into the environment layer by load_config.
+        return (env_settings, init_settings)
+
+    def uses_local_model(self, role: Role) -> bool:
+        """True when ``role`` resolves to the embedded local model (no model and no gateway model)."""
+        return self.lm.role(role).model is None and self.lm.gateway.default_model is None
+
+    @property
+    def mlflow_uri(self) -> str:
+        """The MLflow tracking URI (``sqlite:///<workdir>/mlflow.db`` by default)."""
+        return self.tracking.tracking_uri or f"sqlite:///{self.workdir.resolve() / 'mlflow.db'}"
+
+
+def _find_secrets(data: Any, path: str = "") -> list[str]:
+    found: list[str] = []
+    if isinstance(data, dict):
+        for key, value in data.items():
+            here = f"{path}.{key}" if path else str(key)
+            if str(key).lower() in _SECRET_KEYS and value not in (None, ""):
+                found.append(here)
+            found.extend(_find_secrets(value, here))
+    elif isinstance(data, list):
+        for i, value in enumerate(data):
+            found.extend(_find_secrets(value, f"{path}[{i}]"))
+    return found
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist: pass an existing --config file or omit it")
+    text = path.read_text(encoding="utf-8")
+    try:
+        if path.suffix.lower() == ".toml":
+            data: Any = tomllib.loads(text)
+        else:
+            data = yaml.safe_load(text) or {}
+    except (tomllib.TOMLDecodeError, yaml.YAMLError) as e:
+        raise ConfigError(f"config file {path} is not valid {path.suffix.lstrip('.') or 'YAML'}: {e}") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def _deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _dotted_to_nested(overrides: dict[str, Any]) -> dict[str, Any]:
+    nested: dict[str, Any] = {}
+    for dotted, value in overrides.items():
+        node = nested
+        parts = dotted.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
+    return nested
+
+
+def load_config(path: Path | str | None = None, overrides: dict[str, Any] | None = None) -> KituneConfig:
+    """Load the effective configuration.
+
+    Args:
+        path: a ``.yaml``/``.yml``/``.toml`` file, or None for defaults + environment. When None
+            and ``KITUNE_CONFIG`` is set, that file is used.
+        overrides: dotted keys applied last, e.g. ``{"lm.extract.model": "openai/gpt-4o-mini"}``.
+
+    Returns:
+        The validated :class:`KituneConfig`.
+
+    Raises:
+        ConfigError: the file is missing or malformed, holds a literal secret, or a value is
+            invalid (the message names the setting).
+    """
+    if path is None and os.environ.get("KITUNE_CONFIG"):
+        path = os.environ["KITUNE_CONFIG"]
+    data: dict[str, Any] = _read_file(Path(path)) if path is not None else {}
+    secrets = _find_secrets(data)
+    if secrets:
+        raise ConfigError(
+            f"config file {path} contains secret value(s) at {', '.join(secrets)}: put the secret in an "
+            "environment variable and name that variable instead (e.g. api_key_env: MY_PROVIDER_KEY)"
+        )
+    try:
+        cfg = KituneConfig(**data)
+        if overrides:
+            merged = _deep_merge(cfg.model_dump(mode="python"), _dotted_to_nested(overrides))
+            cfg = KituneConfig.model_validate(merged)
+    except ValidationError as e:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()
+        )
+        raise ConfigError(f"invalid configuration: {problems}") from e
+    return cfg
+
+
+def mask_secrets(cfg: KituneConfig) -> dict[str, Any]:
+    """Return the config as a JSON-able dict plus the resolved env values, secrets masked.
+
+    For every ``*_env`` setting, a sibling ``*_value`` key shows whether the variable is set:
+    base URLs are shown in full, keys as ``'sk-…abcd'`` (last 4 characters) or ``'<unset>'``.
+    """
+    data = cfg.model_dump(mode="json")
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            out: dict[str, Any] = {}
+            for key, value in node.items():
+                out[key] = walk(value)
+                if key.endswith("_env") and isinstance(value, str):
+                    raw = os.environ.get(value)
+                    shown: str
+                    if raw is None or raw == "":
+                        shown = "<unset>"
+                    elif "key" in key or "token" in key:
+                        shown = f"…{raw[-4:]}" if len(raw) > 8 else "****"
+                    else:
+                        shown = raw
+                    out[key.removesuffix("_env") + "_value"] = shown
+            return out
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        return node
+
+    result: dict[str, Any] = walk(data)
+    return result

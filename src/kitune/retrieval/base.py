@@ -1,0 +1,209 @@
+"""The store contracts: :class:`Store` for KIs and :class:`CorpusStore` for raw documents.
+
+Cross-backend rules (every implementation, checked by ``kitune.testing.store_contract``):
+
+* **Upsert**: ``upsert(kis)`` writes by ``KI.id``; writing an id that exists replaces the
+  whole record (re-seeing a KI refreshes ``last_seen``). Duplicate ids inside one call: the last
+  one wins. Writes are batched; a batch that is committed survives a crash of the process.
+* **Accounting**: ``WriteResult.indexed + len(WriteResult.failed) == WriteResult.submitted``
+  always; one bad KI never aborts its siblings.
+* **Ordering**: search results are best first; ``score`` is higher-is-better and comparable
+  only within one result list. Ties break by KI id ascending, so results are deterministic.
+* **Filters**: expired KIs are excluded unless the plan's filter asks for them.
+* **Copies**: returned KIs are copies; mutating them never changes the store.
+* **Thread safety**: one instance may be shared by threads (reads concurrent with one writer);
+  a second process may read the same on-disk store.
+* **Errors**: ``get`` of an unknown id raises :class:`kitune.errors.DocumentNotFoundError`;
+  an unreachable backend raises :class:`kitune.errors.StoreUnavailableError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Protocol, runtime_checkable
+
+from kitune.ki import KI, KIStatus
+from kitune.schema import Document, Filter, QueryPlan
+
+__all__ = [
+    "Aggregations",
+    "CorpusHit",
+    "CorpusStore",
+    "Hit",
+    "SearchResult",
+    "Store",
+    "SweepResult",
+    "WriteFailure",
+    "WriteResult",
+]
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One retrieved KI."""
+
+    ki: KI
+    """A copy of the stored KI."""
+    score: float
+    """Fused score, higher is better; comparable only within one result list."""
+    rank: int
+    """1-based rank in the result list."""
+    branches: dict[str, int] = field(default_factory=dict)
+    """Branch name (``tag``, ``lexical``, ``semantic``) → 1-based rank in that branch."""
+
+
+@dataclass(frozen=True)
+class Aggregations:
+    """Counts over the result set (not the whole store), most frequent first."""
+
+    by_tag: dict[str, int] = field(default_factory=dict)
+    """Plain tags (no ``entity:``/``doc:`` prefix) → count."""
+    by_doc: dict[str, int] = field(default_factory=dict)
+    """Evidence doc id → count."""
+    by_entity: dict[str, int] = field(default_factory=dict)
+    """Entity slug → count."""
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """What :meth:`Store.search` returns."""
+
+    hits: list[Hit]
+    """Best first, at most ``plan.size``."""
+    aggregations: Aggregations
+    """Facets over ``hits``."""
+    compiled: Any
+    """The compiled query: ES|QL text for Elasticsearch, a JSON-able dict for the embedded store."""
+    took_ms: float = 0.0
+    """Execution time in milliseconds."""
+
+
+@dataclass(frozen=True)
+class WriteFailure:
+    """One KI that could not be written."""
+
+    id: str
+    reason: str
+    status: int | None = None
+    """HTTP-like status for remote backends (e.g. 400, 429), None for local failures."""
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    """Outcome of a write; ``indexed + len(failed) == submitted`` always."""
+
+    submitted: int
+    indexed: int
+    failed: list[WriteFailure] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True only when every submitted KI was indexed."""
+        return not self.failed and self.indexed == self.submitted
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """Outcome of a lifecycle sweep: how many KIs changed to each status."""
+
+    stale: int
+    expired: int
+
+
+@runtime_checkable
+class Store(Protocol):
+    """A KI store. See the module docstring for the rules every backend follows."""
+
+    backend: str
+    """Short backend name, e.g. ``"lancedb"``."""
+
+    def upsert(self, kis: Sequence[KI]) -> WriteResult:
+        """Insert or replace KIs by id, in batches. Never raises for one bad KI (see WriteResult).
+
+        Raises:
+            StoreUnavailableError: the backend cannot be reached.
+        """
+        ...
+
+    def get(self, ki_id: str) -> KI:
+        """Return a copy of one KI.
+
+        Raises:
+            DocumentNotFoundError: no KI has this id.
+        """
+        ...
+
+    def delete(self, ki_ids: Sequence[str]) -> int:
+        """Delete KIs by id; unknown ids are ignored. Returns how many were deleted."""
+        ...
+
+    def count(self, filters: Filter | None = None) -> int:
+        """Count KIs passing ``filters`` (all statuses when None)."""
+        ...
+
+    def iter_kis(self, filters: Filter | None = None) -> Iterator[KI]:
+        """Yield copies of every KI passing ``filters`` (all statuses when None), by id ascending."""
+        ...
+
+    def compile(self, plan: QueryPlan) -> Any:
+        """Return the query ``search`` would run for ``plan``, without running it."""
+        ...
+
+    def search(self, plan: QueryPlan) -> SearchResult:
+        """Hybrid retrieval: tag + lexical + semantic branches fused with weighted RRF.
+
+        Returns:
+            At most ``plan.size`` hits, best first, plus aggregations over those hits.
+        """
+        ...
+
+    def set_status(self, filters: Filter, status: KIStatus) -> int:
+        """Set ``payload.status`` on every KI passing ``filters``. Returns how many changed."""
+        ...
+
+    def sweep(self, now: datetime, stale_after: timedelta) -> SweepResult:
+        """Mark KIs unseen for ``stale_after`` stale and for twice that expired (or past expires_at)."""
+        ...
+
+    def close(self) -> None:
+        """Flush pending writes and release resources. Idempotent."""
+        ...
+
+
+@dataclass(frozen=True)
+class CorpusHit:
+    """One document hit from the baseline corpus search."""
+
+    docid: str
+    title: str
+    snippets: list[str]
+    """Up to ``snippets_per_hit`` passages of at most ``snippet_chars`` characters, best first."""
+    score: float
+    """Higher is better; comparable only within one result list."""
+
+
+@runtime_checkable
+class CorpusStore(Protocol):
+    """Raw documents, chunked and searchable (BM25 + vectors), for the baseline skill."""
+
+    def add_documents(self, docs: Sequence[Document]) -> WriteResult:
+        """Insert or replace documents by ``docid`` (chunking them)."""
+        ...
+
+    def search(self, query: str, *, k: int = 10, snippets_per_hit: int = 3, snippet_chars: int = 700) -> list[CorpusHit]:
+        """Return at most ``k`` documents, best first, each with its best snippets."""
+        ...
+
+    def get(self, docid: str) -> Document:
+        """Return the full document.
+
+        Raises:
+            DocumentNotFoundError: no document has this id.
+        """
+        ...
+
+    def count(self) -> int:
+        """Number of documents."""
+        ...
