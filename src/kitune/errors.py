@@ -10,6 +10,7 @@ Every error kitune raises on purpose derives from :class:`KituneError`::
     │   ├── LMTimeoutError             # the configured per-call timeout expired
     │   ├── LMRateLimitError           # 429 after bounded retries
     │   ├── EmptyCompletionError       # HTTP 200 with no choices / no content
+    │   ├── LMContextWindowError       # the prompt does not fit the model's context
     │   └── ResponseFormatError        # the server rejected response_format
     ├── ParseError                     # model output held no usable JSON / fields
     ├── StoreError
@@ -35,6 +36,7 @@ __all__ = [
     "KituneError",
     "LMAuthError",
     "LMConnectionError",
+    "LMContextWindowError",
     "LMError",
     "LMRateLimitError",
     "LMTimeoutError",
@@ -117,6 +119,10 @@ class EmptyCompletionError(LMError):
     def __init__(self, message: str, *, reason: str, model: str = "", api_base: str | None = None) -> None:
         super().__init__(message, model=model, api_base=api_base, retryable=False)
         self.reason = reason
+
+
+class LMContextWindowError(LMError):
+    """The prompt does not fit the model's context window (case A1)."""
 
 
 class ResponseFormatError(LMError):
