@@ -1,0 +1,477 @@
+"""Dataset loaders: corpora and questions from the BrowseComp-Plus layout or plain JSONL.
+
+Two layouts are read:
+
+* **BrowseComp-Plus layout** (a directory, as in ``shared/data/fixture``): ``corpus.jsonl``
+  (``{"docid", "title", "text", "source"?, "url"?}``), ``queries.tsv`` (``query_id<TAB>query``),
+  ``ground_truth.jsonl`` (``{"query_id", "query"?, "answer", "answer_aliases"?, "dataset"?,
+  "hops"?}``), ``qrel_evidence.txt`` and ``qrel_golds.txt`` (TREC qrels ``qid Q0 docid rel``).
+* **Plain JSONL**: a documents file (one document per line; ``docid``/``id``/``doc_id`` and
+  ``text``/``contents``) and a questions file (one question per line with ``query_id``/``id``,
+  ``query``/``question``, ``answer`` and optionally ``aliases``/``answer_aliases``,
+  ``evidence_docids``, ``gold_docids``, ``dataset``, ``hops``). A directory holding
+  ``documents.jsonl`` + ``questions.jsonl`` is read the same way.
+
+Errors: a missing file, an invalid question line, a duplicate id, a qrel naming an unknown
+document or question, or a question without an answer raises :class:`kitune.errors.DataError`
+naming the file and 1-based line. An invalid *corpus* line is skipped and reported in a
+:class:`LoadReport` instead (one bad page should not sink a 100k-document corpus).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kitune.errors import DataError
+from kitune.schema import Document
+
+__all__ = [
+    "CORPUS_FILE",
+    "Dataset",
+    "LoadReport",
+    "Question",
+    "SkippedLine",
+    "load_corpus",
+    "load_corpus_with_report",
+    "load_dataset",
+    "load_questions",
+]
+
+logger = logging.getLogger(__name__)
+
+CORPUS_FILE = "corpus.jsonl"
+_QUERIES = "queries.tsv"
+_GROUND_TRUTH = "ground_truth.jsonl"
+_QREL_EVIDENCE = "qrel_evidence.txt"
+_QREL_GOLDS = "qrel_golds.txt"
+_PLAIN_DOCS = "documents.jsonl"
+_PLAIN_QUESTIONS = "questions.jsonl"
+
+_ID_KEYS = ("docid", "doc_id", "id")
+_TEXT_KEYS = ("text", "contents", "content")
+
+
+@dataclass(frozen=True)
+class Question:
+    """One evaluation question with its gold answer and gold documents."""
+
+    query_id: str
+    """Unique id within the dataset (a string, e.g. ``"43"``)."""
+    query: str
+    """The question text."""
+    answer: str
+    """The gold answer (non-empty)."""
+    aliases: tuple[str, ...] = ()
+    """Other accepted spellings of the answer."""
+    evidence_docids: tuple[str, ...] = ()
+    """Documents needed to answer (qrel_evidence), in file order."""
+    gold_docids: tuple[str, ...] = ()
+    """Documents that contain the answer (qrel_golds), in file order."""
+    dataset: str = ""
+    """Origin dataset, e.g. ``"musique"``."""
+    hops: str = ""
+    """Hop label as given, e.g. ``"2hop"``."""
+
+    @property
+    def golds(self) -> tuple[str, ...]:
+        """The answer followed by its aliases (for EM/F1)."""
+        return (self.answer, *self.aliases)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able dict with list-valued tuples."""
+        return {
+            "query_id": self.query_id,
+            "query": self.query,
+            "answer": self.answer,
+            "aliases": list(self.aliases),
+            "evidence_docids": list(self.evidence_docids),
+            "gold_docids": list(self.gold_docids),
+            "dataset": self.dataset,
+            "hops": self.hops,
+        }
+
+
+@dataclass(frozen=True)
+class SkippedLine:
+    """One input line that was skipped."""
+
+    path: str
+    line: int
+    """1-based line number."""
+    reason: str
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    """What a corpus load read and skipped."""
+
+    path: str
+    loaded: int
+    """Documents returned."""
+    skipped: tuple[SkippedLine, ...] = ()
+
+    @property
+    def n_skipped(self) -> int:
+        """Number of skipped lines."""
+        return len(self.skipped)
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A corpus plus its questions, qrels validated against the corpus."""
+
+    documents: list[Document]
+    questions: list[Question]
+    report: LoadReport
+    root: Path = field(default_factory=Path)
+
+
+def _require_file(path: Path, what: str, fix: str) -> None:
+    if not path.is_file():
+        raise DataError(f"{what} {path} does not exist: {fix}", path=str(path))
+
+
+def _iter_lines(path: Path) -> Iterator[tuple[int, str]]:
+    with path.open(encoding="utf-8") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            line = raw.strip()
+            if line:
+                yield lineno, line
+
+
+def _first(record: dict[str, Any], keys: tuple[str, ...]) -> Any:
+    for key in keys:
+        if key in record and record[key] is not None:
+            return record[key]
+    return None
+
+
+def _resolve_corpus_path(path: Path) -> Path:
+    if path.is_dir():
+        for name in (CORPUS_FILE, _PLAIN_DOCS):
+            if (path / name).is_file():
+                return path / name
+        raise DataError(
+            f"directory {path} has no {CORPUS_FILE} or {_PLAIN_DOCS}: point at a corpus JSONL file "
+            "or a directory in the BrowseComp-Plus layout",
+            path=str(path),
+        )
+    _require_file(path, "corpus file", "check the --data path")
+    return path
+
+
+def load_corpus_with_report(path: Path | str) -> tuple[list[Document], LoadReport]:
+    """Read a corpus and report skipped lines.
+
+    Args:
+        path: a JSONL file (one document per line) or a directory holding ``corpus.jsonl`` or
+            ``documents.jsonl``.
+
+    Returns:
+        ``(documents, report)``: documents in file order; ``report.loaded == len(documents)``.
+        Lines that are not JSON objects or lack an id/text are skipped and listed in
+        ``report.skipped`` with their 1-based line numbers.
+
+    Raises:
+        DataError: the file is missing, or two lines share a doc id (names both lines).
+    """
+    file = _resolve_corpus_path(Path(path))
+    docs: list[Document] = []
+    skipped: list[SkippedLine] = []
+    seen: dict[str, int] = {}
+    for lineno, line in _iter_lines(file):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            skipped.append(SkippedLine(str(file), lineno, f"invalid JSON: {e.msg}"))
+            continue
+        if not isinstance(record, dict):
+            skipped.append(SkippedLine(str(file), lineno, f"expected an object, got {type(record).__name__}"))
+            continue
+        docid = _first(record, _ID_KEYS)
+        text = _first(record, _TEXT_KEYS)
+        if docid is None or str(docid).strip() == "":
+            skipped.append(SkippedLine(str(file), lineno, "no docid/id field"))
+            continue
+        if not isinstance(text, str):
+            skipped.append(SkippedLine(str(file), lineno, "no text/contents string field"))
+            continue
+        docid = str(docid).strip()
+        if docid in seen:
+            raise DataError(
+                f"{file}:{lineno}: duplicate docid {docid!r} (first on line {seen[docid]}): "
+                "doc ids must be unique; remove or renumber one of them",
+                path=str(file),
+                line=lineno,
+            )
+        seen[docid] = lineno
+        known = set(_ID_KEYS) | set(_TEXT_KEYS) | {"title", "url", "source"}
+        metadata = {k: str(v) for k, v in record.items() if k not in known and isinstance(v, str | int | float)}
+        docs.append(
+            Document(
+                docid=docid,
+                text=text,
+                title=str(record.get("title") or ""),
+                url=str(record.get("url") or ""),
+                source=str(record.get("source") or ""),
+                metadata=metadata,
+            )
+        )
+    for s in skipped:
+        logger.warning("skipped %s:%d: %s", s.path, s.line, s.reason)
+    return docs, LoadReport(path=str(file), loaded=len(docs), skipped=tuple(skipped))
+
+
+def load_corpus(path: Path | str) -> list[Document]:
+    """Read a corpus (see :func:`load_corpus_with_report`); skipped lines are only logged.
+
+    Raises:
+        DataError: the file is missing or holds duplicate doc ids.
+    """
+    return load_corpus_with_report(path)[0]
+
+
+def _read_qrels(
+    path: Path, known_qids: Collection[str], known_docids: Collection[str] | None
+) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for lineno, line in _iter_lines(path):
+        parts = line.split()
+        if len(parts) != 4:
+            raise DataError(
+                f"{path}:{lineno}: expected a TREC qrel 'qid Q0 docid relevance', got {line!r}",
+                path=str(path),
+                line=lineno,
+            )
+        qid, _, docid, rel = parts
+        if qid not in known_qids:
+            raise DataError(
+                f"{path}:{lineno}: qrel names unknown query id {qid!r}: it is not in {_QUERIES}/{_GROUND_TRUTH}",
+                path=str(path),
+                line=lineno,
+            )
+        if known_docids is not None and docid not in known_docids:
+            raise DataError(
+                f"{path}:{lineno}: qrel names doc id {docid!r}, which is not in the corpus: "
+                "add the document to the corpus or drop the qrel line",
+                path=str(path),
+                line=lineno,
+            )
+        try:
+            relevant = float(rel) > 0
+        except ValueError as e:
+            raise DataError(f"{path}:{lineno}: relevance {rel!r} is not a number", path=str(path), line=lineno) from e
+        if relevant and docid not in out.setdefault(qid, []):
+            out[qid].append(docid)
+    return out
+
+
+def _str_list(value: Any, path: Path, lineno: int, key: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, list):
+        return tuple(str(v) for v in value if v is not None and str(v) != "")
+    raise DataError(f"{path}:{lineno}: {key} must be a list of strings", path=str(path), line=lineno)
+
+
+def _question_from_record(record: dict[str, Any], path: Path, lineno: int) -> Question:
+    qid = _first(record, ("query_id", "qid", "id"))
+    if qid is None or str(qid).strip() == "":
+        raise DataError(f"{path}:{lineno}: question has no query_id/id", path=str(path), line=lineno)
+    query = _first(record, ("query", "question"))
+    answer = record.get("answer")
+    if isinstance(answer, list):  # some exports give a list of accepted answers
+        answer, *rest = answer or [None]
+        record = {**record, "answer_aliases": [*rest, *(record.get("answer_aliases") or [])]}
+    if answer is None or str(answer).strip() == "":
+        raise DataError(
+            f"{path}:{lineno}: question {qid!r} has no answer: every evaluation question needs a gold "
+            "'answer' field",
+            path=str(path),
+            line=lineno,
+        )
+    return Question(
+        query_id=str(qid).strip(),
+        query=str(query or ""),
+        answer=str(answer),
+        aliases=_str_list(_first(record, ("answer_aliases", "aliases")), path, lineno, "aliases"),
+        evidence_docids=_str_list(_first(record, ("evidence_docids", "evidence_doc_ids")), path, lineno, "evidence"),
+        gold_docids=_str_list(_first(record, ("gold_docids", "gold_doc_ids")), path, lineno, "gold_docids"),
+        dataset=str(record.get("dataset") or ""),
+        hops=str(record.get("hops") or ""),
+    )
+
+
+def _read_question_records(path: Path) -> list[Question]:
+    questions: list[Question] = []
+    seen: dict[str, int] = {}
+    for lineno, line in _iter_lines(path):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(
+                f"{path}:{lineno}: invalid JSON ({e.msg} at column {e.colno}): fix or remove the line",
+                path=str(path),
+                line=lineno,
+            ) from e
+        if not isinstance(record, dict):
+            raise DataError(f"{path}:{lineno}: expected a JSON object", path=str(path), line=lineno)
+        q = _question_from_record(record, path, lineno)
+        if q.query_id in seen:
+            raise DataError(
+                f"{path}:{lineno}: duplicate query_id {q.query_id!r} (first on line {seen[q.query_id]})",
+                path=str(path),
+                line=lineno,
+            )
+        seen[q.query_id] = lineno
+        questions.append(q)
+    return questions
+
+
+def _read_corpus_ids(path: Path) -> set[str] | None:
+    try:
+        file = _resolve_corpus_path(path)
+    except DataError:
+        return None
+    docs, _ = load_corpus_with_report(file)
+    return {d.docid for d in docs}
+
+
+def _load_browsecomp(root: Path, doc_ids: Collection[str] | None) -> list[Question]:
+    gt_path = root / _GROUND_TRUTH
+    _require_file(gt_path, "ground-truth file", f"a BrowseComp-Plus directory needs {_GROUND_TRUTH}")
+    truth = {q.query_id: q for q in _read_question_records(gt_path)}
+    queries_path = root / _QUERIES
+    order: list[str]
+    texts: dict[str, str] = {}
+    if queries_path.is_file():
+        order = []
+        for lineno, line in _iter_lines(queries_path):
+            qid, sep, text = line.partition("\t")
+            if not sep:
+                raise DataError(
+                    f"{queries_path}:{lineno}: expected 'query_id<TAB>query'", path=str(queries_path), line=lineno
+                )
+            qid = qid.strip()
+            if qid in texts:
+                raise DataError(
+                    f"{queries_path}:{lineno}: duplicate query_id {qid!r}", path=str(queries_path), line=lineno
+                )
+            if qid not in truth:
+                raise DataError(
+                    f"{queries_path}:{lineno}: question {qid!r} has no answer in {gt_path}: add its "
+                    "ground-truth line or drop the query",
+                    path=str(queries_path),
+                    line=lineno,
+                )
+            texts[qid] = text.strip()
+            order.append(qid)
+    else:
+        order = list(truth)
+    known = set(order)
+    evidence: dict[str, list[str]] = {}
+    golds: dict[str, list[str]] = {}
+    if (root / _QREL_EVIDENCE).is_file():
+        evidence = _read_qrels(root / _QREL_EVIDENCE, known, doc_ids)
+    if (root / _QREL_GOLDS).is_file():
+        golds = _read_qrels(root / _QREL_GOLDS, known, doc_ids)
+    out: list[Question] = []
+    for qid in order:
+        q = truth[qid]
+        query = texts.get(qid) or q.query
+        if not query:
+            raise DataError(f"question {qid!r} has no query text in {queries_path} or {gt_path}", path=str(gt_path))
+        out.append(
+            Question(
+                query_id=qid,
+                query=query,
+                answer=q.answer,
+                aliases=q.aliases,
+                evidence_docids=tuple(evidence.get(qid, q.evidence_docids)),
+                gold_docids=tuple(golds.get(qid, q.gold_docids)),
+                dataset=q.dataset,
+                hops=q.hops,
+            )
+        )
+    return out
+
+
+def _check_doc_refs(questions: list[Question], doc_ids: Collection[str] | None, path: Path) -> None:
+    if doc_ids is None:
+        return
+    for q in questions:
+        for d in (*q.evidence_docids, *q.gold_docids):
+            if d not in doc_ids:
+                raise DataError(
+                    f"{path}: question {q.query_id!r} cites doc id {d!r}, which is not in the corpus",
+                    path=str(path),
+                )
+
+
+def load_questions(path: Path | str, *, doc_ids: Collection[str] | None = None) -> list[Question]:
+    """Read evaluation questions.
+
+    Args:
+        path: a BrowseComp-Plus directory (``ground_truth.jsonl`` [+ ``queries.tsv`` + qrels]),
+            a directory with ``questions.jsonl``, or a questions JSONL file.
+        doc_ids: known corpus doc ids to validate qrels against. None: read them from the
+            directory's corpus file when there is one, else skip the check.
+
+    Returns:
+        Questions in file order (``queries.tsv`` order when present); query ids unique.
+
+    Raises:
+        DataError: missing file, invalid JSON line, duplicate query id, a question without an
+            answer, or a qrel/evidence doc id not in the corpus (message names file and line).
+    """
+    p = Path(path)
+    if p.is_dir():
+        if doc_ids is None:
+            doc_ids = _read_corpus_ids(p)
+        if (p / _GROUND_TRUTH).is_file() or (p / _QUERIES).is_file():
+            return _load_browsecomp(p, doc_ids)
+        if (p / _PLAIN_QUESTIONS).is_file():
+            qs = _read_question_records(p / _PLAIN_QUESTIONS)
+            _check_doc_refs(qs, doc_ids, p / _PLAIN_QUESTIONS)
+            return qs
+        raise DataError(
+            f"directory {p} has neither {_GROUND_TRUTH} (BrowseComp-Plus layout) nor {_PLAIN_QUESTIONS}: "
+            "point --data at a dataset directory",
+            path=str(p),
+        )
+    _require_file(p, "questions file", "check the path")
+    qs = _read_question_records(p)
+    _check_doc_refs(qs, doc_ids, p)
+    return qs
+
+
+def load_dataset(path: Path | str, *, questions_path: Path | str | None = None) -> Dataset:
+    """Read a corpus and its questions together, validating qrels against the corpus.
+
+    Args:
+        path: a dataset directory, or a documents JSONL file (then ``questions_path`` is required).
+        questions_path: a questions JSONL file overriding the directory's questions.
+
+    Returns:
+        A :class:`Dataset`; ``report`` lists skipped corpus lines.
+
+    Raises:
+        DataError: as :func:`load_corpus_with_report` and :func:`load_questions`.
+    """
+    p = Path(path)
+    docs, report = load_corpus_with_report(p)
+    ids = {d.docid for d in docs}
+    if questions_path is None:
+        if not p.is_dir():
+            raise DataError(f"{p} is a documents file: pass the questions file too", path=str(p))
+        questions = load_questions(p, doc_ids=ids)
+    else:
+        questions = load_questions(questions_path, doc_ids=ids)
+    return Dataset(documents=docs, questions=questions, report=report, root=p if p.is_dir() else p.parent)
