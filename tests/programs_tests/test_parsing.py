@@ -1,0 +1,233 @@
+"""Parsing real model output into fact candidates: cases P1, P2, P3 and G1."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kitune.errors import ParseError
+from kitune.programs.parsing import (
+    DEFAULT_CONFIDENCE,
+    FIELD_ALIASES,
+    FactCandidate,
+    coerce_confidence,
+    coerce_record,
+    extract_json,
+    parse_facts,
+)
+
+P1_A = """<think>
+The user wants facts from the document. Let me list them carefully...
+</think>
+```json
+{"indicators": [{"title": "Acme HQ location", "description": "Where Acme is based",
+  "subject": "Acme Corp", "predicate": "headquartered_in", "object": "Springfield",
+  "evidence_span": "Acme Corp is headquartered in Springfield",
+  "confidence": 90, "tags": ["org"]}]}
+```"""
+
+P1_B = """Let me analyze the provided document step by step:
+1. Identify the organisations mentioned
+2. Identify their locations"""
+
+P2 = """[{"title": "Founding year", "subj": "Acme Corp", "predicate": "founded_in",
+  "obj": "1999", "evidence": "Acme Corp was founded in 1999", "confidence": 80}]"""
+
+_TSPOE = (
+    '"title": "T", "description": "D", "subject": "S", "predicate": "p", '
+    '"object": "O", "evidence_span": "E", "confidence": 60, "tags": []'
+)
+P3_A = '{"json_input": {' + _TSPOE + "}}"
+P3_B = '{"type": "function", "name": "json_tool_call", "parameters": {' + _TSPOE + "}}"
+P3_C = json.dumps({"json": "{" + _TSPOE + "}"})
+P3_D = '{"result": {"title": "T"}, "subject": "S"}'
+
+EXPECTED_TSPOE = FactCandidate(
+    title="T", description="D", subject="S", predicate="p", object="O", evidence_span="E", confidence=60, tags=()
+)
+
+
+def _g1_record(obj: object, confidence: object) -> dict[str, object]:
+    return {
+        "title": "t", "description": "d", "subject": "Acme", "predicate": "p",
+        "object": obj, "evidence_span": "e", "confidence": confidence,
+    }
+
+
+def test_p1_a_think_block_and_fence_are_stripped() -> None:
+    parsed = parse_facts(P1_A)
+    assert parsed.records == (
+        FactCandidate(
+            title="Acme HQ location",
+            description="Where Acme is based",
+            subject="Acme Corp",
+            predicate="headquartered_in",
+            object="Springfield",
+            evidence_span="Acme Corp is headquartered in Springfield",
+            confidence=90,
+            tags=("org",),
+        ),
+    )
+    assert parsed.errors == ()
+    assert parsed.counters["think_stripped"] == 1
+    assert parsed.counters["fence_stripped"] == 1
+
+
+def test_p1_b_no_json_raises_parse_error_keeping_raw() -> None:
+    with pytest.raises(ParseError, match="no JSON object found") as info:
+        parse_facts(P1_B)
+    assert info.value.raw == P1_B
+
+
+def test_prose_with_bracketed_numbers_is_not_json() -> None:
+    with pytest.raises(ParseError, match="no JSON object found"):
+        extract_json("Step [1] then step [2]: nothing to report.")
+
+
+def test_empty_array_is_zero_facts_not_an_error() -> None:
+    parsed = parse_facts("[]")
+    assert parsed.records == () and parsed.errors == () and not parsed.is_malformed
+
+
+def test_p2_bare_list_with_aliases_is_mapped() -> None:
+    parsed = parse_facts(P2)
+    assert parsed.records == ()
+    # P2 has no description: the aliases map subj/obj/evidence, but the record is still
+    # rejected with a field-level error instead of being persisted with an empty field.
+    assert len(parsed.errors) == 1
+    assert parsed.errors[0].reason == "missing_fields"
+    assert parsed.errors[0].missing_fields == ("description",)
+    assert parsed.counters["bare_list"] == 1
+    assert parsed.counters["aliased_keys"] == 3
+    assert parsed.is_malformed
+
+
+def test_p2_bare_list_with_aliases_and_all_fields_is_accepted() -> None:
+    record = json.loads(P2)[0] | {"description": "Acme Corp was founded in 1999."}
+    parsed = parse_facts(json.dumps([record]))
+    assert parsed.records == (
+        FactCandidate(
+            title="Founding year",
+            description="Acme Corp was founded in 1999.",
+            subject="Acme Corp",
+            predicate="founded_in",
+            object="1999",
+            evidence_span="Acme Corp was founded in 1999",
+            confidence=80,
+        ),
+    )
+
+
+def test_alias_table_is_explicit() -> None:
+    assert FIELD_ALIASES["subj"] == "subject"
+    assert FIELD_ALIASES["obj"] == "object"
+    assert FIELD_ALIASES["evidence"] == "evidence_span"
+    # An unknown key is never renamed: "entity_name" does not become the subject.
+    with pytest.raises(ParseError) as info:
+        coerce_record({"entity_name": "Acme", "title": "t", "description": "d", "predicate": "p",
+                       "object": "o", "evidence_span": "e"})
+    assert info.value.missing_fields == ("subject",)
+
+
+def test_canonical_key_wins_over_alias() -> None:
+    rec = coerce_record({"title": "t", "description": "d", "subject": "Real", "subj": "Alias",
+                         "predicate": "p", "object": "o", "evidence_span": "e", "confidence": 10})
+    assert rec.subject == "Real"
+
+
+@pytest.mark.parametrize("raw", [P3_A, P3_B, P3_C], ids=["A-json_input", "B-tool-envelope", "C-stringified"])
+def test_p3_one_wrapper_level_is_unwrapped(raw: str) -> None:
+    parsed = parse_facts(raw)
+    assert parsed.records == (EXPECTED_TSPOE,)
+    assert parsed.errors == ()
+    assert parsed.counters["envelope_unwrapped"] == 1
+
+
+def test_p3_d_partial_fragments_stay_rejected_with_missing_fields() -> None:
+    parsed = parse_facts(P3_D)
+    assert parsed.records == ()
+    assert parsed.errors[0].missing_fields == ("title", "description", "predicate", "object", "evidence_span")
+    assert "envelope_unwrapped" not in parsed.counters
+    with pytest.raises(ParseError) as info:
+        coerce_record(json.loads(P3_D))
+    assert info.value.missing_fields == ("title", "description", "predicate", "object", "evidence_span")
+
+
+def test_envelope_around_a_facts_list_is_unwrapped() -> None:
+    raw = json.dumps({"parameters": {"facts": [json.loads("{" + _TSPOE + "}")]}})
+    parsed = parse_facts(raw)
+    assert parsed.records == (EXPECTED_TSPOE,)
+    assert parsed.counters["envelope_unwrapped"] == 1
+
+
+def test_g1_confidence_policy_keeps_valid_siblings() -> None:
+    raw = json.dumps([
+        _g1_record(1999, 0.85),
+        _g1_record("Beta", "85%"),
+        _g1_record("Gamma", 140),
+        _g1_record("Delta", "high"),
+        _g1_record("Eps", 72),
+    ])
+    parsed = parse_facts(raw)
+    assert [(r.object, r.confidence) for r in parsed.records] == [("1999", 85), ("Beta", 85), ("Eps", 72)]
+    assert [(e.index, e.reason) for e in parsed.errors] == [(2, "bad_confidence"), (3, "bad_confidence")]
+    assert "140" in parsed.errors[0].message and "not clamped" in parsed.errors[0].message
+    assert "'high'" in parsed.errors[1].message
+    assert parsed.counters["records_rejected"] == 2
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(0.85, 85), ("85%", 85), (72, 72), ("72", 72), ("0.5", 50), (1, 1), (0, 0), (100, 100), (72.4, 72)],
+)
+def test_coerce_confidence_accepts(value: object, expected: int) -> None:
+    assert coerce_confidence(value) == expected
+
+
+@pytest.mark.parametrize("value", [140, "high", True, -3, "120%", float("nan"), None])
+def test_coerce_confidence_rejects(value: object) -> None:
+    with pytest.raises(ValueError):
+        coerce_confidence(value)
+
+
+def test_missing_confidence_defaults_and_is_counted() -> None:
+    counts: dict[str, int] = {}
+    from collections import Counter
+
+    c: Counter[str] = Counter()
+    rec = coerce_record({"title": "t", "description": "d", "subject": "s", "predicate": "p",
+                         "object": "o", "evidence_span": "e"}, c)
+    counts.update(c)
+    assert rec.confidence == DEFAULT_CONFIDENCE
+    assert counts == {"confidence_defaulted": 1}
+
+
+def test_non_scalar_string_field_is_rejected_not_stringified() -> None:
+    parsed = parse_facts(json.dumps([_g1_record({"name": "x"}, 50), _g1_record(True, 50)]))
+    assert parsed.records == ()
+    assert [e.reason for e in parsed.errors] == ["bad_type", "bad_type"]
+    assert "'object'" in parsed.errors[0].message
+
+
+def test_blank_required_field_counts_as_missing() -> None:
+    parsed = parse_facts(json.dumps([_g1_record("   ", 50)]))
+    assert parsed.errors[0].missing_fields == ("object",)
+
+
+def test_json_string_holding_the_array_is_decoded() -> None:
+    raw = json.dumps(json.dumps([json.loads("{" + _TSPOE + "}")]))
+    assert parse_facts(raw).records == (EXPECTED_TSPOE,)
+
+
+def test_unclosed_think_block_before_json() -> None:
+    raw = "<think>hmm, let me see\n[" + "{" + _TSPOE + "}]"
+    parsed = parse_facts(raw)
+    assert parsed.records == (EXPECTED_TSPOE,)
+    assert parsed.counters["think_stripped"] == 1
+
+
+def test_non_object_items_are_errors_not_crashes() -> None:
+    parsed = parse_facts('{"facts": ["just a string", {' + _TSPOE + "}]}")
+    assert parsed.records == (EXPECTED_TSPOE,)
+    assert [(e.index, e.reason) for e in parsed.errors] == [(0, "not_an_object")]
