@@ -1,0 +1,327 @@
+"""The store conformance suite: one pytest class every :class:`~kitune.retrieval.base.Store`
+backend runs (optuna ``StorageTestCase`` style).
+
+Use it by subclassing and providing a ``store`` fixture that yields a fresh, empty store::
+
+    class TestMyStore(StoreContract):
+        @pytest.fixture
+        def store(self, tmp_path):
+            s = MyStore(tmp_path, embedder=HashEmbedder())
+            yield s
+            s.close()
+
+Stores must be built with a deterministic embedder (``HashEmbedder``) and default retrieval knobs
+(or at least ``branch_size`` ≥ 20). Call ``pytest.register_assert_rewrite("kitune.testing")`` in
+a conftest so the assertions here show their values.
+
+:func:`make_ki` builds valid KIs for tests anywhere in the project.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from kitune.errors import DocumentNotFoundError
+from kitune.ki import KI, KISubtype
+from kitune.retrieval.base import SearchResult, Store
+from kitune.schema import Filter, QueryPlan
+
+__all__ = ["T0", "StoreContract", "make_ki"]
+
+T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
+"""A fixed reference time used by the suite."""
+
+
+def make_ki(
+    subject: str,
+    obj: str,
+    *,
+    docid: str = "d1",
+    predicate: str = "related_to",
+    title: str | None = None,
+    description: str | None = None,
+    tags: list[str] | None = None,
+    confidence: int = 80,
+    status: str = "active",
+    last_seen: datetime = T0,
+    expires_at: datetime | None = None,
+    subtype: KISubtype = "dataset_fact",
+) -> KI:
+    """Build a valid KI (stable id from docid/subject/predicate/object) for tests.
+
+    Returns:
+        A KI tagged ``entity:<subject>``, ``entity:<object>``, ``doc:<docid>`` plus ``tags``.
+    """
+    ki = KI.from_fact(
+        docid=docid,
+        title=title or f"{subject} {predicate.replace('_', ' ')} {obj}.",
+        description=description or f"{subject} is {predicate.replace('_', ' ')} {obj}, per document {docid}.",
+        subject=subject,
+        predicate=predicate,
+        obj=obj,
+        evidence=[f"{subject} {obj}"],
+        confidence=confidence,
+        tags=tags or [],
+        subtype=subtype,
+        now=last_seen,
+    )
+    ki.payload.status = status  # type: ignore[assignment]
+    ki.payload.expires_at = expires_at
+    return ki
+
+
+def _ids(result: SearchResult) -> list[str]:
+    return [h.ki.id for h in result.hits]
+
+
+class StoreContract:
+    """Conformance tests for :class:`~kitune.retrieval.base.Store`. Subclasses provide ``store``."""
+
+    @pytest.fixture
+    def store(self) -> Any:  # pragma: no cover - overridden
+        raise NotImplementedError("subclass StoreContract and provide a `store` fixture")
+
+    @pytest.fixture
+    def corpus(self, store: Store) -> dict[str, KI]:
+        """Six KIs over three docs; two share the entity ``entity:marie-curie``."""
+        kis = {
+            "curie_born": make_ki("Marie Curie", "Warsaw", docid="d1", predicate="born_in",
+                                  title="Marie Curie was born in Warsaw.",
+                                  description="Marie Curie, the physicist, was born in Warsaw in 1867.",
+                                  tags=["person"], confidence=95),
+            "curie_prize": make_ki("Marie Curie", "Nobel Prize", docid="d1", predicate="received",
+                                   title="Marie Curie received the Nobel Prize in Physics.",
+                                   description="In 1903 Marie Curie shared the Nobel Prize in Physics.",
+                                   tags=["person", "award"], confidence=90),
+            "eiffel": make_ki("Eiffel Tower", "Paris", docid="d2", predicate="located_in",
+                              title="The Eiffel Tower stands in Paris.",
+                              description="The Eiffel Tower is a wrought-iron tower located in Paris, France.",
+                              tags=["landmark"], confidence=70),
+            "louvre": make_ki("Louvre", "Paris", docid="d2", predicate="located_in",
+                              title="The Louvre museum is located in Paris.",
+                              description="The Louvre is the world's most-visited art museum, in Paris.",
+                              tags=["landmark", "museum"], confidence=40),
+            "old": make_ki("Old Bridge", "Mostar", docid="d3", predicate="located_in",
+                           title="The Old Bridge crosses the river in Mostar.",
+                           description="Stari Most, the Old Bridge, spans the Neretva in Mostar.",
+                           tags=["landmark"], status="expired"),
+            "stale": make_ki("Pierre Curie", "Marie Curie", docid="d3", predicate="married_to",
+                             title="Pierre Curie was married to Marie Curie.",
+                             description="Pierre Curie married Marie Curie in 1895 in Sceaux.",
+                             tags=["person"], status="stale", confidence=60),
+        }
+        result = store.upsert(list(kis.values()))
+        assert result.ok, result
+        return kis
+
+    # -- upsert + accounting ------------------------------------------------------------------
+    def test_upsert_then_get_roundtrips(self, store: Store, corpus: dict[str, KI]) -> None:
+        for ki in corpus.values():
+            got = store.get(ki.id)
+            assert got.model_dump(mode="json") == ki.model_dump(mode="json")
+        assert store.count() == 6
+
+    def test_upsert_replaces_by_id_and_refreshes_last_seen(self, store: Store, corpus: dict[str, KI]) -> None:
+        old = corpus["eiffel"]
+        newer = old.model_copy(deep=True)
+        newer.title = "The Eiffel Tower stands in Paris, France."
+        newer.payload.last_seen = T0 + timedelta(days=3)
+        result = store.upsert([newer])
+        assert (result.submitted, result.indexed, result.failed) == (1, 1, [])
+        got = store.get(old.id)
+        assert got.title == "The Eiffel Tower stands in Paris, France."
+        assert got.payload.last_seen == T0 + timedelta(days=3)
+        assert store.count() == 6
+
+    def test_last_duplicate_in_one_call_wins(self, store: Store) -> None:
+        a = make_ki("Ada Lovelace", "London", title="Ada Lovelace lived in London.")
+        b = a.model_copy(deep=True)
+        b.title = "Ada Lovelace was born in London."
+        result = store.upsert([a, b])
+        assert result.submitted == 2 and result.indexed + len(result.failed) == 2 and not result.failed
+        assert store.get(a.id).title == "Ada Lovelace was born in London."
+        assert store.count() == 1
+
+    def test_accounting_with_bad_kis(self, store: Store) -> None:
+        good = [make_ki(f"Entity {i}", f"Value {i}") for i in range(5)]
+        bad = KI.model_construct(**{**good[0].model_dump(), "id": "ki-bad", "payload": good[0].payload.model_copy(
+            update={"confidence": 150})})
+        result = store.upsert([*good[:3], bad, *good[3:]])
+        assert result.submitted == 6
+        assert result.indexed == 5
+        assert [f.id for f in result.failed] == ["ki-bad"]
+        assert result.indexed + len(result.failed) == result.submitted
+        assert not result.ok
+        assert store.count() == 5
+        with pytest.raises(DocumentNotFoundError):
+            store.get("ki-bad")
+
+    def test_empty_upsert(self, store: Store) -> None:
+        result = store.upsert([])
+        assert (result.submitted, result.indexed, result.failed) == (0, 0, [])
+
+    # -- get / copies / delete ---------------------------------------------------------------
+    def test_get_unknown_raises_document_not_found(self, store: Store, corpus: dict[str, KI]) -> None:
+        with pytest.raises(DocumentNotFoundError) as info:
+            store.get("ki-000000000000000000000000")
+        assert info.value.doc_id == "ki-000000000000000000000000"
+        with pytest.raises(KeyError):
+            store.get("ki-nope")
+
+    def test_returned_kis_are_copies(self, store: Store, corpus: dict[str, KI]) -> None:
+        ki_id = corpus["louvre"].id
+        got = store.get(ki_id)
+        got.title = "mutated"
+        got.tags.append("mutated")
+        got.payload.status = "expired"
+        hit = store.search(QueryPlan(lexical="Louvre museum")).hits[0]
+        hit.ki.title = "mutated again"
+        fresh = store.get(ki_id)
+        assert fresh.title == "The Louvre museum is located in Paris."
+        assert "mutated" not in fresh.tags and fresh.payload.status == "active"
+        # mutating the caller's object after upsert does not change the store either
+        corpus["eiffel"].title = "changed after upsert"
+        assert store.get(corpus["eiffel"].id).title == "The Eiffel Tower stands in Paris."
+
+    def test_delete(self, store: Store, corpus: dict[str, KI]) -> None:
+        assert store.delete([corpus["eiffel"].id, "ki-unknown", corpus["eiffel"].id]) == 1
+        assert store.count() == 5
+        with pytest.raises(DocumentNotFoundError):
+            store.get(corpus["eiffel"].id)
+        assert store.delete([]) == 0
+
+    # -- count / iter -----------------------------------------------------------------------
+    def test_count_and_iter_with_filters(self, store: Store, corpus: dict[str, KI]) -> None:
+        assert store.count() == 6
+        assert store.count(Filter()) == 5  # default filter excludes expired
+        assert store.count(Filter(statuses=("expired",))) == 1
+        assert store.count(Filter(tags_all=("landmark", "museum"))) == 1
+        assert store.count(Filter(doc_ids=("d2",))) == 2
+        assert store.count(Filter(min_confidence=90)) == 2
+        ids = [k.id for k in store.iter_kis()]
+        assert ids == sorted(k.id for k in corpus.values())
+        landmark = [k.id for k in store.iter_kis(Filter(tags_any=("landmark",)))]
+        assert landmark == sorted([corpus["eiffel"].id, corpus["louvre"].id])
+
+    # -- search -----------------------------------------------------------------------------
+    def test_search_tag_branch_and_ordering(self, store: Store, corpus: dict[str, KI]) -> None:
+        result = store.search(QueryPlan(entity_tags=("entity:marie-curie", "entity:warsaw"), size=10))
+        ids = _ids(result)
+        assert ids[0] == corpus["curie_born"].id  # carries both tags
+        assert set(ids) == {corpus["curie_born"].id, corpus["curie_prize"].id, corpus["stale"].id}
+        assert [h.rank for h in result.hits] == list(range(1, len(ids) + 1))
+        assert all(a.score >= b.score for a, b in zip(result.hits, result.hits[1:], strict=False))
+        assert result.hits[0].branches == {"tag": 1}
+        # equal tag counts tie → id ascending
+        tied = [h.ki.id for h in result.hits[1:]]
+        assert tied == sorted(tied)
+
+    def test_search_lexical_branch(self, store: Store, corpus: dict[str, KI]) -> None:
+        result = store.search(QueryPlan(lexical="Louvre museum", size=3))
+        assert result.hits[0].ki.id == corpus["louvre"].id
+        assert result.hits[0].branches.get("lexical") == 1
+
+    def test_search_semantic_branch(self, store: Store, corpus: dict[str, KI]) -> None:
+        result = store.search(QueryPlan(semantic="wrought-iron tower located in Paris France", size=2))
+        assert result.hits[0].ki.id == corpus["eiffel"].id
+        assert result.hits[0].branches.get("semantic") == 1
+        assert len(result.hits) <= 2
+
+    def test_search_hybrid_fuses_all_branches(self, store: Store, corpus: dict[str, KI]) -> None:
+        plan = QueryPlan(entity_tags=("entity:marie-curie",), lexical="Nobel Prize physics",
+                         semantic="shared the Nobel Prize in Physics", size=3)
+        result = store.search(plan)
+        top = result.hits[0]
+        assert top.ki.id == corpus["curie_prize"].id
+        assert set(top.branches) == {"tag", "lexical", "semantic"}
+        assert len(result.hits) == 3
+        assert result.compiled == store.compile(plan)
+
+    def test_search_is_deterministic(self, store: Store, corpus: dict[str, KI]) -> None:
+        plan = QueryPlan(entity_tags=("entity:paris",), lexical="Paris", semantic="Paris", size=5)
+        first = [(h.ki.id, h.score) for h in store.search(plan).hits]
+        assert first == [(h.ki.id, h.score) for h in store.search(plan).hits]
+
+    def test_search_excludes_expired_by_default(self, store: Store, corpus: dict[str, KI]) -> None:
+        plan = QueryPlan(entity_tags=("entity:old-bridge",), lexical="Old Bridge Mostar", size=10)
+        assert corpus["old"].id not in _ids(store.search(plan))
+        with_expired = plan.model_copy(update={"filters": Filter(statuses=("active", "stale", "expired"))})
+        assert _ids(store.search(with_expired))[0] == corpus["old"].id
+
+    def test_search_filters(self, store: Store, corpus: dict[str, KI]) -> None:
+        base = dict(lexical="Paris located museum tower Curie", semantic="Paris", size=10)
+        assert set(_ids(store.search(QueryPlan(**base, filters=Filter(statuses=("stale",)))))) == {corpus["stale"].id}
+        by_tag = store.search(QueryPlan(**base, filters=Filter(tags_any=("museum",))))
+        assert _ids(by_tag) == [corpus["louvre"].id]
+        by_doc = store.search(QueryPlan(**base, filters=Filter(doc_ids=("d1",))))
+        assert set(_ids(by_doc)) == {corpus["curie_born"].id, corpus["curie_prize"].id}
+        floor = store.search(QueryPlan(**base, filters=Filter(min_confidence=75)))
+        assert set(_ids(floor)) == {corpus["curie_born"].id, corpus["curie_prize"].id}
+        sub = store.search(QueryPlan(**base, filters=Filter(subtypes=("disambiguation",))))
+        assert sub.hits == []
+
+    def test_search_aggregations_over_hits(self, store: Store, corpus: dict[str, KI]) -> None:
+        result = store.search(QueryPlan(entity_tags=("entity:paris",), size=10))
+        assert set(_ids(result)) == {corpus["eiffel"].id, corpus["louvre"].id}
+        aggs = result.aggregations
+        assert aggs.by_tag == {"landmark": 2, "museum": 1}
+        assert aggs.by_doc == {"d2": 2}
+        assert aggs.by_entity["paris"] == 2 and aggs.by_entity["louvre"] == 1
+
+    def test_search_respects_size(self, store: Store, corpus: dict[str, KI]) -> None:
+        result = store.search(QueryPlan(lexical="Paris Curie Bridge", semantic="Paris", size=1))
+        assert len(result.hits) == 1
+
+    def test_search_empty_store(self, store: Store) -> None:
+        result = store.search(QueryPlan(entity_tags=("entity:x",), lexical="x", semantic="x"))
+        assert result.hits == [] and result.aggregations.by_tag == {}
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def test_set_status_by_filter(self, store: Store, corpus: dict[str, KI]) -> None:
+        assert store.set_status(Filter(doc_ids=("d2",)), "stale") == 2
+        assert store.get(corpus["louvre"].id).payload.status == "stale"
+        assert store.set_status(Filter(doc_ids=("d2",)), "stale") == 0  # already stale: no change
+        assert store.count(Filter(statuses=("stale",))) == 3
+
+    def test_sweep_marks_stale_then_expired(self, store: Store) -> None:
+        fresh = make_ki("Fresh", "Fact", last_seen=T0)
+        aging = make_ki("Aging", "Fact", last_seen=T0 - timedelta(days=8))
+        ancient = make_ki("Ancient", "Fact", last_seen=T0 - timedelta(days=15))
+        hard = make_ki("Hard", "Expiry", last_seen=T0, expires_at=T0 - timedelta(hours=1))
+        store.upsert([fresh, aging, ancient, hard])
+        result = store.sweep(T0, timedelta(days=7))
+        assert (result.stale, result.expired) == (1, 2)
+        assert [store.get(k.id).payload.status for k in (fresh, aging, ancient, hard)] == [
+            "active", "stale", "expired", "expired"]
+        again = store.sweep(T0, timedelta(days=7))
+        assert (again.stale, again.expired) == (0, 0)
+        # re-seeing the KI (upsert with a new last_seen, status active) revives it
+        seen = aging.model_copy(deep=True)
+        seen.payload.last_seen = T0
+        store.upsert([seen])
+        assert store.get(aging.id).payload.status == "active"
+        assert store.sweep(T0 + timedelta(days=1), timedelta(days=7)).stale == 0
+
+    # -- concurrency -------------------------------------------------------------------------
+    def test_concurrent_reads_with_one_writer(self, store: Store, corpus: dict[str, KI]) -> None:
+        errors: list[BaseException] = []
+
+        def reader() -> None:
+            try:
+                for _ in range(5):
+                    assert store.search(QueryPlan(lexical="Paris", size=3)).hits
+            except BaseException as e:  # noqa: BLE001 - collected for the assertion below
+                errors.append(e)
+
+        threads = [threading.Thread(target=reader) for _ in range(3)]
+        for t in threads:
+            t.start()
+        store.upsert([make_ki(f"Writer {i}", "Paris", docid="d9") for i in range(10)])
+        for t in threads:
+            t.join(timeout=60)
+        assert errors == []
+        assert store.count() == 16
