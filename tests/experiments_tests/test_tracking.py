@@ -1,0 +1,210 @@
+"""Tests for kitune.experiments.tracking (cases M1, M2) and the RecordingTracker double."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import dspy
+import pytest
+
+from kitune.errors import TrackingError
+from kitune.experiments.tracking import (
+    MAX_PARAM_CHARS,
+    MlflowTracker,
+    NullTracker,
+    Tracker,
+    log_program_state,
+    prepare_params,
+    sanitize_name,
+)
+from kitune.testing.tracking import RecordingTracker
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("recall@10", "recall_at_10"),
+        ("judge:model", "judge_model"),
+        ("acc[k=5]", "acc_k_5"),
+        ("plain_name-1.0 /x", "plain_name-1.0 /x"),
+        ("é", "_"),
+    ],
+)
+def test_sanitize_name(raw: str, expected: str) -> None:
+    assert sanitize_name(raw) == expected
+
+
+def test_sanitize_name_long_is_cut_with_hash() -> None:
+    a, b = sanitize_name("x" * 300), sanitize_name("x" * 301)
+    assert len(a) == 250 and len(b) == 250 and a != b
+
+
+def test_prepare_params_moves_long_value_to_artifact() -> None:
+    prepared = prepare_params({"optimized_instruction": "x" * 7000, "judge:model": "m-large", "max_iters": 8})
+    value = prepared.params["optimized_instruction"]
+    assert len(value) <= MAX_PARAM_CHARS and "…[sha256:" in value
+    assert prepared.params["optimized_instruction.artifact"] == "params/optimized_instruction.txt"
+    assert prepared.long_values == {"params/optimized_instruction.txt": "x" * 7000}
+    assert prepared.params["judge_model"] == "m-large"
+    assert prepared.params["max_iters"] == "8"
+    assert prepared.renamed == {"judge:model": "judge_model"}
+
+
+def test_recording_tracker_m1_rules_and_name_map_once() -> None:
+    tracker = RecordingTracker()
+    assert isinstance(tracker, Tracker)
+    with tracker.run("r", {"optimized_instruction": "y" * 7000}) as handle:
+        tracker.log_metrics({"recall@10": 0.41, "acc[k=5]": 0.7}, step=1)
+        tracker.log_metrics({"recall@10": 0.5}, step=2)
+    run = tracker.by_name("r")
+    assert run.run_id == handle.run_id and run.status == "FINISHED"
+    assert run.artifacts["params/optimized_instruction.txt"] == "y" * 7000
+    assert run.history("recall_at_10") == [(1, 0.41), (2, 0.5)]
+    assert run.metrics["acc_k_5"] == 0.7
+    assert json.loads(run.artifacts["tracking/name_map.json"]) == {"acc[k=5]": "acc_k_5", "recall@10": "recall_at_10"}
+    assert tracker.failures == ()
+
+
+def test_failures_are_counted_never_raised() -> None:
+    tracker = RecordingTracker(fail_on=("log_text",))
+    with tracker.run("r"):
+        tracker.log_metrics({"ok": 1.0, "bad": float("nan"), "worse": "high"})  # type: ignore[dict-item]
+        tracker.log_text("hello", "notes.txt")
+        tracker.log_artifact("/definitely/not/here.txt")
+    run = tracker.by_name("r")
+    assert run.metrics["ok"] == 1.0 and "bad" not in run.metrics
+    ops = sorted(f.operation for f in tracker.failures)
+    assert ops == ["log_artifact", "log_metrics", "log_metrics", "log_text"]
+    assert run.metrics["kitune.tracking_failures"] == 4.0
+
+
+def test_no_open_run_is_a_failure_not_a_new_run() -> None:
+    tracker = RecordingTracker()
+    tracker.log_metrics({"m": 1.0})
+    assert tracker.runs == []
+    assert len(tracker.failures) == 1 and "pass run_id" in tracker.failures[0].error
+
+
+def test_failed_block_marks_run_failed_and_propagates() -> None:
+    tracker = RecordingTracker()
+    with pytest.raises(ZeroDivisionError), tracker.run("boom"):
+        1 / 0  # noqa: B018
+    assert tracker.by_name("boom").status == "FAILED"
+
+
+def test_create_run_failure_does_not_abort() -> None:
+    tracker = RecordingTracker(fail_on=("create_run",))
+    with tracker.run("r", {"a": 1}) as handle:
+        tracker.log_metrics({"m": 1.0})
+    assert handle.run_id is None
+    assert [f.operation for f in tracker.failures][0] == "create_run"
+
+
+def test_nested_runs_and_null_tracker() -> None:
+    tracker = RecordingTracker()
+    with tracker.run("outer") as outer, tracker.run("inner") as inner:
+        tracker.log_metrics({"m": 2.0})
+    assert inner.parent_run_id == outer.run_id
+    assert tracker.by_name("inner").metrics == {"m": 2.0} and tracker.by_name("outer").metrics == {}
+    null = NullTracker()
+    with null.run("x", {"p": "v"}) as h:
+        null.log_metrics({"m": 1.0})
+    assert h.run_id == "null-1" and null.failures == ()
+
+
+def test_two_trackers_do_not_hide_each_others_run() -> None:
+    a, b = RecordingTracker(), RecordingTracker()
+    with a.run("a"), b.run("b"):
+        a.log_metrics({"m": 1.0})
+        b.log_metrics({"m": 2.0})
+    assert a.by_name("a").metrics == {"m": 1.0} and b.by_name("b").metrics == {"m": 2.0}
+
+
+# --- the real MlflowTracker against one SQLite DB per module -----------------------------
+
+
+@pytest.fixture(scope="module")
+def mlflow_tracker(tmp_path_factory: pytest.TempPathFactory) -> MlflowTracker:
+    root = tmp_path_factory.mktemp("mlflow")
+    tracker = MlflowTracker(f"sqlite:///{root / 'mlflow.db'}", experiment="kitune-test")
+    tracker.check()
+    return tracker
+
+
+def test_mlflow_m1_long_params_and_odd_names(mlflow_tracker: MlflowTracker) -> None:
+    with mlflow_tracker.run("m1", {"optimized_instruction": "x" * 7000, "judge:model": "m-large", "max_iters": 8}) as h:
+        mlflow_tracker.log_metrics({"recall@10": 0.41, "acc[k=5]": 0.70}, step=0)
+    assert h.run_id is not None
+    client = mlflow_tracker.client
+    run = client.get_run(h.run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.params["judge_model"] == "m-large" and run.data.params["max_iters"] == "8"
+    assert len(run.data.params["optimized_instruction"]) <= 500
+    assert run.data.params["optimized_instruction.artifact"] == "params/optimized_instruction.txt"
+    assert run.data.metrics == {"recall_at_10": 0.41, "acc_k_5": 0.70}
+    art = Path(run.info.artifact_uri.removeprefix("file://"))
+    assert (art / "params" / "optimized_instruction.txt").read_text() == "x" * 7000
+    assert json.loads((art / "tracking" / "name_map.json").read_text())["recall@10"] == "recall_at_10"
+    assert mlflow_tracker.failures == ()
+
+
+def test_mlflow_m2_async_tasks_and_worker_thread(mlflow_tracker: MlflowTracker) -> None:
+    client = mlflow_tracker.client
+    before = len(client.search_runs([mlflow_tracker.experiment_id]))
+
+    async def trial(name: str, delay: float) -> str | None:
+        with mlflow_tracker.run(name) as handle:
+            mlflow_tracker.log_params({"name": name})
+            await asyncio.sleep(delay)
+            mlflow_tracker.log_metrics({"m": delay})
+        return handle.run_id
+
+    async def both() -> list[str | None]:
+        return list(await asyncio.gather(trial("run1", 0.3), trial("run2", 0.1)))
+
+    id1, id2 = asyncio.run(both())
+    assert id1 and id2
+    r1, r2 = client.get_run(id1), client.get_run(id2)
+    assert (r1.data.params["name"], r1.data.metrics["m"]) == ("run1", 0.3)
+    assert (r2.data.params["name"], r2.data.metrics["m"]) == ("run2", 0.1)
+
+    with mlflow_tracker.run("parent") as parent:
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            # No context in the worker: it resolves to the only open run.
+            pool.submit(mlflow_tracker.log_metrics, {"judge_latency": 1.3}).result()
+            pool.submit(mlflow_tracker.log_metrics, {"by_id": 2.0}, run_id=parent.run_id).result()
+    assert parent.run_id
+    assert client.get_run(parent.run_id).data.metrics == {"judge_latency": 1.3, "by_id": 2.0}
+    after = client.search_runs([mlflow_tracker.experiment_id])
+    assert len(after) == before + 3  # run1, run2, parent: no stray auto-created runs
+    assert mlflow_tracker.failures == ()
+
+
+def test_mlflow_program_state_is_json(mlflow_tracker: MlflowTracker) -> None:
+    program = dspy.Predict("question -> answer")
+    program.signature = program.signature.with_instructions("Answer in one word.")
+    with mlflow_tracker.run("prog") as h:
+        log_program_state(mlflow_tracker, program, "program/extractor.json")
+    assert h.run_id
+    run = mlflow_tracker.client.get_run(h.run_id)
+    data = json.loads((Path(run.info.artifact_uri.removeprefix("file://")) / "program" / "extractor.json").read_text())
+    assert data["signature"]["instructions"] == "Answer in one word."
+    with pytest.raises(ValueError, match="json"):
+        log_program_state(mlflow_tracker, program, "program/extractor.pkl")
+
+
+def test_mlflow_bad_uri_fails_fast_on_check_but_never_in_run(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    tracker = MlflowTracker(f"sqlite:///{blocker / 'sub' / 'mlflow.db'}")
+    with pytest.raises(TrackingError, match="tracking"):
+        tracker.check()
+    with tracker.run("r") as h:
+        tracker.log_metrics({"m": 1.0})
+    assert h.run_id is None
+    assert [f.operation for f in tracker.failures][:1] == ["create_run"]
+    with pytest.raises(TrackingError, match="tracking_uri"):
+        MlflowTracker("")
