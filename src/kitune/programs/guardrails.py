@@ -1,0 +1,242 @@
+"""Fact rules applied after generation (DESIGN part 2): verified candidates become KIs.
+
+Every rule either passes a fact, normalises a harmless formatting slip (counted, not dropped),
+or drops the fact with one reason from :data:`DROP_REASONS`:
+
+=========================  ===================================================================
+reason                     rule
+=========================  ===================================================================
+``empty_field``            subject, object, title, description or evidence is empty
+``title_too_long``         title over 140 characters
+``description_too_long``   description over 350 characters
+``bad_predicate``          predicate not snake_case ≤ 32 chars after normalising case,
+                           spaces, hyphens and camelCase (``"Founded In"`` → ``founded_in``)
+``mentions_source``        title/description/subject/object talks about the document, passage,
+                           text, article, dataset, question or task
+``benchmark_marker``       any field names a benchmark (BrowseComp, MuSiQue, HotpotQA,
+                           2WikiMultihopQA), a canary string, or holds a GUID
+``evidence_not_found``     the evidence span is not a verbatim substring of the source text
+                           after :func:`kitune.text.fold_text` on both sides (case E1)
+``duplicate``              same KI id as an earlier fact from this document
+``invalid_ki``             the KI model still rejects the fact (reported with the message)
+``over_cap``               beyond ``max_facts`` valid facts for the document
+=========================  ===================================================================
+
+Tags are normalised rather than dropped: each is slugified to lowercase ``a-z0-9-``; tags that
+end empty are removed. The stored evidence span is cut from the *original* text, with its
+typographic characters.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from pydantic import ValidationError
+
+from kitune.ki import DESCRIPTION_MAX_CHARS, KI, PREDICATE_MAX_CHARS, TITLE_MAX_CHARS, ki_id, slugify
+from kitune.programs.parsing import FactCandidate
+from kitune.text import find_span
+
+__all__ = [
+    "DROP_REASONS",
+    "Drop",
+    "GuardrailResult",
+    "apply_guardrails",
+    "check_fact",
+    "normalize_predicate",
+    "normalize_tags",
+]
+
+DROP_REASONS: tuple[str, ...] = (
+    "empty_field",
+    "title_too_long",
+    "description_too_long",
+    "bad_predicate",
+    "mentions_source",
+    "benchmark_marker",
+    "evidence_not_found",
+    "duplicate",
+    "invalid_ki",
+    "over_cap",
+)
+"""Every reason a fact can be dropped for, in the order the rules run."""
+
+_PREDICATE_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+_SOURCE_RE = re.compile(
+    r"\b(?:this|the|that|above|given|provided)\s+(?:document|passage|text|article|excerpt|paragraph|"
+    r"snippet|dataset|corpus|web\s?page|question|task)\b"
+    r"|\baccording\s+to\s+(?:the|this)\s+(?:source|page|author)\b"
+    r"|\b(?:document|passage)\s+(?:states|says|mentions|describes|notes)\b",
+    re.IGNORECASE,
+)
+_MARKER_RE = re.compile(
+    r"browse\s?comp|musique|hotpot\s?qa|2wiki|wikimultihop|\bcanary\b"
+    r"|[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}",
+    re.IGNORECASE,
+)
+
+
+@dataclass(frozen=True)
+class Drop:
+    """One dropped fact."""
+
+    reason: str
+    """One of :data:`DROP_REASONS`."""
+    title: str
+    """The fact's title, for reports."""
+    detail: str = ""
+    """What exactly broke the rule."""
+
+
+@dataclass(frozen=True)
+class GuardrailResult:
+    """Facts that passed, as KIs, plus the drops."""
+
+    kis: tuple[KI, ...]
+    """At most ``max_facts``, in the model's order."""
+    drops: tuple[Drop, ...] = ()
+    counters: dict[str, int] = field(default_factory=dict)
+    """``predicate_normalised``, ``tags_normalised`` counts."""
+
+    @property
+    def drop_counts(self) -> dict[str, int]:
+        """Reason → number of facts dropped for it (reasons with no drop are absent)."""
+        return dict(Counter(d.reason for d in self.drops))
+
+
+def normalize_predicate(predicate: str) -> str:
+    """Return ``predicate`` as snake_case: camelCase split, spaces/hyphens → ``_``, lower-cased.
+
+    The result may still be invalid (e.g. starts with a digit); callers check it.
+    """
+    p = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", predicate.strip())
+    p = re.sub(r"[\s\-/.]+", "_", p.lower())
+    return re.sub(r"_+", "_", p).strip("_")
+
+
+def normalize_tags(tags: Sequence[str]) -> list[str]:
+    """Slugify each tag to lowercase ``a-z0-9-``; drop tags that end empty; keep first-seen order."""
+    out = [slugify(t, max_chars=48) for t in tags]
+    return list(dict.fromkeys(t for t in out if t))
+
+
+def check_fact(
+    fact: FactCandidate,
+    text: str,
+    *,
+    docid: str,
+    prompt_version: str = "",
+    corpus: str = "corpus",
+    now: datetime | None = None,
+    counters: Counter[str] | None = None,
+) -> KI | Drop:
+    """Apply every rule to one fact.
+
+    Args:
+        fact: the parsed candidate.
+        text: the original source text the evidence must come from (a document or a chunk).
+        docid: the source document id.
+        prompt_version: the extractor's prompt version, stored on the KI.
+        corpus: corpus name for the ``index://<corpus>`` reference.
+        now: the ``last_seen`` timestamp (UTC); None: now.
+        counters: optional counter for normalisations.
+
+    Returns:
+        The :class:`KI` (evidence cut from ``text``), or a :class:`Drop` saying why not.
+    """
+    counts: Counter[str] = counters if counters is not None else Counter()
+    empty = [n for n in ("title", "description", "subject", "object", "evidence_span") if not getattr(fact, n).strip()]
+    if empty:
+        return Drop("empty_field", fact.title, f"empty {', '.join(empty)}")
+    if len(fact.title) > TITLE_MAX_CHARS:
+        return Drop("title_too_long", fact.title, f"{len(fact.title)} > {TITLE_MAX_CHARS} chars")
+    if len(fact.description) > DESCRIPTION_MAX_CHARS:
+        return Drop("description_too_long", fact.title, f"{len(fact.description)} > {DESCRIPTION_MAX_CHARS} chars")
+    predicate = normalize_predicate(fact.predicate)
+    if not _PREDICATE_RE.match(predicate) or len(predicate) > PREDICATE_MAX_CHARS:
+        return Drop("bad_predicate", fact.title, f"predicate {fact.predicate!r} is not snake_case <= 32 chars")
+    if predicate != fact.predicate:
+        counts["predicate_normalised"] += 1
+    for name in ("title", "description", "subject", "object"):
+        m = _SOURCE_RE.search(getattr(fact, name))
+        if m:
+            return Drop("mentions_source", fact.title, f"{name} mentions {m.group(0)!r}")
+    for name in ("title", "description", "subject", "object", "evidence_span", "predicate"):
+        m = _MARKER_RE.search(getattr(fact, name))
+        if m:
+            return Drop("benchmark_marker", fact.title, f"{name} holds {m.group(0)!r}")
+    tags = normalize_tags(fact.tags)
+    if any(_MARKER_RE.search(t) for t in tags):
+        return Drop("benchmark_marker", fact.title, "a tag names a benchmark")
+    if tags != list(fact.tags):
+        counts["tags_normalised"] += 1
+    span = find_span(text, fact.evidence_span)
+    if span is None:
+        return Drop("evidence_not_found", fact.title, f"evidence {fact.evidence_span[:80]!r} is not in the text")
+    evidence = text[span[0] : span[1]]
+    try:
+        return KI.from_fact(
+            docid=docid,
+            title=fact.title,
+            description=fact.description,
+            subject=fact.subject,
+            predicate=predicate,
+            obj=fact.object,
+            evidence=[evidence],
+            confidence=fact.confidence,
+            tags=tags,
+            corpus=corpus,
+            prompt_version=prompt_version,
+            now=now,
+        )
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors())
+        return Drop("invalid_ki", fact.title, problems)
+
+
+def apply_guardrails(
+    facts: Sequence[tuple[FactCandidate, str]],
+    *,
+    docid: str,
+    max_facts: int,
+    prompt_version: str = "",
+    corpus: str = "corpus",
+    now: datetime | None = None,
+) -> GuardrailResult:
+    """Check every fact of one document and keep at most ``max_facts`` KIs.
+
+    Args:
+        facts: ``(candidate, source_text)`` pairs in model order; ``source_text`` is the original
+            text the candidate was extracted from (the whole document or its chunk).
+        docid: the document id.
+        max_facts: cap on KIs kept (≥ 0); valid facts beyond it are dropped as ``over_cap``.
+        prompt_version: stored on each KI.
+        corpus: corpus name for references.
+        now: ``last_seen`` for every KI (UTC); None: now.
+
+    Returns:
+        :class:`GuardrailResult`; ``len(kis) + len(drops) == len(facts)``.
+    """
+    counts: Counter[str] = Counter()
+    kis: list[KI] = []
+    drops: list[Drop] = []
+    seen: set[str] = set()
+    for fact, text in facts:
+        if ki_id(docid, fact.subject, normalize_predicate(fact.predicate), fact.object) in seen:
+            drops.append(Drop("duplicate", fact.title, "same subject/predicate/object as an earlier fact"))
+            continue
+        outcome = check_fact(
+            fact, text, docid=docid, prompt_version=prompt_version, corpus=corpus, now=now, counters=counts
+        )
+        if isinstance(outcome, Drop):
+            drops.append(outcome)
+        elif len(kis) >= max_facts:
+            drops.append(Drop("over_cap", fact.title, f"more than {max_facts} facts for document {docid}"))
+        else:
+            seen.add(outcome.id)
+            kis.append(outcome)
+    return GuardrailResult(kis=tuple(kis), drops=tuple(drops), counters=dict(counts))

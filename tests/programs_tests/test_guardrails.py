@@ -1,0 +1,140 @@
+"""Fact rules after generation: lengths, predicate, tags, source mentions, markers, evidence (E1)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime
+
+import pytest
+
+from kitune.ki import ki_id
+from kitune.programs.guardrails import (
+    Drop,
+    apply_guardrails,
+    check_fact,
+    normalize_predicate,
+    normalize_tags,
+)
+from kitune.programs.parsing import FactCandidate
+
+NOW = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
+E1_DOC = (
+    "The COVID\u201119 trial (n\u2009=\u2009412) reported a \u22123.5% change\u2026 \u201cpreliminary\u201d"
+    " per the board\u2019s note; effective\u00a01 May."
+)
+Q_OK = 'The COVID-19 trial (n = 412) reported a -3.5% change... "preliminary" per the board\'s note; effective 1 May.'
+Q_PARA = "The COVID-19 study (n = 412) reported a -3.5% change"
+DOC = "Acme Corp was founded in 1999 by Jane Roe. Acme Corp is headquartered in Springfield."
+
+BASE = FactCandidate(
+    title="Acme Corp was founded in 1999",
+    description="Acme Corp, an industrial firm, was founded in 1999 by Jane Roe.",
+    subject="Acme Corp",
+    predicate="founded_in",
+    object="1999",
+    evidence_span="Acme Corp was founded in 1999",
+    confidence=80,
+    tags=("org",),
+)
+
+
+def test_valid_fact_becomes_ki_with_exact_fields() -> None:
+    ki = check_fact(BASE, DOC, docid="d1", prompt_version="extractor@abcd1234", corpus="fixture", now=NOW)
+    assert not isinstance(ki, Drop)
+    assert ki.id == ki_id("d1", "Acme Corp", "founded_in", "1999")
+    assert ki.tags == ["org", "entity:acme-corp", "entity:1999", "doc:d1"]
+    assert ki.payload.evidence == ["Acme Corp was founded in 1999"]
+    assert ki.payload.confidence == 80
+    assert ki.payload.last_seen == NOW
+    assert ki.references == ["index://fixture"]
+    assert ki.prompt_version == "extractor@abcd1234"
+
+
+def test_e1_honest_quote_matches_and_span_is_cut_from_original() -> None:
+    fact = replace(BASE, evidence_span=Q_OK, subject="COVID-19 trial", object="412")
+    ki = check_fact(fact, E1_DOC, docid="d2", now=NOW)
+    assert not isinstance(ki, Drop)
+    assert ki.payload.evidence == [E1_DOC]
+    assert "\u2011" in ki.payload.evidence[0] and "\u2009" in ki.payload.evidence[0]
+
+
+def test_e1_paraphrase_is_dropped() -> None:
+    fact = replace(BASE, evidence_span=Q_PARA)
+    drop = check_fact(fact, E1_DOC, docid="d2", now=NOW)
+    assert isinstance(drop, Drop) and drop.reason == "evidence_not_found"
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"title": "x" * 141}, "title_too_long"),
+        ({"description": "y" * 351}, "description_too_long"),
+        ({"predicate": "founded in (year)"}, "bad_predicate"),
+        ({"predicate": "a" * 33}, "bad_predicate"),
+        ({"predicate": "1st_founder"}, "bad_predicate"),
+        ({"title": "This document says Acme was founded in 1999"}, "mentions_source"),
+        ({"description": "According to the article, Acme was founded in 1999."}, "mentions_source"),
+        ({"description": "The passage describes the founding of Acme in 1999."}, "mentions_source"),
+        ({"description": "Acme appears in the dataset as a 1999 firm."}, "mentions_source"),
+        ({"title": "BrowseComp answer: Acme founded 1999"}, "benchmark_marker"),
+        ({"description": "MuSiQue question about Acme in 1999."}, "benchmark_marker"),
+        ({"object": "HotpotQA"}, "benchmark_marker"),
+        ({"description": "canary 3f2a1b4c-1234-4abc-9def-0123456789ab"}, "benchmark_marker"),
+        ({"subject": " "}, "empty_field"),
+        ({"evidence_span": "Acme Corp was founded in 2001"}, "evidence_not_found"),
+    ],
+)
+def test_each_rule_drops_with_its_reason(change: dict[str, str], reason: str) -> None:
+    drop = check_fact(replace(BASE, **change), DOC, docid="d1", now=NOW)
+    assert isinstance(drop, Drop)
+    assert drop.reason == reason
+
+
+def test_predicate_and_tags_are_normalised_not_dropped() -> None:
+    from collections import Counter
+
+    counts: Counter[str] = Counter()
+    fact = replace(BASE, predicate="Founded In", tags=("Org", "Tech Company", "!!"))
+    ki = check_fact(fact, DOC, docid="d1", now=NOW, counters=counts)
+    assert not isinstance(ki, Drop)
+    assert ki.payload.properties.predicate == "founded_in"
+    assert ki.tags[:2] == ["org", "tech-company"]
+    assert counts == {"predicate_normalised": 1, "tags_normalised": 1}
+
+
+def test_normalize_helpers() -> None:
+    assert normalize_predicate("foundedBy") == "founded_by"
+    assert normalize_predicate("member-of") == "member_of"
+    assert normalize_tags(["Org", "org", "", "Zürich"]) == ["org", "zurich"]
+
+
+def test_apply_guardrails_counts_drops_caps_and_dedupes() -> None:
+    hq = replace(
+        BASE,
+        title="Acme Corp is headquartered in Springfield",
+        description="Acme Corp has its headquarters in Springfield.",
+        predicate="headquartered_in",
+        object="Springfield",
+        evidence_span="Acme Corp is headquartered in Springfield",
+    )
+    founder = replace(
+        BASE,
+        title="Acme Corp was founded by Jane Roe",
+        description="Jane Roe founded Acme Corp in 1999.",
+        predicate="founded_by",
+        object="Jane Roe",
+        evidence_span="founded in 1999 by Jane Roe",
+    )
+    bad = replace(BASE, title="The text says so", predicate="said")
+    facts = [(BASE, DOC), (BASE, DOC), (bad, DOC), (hq, DOC), (founder, DOC)]
+    result = apply_guardrails(facts, docid="d1", max_facts=2, now=NOW, prompt_version="extractor@x")
+    assert [k.payload.properties.object for k in result.kis] == ["1999", "Springfield"]
+    assert result.drop_counts == {"duplicate": 1, "mentions_source": 1, "over_cap": 1}
+    assert len(result.kis) + len(result.drops) == len(facts)
+
+
+def test_evidence_checked_against_the_given_chunk_text() -> None:
+    chunk = DOC[DOC.index("Acme Corp is"):]
+    result = apply_guardrails([(BASE, chunk)], docid="d1", max_facts=5, now=NOW)
+    assert result.kis == ()
+    assert result.drop_counts == {"evidence_not_found": 1}
