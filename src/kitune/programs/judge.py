@@ -1,0 +1,303 @@
+"""The judge: a BrowseComp-style grader of an agent's response against the gold answer.
+
+The grader LM writes a short report in the ``grading`` field::
+
+    extracted_final_answer: <the final answer found in the response, or None>
+    reasoning: <why it matches the gold answer or not>
+    correct: yes|no
+    confidence: <0–100>
+
+The verdict is read **only** from the designated ``correct:`` field, with anchored extraction
+(cue word + connector + value; the last anchored verdict wins), never from words anywhere in the
+prose (case J2). A grader failure — the LM raising after the allowed attempts, or a report with
+no parsable verdict — is a :class:`JudgeVerdict` with ``status="grader_error"``: it is excluded
+from accuracy and counted, never scored as incorrect (case J3). Exact match and token F1 live in
+:mod:`kitune.text` (case J4).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, Literal
+
+import dspy
+from dspy.utils.exceptions import AdapterParseError
+
+from kitune.errors import LMError
+
+__all__ = [
+    "GradeResponse",
+    "Judge",
+    "JudgeSummary",
+    "JudgeVerdict",
+    "judge_answer",
+    "parse_anchored_verdict",
+    "parse_grading",
+    "summarize_verdicts",
+]
+
+JudgeStatus = Literal["graded", "grader_error"]
+
+
+def _instruction(name: str) -> tuple[str, str]:
+    """Return ``(text, version)`` of the packaged prompt ``name`` (``<name>@<sha8>``)."""
+    try:
+        from kitune.programs.instructions import load_instruction
+    except ImportError:
+        text = resources.files("kitune").joinpath("prompts", f"{name}.txt").read_text("utf-8").strip()
+        return text, f"{name}@{hashlib.sha256(text.encode('utf-8')).hexdigest()[:8]}"
+    ins = load_instruction(name)
+    return ins.text, ins.version
+
+
+def parse_anchored_verdict(
+    text: str,
+    *,
+    cues: Sequence[str] = ("correct",),
+    values: Sequence[str] = ("yes", "no"),
+    connectors: Sequence[str] = (":", "=", "is"),
+) -> str | None:
+    """Extract a verdict anchored on a cue word, a connector and an allowed value.
+
+    A match is ``<cue> <connector> <value>`` (markdown ``**``, quotes or brackets around the
+    value are tolerated, case-insensitive, whole words only). The **last** match wins, so a
+    verdict the judge revises later in its text overrides an earlier one; a value that merely
+    appears in the prose never counts.
+
+    Args:
+        text: the judge's reply.
+        cues: cue words, e.g. ``("grade", "verdict", "status")``.
+        values: allowed verdict values, e.g. ``("A", "B")`` or ``("yes", "no")``.
+        connectors: ``":"``, ``"="`` and/or words such as ``"is"``.
+
+    Returns:
+        The matched value spelled as in ``values``, or None when there is no anchored verdict.
+
+    Examples:
+        ``"The final grade is B."`` with cues ``("grade",)`` and values ``("A", "B")`` → ``"B"``;
+        ``"I am unable to grade this."`` → None.
+    """
+    if not text:
+        return None
+    conn = "|".join(re.escape(c) if not c.isalpha() else rf"\b{re.escape(c)}\b" for c in connectors)
+    cue = "|".join(re.escape(c) for c in cues)
+    val = "|".join(re.escape(v) for v in sorted(values, key=len, reverse=True))
+    pattern = re.compile(
+        rf"\b(?:{cue})\b[*_]*\s*(?:{conn})\s*[*_\"'“‘\[(]*\s*({val})(?![\w-])",
+        re.IGNORECASE,
+    )
+    matches = list(pattern.finditer(text))
+    if not matches:
+        return None
+    found = matches[-1].group(1).casefold()
+    return next(v for v in values if v.casefold() == found)
+
+
+_FIELD_RE = {
+    "extracted": re.compile(r"^[\s*_#-]*extracted[_ ]final[_ ]answer[*_]*\s*:\s*(.*)$", re.IGNORECASE | re.MULTILINE),
+    "confidence": re.compile(r"\bconfidence[*_]*\s*[:=]\s*[*_]*\s*(\d{1,3}(?:\.\d+)?)", re.IGNORECASE),
+}
+
+
+@dataclass(frozen=True)
+class JudgeVerdict:
+    """One graded (or failed-to-grade) response."""
+
+    correct: bool | None
+    """True/False when graded; None on a grader error."""
+    confidence: int | None
+    """The grader's confidence 0–100, or None when it gave none."""
+    extracted_answer: str | None
+    """The final answer the grader extracted from the response (None if absent or ``None``)."""
+    status: JudgeStatus
+    """``graded`` or ``grader_error`` (excluded from accuracy, counted separately)."""
+    error: str | None = None
+    """Why grading failed (exception or ``no parsable verdict``), None when graded."""
+    raw: str = ""
+    """The grader's raw report, kept for debugging."""
+
+    @property
+    def is_graded(self) -> bool:
+        """True when a verdict was obtained."""
+        return self.status == "graded"
+
+
+def parse_grading(raw: str) -> JudgeVerdict:
+    """Parse a grader report into a verdict (never raises).
+
+    Args:
+        raw: the grader's report (see the module docstring for the format).
+
+    Returns:
+        ``status="graded"`` with ``correct`` from the anchored ``correct: yes|no`` field, or
+        ``status="grader_error"`` with ``error="no parsable verdict in the grader output"`` and
+        ``correct=None`` when that field is absent or holds another value.
+    """
+    verdict = parse_anchored_verdict(raw, cues=("correct",), values=("yes", "no"), connectors=(":", "="))
+    extracted: str | None = None
+    m = list(_FIELD_RE["extracted"].finditer(raw or ""))
+    if m:
+        value = m[-1].group(1).strip().strip("*_ ").strip()
+        extracted = None if value.casefold() in ("", "none", "n/a") else value
+    confidence: int | None = None
+    c = list(_FIELD_RE["confidence"].finditer(raw or ""))
+    if c:
+        confidence = max(0, min(100, round(float(c[-1].group(1)))))
+    if verdict is None:
+        return JudgeVerdict(
+            correct=None, confidence=confidence, extracted_answer=extracted, status="grader_error",
+            error="no parsable verdict in the grader output", raw=raw or "",
+        )
+    return JudgeVerdict(
+        correct=verdict == "yes", confidence=confidence, extracted_answer=extracted, status="graded", raw=raw
+    )
+
+
+class GradeResponse(dspy.Signature):
+    """Grade a response against the correct answer (instructions are replaced at construction)."""
+
+    question: str = dspy.InputField(desc="The question that was asked.")
+    response: str = dspy.InputField(desc="The response to grade.")
+    correct_answer: str = dspy.InputField(desc="The correct answer, then any accepted aliases after ' | '.")
+    grading: str = dspy.OutputField(
+        desc="Four lines: extracted_final_answer: …, reasoning: …, correct: yes|no, confidence: 0-100"
+    )
+
+
+def _is_retryable(e: Exception) -> bool:
+    if isinstance(e, LMError):
+        return e.retryable
+    return True
+
+
+class Judge(dspy.Module):
+    """BrowseComp-style grader program. Its predictor is ``grader``.
+
+    Args:
+        instructions: grader instructions; None loads the packaged ``judge`` prompt.
+        attempts: LM attempts per response, ≥ 1. Transport retries (429, timeouts) already
+            happen inside the LM layer; extra attempts here retry only retryable failures.
+
+    Raises:
+        ValueError: ``attempts`` < 1.
+    """
+
+    def __init__(self, instructions: str | None = None, *, attempts: int = 1) -> None:
+        super().__init__()
+        if attempts < 1:
+            raise ValueError(f"attempts={attempts}: use 1 or more")
+        if instructions is None:
+            instructions, self.prompt_version = _instruction("judge")
+        else:
+            self.prompt_version = f"judge@{hashlib.sha256(instructions.encode('utf-8')).hexdigest()[:8]}"
+        self.grader = dspy.Predict(GradeResponse.with_instructions(instructions))
+        self.attempts = attempts
+
+    def forward(self, question: str, response: str, correct_answer: str) -> dspy.Prediction:
+        """Run the grader once; returns a prediction with the raw ``grading`` text.
+
+        A reply without DSPy field markers is kept as the raw report (no second, JSON-formatted
+        call is made). Raises whatever the LM raises.
+        """
+        adapter = dspy.ChatAdapter(use_json_adapter_fallback=False)
+        try:
+            with dspy.context(adapter=adapter):
+                pred = self.grader(question=question, response=response, correct_answer=correct_answer)
+            return dspy.Prediction(grading=str(pred.grading or ""))
+        except AdapterParseError as e:
+            return dspy.Prediction(grading=str(e.lm_response or ""))
+
+    def grade(
+        self, question: str, response: str, gold: str, *, aliases: Sequence[str] = (), lm: Any = None
+    ) -> JudgeVerdict:
+        """Grade ``response`` against ``gold`` (and ``aliases``); never raises for LM failures.
+
+        Returns:
+            A graded verdict, or ``status="grader_error"`` with the last exception (as
+            ``"<Type>: <message>"``) or the unparsable raw report.
+        """
+        correct_answer = " | ".join([gold, *[a for a in aliases if a and a != gold]])
+        error = "no attempt made"
+        for _ in range(self.attempts):
+            try:
+                if lm is not None:
+                    with dspy.context(lm=lm):
+                        pred = self(question=question, response=response, correct_answer=correct_answer)
+                else:
+                    pred = self(question=question, response=response, correct_answer=correct_answer)
+            except Exception as e:  # classified below; a grader failure is data, not "incorrect"
+                error = f"{type(e).__name__}: {e}"[:1000]
+                if not _is_retryable(e):
+                    break
+                continue
+            return parse_grading(pred.grading)
+        return JudgeVerdict(
+            correct=None, confidence=None, extracted_answer=None, status="grader_error", error=error
+        )
+
+
+def judge_answer(
+    question: str,
+    response: str,
+    gold: str,
+    *,
+    aliases: Sequence[str] = (),
+    judge: Judge | None = None,
+    lm: Any = None,
+) -> JudgeVerdict:
+    """Grade one response (convenience wrapper over :meth:`Judge.grade`).
+
+    Args:
+        question: the question asked.
+        response: the agent's full response (the final answer is extracted by the grader).
+        gold: the gold answer.
+        aliases: accepted alternative spellings of the gold answer.
+        judge: a configured :class:`Judge` (None: a fresh one with the packaged prompt).
+        lm: the judge LM (None: the judge's or the DSPy context's LM).
+
+    Returns:
+        The verdict; never raises for LM or parse failures (``status="grader_error"``).
+    """
+    return (judge or Judge()).grade(question, response, gold, aliases=aliases, lm=lm)
+
+
+@dataclass(frozen=True)
+class JudgeSummary:
+    """Counts over a set of verdicts; accuracy excludes grader errors."""
+
+    n_total: int
+    n_graded: int
+    n_grader_errors: int
+    n_correct: int
+    accuracy: float | None
+    """``n_correct / n_graded`` (0.0–1.0), None when nothing was graded."""
+    grader_error_rate: float
+    """``n_grader_errors / n_total`` (0.0 when empty)."""
+    is_complete: bool
+    """False when the grader-error rate exceeds the allowed maximum: the run is incomplete."""
+
+
+def summarize_verdicts(verdicts: Sequence[JudgeVerdict], *, max_error_rate: float = 0.05) -> JudgeSummary:
+    """Summarise verdicts: grader errors are counted, never folded into accuracy (case J3).
+
+    Args:
+        verdicts: one verdict per question.
+        max_error_rate: the largest grader-error share (0.0–1.0) for a complete run.
+    """
+    graded = [v for v in verdicts if v.is_graded]
+    errors = len(verdicts) - len(graded)
+    correct = sum(1 for v in graded if v.correct)
+    rate = errors / len(verdicts) if verdicts else 0.0
+    return JudgeSummary(
+        n_total=len(verdicts),
+        n_graded=len(graded),
+        n_grader_errors=errors,
+        n_correct=correct,
+        accuracy=correct / len(graded) if graded else None,
+        grader_error_rate=rate,
+        is_complete=rate <= max_error_rate,
+    )

@@ -1,0 +1,164 @@
+from __future__ import annotations
+
+import dspy
+import pytest
+from dspy.utils import DummyLM
+
+from kitune.errors import LMAuthError, LMRateLimitError
+from kitune.programs.judge import (
+    Judge,
+    JudgeVerdict,
+    judge_answer,
+    parse_anchored_verdict,
+    parse_grading,
+    summarize_verdicts,
+)
+from kitune.text import exact_match, token_f1
+
+
+class RawLM(DummyLM):
+    """DummyLM that returns a raw string answer verbatim (no DSPy field markers)."""
+
+    def _format_answer_fields(self, v):  # type: ignore[override]
+        return v if isinstance(v, str) else super()._format_answer_fields(v)
+
+
+class FailingLM(DummyLM):
+    """Raises ``exc`` on every call and counts the calls."""
+
+    def __init__(self, exc: Exception) -> None:
+        super().__init__([])
+        self.exc = exc
+        self.calls = 0
+
+    def forward(self, prompt=None, messages=None, **kwargs):
+        self.calls += 1
+        raise self.exc
+
+
+# --- J2: anchored verdict extraction ---------------------------------------------------------
+
+J2_CUES = ("grade", "verdict", "status")
+J2_VALUES = ("A", "B", "success", "failure")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("As a judge, I weighed all evidence carefully. The final grade is B.", "B"),
+        ("The task was not completed successfully.\nStatus: failure", "failure"),
+        ("At first I thought the answer is A. Final verdict: B", "B"),
+        ("I am unable to grade this.", None),
+    ],
+    ids=["t1", "t2", "t3", "t4"],
+)
+def test_j2_anchored_verdict(text: str, expected: str | None) -> None:
+    assert parse_anchored_verdict(text, cues=J2_CUES, values=J2_VALUES) == expected
+
+
+def test_last_anchored_verdict_wins_and_prose_is_ignored() -> None:
+    raw = "correct: no\nOn reflection the answer matches; it is correct.\ncorrect: **Yes**"
+    assert parse_anchored_verdict(raw) == "yes"
+    # "incorrect" and bare prose words never count as the verdict field
+    assert parse_anchored_verdict("The response is incorrect: yes it says Paris, which is no answer") is None
+
+
+def test_parse_grading_full_report() -> None:
+    raw = (
+        "extracted_final_answer: O’Neill’s Bakery\n"
+        "reasoning: The answer says no more than the gold; nothing incorrect here.\n"
+        "correct: yes\nconfidence: 95%"
+    )
+    v = parse_grading(raw)
+    assert v == JudgeVerdict(
+        correct=True, confidence=95, extracted_answer="O’Neill’s Bakery", status="graded", raw=raw
+    )
+
+
+def test_parse_grading_none_answer_and_no() -> None:
+    v = parse_grading("extracted_final_answer: None\nreasoning: no answer given, yes really\ncorrect: no\nconfidence: 100")
+    assert (v.status, v.correct, v.extracted_answer, v.confidence) == ("graded", False, None, 100)
+
+
+def test_j3b_unparsable_report_is_grader_error_not_incorrect() -> None:
+    v = parse_grading("I cannot evaluate this response.")
+    assert v.status == "grader_error"
+    assert v.correct is None
+    assert v.error == "no parsable verdict in the grader output"
+    assert v.raw == "I cannot evaluate this response."
+
+
+# --- Judge program with stand-in LMs ---------------------------------------------------------
+
+
+def test_judge_grades_through_dspy_fields() -> None:
+    lm = DummyLM([{"grading": "extracted_final_answer: 1,000\nreasoning: same number\ncorrect: yes\nconfidence: 90"}])
+    v = judge_answer("How many?", "I think it is 1,000.", "1000", lm=lm)
+    assert (v.status, v.correct, v.confidence, v.extracted_answer) == ("graded", True, 90, "1,000")
+    prompt = lm.history[-1]["messages"][-1]["content"]
+    assert "1000" in prompt
+
+
+def test_judge_passes_aliases_to_the_grader() -> None:
+    lm = DummyLM([{"grading": "extracted_final_answer: NYC\nreasoning: alias\ncorrect: yes\nconfidence: 80"}])
+    judge_answer("Which city?", "NYC", "New York City", aliases=["NYC", "New York City"], lm=lm)
+    prompt = lm.history[-1]["messages"][-1]["content"]
+    assert "New York City | NYC" in prompt
+
+
+def test_judge_reads_raw_report_without_markers_in_one_call() -> None:
+    lm = RawLM(["extracted_final_answer: Paris\nreasoning: matches\ncorrect: no\nconfidence: 70"])
+    v = Judge().grade("Capital?", "Paris", "Lyon", lm=lm)
+    assert (v.status, v.correct, v.confidence) == ("graded", False, 70)
+    assert len(lm.history) == 1  # no JSON-adapter second call
+
+
+def test_j3b_refusal_through_the_program() -> None:
+    lm = RawLM(["I cannot evaluate this response."])
+    v = Judge().grade("Q?", "A", "B", lm=lm)
+    assert v.status == "grader_error" and v.correct is None
+    assert "I cannot evaluate" in v.raw
+
+
+def test_j3a_rate_limit_on_every_attempt_is_grader_error() -> None:
+    lm = FailingLM(LMRateLimitError("429 Too Many Requests", retry_after_s=1.0, model="m"))
+    v = Judge(attempts=3).grade("Q?", "A", "B", lm=lm)
+    assert lm.calls == 3
+    assert v.status == "grader_error"
+    assert v.correct is None
+    assert v.error is not None and v.error.startswith("LMRateLimitError: 429")
+
+
+def test_auth_error_is_not_retried() -> None:
+    lm = FailingLM(LMAuthError("401 bad key", model="m"))
+    v = Judge(attempts=3).grade("Q?", "A", "B", lm=lm)
+    assert lm.calls == 1 and v.status == "grader_error"
+
+
+def test_summary_excludes_grader_errors_from_accuracy() -> None:
+    ok = JudgeVerdict(True, 90, "x", "graded")
+    wrong = JudgeVerdict(False, 90, "y", "graded")
+    err = JudgeVerdict(None, None, None, "grader_error", error="boom")
+    s = summarize_verdicts([ok, ok, wrong, err])
+    assert (s.n_total, s.n_graded, s.n_grader_errors, s.n_correct) == (4, 3, 1, 2)
+    assert s.accuracy == pytest.approx(2 / 3)
+    assert s.grader_error_rate == 0.25 and s.is_complete is False
+    assert summarize_verdicts([ok] * 20 + [err]).is_complete is True
+    assert summarize_verdicts([]).accuracy is None
+
+
+def test_j4_em_and_f1_reused_from_text() -> None:
+    gold = "O'Neill's Bakery"
+    assert exact_match("O\u2019Neill\u2019s Bakery", gold)
+    assert exact_match("O\u2032Neill\u2032s Bakery", gold)
+    assert token_f1("O\u2019Neill\u2019s Bakery", gold) == 1.0
+
+
+def test_prompt_is_the_packaged_instruction() -> None:
+    j = Judge()
+    assert j.prompt_version.startswith("judge@") and len(j.prompt_version) == len("judge@") + 8
+    assert "correct:" in j.grader.signature.instructions
+    assert [name for name, _ in j.named_predictors()] == ["grader"]
+    with pytest.raises(ValueError, match="attempts=0"):
+        Judge(attempts=0)
+    assert dspy.settings.lm is None
