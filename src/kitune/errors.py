@@ -20,6 +20,7 @@ Every error kitune raises on purpose derives from :class:`KituneError`::
     ├── HarnessError                   # our bug or misconfiguration, never a model mistake
     ├── OptimizationError
     └── TrackingError
+        └── PromptNotFoundError        # no such prompt name / version / alias (also a KeyError)
 
 Constructors only store context (attributes); they never log or do I/O. Model mistakes and
 budget exhaustion are data (``Step.error``, ``Episode.status``), not exceptions.
@@ -42,6 +43,7 @@ __all__ = [
     "LMTimeoutError",
     "OptimizationError",
     "ParseError",
+    "PromptNotFoundError",
     "ResponseFormatError",
     "StoreError",
     "StoreUnavailableError",
@@ -198,3 +200,20 @@ class OptimizationError(KituneError):
 
 class TrackingError(KituneError):
     """Experiment tracking (MLflow) failed in a way the caller must see."""
+
+
+class PromptNotFoundError(TrackingError, KeyError):
+    """The prompt registry has no such prompt name, version or alias.
+
+    Attributes:
+        name: the prompt name asked for.
+        version: the version or alias asked for, or None when the name itself is unknown.
+    """
+
+    def __init__(self, message: str, *, name: str, version: str | None = None) -> None:
+        super().__init__(message)
+        self.name = name
+        self.version = version
+
+    def __str__(self) -> str:
+        return str(self.args[0])
