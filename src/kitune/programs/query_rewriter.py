@@ -1,0 +1,273 @@
+"""The query rewriter: a question → a typed :class:`kitune.schema.QueryPlan`.
+
+The LM writes one JSON object of plan *values* (entity tags, lexical keywords, a semantic
+sentence, optional tag filters) into the ``plan_json`` field. The object is validated here with
+pydantic; the LM never writes query text that a store executes. Output that cannot be turned
+into a valid, non-empty plan falls back to :meth:`QueryPlan.plain` and the fallback is counted
+(:class:`RewriteResult` ``fell_back`` and :attr:`QueryRewriter.fallbacks`).
+
+Policies (tested):
+
+* an entity tag given as a bare name (``"Acme Corp"``) is slugified to ``entity:acme-corp``;
+  a tag that already carries the ``entity:`` prefix must be well formed or the plan is invalid;
+* ``filters`` may only narrow retrieval: ``statuses`` is ignored (expired KIs stay excluded),
+  unknown filter keys make the plan invalid;
+* ``size`` always comes from the caller, never from the LM (an LM ``size`` key is ignored).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import dspy
+from pydantic import ValidationError
+
+from kitune.errors import ParseError
+from kitune.ki import entity_tag
+from kitune.schema import Filter, QueryPlan
+from kitune.usage import TokenLedger
+
+__all__ = ["QueryRewriter", "RewriteQuery", "RewriteResult", "RewriteTokens", "plan_from_output"]
+
+_FILTER_KEYS = {"tags_any", "tags_all", "doc_ids", "subtypes", "min_confidence"}
+
+
+def _instruction(name: str) -> tuple[str, str]:
+    """Return ``(text, version)`` of the packaged prompt ``name`` (``<name>@<sha8>``)."""
+    try:
+        from kitune.programs.instructions import load_instruction
+    except ImportError:
+        text = resources.files("kitune").joinpath("prompts", f"{name}.txt").read_text("utf-8").strip()
+        return text, f"{name}@{hashlib.sha256(text.encode('utf-8')).hexdigest()[:8]}"
+    ins = load_instruction(name)
+    return ins.text, ins.version
+
+
+_THINK_RE = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
+
+
+def extract_json_object(text: str) -> dict[str, Any] | None:
+    """Return the first JSON object found in ``text``, or None.
+
+    Reasoning blocks (``<think>…</think>``), code fences and prose around the object are
+    skipped (case P1). A stringified object under a single ``"json"`` key is decoded once.
+    """
+    cleaned = _THINK_RE.sub("", text or "")
+    decoder = json.JSONDecoder()
+    for match in re.finditer(r"\{", cleaned):
+        try:
+            obj, _ = decoder.raw_decode(cleaned, match.start())
+        except json.JSONDecodeError:
+            continue
+        if isinstance(obj, dict):
+            if set(obj) == {"json"} and isinstance(obj["json"], str):
+                inner = extract_json_object(obj["json"])
+                return inner if inner is not None else obj
+            return obj
+    return None
+
+
+def _normalise_tags(raw: Any) -> list[str]:
+    if raw is None:
+        return []
+    if isinstance(raw, str):
+        raw = [raw]
+    if not isinstance(raw, list) or not all(isinstance(t, str) for t in raw):
+        raise ParseError(f"entity_tags must be a list of strings, got {type(raw).__name__}")
+    tags: list[str] = []
+    for t in raw:
+        t = t.strip()
+        if not t:
+            continue
+        if t.startswith("entity:"):
+            tags.append(t)  # validated by QueryPlan as given
+        else:
+            tag = entity_tag(t)
+            if tag != "entity:":
+                tags.append(tag)
+    return tags
+
+
+def plan_from_output(raw: str, *, size: int = 10) -> QueryPlan:
+    """Validate the rewriter's raw ``plan_json`` output into a :class:`QueryPlan`.
+
+    Args:
+        raw: the LM's output text (may carry code fences, a ``<think>`` block or prose).
+        size: the plan's size, 1–1000 (the caller's choice; an LM ``size`` is ignored).
+
+    Returns:
+        A validated, non-empty plan.
+
+    Raises:
+        ParseError: no JSON object (``"no_json: …"``), a value that fails validation
+            (``"invalid_plan: …"``: malformed tags, over-long text, unknown filter keys, wrong
+            types) or a plan with no branch input (``"empty_plan: …"``). ``raw`` is kept on the error.
+    """
+    obj = extract_json_object(raw)
+    if obj is None:
+        raise ParseError("no_json: the rewriter output holds no JSON object", raw=raw)
+    if set(obj) == {"plan"} and isinstance(obj["plan"], dict):  # one extra wrapper level
+        obj = obj["plan"]
+    try:
+        tags = _normalise_tags(obj.get("entity_tags"))
+        lexical = obj.get("lexical") or ""
+        semantic = obj.get("semantic") or ""
+        if not isinstance(lexical, str) or not isinstance(semantic, str):
+            raise ParseError("lexical and semantic must be strings")
+        raw_filters = obj.get("filters") or {}
+        if not isinstance(raw_filters, dict):
+            raise ParseError(f"filters must be an object, got {type(raw_filters).__name__}")
+        raw_filters = {k: v for k, v in raw_filters.items() if k != "statuses"}
+        unknown = sorted(set(raw_filters) - _FILTER_KEYS)
+        if unknown:
+            raise ParseError(f"unknown filter keys {unknown}")
+        plan = QueryPlan(
+            entity_tags=tuple(tags),
+            lexical=" ".join(lexical.split()),
+            semantic=" ".join(semantic.split()),
+            filters=Filter(**raw_filters),
+            size=size,
+        )
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors())
+        raise ParseError(f"invalid_plan: {problems}", raw=raw) from e
+    except ParseError as e:
+        raise ParseError(f"invalid_plan: {e}", raw=raw) from e
+    if plan.is_empty():
+        raise ParseError("empty_plan: no entity tags, lexical or semantic text", raw=raw)
+    return plan
+
+
+class RewriteQuery(dspy.Signature):
+    """Turn a question into a retrieval plan (instructions are replaced at construction)."""
+
+    question: str = dspy.InputField(desc="The question to find facts for.")
+    plan_json: str = dspy.OutputField(
+        desc='One JSON object: {"entity_tags": [...], "lexical": "...", "semantic": "...", "filters": {}}'
+    )
+
+
+@dataclass(frozen=True)
+class RewriteTokens:
+    """Tokens one rewrite cost (0 when the LM reported none)."""
+
+    input: int = 0
+    """Prompt tokens."""
+    output: int = 0
+    """Completion tokens."""
+
+
+@dataclass(frozen=True)
+class RewriteResult:
+    """What :meth:`QueryRewriter.rewrite` returns."""
+
+    plan: QueryPlan
+    """The validated plan, or the plain fallback plan."""
+    fell_back: bool
+    """True when the LM output was unusable and :meth:`QueryPlan.plain` was used."""
+    reason: str | None
+    """Why it fell back (``"no_json: …"``, ``"invalid_plan: …"``, ``"empty_plan: …"``,
+    ``"lm_error: …"``), None otherwise."""
+    tokens: RewriteTokens
+    """Tokens the rewrite cost."""
+    raw: str = ""
+    """The LM's raw ``plan_json`` output (empty on an LM error)."""
+
+
+def _usage_tokens(usage: dict[str, dict[str, Any]]) -> RewriteTokens:
+    inp = out = 0
+    for entry in usage.values():
+        inp += int(entry.get("prompt_tokens") or entry.get("input_tokens") or 0)
+        out += int(entry.get("completion_tokens") or entry.get("output_tokens") or 0)
+    return RewriteTokens(input=inp, output=out)
+
+
+class QueryRewriter(dspy.Module):
+    """Question → :class:`QueryPlan` program. Its optimisable predictor is ``planner``.
+
+    Args:
+        instructions: starting instruction text; None loads the packaged ``rewriter`` prompt.
+
+    Attributes:
+        prompt_version: ``rewriter@<sha8>`` of the starting instructions.
+        fallbacks: reason code (``no_json``, ``invalid_plan``, ``empty_plan``, ``lm_error``) →
+            how many rewrites fell back, over this instance's lifetime.
+    """
+
+    def __init__(self, instructions: str | None = None) -> None:
+        super().__init__()
+        if instructions is None:
+            instructions, self.prompt_version = _instruction("rewriter")
+        else:
+            self.prompt_version = f"rewriter@{hashlib.sha256(instructions.encode('utf-8')).hexdigest()[:8]}"
+        self.planner = dspy.Predict(RewriteQuery.with_instructions(instructions))
+        self.fallbacks: Counter[str] = Counter()
+
+    def forward(self, question: str, size: int = 10) -> dspy.Prediction:
+        """Run the LM once and validate its plan (for optimisers and metrics).
+
+        Returns:
+            A prediction with ``plan_json`` (raw), ``plan`` (a QueryPlan, the fallback when
+            invalid), ``fell_back`` (bool) and ``reason`` (str | None).
+
+        Raises:
+            Whatever the LM raises (transport errors are not swallowed here; see :meth:`rewrite`).
+        """
+        pred = self.planner(question=question)
+        raw = str(pred.plan_json or "")
+        try:
+            plan = plan_from_output(raw, size=size)
+            return dspy.Prediction(plan_json=raw, plan=plan, fell_back=False, reason=None)
+        except ParseError as e:
+            return dspy.Prediction(
+                plan_json=raw, plan=QueryPlan.plain(question, size=size), fell_back=True, reason=str(e)
+            )
+
+    def rewrite(
+        self, question: str, *, size: int = 10, lm: Any = None, ledger: TokenLedger | None = None
+    ) -> RewriteResult:
+        """Rewrite ``question`` into a plan; never raises for a model or transport failure.
+
+        Args:
+            question: the natural-language question (non-blank).
+            size: the plan size, 1–1000.
+            lm: a ``dspy.LM`` to use for this call (None: the predictor's or the context's LM).
+            ledger: when the LM reported no usage, tokens recorded here for role ``rewrite``
+                during the call are used instead.
+
+        Returns:
+            The plan, whether it fell back (and why) and the tokens spent.
+
+        Raises:
+            ValueError: ``question`` is blank or ``size`` is outside 1–1000.
+        """
+        if not question or not question.strip():
+            raise ValueError("question is blank: pass the question text to rewrite")
+        if not 1 <= size <= 1000:
+            raise ValueError(f"size={size} is outside 1–1000")
+        marker = ledger.snapshot() if ledger is not None else 0
+        raw = ""
+        with dspy.track_usage() as tracker:
+            try:
+                if lm is not None:
+                    with dspy.context(lm=lm):
+                        pred = self(question, size=size)
+                else:
+                    pred = self(question, size=size)
+                plan, fell_back, reason, raw = pred.plan, pred.fell_back, pred.reason, pred.plan_json
+            except Exception as e:  # a transport or adapter failure must not break retrieval
+                plan = QueryPlan.plain(question, size=size)
+                fell_back, reason = True, f"lm_error: {type(e).__name__}: {e}"[:500]
+        tokens = _usage_tokens(tracker.get_total_tokens())
+        if ledger is not None and tokens == RewriteTokens():
+            recs = [r for r in ledger.since(marker) if r.role == "rewrite"]
+            tokens = RewriteTokens(sum(r.input_tokens for r in recs), sum(r.output_tokens for r in recs))
+        if fell_back:
+            self.fallbacks[(reason or "unknown").split(":", 1)[0]] += 1
+        return RewriteResult(plan=plan, fell_back=fell_back, reason=reason, tokens=tokens, raw=raw)

@@ -1,0 +1,131 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+from dspy.utils import DummyLM
+
+from kitune.errors import LMConnectionError, ParseError
+from kitune.programs.query_rewriter import (
+    QueryRewriter,
+    RewriteTokens,
+    extract_json_object,
+    plan_from_output,
+)
+from kitune.schema import Filter, QueryPlan
+from kitune.usage import CallRecord, TokenLedger
+
+Q = "Where is Acme Corp headquartered?"
+
+
+def _lm(*plans: str) -> DummyLM:
+    return DummyLM([{"plan_json": p} for p in plans])
+
+
+class FailingLM(DummyLM):
+    def __init__(self, exc: Exception) -> None:
+        super().__init__([])
+        self.exc = exc
+
+    def forward(self, prompt=None, messages=None, **kwargs):
+        raise self.exc
+
+
+def test_valid_plan_with_fence_and_think_block() -> None:
+    raw = (
+        "<think>the user wants the HQ {not json}</think>\n```json\n"
+        '{"entity_tags": ["Acme Corp", "entity:springfield", "Acme Corp"], '
+        '"lexical": "Acme Corp  headquarters", "semantic": "Acme Corp is headquartered in a city.", '
+        '"filters": {"tags_any": ["org"], "statuses": ["expired"]}, "size": 999}\n```'
+    )
+    res = QueryRewriter().rewrite(Q, size=7, lm=_lm(raw))
+    assert res.fell_back is False and res.reason is None
+    assert res.plan == QueryPlan(
+        entity_tags=("entity:acme-corp", "entity:springfield"),
+        lexical="Acme Corp headquarters",
+        semantic="Acme Corp is headquartered in a city.",
+        filters=Filter(tags_any=("org",)),  # statuses from the LM are ignored
+        size=7,  # the caller's size, never the LM's
+    )
+    assert res.raw == raw
+
+
+@pytest.mark.parametrize(
+    ("raw", "code"),
+    [
+        ("Let me think about the entities step by step.", "no_json"),
+        ('{"entity_tags": ["entity:Acme Corp"], "lexical": "acme"}', "invalid_plan"),
+        (json.dumps({"lexical": "x" * 501}), "invalid_plan"),
+        ('{"entity_tags": "", "lexical": "  ", "semantic": ""}', "empty_plan"),
+        ('{"lexical": "acme", "filters": {"raw_query": "FROM kis | DROP"}}', "invalid_plan"),
+        ('{"lexical": ["acme"]}', "invalid_plan"),
+    ],
+    ids=["no-json", "bad-tag", "over-long", "nothing-usable", "unknown-filter", "wrong-type"],
+)
+def test_invalid_output_falls_back_to_plain_plan_and_is_counted(raw: str, code: str) -> None:
+    rw = QueryRewriter()
+    res = rw.rewrite(Q, size=5, lm=_lm(raw))
+    assert res.fell_back is True
+    assert res.reason is not None and res.reason.startswith(code + ":")
+    assert res.plan == QueryPlan.plain(Q, size=5)
+    assert rw.fallbacks == {code: 1}
+
+
+def test_fallback_counter_accumulates_and_successes_do_not_count() -> None:
+    rw = QueryRewriter()
+    lm = _lm("nope", '{"lexical": "acme hq"}', "still nope")
+    results = [rw.rewrite(Q, lm=lm) for _ in range(3)]
+    assert [r.fell_back for r in results] == [True, False, True]
+    assert rw.fallbacks == {"no_json": 2}
+
+
+def test_lm_error_falls_back_with_reason() -> None:
+    rw = QueryRewriter()
+    res = rw.rewrite(Q, lm=FailingLM(LMConnectionError("proxy answered 502")))
+    assert res.fell_back and res.reason == "lm_error: LMConnectionError: proxy answered 502"
+    assert res.plan == QueryPlan.plain(Q) and res.raw == ""
+    assert rw.fallbacks == {"lm_error": 1}
+
+
+def test_tokens_from_ledger_when_lm_reports_none() -> None:
+    ledger = TokenLedger()
+
+    class RecordingLM(DummyLM):
+        def forward(self, prompt=None, messages=None, **kwargs):
+            ledger.record(CallRecord("rewrite", "context", "dummy", 120, 30))
+            ledger.record(CallRecord("agent", "context", "dummy", 999, 999))  # other role: ignored
+            return super().forward(prompt=prompt, messages=messages, **kwargs)
+
+    lm = RecordingLM([{"plan_json": '{"lexical": "acme"}'}])
+    res = QueryRewriter().rewrite(Q, lm=lm, ledger=ledger)
+    assert res.tokens == RewriteTokens(input=120, output=30)
+
+
+def test_plan_from_output_unwraps_plan_and_json_string() -> None:
+    inner = json.dumps({"lexical": "acme", "entity_tags": ["Zürich"]})
+    assert plan_from_output(json.dumps({"json": inner})).entity_tags == ("entity:zurich",)
+    assert plan_from_output(json.dumps({"plan": {"semantic": "s"}}), size=3) == QueryPlan(semantic="s", size=3)
+    with pytest.raises(ParseError) as ei:
+        plan_from_output("[1, 2]")
+    assert ei.value.raw == "[1, 2]"
+
+
+def test_extract_json_object_skips_non_json_braces() -> None:
+    assert extract_json_object("see {this} then {\"a\": 1} and {\"b\": 2}") == {"a": 1}
+    assert extract_json_object("") is None
+
+
+def test_blank_question_and_bad_size_raise() -> None:
+    with pytest.raises(ValueError, match="blank"):
+        QueryRewriter().rewrite("   ", lm=_lm("{}"))
+    with pytest.raises(ValueError, match="size=0"):
+        QueryRewriter().rewrite(Q, size=0, lm=_lm("{}"))
+
+
+def test_instruction_is_packaged_prompt_and_optimisable() -> None:
+    rw = QueryRewriter()
+    assert [n for n, _ in rw.named_predictors()] == ["planner"]
+    assert "entity_tags" in rw.planner.signature.instructions
+    assert rw.prompt_version.startswith("rewriter@")
+    custom = QueryRewriter("Only output JSON.")
+    assert custom.planner.signature.instructions == "Only output JSON."
