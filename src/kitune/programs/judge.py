@@ -17,17 +17,16 @@ from accuracy and counted, never scored as incorrect (case J3). Exact match and 
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any, Literal
 
 import dspy
 from dspy.utils.exceptions import AdapterParseError
 
 from kitune.errors import LMError
+from kitune.programs.instructions import instruction_version, load_instruction
 
 __all__ = [
     "GradeResponse",
@@ -42,16 +41,6 @@ __all__ = [
 
 JudgeStatus = Literal["graded", "grader_error"]
 
-
-def _instruction(name: str) -> tuple[str, str]:
-    """Return ``(text, version)`` of the packaged prompt ``name`` (``<name>@<sha8>``)."""
-    try:
-        from kitune.programs.instructions import load_instruction
-    except ImportError:
-        text = resources.files("kitune").joinpath("prompts", f"{name}.txt").read_text("utf-8").strip()
-        return text, f"{name}@{hashlib.sha256(text.encode('utf-8')).hexdigest()[:8]}"
-    ins = load_instruction(name)
-    return ins.text, ins.version
 
 
 def parse_anchored_verdict(
@@ -98,7 +87,9 @@ def parse_anchored_verdict(
 
 
 _FIELD_RE = {
-    "extracted": re.compile(r"^[\s*_#-]*extracted[_ ]final[_ ]answer[*_]*\s*:\s*(.*)$", re.IGNORECASE | re.MULTILINE),
+    "extracted": re.compile(
+        r"^[\s*_#-]*extracted[_ ]final[_ ]answer[*_]*\s*:\s*(.*)$", re.IGNORECASE | re.MULTILINE
+    ),
     "confidence": re.compile(r"\bconfidence[*_]*\s*[:=]\s*[*_]*\s*(\d{1,3}(?:\.\d+)?)", re.IGNORECASE),
 }
 
@@ -191,9 +182,10 @@ class Judge(dspy.Module):
         if attempts < 1:
             raise ValueError(f"attempts={attempts}: use 1 or more")
         if instructions is None:
-            instructions, self.prompt_version = _instruction("judge")
+            loaded = load_instruction("judge")
+            instructions, self.prompt_version = loaded.text, loaded.version
         else:
-            self.prompt_version = f"judge@{hashlib.sha256(instructions.encode('utf-8')).hexdigest()[:8]}"
+            self.prompt_version = instruction_version("judge", instructions)
         self.grader = dspy.Predict(GradeResponse.with_instructions(instructions))
         self.attempts = attempts
 

@@ -17,12 +17,10 @@ Policies (tested):
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections import Counter
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any
 
 import dspy
@@ -30,6 +28,7 @@ from pydantic import ValidationError
 
 from kitune.errors import ParseError
 from kitune.ki import entity_tag
+from kitune.programs.instructions import instruction_version, load_instruction
 from kitune.schema import Filter, QueryPlan
 from kitune.usage import TokenLedger
 
@@ -37,16 +36,6 @@ __all__ = ["QueryRewriter", "RewriteQuery", "RewriteResult", "RewriteTokens", "p
 
 _FILTER_KEYS = {"tags_any", "tags_all", "doc_ids", "subtypes", "min_confidence"}
 
-
-def _instruction(name: str) -> tuple[str, str]:
-    """Return ``(text, version)`` of the packaged prompt ``name`` (``<name>@<sha8>``)."""
-    try:
-        from kitune.programs.instructions import load_instruction
-    except ImportError:
-        text = resources.files("kitune").joinpath("prompts", f"{name}.txt").read_text("utf-8").strip()
-        return text, f"{name}@{hashlib.sha256(text.encode('utf-8')).hexdigest()[:8]}"
-    ins = load_instruction(name)
-    return ins.text, ins.version
 
 
 _THINK_RE = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
@@ -203,9 +192,10 @@ class QueryRewriter(dspy.Module):
     def __init__(self, instructions: str | None = None) -> None:
         super().__init__()
         if instructions is None:
-            instructions, self.prompt_version = _instruction("rewriter")
+            loaded = load_instruction("rewriter")
+            instructions, self.prompt_version = loaded.text, loaded.version
         else:
-            self.prompt_version = f"rewriter@{hashlib.sha256(instructions.encode('utf-8')).hexdigest()[:8]}"
+            self.prompt_version = instruction_version("rewriter", instructions)
         self.planner = dspy.Predict(RewriteQuery.with_instructions(instructions))
         self.fallbacks: Counter[str] = Counter()
 
