@@ -1,0 +1,341 @@
+"""The budgeted tool-using agent: one question in, one :class:`Episode` out.
+
+The loop talks to a :class:`kitune.chat.ChatModel` with the JSON text protocol of
+:mod:`kitune.evaluation.protocol`. Model mistakes are data, not exceptions:
+
+* a malformed reply or a bad tool call is recorded on its :class:`Step` (``error``) and the
+  model is told what was wrong; the loop continues;
+* an identical tool call (canonical name + sorted-args JSON) is answered from the trace
+  instead of re-run; the third identical call in a row is blocked with "identical call already
+  returned … — change the query or finish" (case A2); both still cost a step;
+* when the budget (steps, input tokens, wall clock) runs out without an answer, exactly ONE
+  tool-less force-commit call asks for the most likely answer from the trace
+  (``status="budget_exhausted"``, ``force_committed=True``);
+* :class:`kitune.errors.LMContextWindowError` ends the loop with ``status="context_overflow"``
+  and the force-commit runs on a trimmed trace (case A1); never a crash.
+
+Other :class:`kitune.errors.LMError` (transport failures after the LM layer's retries) end the
+episode with ``status="failed"``. Anything else (a harness bug, an exhausted test script)
+propagates.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from kitune.chat import ChatMessage, ChatModel, ChatResponse
+from kitune.errors import LMContextWindowError, LMError, ParseError
+from kitune.evaluation.budget import Budget, BudgetMeter
+from kitune.evaluation.protocol import (
+    AnswerAction,
+    ToolAction,
+    force_commit_prompt,
+    parse_action,
+    system_prompt,
+)
+from kitune.evaluation.tools import Observation, Toolbox, canonical_call
+
+__all__ = ["Agent", "Episode", "EpisodeStatus", "Step", "StepKind"]
+
+EpisodeStatus = Literal["answered", "budget_exhausted", "context_overflow", "failed"]
+StepKind = Literal["tool", "answer", "invalid", "force_commit", "lm_error"]
+
+BLOCK_AFTER_IDENTICAL = 3
+"""The n-th identical back-to-back call is blocked (case A2)."""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One model call and what followed from it."""
+
+    index: int
+    """1-based position in the episode."""
+    kind: StepKind
+    """tool | answer | invalid (unparseable reply) | force_commit | lm_error (the call raised)."""
+    tool: str | None = None
+    args: dict[str, Any] = field(default_factory=dict)
+    observation_chars: int = 0
+    """Length of the observation text fed back to the model."""
+    doc_ids: tuple[str, ...] = ()
+    """Docs the observation showed."""
+    error: str | None = None
+    input_tokens: int = 0
+    """Prompt tokens of this call (provider usage)."""
+    output_tokens: int = 0
+    """Completion tokens of this call (provider usage)."""
+    repeated: bool = False
+    """The tool call was identical to an earlier one and answered from the trace."""
+    blocked: bool = False
+    """The tool call was the 3rd+ identical call in a row and was not run."""
+    truncated: bool = False
+    """The observation was cut to the cap."""
+    latency_s: float = 0.0
+    """Wall time of the model call in seconds."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able dict."""
+        return {
+            "index": self.index, "kind": self.kind, "tool": self.tool, "args": self.args,
+            "observation_chars": self.observation_chars, "doc_ids": list(self.doc_ids), "error": self.error,
+            "input_tokens": self.input_tokens, "output_tokens": self.output_tokens, "repeated": self.repeated,
+            "blocked": self.blocked, "truncated": self.truncated, "latency_s": round(self.latency_s, 4),
+        }
+
+
+@dataclass(frozen=True)
+class Episode:
+    """The outcome of one question."""
+
+    question: str
+    status: EpisodeStatus
+    explanation: str = ""
+    exact_answer: str = ""
+    confidence: int | None = None
+    """0–100, None when no answer was parsed."""
+    steps: tuple[Step, ...] = ()
+    tool_calls: dict[str, int] = field(default_factory=dict)
+    """Tool name → calls actually executed (repeats answered from the trace are not counted)."""
+    timed_out: bool = False
+    """The budget ran out before the model answered (any limit)."""
+    exhausted_by: str | None = None
+    """``"steps"``, ``"tokens"`` or ``"timeout"`` when the budget ran out."""
+    force_committed: bool = False
+    """The answer came from the force-commit call."""
+    repeated_calls: int = 0
+    """Identical calls answered from the trace (including blocked ones)."""
+    repeated_call_blocked: int = 0
+    """Identical back-to-back calls blocked (case A2)."""
+    wall_time_s: float = 0.0
+    doc_ids_seen: tuple[str, ...] = ()
+    """Every doc id shown to the model, first-seen order, unique."""
+    errors: tuple[str, ...] = ()
+    """Step errors and LM errors, in order."""
+
+    @property
+    def input_tokens(self) -> int:
+        """Sum of input tokens over all steps (the force-commit included)."""
+        return sum(s.input_tokens for s in self.steps)
+
+    @property
+    def output_tokens(self) -> int:
+        """Sum of output tokens over all steps."""
+        return sum(s.output_tokens for s in self.steps)
+
+
+class Agent:
+    """A budgeted agent for one skill. Not thread-safe: build one per question.
+
+    Args:
+        model: the chat model (its ledger, if any, records every call).
+        toolbox: a fresh toolbox for this question.
+        budget: steps, input-token and wall-clock limits.
+        max_output_tokens: cap per call (None: the model's default).
+        trimmed_observation_chars: per-observation cap in the trimmed trace used after a
+            context overflow; at most 4 observations, most recent, are kept.
+        clock: monotonic clock in seconds (injectable for tests).
+    """
+
+    def __init__(
+        self,
+        model: ChatModel,
+        toolbox: Toolbox,
+        *,
+        budget: Budget | None = None,
+        max_output_tokens: int | None = None,
+        trimmed_observation_chars: int = 1200,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.model = model
+        self.toolbox = toolbox
+        self.budget = budget or Budget()
+        self.max_output_tokens = max_output_tokens
+        self.trimmed_observation_chars = trimmed_observation_chars
+        self.clock = clock
+
+    def run(self, question: str) -> Episode:
+        """Answer ``question`` within the budget.
+
+        Returns:
+            An :class:`Episode`; never raises for model mistakes, budget exhaustion or a context
+            overflow.
+
+        Raises:
+            HarnessError: a bug or misconfiguration (propagated from tools or test doubles).
+        """
+        return _Run(self, question).execute()
+
+
+class _Run:
+    """State of one episode."""
+
+    def __init__(self, agent: Agent, question: str) -> None:
+        self.a = agent
+        self.question = question
+        self.meter = BudgetMeter(agent.budget, clock=agent.clock)
+        self.start = agent.clock()
+        self.steps: list[Step] = []
+        self.errors: list[str] = []
+        self.tool_calls: dict[str, int] = {}
+        self.seen: dict[str, None] = {}
+        self.cache: dict[str, Observation] = {}
+        self.observations: list[tuple[str, str]] = []  # (call label, text) for the trimmed trace
+        self.last_key: str | None = None
+        self.identical_run = 0
+        self.repeated = 0
+        self.blocked = 0
+        system = system_prompt(agent.toolbox.skill, agent.toolbox.describe(), agent.budget.max_steps)
+        self.head: list[ChatMessage] = [
+            {"role": "system", "content": system},
+            {"role": "user", "content": f"Question: {question}"},
+        ]
+        self.messages: list[ChatMessage] = list(self.head)
+
+    def _call(self, messages: list[ChatMessage]) -> tuple[ChatResponse, float]:
+        t0 = self.a.clock()
+        resp = self.a.model.complete(messages, json_mode=True, max_tokens=self.a.max_output_tokens)
+        return resp, self.a.clock() - t0
+
+    def _episode(self, status: EpisodeStatus, answer: AnswerAction | None = None, **kw: Any) -> Episode:
+        return Episode(
+            question=self.question,
+            status=status,
+            explanation=answer.explanation if answer else "",
+            exact_answer=answer.exact_answer if answer else "",
+            confidence=answer.confidence if answer else None,
+            steps=tuple(self.steps),
+            tool_calls=dict(self.tool_calls),
+            repeated_calls=self.repeated,
+            repeated_call_blocked=self.blocked,
+            wall_time_s=self.a.clock() - self.start,
+            doc_ids_seen=tuple(self.seen),
+            errors=tuple(self.errors),
+            **kw,
+        )
+
+    def _step(self, kind: StepKind, resp: ChatResponse | None, latency: float, **kw: Any) -> None:
+        if kw.get("error"):
+            self.errors.append(f"step {len(self.steps) + 1}: {kw['error']}")
+        self.steps.append(
+            Step(
+                index=len(self.steps) + 1, kind=kind,
+                input_tokens=resp.input_tokens if resp else 0, output_tokens=resp.output_tokens if resp else 0,
+                latency_s=latency, **kw,
+            )
+        )
+
+    def execute(self) -> Episode:
+        overflow = False
+        while self.meter.exhausted_by() is None:
+            try:
+                resp, latency = self._call(self.messages)
+            except LMContextWindowError as e:
+                self.meter.charge(input_tokens=0, output_tokens=0)
+                self._step("lm_error", None, 0.0, error=f"context window exceeded: {e}")
+                overflow = True
+                break
+            except LMError as e:
+                self._step("lm_error", None, 0.0, error=f"{type(e).__name__}: {e}")
+                return self._episode("failed")
+            self.meter.charge(input_tokens=resp.input_tokens, output_tokens=resp.output_tokens)
+            try:
+                action = parse_action(resp.text)
+            except ParseError as e:
+                self._step("invalid", resp, latency, error=str(e))
+                self._feed(resp.text, f"ERROR: {e}")
+                continue
+            if isinstance(action, AnswerAction):
+                self._step("answer", resp, latency)
+                return self._episode("answered", action)
+            self._tool_step(action, resp, latency)
+        return self._force_commit(overflow)
+
+    def _feed(self, reply: str, observation: str) -> None:
+        left = self.meter.steps_left
+        self.messages.append({"role": "assistant", "content": reply})
+        self.messages.append({"role": "user", "content": f"{observation}\n\n[{left} step(s) left]"})
+
+    def _tool_step(self, action: ToolAction, resp: ChatResponse, latency: float) -> None:
+        key = canonical_call(action.tool, action.args)
+        self.identical_run = self.identical_run + 1 if key == self.last_key else 1
+        self.last_key = key
+        cached = self.cache.get(key)
+        repeated = blocked = False
+        if cached is not None and self.identical_run >= BLOCK_AFTER_IDENTICAL:
+            blocked = repeated = True
+            n = cached.n_results if cached.n_results is not None else len(cached.doc_ids)
+            obs = Observation(
+                text=(
+                    f"ERROR: identical call already returned {n} result(s) ({len(cached.text)} characters) "
+                    "— change the query or finish with your answer."
+                ),
+                error=f"identical call repeated {self.identical_run} times in a row; not run",
+            )
+        elif cached is not None:
+            repeated = True
+            obs = Observation(
+                text="(identical to an earlier call; result repeated from the trace)\n" + cached.text,
+                doc_ids=cached.doc_ids, n_results=cached.n_results, truncated=cached.truncated,
+            )
+        else:
+            obs = self.a.toolbox.call(action.tool, action.args)
+            if action.tool in self.a.toolbox.tools:
+                self.tool_calls[action.tool] = self.tool_calls.get(action.tool, 0) + 1
+            if obs.error is None:
+                self.cache[key] = obs
+                self.observations.append((f"{action.tool}({action.args})", obs.text))
+        self.repeated += int(repeated)
+        self.blocked += int(blocked)
+        for d in obs.doc_ids:
+            self.seen.setdefault(d, None)
+        self._step(
+            "tool", resp, latency, tool=action.tool, args=dict(action.args), observation_chars=len(obs.text),
+            doc_ids=obs.doc_ids, error=obs.error, repeated=repeated, blocked=blocked, truncated=obs.truncated,
+        )
+        self._feed(resp.text, f"Observation from {action.tool}:\n{obs.text}")
+
+    def _trimmed(self) -> list[ChatMessage]:
+        cap = self.a.trimmed_observation_chars
+        kept = self.observations[-4:]
+        body = "\n\n".join(f"{label}:\n{text[:cap]}" for label, text in kept) or "(no observations)"
+        return [*self.head, {"role": "user", "content": f"Observations so far (trimmed):\n{body}"}]
+
+    def _force_commit(self, overflow: bool) -> Episode:
+        exhausted = None if overflow else self.meter.exhausted_by()
+        status: EpisodeStatus = "context_overflow" if overflow else "budget_exhausted"
+        prompt: ChatMessage = {"role": "user", "content": force_commit_prompt()}
+        messages = [*self._trimmed(), prompt] if overflow else [*self.messages, prompt]
+        try:
+            resp, latency = self._call(messages)
+        except LMContextWindowError as e:
+            if overflow:
+                self._step("lm_error", None, 0.0, error=f"force-commit context window exceeded: {e}")
+                return self._episode(status, exhausted_by=exhausted, timed_out=not overflow)
+            # The full trace no longer fits: commit from the trimmed trace instead.
+            self._step("lm_error", None, 0.0, error=f"force-commit context window exceeded: {e}")
+            status = "context_overflow"
+            try:
+                resp, latency = self._call([*self._trimmed(), prompt])
+            except LMError as e2:
+                self._step("lm_error", None, 0.0, error=f"{type(e2).__name__}: {e2}")
+                return self._episode(status, exhausted_by=exhausted, timed_out=True)
+        except LMError as e:
+            self._step("lm_error", None, 0.0, error=f"force-commit {type(e).__name__}: {e}")
+            return self._episode(status, exhausted_by=exhausted, timed_out=not overflow)
+        answer: AnswerAction | None = None
+        error: str | None = None
+        try:
+            action = parse_action(resp.text)
+            if isinstance(action, AnswerAction):
+                answer = action
+            else:
+                error = f"force-commit reply was a tool call ({action.tool}), not an answer"
+        except ParseError as e:
+            error = f"force-commit reply unparseable: {e}"
+        self._step("force_commit", resp, latency, error=error)
+        return self._episode(
+            status, answer, exhausted_by=exhausted, timed_out=exhausted is not None,
+            force_committed=answer is not None,
+        )

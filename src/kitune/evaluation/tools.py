@@ -1,0 +1,299 @@
+"""The agent's tools, by skill, over the store protocols.
+
+Skills:
+
+* ``baseline`` — ``search(query)`` over a :class:`kitune.retrieval.base.CorpusStore` (up to
+  ``search_hits`` documents, up to ``snippets_per_hit`` snippets of at most ``snippet_chars``
+  characters each) and ``get_by_doc_id(docid)``.
+* ``in-context`` — ``get_context(query)`` (a caller-supplied function returning rendered KI
+  text and the doc ids it cites) and, when a corpus store is given, a raw ``search`` fallback
+  that only works after two *failed* KI look-ups (no KI returned, or an error); earlier calls
+  return an instructive error observation.
+* ``closed-book`` — no tools.
+
+Every tool returns an :class:`Observation`: text capped at ``max_chars`` with a truncation
+marker (case A1), the doc ids it showed, and an error string for a failed call. Tools never
+raise for a model mistake or a backend failure; the error is in the observation.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from kitune.errors import DocumentNotFoundError, HarnessError
+
+if TYPE_CHECKING:
+    from kitune.config import KituneConfig
+    from kitune.retrieval.base import CorpusStore
+
+__all__ = [
+    "SKILLS",
+    "ContextObservation",
+    "Observation",
+    "Skill",
+    "Tool",
+    "Toolbox",
+    "baseline_toolbox",
+    "build_toolbox",
+    "canonical_call",
+    "cap_text",
+    "closed_book_toolbox",
+    "in_context_toolbox",
+]
+
+Skill = Literal["baseline", "in-context", "closed-book"]
+SKILLS: tuple[Skill, ...] = ("baseline", "in-context", "closed-book")
+
+FAILED_LOOKUPS_BEFORE_SEARCH = 2
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What one tool call returned to the agent."""
+
+    text: str
+    """Text shown to the model, at most the toolbox's ``max_chars`` characters."""
+    doc_ids: tuple[str, ...] = ()
+    """Documents this observation showed (cited KI evidence, search hits, a fetched doc)."""
+    error: str | None = None
+    """Set when the call failed (bad arguments, unknown tool, backend error, not allowed yet)."""
+    truncated: bool = False
+    """True when ``text`` was cut to the cap."""
+    n_results: int | None = None
+    """Results found (hits, KIs), when the tool counts them."""
+
+
+@dataclass(frozen=True)
+class ContextObservation:
+    """What a ``get_context`` function returns for one query."""
+
+    text: str
+    """Rendered KIs (titles, descriptions, cited doc ids)."""
+    doc_ids: tuple[str, ...] = ()
+    """Evidence doc ids of the KIs shown."""
+    n_results: int = 0
+    """KIs returned; 0 counts as a failed look-up."""
+
+
+def cap_text(text: str, max_chars: int) -> tuple[str, bool]:
+    """Cap ``text`` at ``max_chars`` characters, ending with a marker that says how much was cut.
+
+    Returns:
+        ``(text, truncated)``; ``len(text) <= max_chars`` always (for ``max_chars >= 80``).
+    """
+    if len(text) <= max_chars:
+        return text, False
+    marker = f"\n…[truncated: showed {{}} of {len(text)} characters; narrow the query or fetch less]"
+    keep = max(0, max_chars - len(marker.format(max_chars)))
+    return text[:keep] + marker.format(keep), True
+
+
+@dataclass(frozen=True)
+class Tool:
+    """One tool: name, prompt description, argument names → descriptions, and the function."""
+
+    name: str
+    description: str
+    args: Mapping[str, str]
+    fn: Callable[..., Observation]
+
+
+@dataclass
+class Toolbox:
+    """The tools of one episode (stateful: the in-context fallback counts failed look-ups).
+
+    Build a fresh toolbox per question.
+    """
+
+    skill: Skill
+    tools: dict[str, Tool] = field(default_factory=dict)
+    max_chars: int = 8000
+    failed_lookups: int = 0
+
+    def describe(self) -> str:
+        """The tool list as prompt text (one line per tool with its JSON arguments)."""
+        if not self.tools:
+            return "You have no tools. Answer from your own knowledge."
+        lines = []
+        for t in self.tools.values():
+            args = ", ".join(f'"{k}": <{v}>' for k, v in t.args.items())
+            lines.append(f'- {t.name}: {t.description} Call as {{"tool": "{t.name}", "args": {{{args}}}}}')
+        return "\n".join(lines)
+
+    def call(self, name: str, args: Mapping[str, Any]) -> Observation:
+        """Run one tool; never raises for a bad call or a backend failure.
+
+        Returns:
+            The observation, text capped at ``max_chars``; ``error`` set on failure.
+        """
+        tool = self.tools.get(name)
+        if tool is None:
+            known = ", ".join(self.tools) or "none"
+            return self._error(f"unknown tool {name!r}; available tools: {known}")
+        missing = [a for a in tool.args if a not in args]
+        extra = [a for a in args if a not in tool.args]
+        if missing or extra:
+            return self._error(
+                f"{name} takes arguments {list(tool.args)}; missing {missing}, unexpected {extra}"
+            )
+        bad = [a for a in tool.args if not isinstance(args[a], str | int) or str(args[a]).strip() == ""]
+        if bad:
+            return self._error(f"{name}: argument(s) {bad} must be non-empty strings")
+        try:
+            obs = tool.fn(**{a: str(args[a]).strip() for a in tool.args})
+        except DocumentNotFoundError as e:
+            return self._error(f"{e}; use a doc id shown by an earlier result")
+        except HarnessError:
+            raise
+        except Exception as e:  # a backend failure is data for the trace, not a crash
+            return self._error(f"{name} failed: {type(e).__name__}: {e}")
+        text, truncated = cap_text(obs.text, self.max_chars)
+        return Observation(text, obs.doc_ids, obs.error, truncated or obs.truncated, obs.n_results)
+
+    def _error(self, message: str) -> Observation:
+        text, truncated = cap_text(f"ERROR: {message}", self.max_chars)
+        return Observation(text=text, error=message, truncated=truncated)
+
+
+def _render_hits(store: CorpusStore, query: str, k: int, snippets: int, chars: int) -> Observation:
+    hits = store.search(query, k=k, snippets_per_hit=snippets, snippet_chars=chars)
+    if not hits:
+        return Observation(text=f"No documents matched {query!r}. Try other keywords.", n_results=0)
+    parts = []
+    for i, h in enumerate(hits[:k], start=1):
+        body = "\n".join(f"  … {s[:chars]}" for s in h.snippets[:snippets])
+        parts.append(f"{i}. [{h.docid}] {h.title}\n{body}")
+    return Observation(text="\n".join(parts), doc_ids=tuple(h.docid for h in hits[:k]), n_results=len(hits[:k]))
+
+
+def _get_doc(store: CorpusStore, docid: str) -> Observation:
+    doc = store.get(docid.strip("[] "))
+    title = f" {doc.title}" if doc.title else ""
+    return Observation(text=f"[{doc.docid}]{title}\n{doc.text}", doc_ids=(doc.docid,), n_results=1)
+
+
+def baseline_toolbox(
+    store: CorpusStore,
+    *,
+    search_hits: int = 10,
+    snippets_per_hit: int = 3,
+    snippet_chars: int = 700,
+    max_chars: int = 8000,
+) -> Toolbox:
+    """``search`` + ``get_by_doc_id`` over a corpus store (the search-and-fetch baseline)."""
+    box = Toolbox(skill="baseline", max_chars=max_chars)
+    box.tools["search"] = Tool(
+        "search",
+        f"Search the document collection; returns up to {search_hits} documents as [docid] title "
+        f"with up to {snippets_per_hit} snippets each.",
+        {"query": "keywords"},
+        lambda query: _render_hits(store, query, search_hits, snippets_per_hit, snippet_chars),
+    )
+    box.tools["get_by_doc_id"] = Tool(
+        "get_by_doc_id",
+        "Fetch the full text of one document by its docid.",
+        {"docid": "docid"},
+        lambda docid: _get_doc(store, docid),
+    )
+    return box
+
+
+def in_context_toolbox(
+    get_context: Callable[[str], ContextObservation],
+    *,
+    corpus_store: CorpusStore | None = None,
+    search_hits: int = 10,
+    snippets_per_hit: int = 3,
+    snippet_chars: int = 700,
+    max_chars: int = 8000,
+) -> Toolbox:
+    """``get_context`` over pre-computed KIs, plus a gated raw ``search`` when a store is given."""
+    box = Toolbox(skill="in-context", max_chars=max_chars)
+
+    def _lookup(query: str) -> Observation:
+        try:
+            ctx = get_context(query)
+        except Exception:
+            box.failed_lookups += 1
+            raise
+        if ctx.n_results <= 0:
+            box.failed_lookups += 1
+            text = ctx.text or f"No knowledge indicators matched {query!r}."
+            return Observation(text=text, doc_ids=ctx.doc_ids, n_results=0)
+        return Observation(text=ctx.text, doc_ids=ctx.doc_ids, n_results=ctx.n_results)
+
+    box.tools["get_context"] = Tool(
+        "get_context",
+        "Look up pre-computed knowledge indicators (short evidence-backed facts citing [docid]) "
+        "for a query. Use this first; one entity or relation per query works best.",
+        {"query": "question or entity and relation"},
+        _lookup,
+    )
+    if corpus_store is not None:
+        store = corpus_store
+
+        def _search(query: str) -> Observation:
+            if box.failed_lookups < FAILED_LOOKUPS_BEFORE_SEARCH:
+                left = FAILED_LOOKUPS_BEFORE_SEARCH - box.failed_lookups
+                return Observation(
+                    text=(
+                        f"ERROR: search is a fallback: it opens after {FAILED_LOOKUPS_BEFORE_SEARCH} "
+                        f"get_context look-ups that found nothing ({left} more to go). "
+                        "Call get_context with a different query first."
+                    ),
+                    error="search not allowed yet: fewer than 2 failed get_context look-ups",
+                )
+            return _render_hits(store, query, search_hits, snippets_per_hit, snippet_chars)
+
+        box.tools["search"] = Tool(
+            "search",
+            f"Fallback raw document search (only after {FAILED_LOOKUPS_BEFORE_SEARCH} get_context "
+            "look-ups found nothing).",
+            {"query": "keywords"},
+            _search,
+        )
+    return box
+
+
+def closed_book_toolbox() -> Toolbox:
+    """No tools: the no-retrieval reference run."""
+    return Toolbox(skill="closed-book")
+
+
+def build_toolbox(
+    skill: Skill,
+    cfg: KituneConfig,
+    *,
+    corpus_store: CorpusStore | None = None,
+    get_context: Callable[[str], ContextObservation] | None = None,
+) -> Toolbox:
+    """Build a fresh toolbox for ``skill`` with limits from ``cfg.retrieval`` and ``cfg.agent``.
+
+    Raises:
+        HarnessError: a skill's required dependency is missing (baseline needs
+            ``corpus_store``; in-context needs ``get_context``) or the skill is unknown.
+    """
+    r, cap = cfg.retrieval, cfg.agent.observation_max_chars
+    limits: dict[str, Any] = {
+        "search_hits": r.search_hits, "snippets_per_hit": r.snippets_per_hit, "snippet_chars": r.snippet_chars,
+        "max_chars": cap,
+    }
+    if skill == "baseline":
+        if corpus_store is None:
+            raise HarnessError("skill 'baseline' needs a corpus store: build one with create_corpus_store(cfg)")
+        return baseline_toolbox(corpus_store, **limits)
+    if skill == "in-context":
+        if get_context is None:
+            raise HarnessError("skill 'in-context' needs a get_context function over the KI store")
+        return in_context_toolbox(get_context, corpus_store=corpus_store, **limits)
+    if skill == "closed-book":
+        return closed_book_toolbox()
+    raise HarnessError(f"unknown skill {skill!r}: use one of {', '.join(SKILLS)}")
+
+
+def canonical_call(name: str, args: Mapping[str, Any]) -> str:
+    """Canonical key of a tool call: tool name + sorted-args JSON (case A2)."""
+    return f"{name.strip()}:{json.dumps(dict(args), sort_keys=True, ensure_ascii=False, default=str)}"

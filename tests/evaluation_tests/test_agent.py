@@ -1,0 +1,167 @@
+from __future__ import annotations
+
+import json
+
+from eval_fakes import DOCS, FakeCorpusStore
+
+from kitune.errors import LMContextWindowError, LMRateLimitError
+from kitune.evaluation.agent import Agent
+from kitune.evaluation.budget import Budget
+from kitune.evaluation.tools import baseline_toolbox, closed_book_toolbox
+from kitune.testing.chat import ScriptedChatModel
+
+
+def tool(name: str, **args: str) -> str:
+    return json.dumps({"tool": name, "args": args})
+
+
+def answer(text: str, conf: int = 80, expl: str = "see [d1]") -> str:
+    return json.dumps({"answer": {"explanation": expl, "exact_answer": text, "confidence": conf}})
+
+
+def _agent(model: ScriptedChatModel, max_steps: int = 43, max_chars: int = 8000) -> Agent:
+    return Agent(model, baseline_toolbox(FakeCorpusStore(DOCS), max_chars=max_chars), budget=Budget(max_steps=max_steps))
+
+
+def test_answers_after_search_and_fetch() -> None:
+    model = ScriptedChatModel([tool("search", query="capital France"), tool("get_by_doc_id", docid="d1"),
+                               "Sure! ```json\n" + answer("Paris") + "\n```"], usage=(120, 15))
+    ep = _agent(model).run("What is the capital of France?")
+    assert ep.status == "answered" and ep.exact_answer == "Paris" and ep.confidence == 80
+    assert ep.tool_calls == {"search": 1, "get_by_doc_id": 1}
+    assert [s.kind for s in ep.steps] == ["tool", "tool", "answer"]
+    assert ep.doc_ids_seen[:2] == ("d2", "d1") and len(ep.doc_ids_seen) == 2
+    assert not ep.force_committed and not ep.timed_out
+    assert all(c.json_mode for c in model.calls)
+    assert "Observation from search" in model.calls[1].messages[-1]["content"]
+    assert "[d1] Paris" in model.calls[1].messages[-1]["content"]
+
+
+def test_token_totals_equal_sum_of_per_call_usage() -> None:
+    model = ScriptedChatModel([tool("search", query="Lyon"), "not json", answer("Lyon")], usage=(321, 17))
+    ep = _agent(model).run("q")
+    assert len(model.calls) == 3
+    assert [s.input_tokens for s in ep.steps] == [321, 321, 321]
+    assert ep.input_tokens == 3 * 321 and ep.output_tokens == 3 * 17
+
+
+def test_budget_exhaustion_makes_exactly_one_force_commit_call() -> None:
+    turns = [tool("search", query=f"q{i}") for i in range(3)] + [answer("Paris", 40)] + [tool("search", query="x")] * 5
+    model = ScriptedChatModel(turns)
+    ep = _agent(model, max_steps=3).run("q")
+    assert len(model.calls) == 4  # 3 budgeted steps + one force-commit
+    assert model.remaining == 5
+    last = model.calls[-1].messages[-1]["content"]
+    assert "budget is spent" in last and "no more tools" in last
+    assert ep.status == "budget_exhausted" and ep.force_committed and ep.timed_out
+    assert ep.exhausted_by == "steps"
+    assert ep.exact_answer == "Paris" and ep.confidence == 40
+    assert [s.kind for s in ep.steps] == ["tool", "tool", "tool", "force_commit"]
+
+
+def test_token_budget_exhausts() -> None:
+    model = ScriptedChatModel([tool("search", query="a"), tool("search", query="b"), answer("x")], usage=(600, 5))
+    ep = Agent(model, baseline_toolbox(FakeCorpusStore(DOCS)), budget=Budget(max_tokens=1000)).run("q")
+    assert ep.exhausted_by == "tokens" and ep.force_committed and len(model.calls) == 3
+
+
+def test_force_commit_unparseable_is_recorded_not_raised() -> None:
+    model = ScriptedChatModel([tool("search", query="a"), "I don't know"])
+    ep = _agent(model, max_steps=1).run("q")
+    assert ep.status == "budget_exhausted" and not ep.force_committed and ep.exact_answer == ""
+    assert ep.steps[-1].kind == "force_commit" and "unparseable" in (ep.steps[-1].error or "")
+
+
+def test_malformed_tool_call_recorded_and_loop_continues() -> None:
+    model = ScriptedChatModel(["no json here", json.dumps({"tool": "search", "args": {"q": "x"}}),
+                               tool("fly", query="x"), json.dumps({"foo": 1}), answer("Paris")])
+    ep = _agent(model).run("q")
+    assert ep.status == "answered" and ep.exact_answer == "Paris"
+    kinds_errors = [(s.kind, (s.error or "")[:30]) for s in ep.steps]
+    assert kinds_errors[0][0] == "invalid" and "no JSON object" in ep.steps[0].error
+    assert ep.steps[1].kind == "tool" and "missing ['query']" in ep.steps[1].error
+    assert "unknown tool 'fly'" in ep.steps[2].error
+    assert ep.steps[3].kind == "invalid"
+    assert len(ep.errors) == 4 and ep.tool_calls == {"search": 1}
+    assert "ERROR: unknown tool 'fly'" in model.calls[3].messages[-1]["content"]
+
+
+def test_a2_identical_calls_answered_from_trace_then_blocked() -> None:
+    store = FakeCorpusStore(DOCS)
+    call = tool("search", query="nothing matches zzz")
+    model = ScriptedChatModel([call] * 8)
+    ep = Agent(model, baseline_toolbox(store), budget=Budget(max_steps=7)).run("q")
+    assert store.searches == ["nothing matches zzz"]  # executed once
+    assert ep.tool_calls == {"search": 1}
+    assert [s.repeated for s in ep.steps[:7]] == [False] + [True] * 6
+    assert [s.blocked for s in ep.steps[:7]] == [False, False] + [True] * 5
+    assert ep.repeated_call_blocked == 5 and ep.repeated_calls == 6
+    blocked_msg = model.calls[3].messages[-1]["content"]
+    assert "identical call already returned 0 result(s)" in blocked_msg
+    assert "change the query or finish" in blocked_msg
+    # the step still counts against the budget; the 8th turn is the force-commit
+    assert ep.status == "budget_exhausted" and len(model.calls) == 8
+    assert ep.steps[-1].kind == "force_commit" and not ep.force_committed
+
+
+def test_a2_changed_query_resets_the_run() -> None:
+    store = FakeCorpusStore(DOCS)
+    a, b = tool("search", query="Paris"), tool("search", query="Lyon")
+    model = ScriptedChatModel([a, a, b, a, answer("x")])
+    ep = Agent(model, baseline_toolbox(store)).run("q")
+    assert store.searches == ["Paris", "Lyon"]
+    assert [s.repeated for s in ep.steps[:4]] == [False, True, False, True]
+    assert ep.repeated_call_blocked == 0
+
+
+def test_a1_observation_capped_with_marker() -> None:
+    big = [*DOCS, type(DOCS[0])(docid="big", title="Big", text="Paris " * 5000)]
+    model = ScriptedChatModel([tool("get_by_doc_id", docid="big"), answer("x")])
+    ep = Agent(model, baseline_toolbox(FakeCorpusStore(big), max_chars=500)).run("q")
+    obs = model.calls[1].messages[-1]["content"]
+    assert ep.steps[0].truncated and ep.steps[0].observation_chars <= 500
+    assert "[truncated: showed" in obs and "of 30010 characters" in obs
+
+
+def test_a1_context_overflow_ends_episode_and_commits_from_trimmed_trace() -> None:
+    model = ScriptedChatModel([tool("search", query="capital"), LMContextWindowError("too long", model="m"),
+                               answer("Paris", 30)], usage=(50, 5))
+    ep = _agent(model).run("What is the capital?")
+    assert ep.status == "context_overflow" and ep.force_committed and ep.exact_answer == "Paris"
+    assert [s.kind for s in ep.steps] == ["tool", "lm_error", "force_commit"]
+    assert "context window exceeded" in ep.errors[0]
+    trimmed = model.calls[2].messages
+    assert len(trimmed) == 4 and trimmed[2]["content"].startswith("Observations so far (trimmed)")
+    assert ep.input_tokens == 100  # the failed call reports no usage
+
+
+def test_a1_overflow_twice_is_a_status_not_a_crash() -> None:
+    err = LMContextWindowError("too long")
+    model = ScriptedChatModel([err, err])
+    ep = _agent(model).run("q")
+    assert ep.status == "context_overflow" and ep.exact_answer == "" and len(ep.errors) == 2
+
+
+def test_transport_error_fails_episode() -> None:
+    model = ScriptedChatModel([LMRateLimitError("429", retry_after_s=3.0)])
+    ep = _agent(model).run("q")
+    assert ep.status == "failed" and "LMRateLimitError" in ep.errors[0]
+
+
+def test_closed_book_and_timeout() -> None:
+    now = [0.0]
+
+    def slow(text: str):
+        def turn(_messages):
+            now[0] += 10.0  # each model call takes 10 s
+            return text
+        return turn
+
+    model = ScriptedChatModel([slow(tool("search", query="x")), slow(tool("search", query="y")),
+                               slow(tool("search", query="z")), slow(answer("Rome", 10))])
+    ep = Agent(model, closed_book_toolbox(), budget=Budget(timeout_s=25), clock=lambda: now[0]).run("q")
+    assert "You have no tools" in model.calls[0].messages[0]["content"]
+    assert "unknown tool 'search'; available tools: none" in ep.steps[0].error
+    assert len(model.calls) == 4  # 3 calls reach 30 s > 25 s, then the force-commit
+    assert ep.exhausted_by == "timeout" and ep.force_committed and ep.exact_answer == "Rome"
+    assert ep.wall_time_s == 40.0
