@@ -1,0 +1,247 @@
+"""The disambiguator: one failed question → one disambiguation KI that tells two answers apart.
+
+Input: the question, the gold answer, the agent's wrong prediction, the gold document's text and
+id. Output: a KI (``payload.subtype="disambiguation"``, tagged ``disambiguation``) whose title
+literally contains **both** the gold answer and the wrong prediction.
+
+Guardrails, applied after generation (each rejection carries a reason):
+
+* ``empty_prediction`` — the wrong prediction is blank (nothing to disambiguate against);
+* ``same_answer`` — the prediction folds to the gold answer (nothing to tell apart);
+* ``title_missing_gold`` / ``title_missing_prediction`` — the containment check, compared after
+  :func:`kitune.text.fold_text` + ``casefold`` on both sides (so curly vs straight quotes and
+  case never cause a rejection, but a paraphrase does);
+* ``evidence_not_in_document`` — the evidence span is not verbatim in the gold document (after
+  the same folding); the stored span is cut from the original text;
+* ``invalid_ki: …`` — length or tag rules of :class:`kitune.ki.KI` are broken;
+* ``lm_error: …`` — the LM call failed.
+
+:func:`accept_if_retrieved` is the last gate: the KI is kept only if retrieval for the failing
+question returns it in the top results.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import dspy
+from pydantic import ValidationError
+
+from kitune.errors import DocumentNotFoundError
+from kitune.ki import KI
+from kitune.programs.instructions import instruction_version, load_instruction
+from kitune.retrieval.base import Store
+from kitune.text import find_span, fold_text
+
+__all__ = [
+    "Disambiguate",
+    "DisambiguationResult",
+    "Disambiguator",
+    "accept_if_retrieved",
+    "contains_folded",
+]
+
+PREDICATE = "distinguished_from"
+"""Predicate of every disambiguation KI: subject = gold answer, object = wrong prediction."""
+
+
+def contains_folded(haystack: str, needle: str) -> bool:
+    """True when ``needle`` occurs in ``haystack`` after fold_text + casefold on both sides.
+
+    A blank ``needle`` is never contained.
+    """
+    n = fold_text(needle).casefold()
+    return bool(n) and n in fold_text(haystack).casefold()
+
+
+class Disambiguate(dspy.Signature):
+    """Write one fact that tells the correct answer from the wrong one (instructions replaced)."""
+
+    question: str = dspy.InputField(desc="The question that was answered wrongly.")
+    correct_answer: str = dspy.InputField(desc="The correct answer.")
+    wrong_answer: str = dspy.InputField(desc="The wrong answer that was given.")
+    document: str = dspy.InputField(desc="The source text that holds the correct answer.")
+    title: str = dspy.OutputField(desc="One sentence (≤140 chars) containing both answers exactly as given.")
+    description: str = dspy.OutputField(desc="2–3 sentences (≤350 chars) with the distinguishing evidence.")
+    evidence: str = dspy.OutputField(desc="A span copied word for word from the source text.")
+
+
+@dataclass(frozen=True)
+class DisambiguationResult:
+    """What :meth:`Disambiguator.disambiguate` returns: a KI or the reason there is none."""
+
+    ki: KI | None
+    """The disambiguation KI, or None when rejected."""
+    rejected_reason: str | None
+    """Why it was rejected (see the module docstring for the codes), None when accepted."""
+
+    @property
+    def accepted(self) -> bool:
+        """True when a KI was produced."""
+        return self.ki is not None
+
+
+class Disambiguator(dspy.Module):
+    """Failure → disambiguation KI program. Its optimisable predictor is ``writer``.
+
+    Args:
+        instructions: starting instruction text; None loads the packaged ``disambiguator`` prompt.
+        max_document_chars: the gold document is cut to this many characters in the prompt (the
+            evidence check still uses the full text).
+        confidence: the confidence (0–100) recorded on produced KIs.
+        corpus: corpus name for the KI reference ``index://<corpus>``.
+    """
+
+    def __init__(
+        self,
+        instructions: str | None = None,
+        *,
+        max_document_chars: int = 12_000,
+        confidence: int = 90,
+        corpus: str = "corpus",
+    ) -> None:
+        super().__init__()
+        if instructions is None:
+            loaded = load_instruction("disambiguator")
+            instructions, self.prompt_version = loaded.text, loaded.version
+        else:
+            self.prompt_version = instruction_version("disambiguator", instructions)
+        self.writer = dspy.Predict(Disambiguate.with_instructions(instructions))
+        self.max_document_chars = max_document_chars
+        self.confidence = confidence
+        self.corpus = corpus
+
+    def forward(
+        self, question: str, correct_answer: str, wrong_answer: str, document: str
+    ) -> dspy.Prediction:
+        """Run the LM once; returns ``title``, ``description`` and ``evidence`` (unchecked)."""
+        return self.writer(
+            question=question,
+            correct_answer=correct_answer,
+            wrong_answer=wrong_answer,
+            document=document[: self.max_document_chars],
+        )
+
+    def disambiguate(
+        self,
+        question: str,
+        gold_answer: str,
+        wrong_prediction: str,
+        gold_document: str,
+        gold_docid: str,
+        *,
+        lm: Any = None,
+    ) -> DisambiguationResult:
+        """Write and check one disambiguation KI; never raises for model or LM failures.
+
+        Args:
+            question: the failing question.
+            gold_answer: the correct answer.
+            wrong_prediction: what the agent answered.
+            gold_document: full text of the document holding the gold answer.
+            gold_docid: its id (becomes the KI's ``doc:`` tag and evidence doc id).
+            lm: a ``dspy.LM`` for this call (None: the predictor's or the context's LM).
+
+        Returns:
+            The KI, or ``ki=None`` with the rejection reason.
+        """
+        if not wrong_prediction or not fold_text(wrong_prediction):
+            return DisambiguationResult(None, "empty_prediction: the wrong prediction is blank")
+        if not gold_answer or not fold_text(gold_answer):
+            return DisambiguationResult(None, "empty_gold: the gold answer is blank")
+        if fold_text(gold_answer).casefold() == fold_text(wrong_prediction).casefold():
+            return DisambiguationResult(None, "same_answer: the prediction equals the gold answer")
+        try:
+            if lm is not None:
+                with dspy.context(lm=lm):
+                    pred = self(question, gold_answer, wrong_prediction, gold_document)
+            else:
+                pred = self(question, gold_answer, wrong_prediction, gold_document)
+        except Exception as e:  # a failed call is a rejection, recorded with its cause
+            return DisambiguationResult(None, f"lm_error: {type(e).__name__}: {e}"[:500])
+        title = " ".join(str(pred.title or "").split())
+        description = " ".join(str(pred.description or "").split())
+        evidence = str(pred.evidence or "").strip()
+        if not contains_folded(title, gold_answer):
+            return DisambiguationResult(None, f"title_missing_gold: {gold_answer!r} not in title {title!r}")
+        if not contains_folded(title, wrong_prediction):
+            return DisambiguationResult(
+                None, f"title_missing_prediction: {wrong_prediction!r} not in title {title!r}"
+            )
+        span = find_span(gold_document, evidence)
+        if span is None:
+            return DisambiguationResult(None, "evidence_not_in_document: the evidence span is not verbatim")
+        try:
+            ki = KI.from_fact(
+                docid=gold_docid,
+                title=title,
+                description=description,
+                subject=gold_answer.strip(),
+                predicate=PREDICATE,
+                obj=wrong_prediction.strip(),
+                evidence=[gold_document[span[0] : span[1]]],
+                confidence=self.confidence,
+                tags=["disambiguation"],
+                corpus=self.corpus,
+                subtype="disambiguation",
+                prompt_version=self.prompt_version,
+            )
+        except ValidationError as e:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()
+            )
+            return DisambiguationResult(None, f"invalid_ki: {problems}")
+        return DisambiguationResult(ki, None)
+
+
+def accept_if_retrieved(
+    ki: KI,
+    question: str,
+    store: Store,
+    context_fn: Callable[[str], Sequence[str]],
+    top_k: int = 10,
+) -> bool:
+    """Upsert ``ki`` and keep it only if retrieval for ``question`` returns it in the top ``top_k``.
+
+    Args:
+        ki: the disambiguation KI.
+        question: the failing question.
+        store: the KI store to write to.
+        context_fn: question → KI ids best first, as the agent's ``get_context`` would return
+            them (see ``kitune.service.context.context_ids``).
+        top_k: how many of the first ids count, ≥ 1.
+
+    Returns:
+        True when the KI stays in the store; False when it was removed again (not retrieved,
+        or the write failed). A KI with the same id that was stored before is restored.
+
+    Raises:
+        ValueError: ``top_k`` < 1.
+    """
+    if top_k < 1:
+        raise ValueError(f"top_k={top_k}: use 1 or more")
+    try:
+        previous: KI | None = store.get(ki.id)
+    except DocumentNotFoundError:
+        previous = None
+
+    def undo() -> None:
+        if previous is None:
+            store.delete([ki.id])
+        else:
+            store.upsert([previous])
+
+    result = store.upsert([ki])
+    if not result.ok:
+        return False
+    try:
+        ids = list(context_fn(question))[:top_k]
+    except Exception:
+        undo()
+        raise
+    if ki.id in ids:
+        return True
+    undo()
+    return False

@@ -1,0 +1,153 @@
+from __future__ import annotations
+
+import pytest
+from dspy.utils import DummyLM
+
+from kitune.errors import LMRateLimitError
+from kitune.ki import KI
+from kitune.programs.disambiguator import Disambiguator, accept_if_retrieved, contains_folded
+from kitune.retrieval.embedders import HashEmbedder
+from kitune.retrieval.memory import MemoryStore
+from kitune.schema import QueryPlan
+
+DOC = (
+    "The Old Mill Bakery in Harwick was opened by Tom O\u2019Neill in 1921. "
+    "His cousin Tomas O'Neil ran a bakery in Dunmore from 1930."
+)
+QUESTION = "Who opened the Old Mill Bakery in Harwick?"
+GOLD = "Tom O'Neill"  # straight apostrophe
+WRONG = "Tomas O'Neil"
+
+
+def _lm(title: str, description: str = "Tom O'Neill opened the Harwick bakery in 1921; Tomas O'Neil ran "
+        "one in Dunmore from 1930.", evidence: str = "opened by Tom O'Neill in 1921") -> DummyLM:
+    return DummyLM([{"title": title, "description": description, "evidence": evidence}])
+
+
+def test_curly_quotes_in_title_are_accepted_and_ki_is_tagged() -> None:
+    # the model writes curly apostrophes in the title; gold/prediction use straight ones
+    title = "The Old Mill Bakery in Harwick was opened by Tom O\u2019Neill, not his cousin Tomas O\u2019Neil."
+    res = Disambiguator().disambiguate(QUESTION, GOLD, WRONG, DOC, "d42", lm=_lm(title))
+    assert res.rejected_reason is None and res.accepted
+    ki = res.ki
+    assert ki is not None
+    assert ki.title == title
+    assert ki.payload.subtype == "disambiguation"
+    assert ki.payload.properties.subject == GOLD
+    assert ki.payload.properties.predicate == "distinguished_from"
+    assert ki.payload.properties.object == WRONG
+    # the stored evidence is cut from the original text (curly apostrophe kept)
+    assert ki.payload.evidence == ["opened by Tom O\u2019Neill in 1921"]
+    assert ki.tags == ["disambiguation", "entity:tom-o-neill", "entity:tomas-o-neil", "doc:d42"]
+    assert ki.evidence_doc_ids == ["d42"]
+    assert ki.prompt_version.startswith("disambiguator@")
+
+
+@pytest.mark.parametrize("wrong", ["", "   ", "\u00a0\u200b"])
+def test_empty_prediction_is_rejected_without_calling_the_lm(wrong: str) -> None:
+    lm = _lm("unused")
+    res = Disambiguator().disambiguate(QUESTION, GOLD, wrong, DOC, "d42", lm=lm)
+    assert res.ki is None
+    assert res.rejected_reason == "empty_prediction: the wrong prediction is blank"
+    assert lm.history == []
+
+
+def test_title_missing_gold_is_rejected() -> None:
+    title = "Tomas O'Neil ran a bakery in Dunmore, not the one in Harwick."
+    res = Disambiguator().disambiguate(QUESTION, GOLD, WRONG, DOC, "d42", lm=_lm(title))
+    assert res.ki is None
+    assert res.rejected_reason is not None and res.rejected_reason.startswith("title_missing_gold:")
+
+
+def test_title_missing_prediction_is_rejected() -> None:
+    title = "The Old Mill Bakery in Harwick was opened by Tom O'Neill in 1921."
+    res = Disambiguator().disambiguate(QUESTION, GOLD, WRONG, DOC, "d42", lm=_lm(title))
+    assert res.rejected_reason is not None and res.rejected_reason.startswith("title_missing_prediction:")
+
+
+def test_paraphrased_evidence_is_rejected() -> None:
+    title = "Tom O'Neill opened the Harwick bakery; Tomas O'Neil did not."
+    res = Disambiguator().disambiguate(
+        QUESTION, GOLD, WRONG, DOC, "d42", lm=_lm(title, evidence="Tom O'Neill founded it in 1921")
+    )
+    assert res.rejected_reason == "evidence_not_in_document: the evidence span is not verbatim"
+
+
+def test_overlong_title_is_rejected_as_invalid_ki() -> None:
+    title = "Tom O'Neill and Tomas O'Neil " + "x" * 140
+    res = Disambiguator().disambiguate(QUESTION, GOLD, WRONG, DOC, "d42", lm=_lm(title))
+    assert res.rejected_reason is not None and res.rejected_reason.startswith("invalid_ki: title:")
+
+
+def test_same_answer_and_lm_error_are_rejected() -> None:
+    res = Disambiguator().disambiguate(QUESTION, GOLD, "tom o\u2019neill", DOC, "d42", lm=_lm("x"))
+    assert res.rejected_reason == "same_answer: the prediction equals the gold answer"
+
+    class Failing(DummyLM):
+        def forward(self, prompt=None, messages=None, **kwargs):
+            raise LMRateLimitError("429 slow down")
+
+    res = Disambiguator().disambiguate(QUESTION, GOLD, WRONG, DOC, "d42", lm=Failing([]))
+    assert res.rejected_reason == "lm_error: LMRateLimitError: 429 slow down"
+
+
+def test_contains_folded() -> None:
+    assert contains_folded("Tom O\u2019NEILL here", "tom o'neill")
+    assert not contains_folded("Tom ONeill", "Tom O'Neill")
+    assert not contains_folded("anything", "  ")
+
+
+# --- accept_if_retrieved ---------------------------------------------------------------------
+
+
+def _fact(docid: str, title: str, subject: str, obj: str) -> KI:
+    return KI.from_fact(
+        docid=docid, title=title, description=title + " Evidence from the record.", subject=subject,
+        predicate="related_to", obj=obj, evidence=[title], confidence=80,
+    )
+
+
+@pytest.fixture
+def store() -> MemoryStore:
+    s = MemoryStore(embedder=HashEmbedder(dim=64))
+    s.upsert([
+        _fact("d1", "Harwick is a market town in the north.", "Harwick", "market town"),
+        _fact("d2", "Dunmore has a harbour built in 1880.", "Dunmore", "harbour"),
+        _fact("d3", "The Old Mill in Harwick was restored in 1990.", "Old Mill", "restored 1990"),
+    ])
+    return s
+
+
+def _ids(store: MemoryStore):
+    return lambda q: [h.ki.id for h in store.search(QueryPlan.plain(q, size=10)).hits]
+
+
+def _disambig_ki() -> KI:
+    title = "The Old Mill Bakery in Harwick was opened by Tom O'Neill, not Tomas O'Neil."
+    res = Disambiguator().disambiguate(QUESTION, GOLD, WRONG, DOC, "d42", lm=_lm(title))
+    assert res.ki is not None
+    return res.ki
+
+
+def test_accept_if_retrieved_keeps_a_retrieved_ki(store: MemoryStore) -> None:
+    ki = _disambig_ki()
+    assert accept_if_retrieved(ki, QUESTION, store, _ids(store), top_k=3) is True
+    assert store.get(ki.id).title == ki.title
+    assert store.count() == 4
+
+
+def test_accept_if_retrieved_removes_a_ki_outside_top_k(store: MemoryStore) -> None:
+    ki = _disambig_ki()
+    assert accept_if_retrieved(ki, QUESTION, store, lambda q: ["other-1", "other-2", ki.id], top_k=2) is False
+    assert store.count() == 3
+    assert ki.id not in [k.id for k in store.iter_kis()]
+
+
+def test_accept_if_retrieved_restores_a_previous_version(store: MemoryStore) -> None:
+    ki = _disambig_ki()
+    store.upsert([ki])
+    newer = ki.model_copy(update={"title": "Tom O'Neill, not Tomas O'Neil, opened the Harwick bakery."})
+    assert accept_if_retrieved(newer, QUESTION, store, lambda q: [], top_k=5) is False
+    assert store.get(ki.id).title == ki.title
+    with pytest.raises(ValueError, match="top_k=0"):
+        accept_if_retrieved(ki, QUESTION, store, lambda q: [], top_k=0)
