@@ -1,0 +1,36 @@
+from __future__ import annotations
+
+import pytest
+
+from kitune.errors import ParseError
+from kitune.evaluation.protocol import AnswerAction, ToolAction, parse_action, parse_confidence
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('{"tool": "search", "args": {"query": "x"}}', ToolAction("search", {"query": "x"})),
+        ('Thinking...\n```json\n{"name": "search", "arguments": "{\\"query\\": \\"y\\"}"}\n```',
+         ToolAction("search", {"query": "y"})),
+        ('{"action": {"tool": "get_by_doc_id", "parameters": {"docid": "7"}}}', ToolAction("get_by_doc_id", {"docid": "7"})),
+        ('{"function": {"name": "search", "arguments": {"query": "z"}}}', ToolAction("search", {"query": "z"})),
+        ('e.g. {"tool": "x"} ... final: {"answer": {"explanation": "[1]", "exact_answer": " Paris ", "confidence": "85%"}}',
+         AnswerAction("[1]", "Paris", 85)),
+        ('{"answer": "Rome", "confidence": 0.7}', AnswerAction("", "Rome", 70)),
+        ('{"exact_answer": 1793, "explanation": "e", "confidence": 101}', AnswerAction("e", "1793", 100)),
+    ],
+)
+def test_parse_action_variants(text: str, expected: object) -> None:
+    assert parse_action(text) == expected
+
+
+def test_parse_errors() -> None:
+    with pytest.raises(ParseError, match="no JSON object") as e:
+        parse_action("I think it is Paris")
+    assert e.value.raw == "I think it is Paris"
+    with pytest.raises(ParseError, match="neither a tool call"):
+        parse_action('{"foo": 1}')
+
+
+def test_parse_confidence() -> None:
+    assert [parse_confidence(v) for v in ("85%", 0.85, 1, 250, -3, "high", None, True)] == [85, 85, 1, 100, 0, 50, 50, 50]
