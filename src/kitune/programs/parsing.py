@@ -85,6 +85,7 @@ the same record wins over its alias. Nothing outside this table is ever renamed.
 
 FACT_LIST_KEYS: tuple[str, ...] = (
     "facts",
+    "facts_json",
     "indicators",
     "knowledge_indicators",
     "kis",

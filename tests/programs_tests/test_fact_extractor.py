@@ -1,0 +1,201 @@
+"""The extractor program with deterministic stand-in LMs: parsing, retry, chunking, versions."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+import dspy
+import pytest
+from dspy.utils import DummyLM
+
+from kitune.config import load_config
+from kitune.ki import ki_id
+from kitune.programs.fact_extractor import FactExtractor, split_text
+from kitune.programs.instructions import instruction_version, load_instruction
+from kitune.schema import Document
+
+NOW = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
+TEXT = "Acme Corp was founded in 1999 by Jane Roe. Acme Corp is headquartered in Springfield."
+DOC = Document(docid="d1", text=TEXT, title="Acme Corp", url="https://example.org/acme")
+
+
+def fact(subject: str, predicate: str, obj: str, evidence: str, **extra: object) -> dict[str, object]:
+    return {
+        "title": f"{subject} {predicate.replace('_', ' ')} {obj}",
+        "description": f"{subject} {predicate.replace('_', ' ')} {obj}.",
+        "subject": subject,
+        "predicate": predicate,
+        "object": obj,
+        "evidence_span": evidence,
+        "confidence": 80,
+        "tags": ["org"],
+        **extra,
+    }
+
+
+FOUNDED = fact("Acme Corp", "founded_in", "1999", "Acme Corp was founded in 1999")
+HQ = fact("Acme Corp", "headquartered_in", "Springfield", "Acme Corp is headquartered in Springfield")
+INVENTED = fact("Acme Corp", "founded_by", "John Doe", "Acme Corp was founded by John Doe")
+
+
+def test_named_predictor_carries_the_packaged_instruction() -> None:
+    extractor = FactExtractor()
+    names = [name for name, _ in extractor.named_predictors()]
+    assert names == ["extract"]
+    ins = load_instruction("extractor")
+    assert extractor.extract.signature.instructions == ins.text
+    assert extractor.prompt_version == ins.version == instruction_version("extractor", ins.text)
+    assert ins.version.startswith("extractor@") and len(ins.version) == len("extractor@") + 8
+
+
+def test_rewritten_instruction_changes_the_prompt_version() -> None:
+    extractor = FactExtractor("List the facts as JSON.")
+    assert extractor.prompt_version == instruction_version("extractor", "List the facts as JSON.")
+    assert extractor.prompt_version != load_instruction("extractor").version
+
+
+def test_packaged_instruction_is_domain_neutral() -> None:
+    text = load_instruction("extractor").text.lower()
+    for word in ("located_in", "founded_by", "position_held", "born_in", "member_of", "return []"):
+        assert word in text
+    for leak in ("musique", "hotpot", "browsecomp", "question:"):
+        assert leak not in text
+
+
+def test_extracts_verified_kis_and_counts_drops() -> None:
+    lm = DummyLM({"founded in 1999": {"facts_json": json.dumps({"facts": [FOUNDED, HQ, INVENTED]})}})
+    with dspy.context(lm=lm):
+        result = FactExtractor(corpus="fixture").extract_document(DOC, now=NOW)
+    assert result.status == "ok"
+    assert [k.id for k in result.kis] == [
+        ki_id("d1", "Acme Corp", "founded_in", "1999"),
+        ki_id("d1", "Acme Corp", "headquartered_in", "Springfield"),
+    ]
+    assert [k.payload.evidence for k in result.kis] == [
+        ["Acme Corp was founded in 1999"],
+        ["Acme Corp is headquartered in Springfield"],
+    ]
+    assert result.kis[0].references == ["index://fixture"]
+    assert result.kis[0].prompt_version == load_instruction("extractor").version
+    assert result.drops == {"evidence_not_found": 1}
+    assert result.counters["lm_calls"] == 1
+    # the prompt carried the document fields
+    prompt = lm.history[-1]["messages"][-1]["content"]
+    assert "d1" in prompt and "https://example.org/acme" in prompt
+
+
+def test_malformed_reply_is_retried_once_bypassing_the_cache_then_succeeds() -> None:
+    lm = DummyLM([{"facts_json": "Let me analyze the document step by step"}, {"facts_json": json.dumps([FOUNDED])}])
+    with dspy.context(lm=lm):
+        result = FactExtractor().extract_document(DOC, now=NOW)
+    assert result.status == "ok"
+    assert len(result.kis) == 1
+    assert result.counters["retries"] == 1 and result.counters["parse_failures"] == 1
+    assert lm.history[0]["kwargs"].get("rollout_id") is None
+    assert lm.history[1]["kwargs"]["cache"] is False
+    assert lm.history[1]["kwargs"]["rollout_id"] == 1
+    assert lm.history[1]["kwargs"]["temperature"] > 0
+
+
+def test_still_malformed_after_retry_is_failed_with_raw_kept() -> None:
+    lm = DummyLM({"founded in 1999": {"facts_json": "1. Identify the organisations"}})
+    with dspy.context(lm=lm):
+        result = FactExtractor().extract_document(DOC, now=NOW)
+    assert result.status == "failed"
+    assert result.kis == ()
+    assert "no JSON object found" in result.error
+    assert result.raw == "1. Identify the organisations"
+    assert result.counters == {"lm_calls": 2, "retries": 1, "parse_failures": 2}
+
+
+def test_all_records_rejected_counts_as_malformed() -> None:
+    bad = json.dumps([{"title": "T", "subject": "S"}])
+    lm = DummyLM({"founded in 1999": {"facts_json": bad}})
+    with dspy.context(lm=lm):
+        result = FactExtractor().extract_document(DOC, now=NOW)
+    assert result.status == "failed"
+    assert "missing required field" in result.error
+
+
+def test_empty_list_is_ok_with_zero_kis() -> None:
+    lm = DummyLM({"founded in 1999": {"facts_json": "[]"}})
+    with dspy.context(lm=lm):
+        result = FactExtractor().extract_document(DOC)
+    assert (result.status, result.kis, result.counters["lm_calls"]) == ("ok", (), 1)
+
+
+def test_split_text_cuts_at_boundaries_and_loses_nothing() -> None:
+    para1 = "First paragraph sentence one. Sentence two is here."
+    para2 = "Second paragraph starts. It continues a while longer."
+    text = para1 + "\n\n" + para2
+    chunks = split_text(text, 70)
+    assert [c for _, c in chunks] == [para1 + "\n\n", para2]
+    assert "".join(c for _, c in chunks) == text
+    for offset, chunk in chunks:
+        assert text[offset : offset + len(chunk)] == chunk
+    long_words = " ".join(f"w{i}" for i in range(100))
+    pieces = split_text(long_words, 50)
+    assert all(len(c) <= 50 for _, c in pieces)
+    assert "".join(c for _, c in pieces) == long_words
+    assert split_text("x" * 120, 50) == [(0, "x" * 50), (50, "x" * 50), (100, "x" * 20)]
+    assert split_text("short", 50) == [(0, "short")]
+
+
+def test_long_document_is_chunked_and_evidence_checked_per_chunk() -> None:
+    filler = "Filler words about nothing in particular. " * 20
+    text = TEXT + "\n\n" + filler + "\n\nThe Springfield plant employs 412 workers."
+    doc = Document(docid="d9", text=text)
+    late = fact("Springfield plant", "employee_count", "412", "The Springfield plant employs 412 workers")
+    lm = DummyLM(
+        {
+            "Acme Corp was founded": {"facts_json": json.dumps([FOUNDED])},
+            "employs 412": {"facts_json": json.dumps([late, FOUNDED])},
+            "Filler words": {"facts_json": "[]"},
+        }
+    )
+    with dspy.context(lm=lm):
+        result = FactExtractor(chunk_chars=500).extract_document(doc, now=NOW)
+    assert result.status == "ok"
+    assert result.chunks == len(split_text(text, 500)) >= 3
+    assert [k.payload.properties.object for k in result.kis] == ["1999", "412"]
+    # FOUNDED repeated by the last chunk is the same KI id: dropped as a duplicate
+    assert result.drops == {"duplicate": 1}
+    assert result.counters["lm_calls"] == result.chunks
+
+
+def test_evidence_outside_its_chunk_is_dropped() -> None:
+    filler = "Filler words about nothing in particular. " * 20
+    text = TEXT + "\n\n" + filler
+    lm = DummyLM({"Acme Corp was founded": {"facts_json": "[]"}, "Filler words": {"facts_json": json.dumps([HQ])}})
+    with dspy.context(lm=lm):
+        result = FactExtractor(chunk_chars=500).extract_document(Document(docid="d8", text=text), now=NOW)
+    assert result.chunks == 2
+    assert result.kis == () and result.drops == {"evidence_not_found": 1}
+
+
+def test_max_facts_caps_the_document() -> None:
+    lm = DummyLM({"founded in 1999": {"facts_json": json.dumps([FOUNDED, HQ])}})
+    with dspy.context(lm=lm):
+        result = FactExtractor(max_facts=1).extract_document(DOC, now=NOW)
+    assert len(result.kis) == 1 and result.drops == {"over_cap": 1}
+
+
+def test_from_config_uses_extraction_settings() -> None:
+    cfg = load_config(overrides={"extraction.max_facts_per_doc": 3, "extraction.chunk_chars": 800,
+                                 "corpus_name": "dev"})
+    ex = FactExtractor.from_config(cfg)
+    assert (ex.max_facts, ex.chunk_chars, ex.corpus) == (3, 800, "dev")
+
+
+def test_forward_returns_prediction_with_kis() -> None:
+    lm = DummyLM({"founded in 1999": {"facts_json": json.dumps([FOUNDED])}})
+    with dspy.context(lm=lm):
+        pred = FactExtractor()(docid="d1", text=TEXT)
+    assert pred.status == "ok"
+    assert [k.payload.properties.predicate for k in pred.kis] == ["founded_in"]
+
+
+def test_split_text_rejects_bad_size() -> None:
+    with pytest.raises(ValueError, match="chunk_chars"):
+        split_text("abc", 0)
