@@ -1,0 +1,192 @@
+"""LanceStore: the conformance suite plus one test per LanceDB 0.40 gotcha and a kill -9 test."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kitune.config import LanceStoreConfig
+from kitune.retrieval.embedders import HashEmbedder
+from kitune.retrieval.lance import LanceStore
+from kitune.testing.store_contract import StoreContract, make_ki
+
+
+class TestLanceStore(StoreContract):
+    @pytest.fixture
+    def store(self, tmp_path: Path) -> Iterator[LanceStore]:
+        s = LanceStore(tmp_path / "db", HashEmbedder(dim=64), config=LanceStoreConfig(write_batch_size=4))
+        yield s
+        s.close()
+
+
+def _store(path: Path, **cfg: object) -> LanceStore:
+    return LanceStore(path, HashEmbedder(dim=32), config=LanceStoreConfig(**cfg))  # type: ignore[arg-type]
+
+
+def test_rows_written_after_indexing_are_searchable_without_optimize(tmp_path: Path) -> None:
+    from kitune.schema import QueryPlan
+
+    s = _store(tmp_path)
+    a = make_ki("Ada Lovelace", "London", title="Ada Lovelace lived in London.")
+    s.upsert([a])
+    assert [h.ki.id for h in s.search(QueryPlan(lexical="Lovelace")).hits] == [a.id]
+    b = make_ki("Grace Hopper", "Arlington", title="Grace Hopper is buried in Arlington.")
+    s.upsert([b])  # lands in a fragment the FTS/label-list indices have not seen yet
+    assert [h.ki.id for h in s.search(QueryPlan(lexical="Hopper Arlington")).hits][0] == b.id
+    assert [h.ki.id for h in s.search(QueryPlan(entity_tags=("entity:grace-hopper",))).hits] == [b.id]
+    s.optimize()
+    assert [h.ki.id for h in s.search(QueryPlan(lexical="Hopper Arlington")).hits][0] == b.id
+
+
+def test_reopen_keeps_data_and_rejects_other_dim(tmp_path: Path) -> None:
+    from kitune.errors import StoreError
+
+    s = _store(tmp_path)
+    kis = [make_ki(f"Person {i}", f"City {i}") for i in range(3)]
+    s.upsert(kis)
+    s.close()
+    again = _store(tmp_path)
+    assert again.count() == 3 and again.get(kis[1].id).title == kis[1].title
+    with pytest.raises(StoreError, match="embedder.dim=32"):
+        LanceStore(tmp_path, HashEmbedder(dim=16))
+
+
+def test_tags_column_is_list_item_and_uses_label_list_index(tmp_path: Path) -> None:
+    s = _store(tmp_path)
+    s.upsert([make_ki("Ada Lovelace", "London", tags=["person"])])
+    field = s._table.schema.field("tags").type
+    assert field.value_field.name == "item"
+    kinds = {tuple(i.columns): i.index_type for i in s._table.list_indices()}
+    assert kinds[("tags",)] == "LabelList" and kinds[("docids",)] == "LabelList"
+    plan = s._table.search().where("array_has_any(tags, ['person'])").select(["id"]).limit(5).explain_plan(True)
+    assert "ScalarIndexQuery" in plan and "CAST" not in plan
+
+
+def test_list_element_tags_silently_skip_the_index_and_are_rejected(tmp_path: Path) -> None:
+    """The gotcha itself: list<element: string> → the planner CASTs and scans; we refuse it."""
+    import lancedb
+    import pyarrow as pa
+
+    from kitune.errors import StoreError
+
+    db = lancedb.connect(str(tmp_path))
+    schema = pa.schema([("id", pa.string()), ("tags", pa.list_(pa.field("element", pa.string())))])
+    t = db.create_table("bad", schema=schema)
+    t.add(pa.Table.from_pylist([{"id": f"k{i}", "tags": ["a", f"t{i % 3}"]} for i in range(10)], schema=schema))
+    t.create_scalar_index("tags", index_type="LABEL_LIST")
+    plan = t.search().where("array_has_any(tags, ['t1'])").select(["id"]).limit(3).explain_plan(True)
+    assert "CAST(tags" in plan and "ScalarIndexQuery" not in plan
+    # our store casts explicitly, and refuses a KI table built that way
+    good = _store(tmp_path / "db")
+    good.close()
+    import shutil
+
+    table_dir = tmp_path / "db" / "kis.lance"
+    shutil.rmtree(table_dir)
+    bad_schema = pa.schema([
+        f if f.name not in ("tags", "docids") else pa.field(f.name, pa.list_(pa.field("element", pa.string())))
+        for f in good.schema
+    ])
+    lancedb.connect(str(tmp_path / "db")).create_table("kis", schema=bad_schema)
+    with pytest.raises(StoreError, match="label-list index"):
+        _store(tmp_path / "db")
+
+
+def test_order_by_unselected_column_under_scalar_filter_fails_but_store_selects_it(tmp_path: Path) -> None:
+    from lancedb.query import ColumnOrdering
+
+    from kitune.schema import Filter
+
+    s = _store(tmp_path)
+    kis = [make_ki(f"Person {i}", f"City {i}", status="stale" if i % 2 else "active") for i in range(6)]
+    s.upsert(kis)
+    order = [ColumnOrdering(column_name="id")]
+    with pytest.raises(Exception, match="TakeExec|_rowid"):
+        s._table.search().where("status = 'active'").select(["title"]).order_by(order).limit(3).to_list()
+    got = [k.id for k in s.iter_kis(Filter(statuses=("active",)), page_size=2)]
+    assert got == sorted(k.id for k in kis[::2])
+
+
+def test_compaction_keeps_fragment_count_bounded(tmp_path: Path) -> None:
+    s = _store(tmp_path, write_batch_size=2, compact_every_fragments=4)
+    for i in range(10):
+        s.upsert([make_ki(f"Person {i}", "Somewhere")])
+        assert s.fragment_count() < 4
+    assert s.count() == 10
+
+
+def test_sql_values_are_validated_and_quoted(tmp_path: Path) -> None:
+    from kitune.errors import StoreError
+    from kitune.retrieval.lance import filter_to_sql, sql_quote
+    from kitune.schema import Filter
+
+    assert sql_quote("doc:100.a") == "'doc:100.a'"
+    with pytest.raises(StoreError, match="refusing"):
+        sql_quote("x') OR 1=1 --")
+    sql = filter_to_sql(Filter(tags_any=("entity:paris",), doc_ids=("d2",), min_confidence=50))
+    assert sql == ("(status IN ('active', 'stale')) AND (array_has_any(tags, ['entity:paris'])) "
+                   "AND (array_has_any(docids, ['d2'])) AND (confidence >= 50)")
+    assert filter_to_sql(Filter(statuses=("active", "stale", "expired"))) is None
+    s = _store(tmp_path)
+    with pytest.raises(StoreError):
+        s.count(Filter(doc_ids=("1' OR '1'='1",)))
+    from kitune.errors import DocumentNotFoundError
+
+    with pytest.raises(DocumentNotFoundError):
+        s.get("bad' id")
+
+
+_WRITER = """
+import sys
+from kitune.config import LanceStoreConfig
+from kitune.retrieval.embedders import HashEmbedder
+from kitune.retrieval.lance import LanceStore
+from kitune.testing.store_contract import make_ki
+
+store = LanceStore(sys.argv[1], HashEmbedder(dim=32), config=LanceStoreConfig(write_batch_size=25))
+batch = 0
+while True:
+    kis = [make_ki(f"Person {batch}-{j}", f"City {j}", docid=f"b{batch}") for j in range(25)]
+    result = store.upsert(kis)
+    assert result.ok, result
+    print(f"committed {batch}", flush=True)
+    batch += 1
+"""
+
+
+def test_killed_writer_loses_no_committed_batch(tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from kitune.schema import Filter, QueryPlan
+
+    db = tmp_path / "db"
+    proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(db)], stdout=subprocess.PIPE, text=True)
+    committed: list[int] = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            committed.append(int(line.split()[1]))
+            if len(committed) >= 3:
+                break
+        os.kill(proc.pid, signal.SIGKILL)  # mid-batch: the writer loops straight into the next one
+        rest, _ = proc.communicate(timeout=60)
+        committed += [int(line.split()[1]) for line in rest.splitlines() if line.startswith("committed")]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == -signal.SIGKILL
+    store = _store(db)
+    for b in committed:
+        assert store.count(Filter(doc_ids=(f"b{b}",), statuses=("active",))) == 25
+    total = store.count()
+    assert total % 25 == 0 and total >= 25 * len(committed)  # no half-written batch is visible
+    probe = make_ki(f"Person {committed[-1]}-7", "City 7", docid=f"b{committed[-1]}")
+    assert store.get(probe.id).title == probe.title
+    hits = store.search(QueryPlan(entity_tags=(f"entity:person-{committed[-1]}-7",), lexical="Person", size=5)).hits
+    assert hits[0].ki.id == probe.id
+    assert store.upsert([make_ki("After", "Crash")]).ok  # the store is writable after the crash
