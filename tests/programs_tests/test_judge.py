@@ -76,7 +76,9 @@ def test_parse_grading_full_report() -> None:
 
 
 def test_parse_grading_none_answer_and_no() -> None:
-    v = parse_grading("extracted_final_answer: None\nreasoning: no answer given, yes really\ncorrect: no\nconfidence: 100")
+    v = parse_grading(
+        "extracted_final_answer: None\nreasoning: no answer given, yes really\ncorrect: no\nconfidence: 100"
+    )
     assert (v.status, v.correct, v.extracted_answer, v.confidence) == ("graded", False, None, 100)
 
 
@@ -92,7 +94,8 @@ def test_j3b_unparsable_report_is_grader_error_not_incorrect() -> None:
 
 
 def test_judge_grades_through_dspy_fields() -> None:
-    lm = DummyLM([{"grading": "extracted_final_answer: 1,000\nreasoning: same number\ncorrect: yes\nconfidence: 90"}])
+    report = "extracted_final_answer: 1,000\nreasoning: same number\ncorrect: yes\nconfidence: 90"
+    lm = DummyLM([{"grading": report}])
     v = judge_answer("How many?", "I think it is 1,000.", "1000", lm=lm)
     assert (v.status, v.correct, v.confidence, v.extracted_answer) == ("graded", True, 90, "1,000")
     prompt = lm.history[-1]["messages"][-1]["content"]

@@ -104,7 +104,8 @@ def test_tokens_from_ledger_when_lm_reports_none() -> None:
 def test_plan_from_output_unwraps_plan_and_json_string() -> None:
     inner = json.dumps({"lexical": "acme", "entity_tags": ["Zürich"]})
     assert plan_from_output(json.dumps({"json": inner})).entity_tags == ("entity:zurich",)
-    assert plan_from_output(json.dumps({"plan": {"semantic": "s"}}), size=3) == QueryPlan(semantic="s", size=3)
+    wrapped = json.dumps({"plan": {"semantic": "s"}})
+    assert plan_from_output(wrapped, size=3) == QueryPlan(semantic="s", size=3)
     with pytest.raises(ParseError) as ei:
         plan_from_output("[1, 2]")
     assert ei.value.raw == "[1, 2]"

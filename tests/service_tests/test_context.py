@@ -46,7 +46,7 @@ def store(cfg: KituneConfig) -> MemoryStore:
 def test_plain_plan_returns_kis_and_aggregations(store: MemoryStore, cfg: KituneConfig) -> None:
     resp = get_context("Where is Acme Corp headquartered?", store=store, cfg=cfg, size=2)
     assert resp.executed and not resp.rewrite_fell_back
-    assert [k.title for k in resp.kis][0] == "Acme Corp is headquartered in Springfield."
+    assert resp.kis[0].title == "Acme Corp is headquartered in Springfield."
     assert len(resp.kis) == 2
     assert all(resp.kis[i].score >= resp.kis[i + 1].score for i in range(len(resp.kis) - 1))
     assert resp.aggregations.by_entity["acme-corp"] == 2

@@ -70,14 +70,19 @@ class ContextResponse(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     query: str = Field(description="The question as received.")
-    kis: list[ContextKI] = Field(description="Best first, at most the requested size; empty when not executed.")
+    kis: list[ContextKI] = Field(
+        description="Best first, at most the requested size; empty when not executed."
+    )
     aggregations: ContextAggregations = Field(description="Facets over `kis`.")
     compiled_query: Any = Field(
-        description="The query the store runs: ES|QL text for Elasticsearch, the plan dict for the embedded store."
+        description="The query the store runs: ES|QL text for Elasticsearch, the plan dict for the "
+        "embedded store."
     )
     plan: QueryPlan = Field(description="The validated query plan (after size clamp and confidence floor).")
     executed: bool = Field(description="False when only the compiled query was requested.")
-    rewrite_fell_back: bool = Field(description="True when the rewriter's output was unusable (plain plan used).")
+    rewrite_fell_back: bool = Field(
+        description="True when the rewriter's output was unusable (plain plan used)."
+    )
     rewrite_reason: str | None = Field(default=None, description="Why the rewrite fell back, if it did.")
     rewrite_tokens: RewriteTokenCount = Field(description="Tokens the rewrite cost.")
     took_ms: float = Field(ge=0, description="Wall time of the whole call, milliseconds.")
@@ -167,8 +172,10 @@ def get_context(
 def context_ids(
     *, store: Store, cfg: KituneConfig, rewriter: QueryRewriter | None = None, size: int = 10
 ) -> Callable[[str], list[str]]:
-    """Return ``question → KI ids best first`` through :func:`get_context` (for
-    :func:`kitune.programs.disambiguator.accept_if_retrieved`)."""
+    """Return a function ``question → KI ids best first`` that goes through :func:`get_context`.
+
+    It is the ``context_fn`` that :func:`kitune.programs.disambiguator.accept_if_retrieved` takes.
+    """
 
     def ids(question: str) -> list[str]:
         return [k.id for k in get_context(question, store=store, rewriter=rewriter, size=size, cfg=cfg).kis]
