@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -275,8 +275,9 @@ class MemoryCorpusStore:
             sims = np.stack([self._vectors[c] for c in ids]) @ self.embedder.embed([query])[0]
             semantic = [ids[j] for j in sorted(range(len(ids)), key=lambda j: (-float(sims[j]), ids[j]))[:n]]
             fused = rrf_fuse({"lexical": lexical, "semantic": semantic}, {}, self.rrf_k)
+            titles = {d: doc.title for d, doc in self._docs.items()}
             return group_chunks(
-                [(f.id, f.score) for f in fused], self._chunks, self._docs, query,
+                [(f.id, f.score) for f in fused], self._chunks, titles, query,
                 k=k, snippets_per_hit=snippets_per_hit, snippet_chars=snippet_chars,
             )
 
@@ -295,8 +296,8 @@ class MemoryCorpusStore:
 
 def group_chunks(
     ranked: Sequence[tuple[str, float]],
-    chunks: dict[str, tuple[str, str]],
-    docs: dict[str, Document],
+    chunks: Mapping[str, tuple[str, str]],
+    titles: Mapping[str, str],
     query: str,
     *,
     k: int,
@@ -308,7 +309,7 @@ def group_chunks(
     Args:
         ranked: ``(chunk_id, score)`` best first.
         chunks: chunk id → ``(docid, passage)``.
-        docs: docid → document (for titles).
+        titles: docid → title.
     """
     order: list[str] = []
     best: dict[str, float] = {}
@@ -325,5 +326,5 @@ def group_chunks(
             snippets[docid].append(trim_snippet(passage, query, snippet_chars))
     order.sort(key=lambda d: (-best[d], d))
     return [
-        CorpusHit(docid=d, title=docs[d].title if d in docs else "", snippets=snippets[d], score=best[d]) for d in order
+        CorpusHit(docid=d, title=titles.get(d, ""), snippets=snippets[d], score=best[d]) for d in order
     ]
