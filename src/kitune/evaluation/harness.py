@@ -1,0 +1,188 @@
+"""Run an agent over questions concurrently, scoring each, appending traces to a resumable JSONL.
+
+Contract (the gepa adapter contract): ``evaluate`` never raises for one question's failure;
+that question gets a trace with ``status="failed"`` and the error text. ``len(result) ==
+len(questions)``, in question order.
+
+Resume: with ``traces_path``, questions whose ``query_id`` (for the same skill) is already in
+the file are skipped and their stored traces returned. Each trace is one ``write`` of a full
+line followed by flush + fsync, so a crash leaves at most one truncated last line; it is
+ignored on read and cut off before the next append.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+from typing import Protocol
+
+from kitune.data.loaders import Question
+from kitune.errors import DataError
+from kitune.evaluation.agent import Episode
+from kitune.evaluation.metrics import JudgeFn, Trace, build_trace, failed_trace
+
+__all__ = ["AgentFactory", "Runner", "TraceWriter", "evaluate", "read_traces"]
+
+logger = logging.getLogger(__name__)
+
+
+class Runner(Protocol):
+    """Anything that answers one question text with an :class:`Episode` (e.g. ``Agent``)."""
+
+    def run(self, question: str) -> Episode:
+        """Answer ``question``."""
+        ...
+
+
+AgentFactory = Callable[[Question], Runner]
+"""Builds a fresh runner (agent + toolbox) for one question; called in a worker thread."""
+
+
+def read_traces(path: Path | str) -> list[Trace]:
+    """Read a traces JSONL file, tolerating a truncated last line.
+
+    Returns:
+        Traces in file order; ``[]`` when the file does not exist.
+
+    Raises:
+        DataError: a line other than the last is not valid JSON (names file and line).
+    """
+    p = Path(path)
+    if not p.is_file():
+        return []
+    lines = p.read_text(encoding="utf-8").split("\n")
+    out: list[Trace] = []
+    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            out.append(Trace.from_dict(json.loads(line)))
+        except (json.JSONDecodeError, TypeError) as e:
+            if i == last:
+                logger.warning("ignoring truncated last line %d of %s", i + 1, p)
+                continue
+            raise DataError(f"{p}:{i + 1}: not a trace record ({e}); delete the line to resume", path=str(p),
+                            line=i + 1) from e
+    return out
+
+
+class TraceWriter:
+    """Appends traces to a JSONL file, one complete line per write, thread-safe."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._repair()
+
+    def _repair(self) -> None:
+        if not self.path.is_file():
+            return
+        data = self.path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            keep = data[: data.rfind(b"\n") + 1]  # drop the partial last line
+            tmp = self.path.with_suffix(self.path.suffix + ".tmp")
+            tmp.write_bytes(keep)
+            os.replace(tmp, self.path)
+
+    def write(self, trace: Trace) -> None:
+        """Append one trace as a full line, flushed to disk."""
+        line = trace.to_json() + "\n"
+        with self._lock, self.path.open("a", encoding="utf-8") as fh:
+            fh.write(line)
+            fh.flush()
+            os.fsync(fh.fileno())
+
+
+def _run_one(question: Question, factory: AgentFactory, skill: str, judge: JudgeFn | None) -> Trace:
+    t0 = time.monotonic()
+    try:
+        episode = factory(question).run(question.query)
+        return build_trace(question, skill, episode, judge=judge)
+    except Exception as e:  # one question must never sink the run
+        logger.exception("question %s failed", question.query_id)
+        return failed_trace(question, skill, f"{type(e).__name__}: {e}", wall_time_s=time.monotonic() - t0)
+
+
+def evaluate(
+    questions: Sequence[Question],
+    agent_factory: AgentFactory,
+    *,
+    skill: str,
+    concurrency: int = 2,
+    traces_path: Path | str | None = None,
+    judge: JudgeFn | None = None,
+    progress: bool = True,
+    on_trace: Callable[[Trace], None] | None = None,
+) -> list[Trace]:
+    """Evaluate ``questions`` with fresh agents, ``concurrency`` at a time.
+
+    Args:
+        questions: unique query ids.
+        agent_factory: builds a runner for one question (called in a worker thread).
+        skill: label stored on each trace (``baseline``, ``in-context``, ``closed-book``).
+        concurrency: worker threads, >= 1.
+        traces_path: JSONL to append to and resume from (None: keep in memory only).
+        judge: grader (None: traces are not judged).
+        progress: show a Rich progress bar on stderr.
+        on_trace: called (in the main thread) with each new trace as it finishes.
+
+    Returns:
+        One trace per question, in question order (resumed ones read from the file).
+
+    Raises:
+        ValueError: ``concurrency < 1`` or duplicate query ids.
+        DataError: the traces file has a corrupt line other than the last.
+    """
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    ids = [q.query_id for q in questions]
+    if len(set(ids)) != len(ids):
+        raise ValueError("evaluate needs unique query ids")
+    done: dict[str, Trace] = {}
+    writer: TraceWriter | None = None
+    if traces_path is not None:
+        done = {t.query_id: t for t in read_traces(traces_path) if t.skill == skill and t.query_id in set(ids)}
+        writer = TraceWriter(traces_path)
+    todo = [q for q in questions if q.query_id not in done]
+    results: dict[str, Trace] = dict(done)
+
+    bar = None
+    task = None
+    if progress:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        bar = Progress(TextColumn(f"eval {skill}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                       TextColumn("{task.fields[acc]}"), console=Console(stderr=True), transient=False)
+        task = bar.add_task("eval", total=len(questions), completed=len(done), acc="")
+        bar.start()
+    try:
+        with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="kitune-eval") as pool:
+            futures = {
+                pool.submit(contextvars.copy_context().run, _run_one, q, agent_factory, skill, judge): q
+                for q in todo
+            }
+            for fut in as_completed(futures):
+                trace = fut.result()
+                results[trace.query_id] = trace
+                if writer is not None:
+                    writer.write(trace)
+                if on_trace is not None:
+                    on_trace(trace)
+                if bar is not None and task is not None:
+                    graded = [t for t in results.values() if t.is_graded]
+                    acc = f"judge {sum(bool(t.judge_correct) for t in graded)}/{len(graded)}" if graded else ""
+                    bar.update(task, advance=1, acc=acc)
+    finally:
+        if bar is not None:
+            bar.stop()
+    return [results[q.query_id] for q in questions]

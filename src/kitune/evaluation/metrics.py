@@ -1,0 +1,195 @@
+"""Per-question scoring: the JSON-able :class:`Trace` record built from an :class:`Episode`.
+
+EM and token F1 reuse :func:`kitune.text.exact_match` / :func:`kitune.text.token_f1` against the
+gold answer and its aliases. The judge is any callable accepting keyword arguments
+``question``, ``response``, ``gold``, ``aliases`` and returning an object with ``correct``
+(bool | None) and ``status`` (``"graded"`` | ``"grader_error"``), e.g.
+``kitune.programs.judge.judge_answer``. A judge that raises is recorded as a grader error,
+never as "incorrect" (case J3).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Protocol
+
+from kitune.data.loaders import Question
+from kitune.evaluation.agent import Episode
+from kitune.text import exact_match, token_f1
+
+__all__ = [
+    "JudgeFn",
+    "JudgeVerdictLike",
+    "Trace",
+    "build_trace",
+    "evidence_recall",
+    "failed_trace",
+    "format_response",
+]
+
+
+class JudgeVerdictLike(Protocol):
+    """What the harness reads from a judge's verdict."""
+
+    correct: bool | None
+    status: str
+
+
+class JudgeFn(Protocol):
+    """Grades one response; should not raise (a raise is recorded as a grader error)."""
+
+    def __call__(self, *, question: str, response: str, gold: str, aliases: Sequence[str]) -> JudgeVerdictLike:
+        """Return the verdict for ``response`` against ``gold``/``aliases``."""
+        ...
+
+
+@dataclass(frozen=True)
+class Trace:
+    """One evaluated question. JSON round-trips through :meth:`to_dict` / :meth:`from_dict`."""
+
+    query_id: str
+    skill: str
+    question: str
+    gold_answer: str
+    aliases: list[str] = field(default_factory=list)
+    status: str = "failed"
+    """answered | budget_exhausted | context_overflow | failed."""
+    exact_answer: str = ""
+    explanation: str = ""
+    confidence: int | None = None
+    judge_correct: bool | None = None
+    """None when not graded (grader error or no judge)."""
+    judge_status: str = "not_run"
+    """graded | grader_error | not_run (no judge given)."""
+    judge_error: str | None = None
+    em: bool = False
+    f1: float = 0.0
+    """Token F1 in 0.0–1.0."""
+    input_tokens: int = 0
+    """Sum of ``steps[*].input_tokens`` (provider usage)."""
+    output_tokens: int = 0
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    """Per model call: kind, tool, args, observation_chars, error, input/output tokens, …"""
+    n_steps: int = 0
+    tool_calls: dict[str, int] = field(default_factory=dict)
+    timed_out: bool = False
+    exhausted_by: str | None = None
+    force_committed: bool = False
+    repeated_calls: int = 0
+    repeated_call_blocked: int = 0
+    wall_time_s: float = 0.0
+    doc_ids_seen: list[str] = field(default_factory=list)
+    evidence_docids: list[str] = field(default_factory=list)
+    evidence_recall: float | None = None
+    """|seen ∩ evidence| / |evidence| in 0.0–1.0; None when the question has no evidence docs."""
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def is_graded(self) -> bool:
+        """True when the judge produced a verdict."""
+        return self.judge_status == "graded" and self.judge_correct is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict (one traces.jsonl line)."""
+        return asdict(self)
+
+    def to_json(self) -> str:
+        """One line of JSON, no newline."""
+        return json.dumps(self.to_dict(), ensure_ascii=False, sort_keys=False)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Trace:
+        """Rebuild from :meth:`to_dict` output; unknown keys are ignored."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def evidence_recall(seen: Sequence[str], evidence: Sequence[str]) -> float | None:
+    """``|set(seen) ∩ set(evidence)| / |set(evidence)|``; None when ``evidence`` is empty."""
+    ev = set(evidence)
+    if not ev:
+        return None
+    return len(ev & set(seen)) / len(ev)
+
+
+def format_response(episode: Episode) -> str:
+    """The BrowseComp-style response text the judge grades."""
+    conf = "" if episode.confidence is None else f"{episode.confidence}%"
+    return f"Explanation: {episode.explanation}\nExact Answer: {episode.exact_answer}\nConfidence: {conf}"
+
+
+def _judge(question: Question, episode: Episode, judge: JudgeFn | None) -> tuple[bool | None, str, str | None]:
+    if judge is None:
+        return None, "not_run", None
+    if not episode.exact_answer.strip():
+        return False, "graded", None  # no answer given is a wrong answer, not a grader failure
+    try:
+        verdict = judge(question=question.query, response=format_response(episode), gold=question.answer,
+                        aliases=list(question.aliases))
+    except Exception as e:  # the judge must not sink the trace (J3: record, never "incorrect")
+        return None, "grader_error", f"{type(e).__name__}: {e}"
+    status = str(getattr(verdict, "status", "graded"))
+    correct = getattr(verdict, "correct", None)
+    if status != "graded" or correct is None:
+        err = getattr(verdict, "error", None) or "judge returned no verdict"
+        return None, "grader_error", str(err)
+    return bool(correct), "graded", None
+
+
+def build_trace(question: Question, skill: str, episode: Episode, *, judge: JudgeFn | None = None) -> Trace:
+    """Score one episode.
+
+    Args:
+        question: the question with gold answer, aliases and evidence doc ids.
+        skill: ``baseline``, ``in-context``, ``closed-book`` (or a custom label).
+        episode: the agent's episode.
+        judge: grader (None: ``judge_status="not_run"``).
+
+    Returns:
+        The trace; ``input_tokens == sum(step input tokens)``; EM/F1 against answer + aliases.
+    """
+    correct, jstatus, jerror = _judge(question, episode, judge)
+    golds = list(question.golds)
+    return Trace(
+        query_id=question.query_id,
+        skill=skill,
+        question=question.query,
+        gold_answer=question.answer,
+        aliases=list(question.aliases),
+        status=episode.status,
+        exact_answer=episode.exact_answer,
+        explanation=episode.explanation,
+        confidence=episode.confidence,
+        judge_correct=correct,
+        judge_status=jstatus,
+        judge_error=jerror,
+        em=exact_match(episode.exact_answer, golds) if episode.exact_answer else False,
+        f1=token_f1(episode.exact_answer, golds) if episode.exact_answer else 0.0,
+        input_tokens=episode.input_tokens,
+        output_tokens=episode.output_tokens,
+        steps=[s.to_dict() for s in episode.steps],
+        n_steps=len(episode.steps),
+        tool_calls=dict(episode.tool_calls),
+        timed_out=episode.timed_out,
+        exhausted_by=episode.exhausted_by,
+        force_committed=episode.force_committed,
+        repeated_calls=episode.repeated_calls,
+        repeated_call_blocked=episode.repeated_call_blocked,
+        wall_time_s=round(episode.wall_time_s, 4),
+        doc_ids_seen=list(episode.doc_ids_seen),
+        evidence_docids=list(question.evidence_docids),
+        evidence_recall=evidence_recall(episode.doc_ids_seen, question.evidence_docids),
+        errors=list(episode.errors),
+    )
+
+
+def failed_trace(question: Question, skill: str, error: str, *, wall_time_s: float = 0.0) -> Trace:
+    """A trace for a question whose run raised (status ``failed``, not graded)."""
+    return Trace(
+        query_id=question.query_id, skill=skill, question=question.query, gold_answer=question.answer,
+        aliases=list(question.aliases), status="failed", evidence_docids=list(question.evidence_docids),
+        evidence_recall=evidence_recall((), question.evidence_docids), wall_time_s=round(wall_time_s, 4),
+        errors=[error],
+    )

@@ -1,0 +1,263 @@
+"""Run summaries and side-by-side reports (Markdown + PNG plot + HTML + JSON).
+
+Every number in a report is computed by :func:`summarize` from the traces, so the report
+equals the traces (tested). Accuracy is judge-correct over *graded* questions: grader errors
+and failed runs are excluded from the denominator and reported as counts (case J3).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from kitune.errors import DataError
+from kitune.evaluation.harness import read_traces
+from kitune.evaluation.metrics import Trace
+
+__all__ = ["ReportFiles", "RunSummary", "load_run", "summarize", "wilson_interval", "write_report"]
+
+GRADER_ERROR_THRESHOLD = 0.05
+"""Above this share of grader errors a run is marked incomplete."""
+
+
+def wilson_interval(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
+    """Wilson score interval for ``k`` successes in ``n`` trials (95% by default).
+
+    Returns:
+        ``(low, high)`` in 0.0–1.0; ``(0.0, 0.0)`` when ``n == 0``.
+    """
+    if n <= 0:
+        return 0.0, 0.0
+    p = k / n
+    denom = 1 + z * z / n
+    center = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, center - half), min(1.0, center + half)
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """Aggregates over one run's traces."""
+
+    name: str
+    n_total: int
+    n_graded: int
+    n_grader_errors: int
+    n_failed: int
+    """Questions whose run raised or ended in status ``failed``."""
+    n_correct: int
+    accuracy: float | None
+    """n_correct / n_graded, None when nothing was graded."""
+    ci_low: float
+    ci_high: float
+    """95% Wilson interval of ``accuracy``."""
+    em: float
+    """Mean exact match over all questions, 0.0–1.0."""
+    f1: float
+    """Mean token F1 over all questions."""
+    input_tokens: int
+    input_tokens_per_question: float
+    output_tokens: int
+    timeouts: int
+    """Questions whose budget ran out before an answer."""
+    force_committed: int
+    force_commit_rescues: int
+    """Force-committed and judged correct."""
+    context_overflows: int
+    evidence_recall: float | None
+    """Mean over questions that have evidence docs."""
+    search_calls: int
+    tool_calls: int
+    repeated_call_blocked: int
+    wall_time_s: float
+    """Sum of per-question wall times (not the run's elapsed time when concurrent)."""
+    incomplete: bool
+    """Grader-error share above 5%."""
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-able dict."""
+        return asdict(self)
+
+
+def summarize(traces: Sequence[Trace], name: str = "run") -> RunSummary:
+    """Aggregate traces into a :class:`RunSummary` (see its field docs for definitions)."""
+    n = len(traces)
+    graded = [t for t in traces if t.is_graded]
+    correct = sum(1 for t in graded if t.judge_correct)
+    grader_errors = sum(1 for t in traces if t.judge_status == "grader_error")
+    low, high = wilson_interval(correct, len(graded))
+    recalls = [t.evidence_recall for t in traces if t.evidence_recall is not None]
+    in_tok = sum(t.input_tokens for t in traces)
+    return RunSummary(
+        name=name,
+        n_total=n,
+        n_graded=len(graded),
+        n_grader_errors=grader_errors,
+        n_failed=sum(1 for t in traces if t.status == "failed"),
+        n_correct=correct,
+        accuracy=correct / len(graded) if graded else None,
+        ci_low=low,
+        ci_high=high,
+        em=sum(t.em for t in traces) / n if n else 0.0,
+        f1=sum(t.f1 for t in traces) / n if n else 0.0,
+        input_tokens=in_tok,
+        input_tokens_per_question=in_tok / n if n else 0.0,
+        output_tokens=sum(t.output_tokens for t in traces),
+        timeouts=sum(1 for t in traces if t.timed_out),
+        force_committed=sum(1 for t in traces if t.force_committed),
+        force_commit_rescues=sum(1 for t in traces if t.force_committed and t.judge_correct is True),
+        context_overflows=sum(1 for t in traces if t.status == "context_overflow"),
+        evidence_recall=sum(recalls) / len(recalls) if recalls else None,
+        search_calls=sum(t.tool_calls.get("search", 0) for t in traces),
+        tool_calls=sum(sum(t.tool_calls.values()) for t in traces),
+        repeated_call_blocked=sum(t.repeated_call_blocked for t in traces),
+        wall_time_s=sum(t.wall_time_s for t in traces),
+        incomplete=bool(n) and grader_errors / n > GRADER_ERROR_THRESHOLD,
+    )
+
+
+def _pct(x: float | None) -> str:
+    return "–" if x is None else f"{100 * x:.1f}%"
+
+
+ROWS: list[tuple[str, str]] = [
+    ("judge-correct", "judge"), ("95% CI", "ci"), ("graded / grader errors / failed", "counts"),
+    ("EM", "em"), ("F1", "f1"), ("input tokens", "input_tokens"),
+    ("input tokens / question", "input_tokens_per_question"), ("output tokens", "output_tokens"),
+    ("timeouts", "timeouts"), ("force-commits (rescued)", "fc"), ("context overflows", "context_overflows"),
+    ("evidence recall", "evidence_recall"), ("search calls", "search_calls"), ("tool calls", "tool_calls"),
+    ("blocked repeats", "repeated_call_blocked"), ("wall time (s)", "wall_time_s"),
+]
+
+
+def _cell(s: RunSummary, key: str) -> str:
+    if key == "judge":
+        acc = "–" if s.accuracy is None else f"{s.n_correct}/{s.n_graded} ({_pct(s.accuracy)})"
+        return acc + (" ⚠ incomplete" if s.incomplete else "")
+    if key == "ci":
+        return "–" if s.accuracy is None else f"{_pct(s.ci_low)}–{_pct(s.ci_high)}"
+    if key == "counts":
+        return f"{s.n_graded}/{s.n_total} / {s.n_grader_errors} / {s.n_failed}"
+    if key in ("em",):
+        return f"{s.em:.3f}"
+    if key == "f1":
+        return f"{s.f1:.3f}"
+    if key == "evidence_recall":
+        return "–" if s.evidence_recall is None else f"{s.evidence_recall:.3f}"
+    if key == "fc":
+        return f"{s.force_committed} ({s.force_commit_rescues})"
+    if key == "input_tokens_per_question":
+        return f"{s.input_tokens_per_question:.1f}"
+    if key == "wall_time_s":
+        return f"{s.wall_time_s:.1f}"
+    return str(getattr(s, key))
+
+
+def _table(summaries: Sequence[RunSummary]) -> list[list[str]]:
+    return [[label, *(_cell(s, key) for s in summaries)] for label, key in ROWS]
+
+
+@dataclass(frozen=True)
+class ReportFiles:
+    """Paths written by :func:`write_report`."""
+
+    markdown: Path
+    plot: Path | None
+    html: Path
+    summary_json: Path
+    summaries: list[RunSummary]
+
+
+def _plot(summaries: Sequence[RunSummary], path: Path) -> Path | None:
+    points = [s for s in summaries if s.accuracy is not None]
+    if not points:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+    for s in points:
+        acc = 100 * (s.accuracy or 0.0)
+        err = [[acc - 100 * s.ci_low], [100 * s.ci_high - acc]]
+        ax.errorbar([s.input_tokens_per_question], [acc], yerr=err, fmt="o", capsize=4)
+        ax.annotate(s.name, (s.input_tokens_per_question, acc), textcoords="offset points", xytext=(6, 6))
+    ax.set_xlabel("input tokens per question")
+    ax.set_ylabel("judge-correct (%) with 95% CI")
+    ax.set_ylim(0, 100)
+    ax.set_xlim(left=0)
+    ax.set_title("Accuracy vs input tokens")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def write_report(runs: Mapping[str, Sequence[Trace]], out_dir: Path | str) -> ReportFiles:
+    """Write ``report.md``, ``report.png``, ``report.html`` and ``summary.json`` to ``out_dir``.
+
+    Args:
+        runs: run name → traces, in display order (columns).
+        out_dir: created if missing.
+
+    Returns:
+        The written paths and the summaries; ``plot`` is None when no run was judged.
+
+    Raises:
+        ValueError: ``runs`` is empty.
+    """
+    if not runs:
+        raise ValueError("write_report needs at least one run")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    summaries = [summarize(traces, name) for name, traces in runs.items()]
+    rows = _table(summaries)
+    header = ["metric", *(s.name for s in summaries)]
+    md = ["# kitune eval report", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    md += ["| " + " | ".join(r) + " |" for r in rows]
+    plot = _plot(summaries, out / "report.png")
+    md += ["", "Accuracy = judge-correct / graded; grader errors and failed runs are excluded and counted."]
+    if plot is not None:
+        md += ["", "![accuracy vs input tokens](report.png)"]
+    md_path = out / "report.md"
+    md_path.write_text("\n".join(md) + "\n", encoding="utf-8")
+    cells = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows
+    )
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    img = '<p><img src="report.png" alt="accuracy vs input tokens"></p>' if plot else ""
+    html_path = out / "report.html"
+    html_path.write_text(
+        "<!doctype html><meta charset='utf-8'><title>kitune eval report</title>"
+        "<style>td,th{border:1px solid #ccc;padding:4px 8px}table{border-collapse:collapse}</style>"
+        f"<h1>kitune eval report</h1><table><tr>{head}</tr>{cells}</table>{img}",
+        encoding="utf-8",
+    )
+    json_path = out / "summary.json"
+    json_path.write_text(json.dumps([s.to_dict() for s in summaries], indent=2), encoding="utf-8")
+    return ReportFiles(md_path, plot, html_path, json_path, summaries)
+
+
+def load_run(path: Path | str) -> tuple[str, list[Trace]]:
+    """Read a run: a run directory holding ``traces.jsonl``, or a traces JSONL file.
+
+    Returns:
+        ``(name, traces)``; the name is the directory name (or the file stem).
+
+    Raises:
+        DataError: no traces file, or it is empty.
+    """
+    p = Path(path)
+    file = p / "traces.jsonl" if p.is_dir() else p
+    if not file.is_file():
+        raise DataError(f"no traces at {file}: pass a run directory from `kitune eval`", path=str(file))
+    traces = read_traces(file)
+    if not traces:
+        raise DataError(f"{file} holds no traces", path=str(file))
+    return (p.name if p.is_dir() else p.stem), traces
