@@ -229,6 +229,23 @@ def _status(exc: BaseException) -> int | None:
     return code if isinstance(code, int) else None
 
 
+def _is_connection_failure(exc: BaseException) -> bool:
+    """True when the chain holds a refused/dropped connection (LiteLLM reports some as a 500)."""
+    import httpx
+    import openai
+
+    seen: set[int] = set()
+    node: BaseException | None = exc
+    while node is not None and id(node) not in seen:
+        seen.add(id(node))
+        if isinstance(node, (ConnectionError, httpx.ConnectError, httpx.RemoteProtocolError)):
+            return True
+        if isinstance(node, openai.APIConnectionError) and not isinstance(node, openai.APITimeoutError):
+            return True
+        node = node.__cause__ or node.__context__
+    return "connection error" in str(exc).lower()
+
+
 def classify_error(exc: BaseException, resolved: ResolvedLM, *, format_sent: bool = False) -> LMError:
     """Map a LiteLLM/OpenAI-client exception to a :mod:`kitune.errors` type (no I/O).
 
@@ -275,7 +292,7 @@ def classify_error(exc: BaseException, resolved: ResolvedLM, *, format_sent: boo
     if isinstance(exc, litellm.RateLimitError) or status == 429:
         return LMRateLimitError(f"rate limited by {resolved.where} for {model}: {text}",
                                 retry_after_s=parse_retry_after(exc), model=model, api_base=base)
-    if isinstance(exc, litellm.APIConnectionError) and status in (None, 500):
+    if isinstance(exc, litellm.APIConnectionError) or (status in (None, 500) and _is_connection_failure(exc)):
         return LMConnectionError(f"cannot reach {resolved.where} for {model}: {text}. Is the server running "
                                  "and the base URL right?", model=model, api_base=base, retryable=True)
     if status is not None and status >= 500:
@@ -475,6 +492,7 @@ class KituneLM(dspy.LM):
     def _send(self, messages: list[dict[str, Any]], request: dict[str, Any]) -> Any:
         import litellm
 
+        litellm.suppress_debug_info = True  # no "Give Feedback" banner on stdout; we classify errors
         r = self.resolved
         requested = request.pop("response_format", None)
         retries_used = 0

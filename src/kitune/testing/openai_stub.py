@@ -166,6 +166,13 @@ class Reply:
         return cls._json(200, data, label="reasoning_only")
 
     @classmethod
+    def context_overflow(cls) -> Reply:
+        """400 saying the prompt exceeds the context window (OpenAI's wording)."""
+        return cls.error(400, "This model's maximum context length is 8192 tokens. However, your messages "
+                         "resulted in 9000 tokens. Please reduce the length of the messages.",
+                         code="context_length_exceeded", param="messages")
+
+    @classmethod
     def reject_response_format(cls, status: int = 400) -> Reply:
         """400 (or 500, as llama.cpp does) rejecting an OpenAI-style json_schema ``response_format``."""
         return cls.error(
