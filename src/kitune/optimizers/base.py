@@ -1,0 +1,135 @@
+"""What every optimiser shares: :data:`Candidate`, the :class:`Optimizer` protocol, the result record.
+
+A *candidate* is the set of instructions an optimiser proposes: predictor name (as
+``program.named_predictors()`` names it, e.g. ``"extract.predict"``) → instruction text, the
+same shape gepa uses. :func:`get_candidate` reads it from a DSPy program and
+:func:`apply_candidate` writes one into a copy.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+__all__ = [
+    "Candidate",
+    "CandidateScore",
+    "OptimizationResult",
+    "Optimizer",
+    "apply_candidate",
+    "get_candidate",
+]
+
+Candidate = dict[str, str]
+"""Predictor name → instruction text."""
+
+
+@dataclass(frozen=True)
+class CandidateScore:
+    """One evaluated candidate during an optimisation run."""
+
+    candidate: Mapping[str, str]
+    """The instructions evaluated."""
+    score: float
+    """Aggregate validation score, 0.0–1.0 unless the metric says otherwise; higher is better."""
+    metric_calls: int = 0
+    """Metric calls spent to obtain ``score``."""
+
+
+@dataclass(frozen=True)
+class OptimizationResult:
+    """What :meth:`Optimizer.compile` returns.
+
+    ``best_candidate`` is the candidate of ``program``; ``best_score >= baseline_score`` is *not*
+    guaranteed (the optimiser may find nothing better; the loop decides whether to accept).
+    """
+
+    program: Any
+    """The optimised ``dspy.Module`` (a copy; the input program is left unchanged)."""
+    best_candidate: Mapping[str, str]
+    """Instructions of ``program``."""
+    best_score: float
+    """Validation score of ``program``."""
+    baseline_candidate: Mapping[str, str]
+    """Instructions of the input program."""
+    baseline_score: float | None = None
+    """Validation score of the input program, when the optimiser measured it."""
+    metric_calls: int = 0
+    """Total metric calls spent (each call = one example evaluated)."""
+    cost_usd: float | None = None
+    """Provider cost of the run in USD, when known."""
+    input_tokens: int = 0
+    """Input tokens spent by the run (task + reflection LMs)."""
+    history: tuple[CandidateScore, ...] = ()
+    """Every candidate evaluated on the validation set, in evaluation order."""
+    stop_reason: str | None = None
+    """Why the run stopped (a stopper's description), or None when it ran to completion."""
+    details: Mapping[str, Any] = field(default_factory=dict)
+    """Optimiser-specific extras (e.g. GEPA's Pareto front), JSON-serialisable."""
+
+    @property
+    def improved(self) -> bool:
+        """True when ``best_score`` beats a known ``baseline_score``."""
+        return self.baseline_score is not None and self.best_score > self.baseline_score
+
+
+@runtime_checkable
+class Optimizer(Protocol):
+    """Improves a DSPy program's instructions (dspy ``Teleprompter.compile`` shape).
+
+    Contract: ``compile`` never mutates ``program``; it returns a copy. Per-example failures
+    score 0.0 and never raise; only misconfiguration raises
+    :class:`~kitune.errors.OptimizationError`. Randomness comes from a seeded
+    ``random.Random`` the optimiser owns, so the same seed and the same LM replies give the
+    same result.
+    """
+
+    def compile(self, program: Any, *, trainset: Sequence[Any], valset: Sequence[Any]) -> OptimizationResult:
+        """Optimise ``program`` on ``trainset``, select on ``valset``.
+
+        Args:
+            program: a ``dspy.Module``.
+            trainset: ``dspy.Example`` items used to propose changes (non-empty).
+            valset: held-out ``dspy.Example`` items used to score candidates (non-empty).
+
+        Returns:
+            An :class:`OptimizationResult`.
+
+        Raises:
+            OptimizationError: empty sets, or the optimiser could not run at all.
+        """
+        ...
+
+
+def get_candidate(program: Any) -> Candidate:
+    """Read the instructions of every predictor of a DSPy program.
+
+    Args:
+        program: a ``dspy.Module``.
+
+    Returns:
+        ``{predictor name: instructions}`` in ``named_predictors()`` order.
+    """
+    return {name: str(pred.signature.instructions) for name, pred in program.named_predictors()}
+
+
+def apply_candidate(program: Any, candidate: Mapping[str, str]) -> Any:
+    """Return a deep copy of ``program`` with ``candidate``'s instructions set.
+
+    Predictors not named in ``candidate`` keep their instructions.
+
+    Raises:
+        ValueError: ``candidate`` names a predictor the program does not have (the message
+            lists the valid names).
+    """
+    new = copy.deepcopy(program)
+    predictors = dict(new.named_predictors())
+    unknown = sorted(set(candidate) - set(predictors))
+    if unknown:
+        raise ValueError(f"candidate names unknown predictors {unknown}; the program has {sorted(predictors)}")
+    for name, text in candidate.items():
+        pred = predictors[name]
+        pred.signature = pred.signature.with_instructions(text)
+    return new
