@@ -1,0 +1,260 @@
+"""The HTTP API: ``POST /api/_get_context`` over :func:`kitune.service.context.get_context`.
+
+Thin: validate the request, call the service, map errors to statuses. One exception → status
+table (:data:`ERROR_STATUS`): ``ConfigError`` → 422, ``DocumentNotFoundError`` → 404,
+``StoreUnavailableError`` → 503, any other error → 500 with a generic message. Error bodies are
+``{"error": {"type": str, "message": str}}`` (plus ``details`` for request validation) and never
+carry a stack trace or a secret.
+
+Other rules: the request body is capped (:data:`MAX_BODY_BYTES`, 413 beyond); the OpenAPI schema
+is served at ``/openapi.json``; ``GET /healthz`` answers without touching the store. When a bearer
+token is configured (``KITUNE_API_TOKEN``), ``/api/*`` requires ``Authorization: Bearer <token>``;
+``kitune serve`` refuses to bind a non-loopback host without one.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import logging
+import os
+import threading
+from typing import Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from kitune.config import KituneConfig
+from kitune.errors import ConfigError, DocumentNotFoundError, KituneError, StoreUnavailableError
+from kitune.programs.query_rewriter import QueryRewriter
+from kitune.retrieval.base import Store
+from kitune.service.context import ContextResponse, get_context
+from kitune.usage import TokenLedger
+
+__all__ = ["API_TOKEN_ENV", "ERROR_STATUS", "MAX_BODY_BYTES", "create_app", "is_loopback_host"]
+
+logger = logging.getLogger(__name__)
+
+API_TOKEN_ENV = "KITUNE_API_TOKEN"
+"""Environment variable holding the optional bearer token."""
+
+MAX_BODY_BYTES = 64 * 1024
+"""Largest accepted request body, in bytes (a 2000-character query is at most 8 KiB of UTF-8)."""
+
+MAX_QUERY_CHARS = 2000
+
+ERROR_STATUS: tuple[tuple[type[Exception], int, str], ...] = (
+    (ConfigError, 422, "config_error"),
+    (DocumentNotFoundError, 404, "not_found"),
+    (StoreUnavailableError, 503, "store_unavailable"),
+    (KituneError, 500, "internal_error"),
+)
+"""Exception class → (HTTP status, error type); the most specific class wins."""
+
+_GENERIC_500 = "internal error while answering the request; see the server log"
+_STORE_503 = "the KI store is unavailable: check that its backend is running and configured"
+
+
+def is_loopback_host(host: str) -> bool:
+    """True for ``localhost`` and loopback IP addresses (``127.0.0.0/8``, ``::1``)."""
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _error(status: int, type_: str, message: str, **extra: Any) -> JSONResponse:
+    return JSONResponse(status_code=status, content={"error": {"type": type_, "message": message, **extra}})
+
+
+class _BodyLimit:
+    """ASGI middleware: reject request bodies over ``max_bytes`` with 413 (declared or streamed)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        too_large = _error(413, "body_too_large", f"request body exceeds {self.max_bytes} bytes")
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None:
+            try:
+                if int(declared) > self.max_bytes:
+                    await too_large(scope, receive, send)
+                    return
+            except ValueError:
+                await _error(400, "bad_request", "invalid Content-Length header")(scope, receive, send)
+                return
+        chunks: list[bytes] = []
+        total = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # client went away
+                return
+            body = message.get("body", b"")
+            total += len(body)
+            if total > self.max_bytes:
+                await too_large(scope, receive, send)
+                return
+            chunks.append(body)
+            if not message.get("more_body", False):
+                break
+        payload = b"".join(chunks)
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": payload, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+def create_app(
+    cfg: KituneConfig,
+    *,
+    store: Store | None = None,
+    rewriter: QueryRewriter | None = None,
+    ledger: TokenLedger | None = None,
+    api_token: str | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
+) -> FastAPI:
+    """Build the FastAPI app.
+
+    Args:
+        cfg: configuration; ``retrieval.max_size`` bounds the request's ``size``.
+        store: the KI store; None creates one from ``cfg`` on the first request
+            (``kitune.retrieval.create_store``).
+        rewriter: the query rewriter with its LM set; None uses plain plans (no LM calls).
+        ledger: token ledger the rewriter's LM records into.
+        api_token: bearer token required on ``/api/*``; None reads ``KITUNE_API_TOKEN`` (unset or
+            empty: no auth).
+        max_body_bytes: request body cap in bytes (413 beyond).
+
+    Returns:
+        The app; routes: ``POST /api/_get_context``, ``GET /healthz``, ``GET /openapi.json``.
+    """
+    token = api_token if api_token is not None else (os.environ.get(API_TOKEN_ENV) or None)
+    max_size = cfg.retrieval.max_size
+    default_size = min(cfg.retrieval.default_size, max_size)
+    store_lock = threading.Lock()
+    holder: dict[str, Store] = {} if store is None else {"store": store}
+
+    def current_store() -> Store:
+        with store_lock:
+            if "store" not in holder:
+                try:
+                    from kitune.retrieval import create_store  # type: ignore[attr-defined]
+                except ImportError as e:
+                    raise StoreUnavailableError("no store factory is installed") from e
+                holder["store"] = create_store(cfg)
+            return holder["store"]
+
+    class ContextRequest(BaseModel):
+        """Body of ``POST /api/_get_context``."""
+
+        model_config = ConfigDict(extra="forbid")
+
+        query: str = Field(
+            min_length=1, max_length=MAX_QUERY_CHARS, strict=True, description="The question, 1–2000 chars."
+        )
+        size: int = Field(
+            default=default_size, ge=1, le=max_size, strict=True, description=f"KIs wanted, 1–{max_size}."
+        )
+        execute: bool = Field(
+            default=True, strict=True, description="False: return the compiled query without running it."
+        )
+
+        @field_validator("query")
+        @classmethod
+        def _not_blank(cls, v: str) -> str:
+            if not v.strip():
+                raise ValueError("query is blank: send the question text")
+            return v
+
+    app = FastAPI(
+        title="kitune",
+        summary="Knowledge Indicators for LLM agents: hybrid retrieval behind one context call.",
+        version="1",
+    )
+    app.add_middleware(_BodyLimit, max_bytes=max_body_bytes)
+    bearer = HTTPBearer(auto_error=False, description=f"Required when {API_TOKEN_ENV} is set.")
+
+    def check_token(creds: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:  # noqa: B008
+        if token is None:
+            return
+        given = creds.credentials if creds is not None else ""
+        if not hmac.compare_digest(given.encode("utf-8"), token.encode("utf-8")):
+            raise StarletteHTTPException(
+                401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"}
+            )
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        details = [
+            {"loc": [str(p) for p in err.get("loc", ())], "msg": str(err.get("msg", ""))}
+            for err in exc.errors()
+        ]
+        summary = "; ".join(f"{'.'.join(d['loc'])}: {d['msg']}" for d in details)  # type: ignore[arg-type]
+        return _error(422, "validation_error", f"invalid request: {summary}", details=details)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        resp = _error(exc.status_code, "http_error", str(exc.detail))
+        if exc.headers:
+            resp.headers.update(exc.headers)
+        return resp
+
+    @app.exception_handler(Exception)
+    async def _any(request: Request, exc: Exception) -> JSONResponse:
+        matches = ((code, name) for cls, code, name in ERROR_STATUS if isinstance(exc, cls))
+        status, type_ = next(matches, (500, "internal_error"))
+        if status == 500:
+            logger.error("request %s %s failed", request.method, request.url.path, exc_info=exc)
+            return _error(500, type_, _GENERIC_500)
+        if status == 503:
+            logger.warning("store unavailable: %s", exc)
+            return _error(503, type_, _STORE_503)
+        return _error(status, type_, str(exc))
+
+    for cls, _, _ in ERROR_STATUS:  # route KituneErrors through the table before the 500 fallback
+        app.add_exception_handler(cls, _any)
+
+    def context_endpoint(body: Any) -> ContextResponse:
+        return get_context(
+            body.query,
+            store=current_store(),
+            rewriter=rewriter,
+            size=body.size,
+            execute=body.execute,
+            cfg=cfg,
+            ledger=ledger,
+        )
+
+    # The request model is built here (its bounds come from cfg), so its annotation is set as an
+    # object: string annotations (PEP 563) cannot name a class local to this function.
+    context_endpoint.__annotations__ = {"body": ContextRequest, "return": ContextResponse}
+    app.post(
+        "/api/_get_context",
+        response_model=ContextResponse,
+        dependencies=[Depends(check_token)],
+        summary="Retrieve KIs, facets and the compiled query for a question.",
+    )(context_endpoint)
+
+    @app.get("/healthz", summary="Liveness check (does not touch the store).")
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    return app
