@@ -78,6 +78,10 @@ class SearchResult:
     """The compiled query: ES|QL text for Elasticsearch, a JSON-able dict for the embedded store."""
     took_ms: float = 0.0
     """Execution time in milliseconds."""
+    truncated: bool = False
+    """True when the backend says rows were cut (e.g. an ES|QL Warning header about a LIMIT, case S4)."""
+    warnings: tuple[str, ...] = ()
+    """Backend warnings (ES|QL ``Warning`` headers), verbatim."""
 
 
 @dataclass(frozen=True)
