@@ -1,0 +1,400 @@
+"""Run the extractor over a corpus: concurrent, resumable, batched writes, one report.
+
+:func:`extract_corpus` is what ``kitune extract`` and any other front end call. Its guarantees:
+
+* **Concurrency** — up to ``cfg.extraction.concurrency`` documents at once in worker threads.
+  Each task runs in a copy of the caller's ``contextvars`` context, so the ledger stage
+  (:meth:`kitune.usage.TokenLedger.stage`) and a ``dspy.context(lm=...)`` set by the caller hold
+  inside the workers. Results do not depend on the number of workers.
+* **Resume** — a JSONL state file gets one line per finished document
+  (``{"docid", "status", "kis", "error", "prompt_version", "at"}``). A rerun skips documents
+  whose last status is ``ok`` and retries ``failed`` ones. A truncated last line (a crash while
+  writing) is ignored.
+* **Commit before done** — KIs are buffered and written with ``store.upsert`` in batches of
+  ``cfg.extraction.write_batch_size``; a document is marked ``ok`` only after the batch holding
+  its KIs is committed and none of its KIs failed to write. A crash loses no committed work and
+  never marks uncommitted work done.
+* **Isolation** — a document whose output stays malformed, or whose LM call raises, is recorded
+  ``failed``; the run goes on. Only errors no other document could survive abort the run:
+  :class:`kitune.errors.LMAuthError`, :class:`kitune.errors.ConfigError` and
+  :class:`kitune.errors.StoreUnavailableError` (finished work is committed first).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import json
+import os
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kitune.errors import ConfigError, LMAuthError, StoreUnavailableError
+from kitune.ki import KI, utcnow
+from kitune.programs.fact_extractor import DocExtraction, FactExtractor
+from kitune.schema import Document
+
+if TYPE_CHECKING:
+    from kitune.config import KituneConfig
+    from kitune.retrieval.base import Store
+    from kitune.usage import TokenLedger
+
+__all__ = [
+    "ExtractionReport",
+    "default_state_path",
+    "extract_corpus",
+    "load_documents",
+    "read_state",
+]
+
+_FATAL = (LMAuthError, ConfigError, StoreUnavailableError)
+
+
+@dataclass(frozen=True)
+class ExtractionReport:
+    """Outcome of one :func:`extract_corpus` run."""
+
+    docs_total: int
+    """Distinct documents given."""
+    docs_done: int
+    """Documents extracted and committed in this run."""
+    docs_failed: int
+    """Documents recorded ``failed`` in this run (retried on the next run)."""
+    docs_skipped: int
+    """Documents already ``ok`` in the state file (not re-extracted)."""
+    kis_written: int
+    """KIs the store accepted in this run."""
+    write_failures: int = 0
+    """KIs the store rejected."""
+    drops: dict[str, int] = field(default_factory=dict)
+    """Guardrail drop reason → count."""
+    parse_failures: int = 0
+    """Malformed model replies (each retried once)."""
+    envelope_unwrapped: int = 0
+    """Records found one wrapper level too deep (case P3)."""
+    counters: dict[str, int] = field(default_factory=dict)
+    """Every parse/guardrail counter summed (``retries``, ``lm_calls``, ``bare_list`` …)."""
+    tokens: dict[str, int] = field(default_factory=dict)
+    """Ledger totals for this run's calls: ``calls``, ``input_tokens``, ``output_tokens``,
+    ``billed_input_tokens``, ``billed_output_tokens``, ``cache_hits``, ``estimated_calls``,
+    ``failed_calls`` (zeros when no ledger is given)."""
+    failed: dict[str, str] = field(default_factory=dict)
+    """Failed docid → reason."""
+    prompt_version: str = ""
+    """The extractor's prompt version."""
+    wall_s: float = 0.0
+    """Wall time in seconds."""
+
+    @property
+    def kis_per_doc(self) -> float:
+        """KIs written per document done (0.0 when none)."""
+        return self.kis_written / self.docs_done if self.docs_done else 0.0
+
+    def summary_rows(self) -> list[tuple[str, str]]:
+        """``(label, value)`` rows for a summary table, in display order."""
+        rows = [
+            ("documents", str(self.docs_total)),
+            ("done", str(self.docs_done)),
+            ("skipped (already done)", str(self.docs_skipped)),
+            ("failed", str(self.docs_failed)),
+            ("KIs written", str(self.kis_written)),
+            ("KIs per doc", f"{self.kis_per_doc:.1f}"),
+            ("write failures", str(self.write_failures)),
+            ("parse failures", str(self.parse_failures)),
+            ("retries", str(self.counters.get("retries", 0))),
+            ("envelope_unwrapped", str(self.envelope_unwrapped)),
+        ]
+        rows += [(f"dropped: {reason}", str(n)) for reason, n in sorted(self.drops.items())]
+        rows += [
+            ("input tokens", str(self.tokens.get("input_tokens", 0))),
+            ("output tokens", str(self.tokens.get("output_tokens", 0))),
+            ("prompt version", self.prompt_version),
+            ("wall time (s)", f"{self.wall_s:.1f}"),
+        ]
+        return rows
+
+
+def default_state_path(cfg: KituneConfig, prompt_version: str) -> Path:
+    """``<workdir>/extraction/<corpus>.<prompt version>.state.jsonl`` (one resume file per prompt)."""
+    safe = prompt_version.replace("@", "-").replace("/", "-")
+    return cfg.workdir / "extraction" / f"{cfg.corpus_name}.{safe}.state.jsonl"
+
+
+def read_state(path: Path | None) -> dict[str, str]:
+    """Read a state file into ``docid → last status`` (later lines win).
+
+    Missing file: ``{}``. Unparseable lines (a crash mid-write) are skipped.
+    """
+    if path is None or not path.is_file():
+        return {}
+    state: dict[str, str] = {}
+    with path.open(encoding="utf-8") as fh:
+        for line in fh:
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(rec, dict) and isinstance(rec.get("docid"), str):
+                state[rec["docid"]] = str(rec.get("status", ""))
+    return state
+
+
+def load_documents(path: Path | str, *, limit: int | None = None) -> list[Document]:
+    """Load a corpus (a BrowseComp-Plus-layout folder or a JSONL file) via :mod:`kitune.data.loaders`.
+
+    Args:
+        path: a folder holding ``corpus.jsonl``, or a ``.jsonl`` file.
+        limit: keep the first ``limit`` documents (None: all).
+
+    Raises:
+        DataError: the corpus is missing or malformed (from the loader).
+    """
+    from kitune.data.loaders import load_corpus
+
+    docs = load_corpus(path)
+    return docs[:limit] if limit is not None else docs
+
+
+class _StateWriter:
+    def __init__(self, path: Path | None, prompt_version: str) -> None:
+        self.path = path
+        self.prompt_version = prompt_version
+        self._fh = None
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._fh = path.open("a", encoding="utf-8")
+
+    def write(self, docid: str, status: str, kis: int, error: str = "") -> None:
+        if self._fh is None:
+            return
+        rec = {"docid": docid, "status": status, "kis": kis, "error": error[:500],
+               "prompt_version": self.prompt_version, "at": utcnow().isoformat()}
+        self._fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
+
+    def sync(self) -> None:
+        if self._fh is not None:
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self.sync()
+            self._fh.close()
+            self._fh = None
+
+
+class _Progress:
+    """Rich progress bar with docs/s, KIs/doc and tokens (a no-op when disabled)."""
+
+    def __init__(self, enabled: bool, total: int, ledger: TokenLedger | None, marker: int) -> None:
+        self.enabled = enabled and total > 0
+        self.ledger, self.marker = ledger, marker
+        self.start = time.monotonic()
+        self._bar: Any = None
+        if self.enabled:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._bar = Progress(
+                TextColumn("[bold]extract"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                TextColumn("{task.fields[rate]:.2f} docs/s · {task.fields[kpd]:.1f} KIs/doc · "
+                           "{task.fields[tokens]} tok · {task.fields[failed]} failed"),
+                console=Console(stderr=True), transient=False,
+            )
+            self._task = self._bar.add_task("extract", total=total, rate=0.0, kpd=0.0, tokens=0, failed=0)
+            self._bar.start()
+
+    def advance(self, finished: int, kis: int, failed: int) -> None:
+        if not self.enabled:
+            return
+        elapsed = max(time.monotonic() - self.start, 1e-6)
+        tokens = 0
+        if self.ledger is not None:
+            tokens = sum(r.input_tokens + r.output_tokens for r in self.ledger.since(self.marker))
+        ok = max(finished - failed, 0)
+        self._bar.update(self._task, completed=finished, rate=finished / elapsed,
+                         kpd=kis / ok if ok else 0.0, tokens=tokens, failed=failed)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+def _ledger_totals(ledger: TokenLedger | None, marker: int) -> dict[str, int]:
+    keys = ("calls", "input_tokens", "output_tokens", "billed_input_tokens", "billed_output_tokens",
+            "cache_hits", "estimated_calls", "failed_calls")
+    totals = dict.fromkeys(keys, 0)
+    if ledger is None:
+        return totals
+    for r in ledger.since(marker):
+        totals["calls"] += 1
+        totals["input_tokens"] += r.input_tokens
+        totals["output_tokens"] += r.output_tokens
+        totals["billed_input_tokens"] += r.billed_input_tokens
+        totals["billed_output_tokens"] += r.billed_output_tokens
+        totals["cache_hits"] += int(r.cache_hit)
+        totals["estimated_calls"] += int(r.estimated)
+        totals["failed_calls"] += int(r.failed)
+    return totals
+
+
+def _run_one(extractor: FactExtractor, doc: Document, now: datetime) -> DocExtraction:
+    try:
+        return extractor.extract_document(doc, now=now)
+    except _FATAL:
+        raise
+    except Exception as e:  # one document's LM/transport failure never aborts the run
+        return DocExtraction(docid=doc.docid, status="failed", error=f"{type(e).__name__}: {e}")
+
+
+def extract_corpus(
+    docs: Sequence[Document],
+    store: Store,
+    extractor: FactExtractor,
+    *,
+    cfg: KituneConfig,
+    ledger: TokenLedger | None = None,
+    state_path: Path | None = None,
+    progress: bool = True,
+    now: datetime | None = None,
+    on_result: Callable[[DocExtraction], None] | None = None,
+) -> ExtractionReport:
+    """Extract every document not yet done and write its KIs to ``store``.
+
+    The caller scopes the LM (``with dspy.context(lm=...)``); it reaches the worker threads.
+
+    Args:
+        docs: the corpus; repeated docids are extracted once (first wins).
+        store: any :class:`kitune.retrieval.base.Store`; only ``upsert`` is called.
+        extractor: the program (its limits and prompt version apply).
+        cfg: ``cfg.extraction.concurrency`` and ``write_batch_size`` are used.
+        ledger: token ledger the LM records into; calls made here are tagged stage ``extract``
+            and summed into the report (None: tokens reported as 0).
+        state_path: JSONL resume file (None: no resume, nothing written).
+        progress: show a Rich progress bar on stderr.
+        now: ``last_seen`` for every KI of this run (UTC); None: the run's start time.
+        on_result: called in the calling thread with each document's result, in completion order.
+
+    Returns:
+        The :class:`ExtractionReport`; ``docs_done + docs_failed + docs_skipped == docs_total``
+        unless the run aborted.
+
+    Raises:
+        LMAuthError, ConfigError: the LM cannot be used at all (after committing finished work).
+        StoreUnavailableError: the store cannot be written (finished docs stay not-done).
+    """
+    started = time.monotonic()
+    run_now = now or utcnow()
+    first: dict[str, Document] = {}
+    for d in docs:
+        first.setdefault(d.docid, d)
+    unique = list(first.values())
+    state = read_state(state_path)
+    todo = [d for d in unique if state.get(d.docid) != "ok"]
+    skipped = len(unique) - len(todo)
+    marker = ledger.snapshot() if ledger is not None else 0
+    writer = _StateWriter(state_path, extractor.prompt_version)
+    bar = _Progress(progress, len(todo), ledger, marker)
+    batch_size = cfg.extraction.write_batch_size
+
+    counters: Counter[str] = Counter()
+    drops: Counter[str] = Counter()
+    failed: dict[str, str] = {}
+    buffer: list[KI] = []
+    pending: list[DocExtraction] = []  # ok docs whose KIs are in ``buffer``
+    written = write_failures = done = finished = 0
+
+    def flush() -> None:
+        nonlocal written, write_failures, done
+        if not pending:
+            return
+        result = store.upsert(buffer) if buffer else None
+        bad_ids = {f.id for f in result.failed} if result is not None else set()
+        if result is not None:
+            written += result.indexed
+            write_failures += len(result.failed)
+        for res in pending:
+            bad = [k.id for k in res.kis if k.id in bad_ids]
+            if bad:
+                reason = f"store rejected {len(bad)} KI(s): {', '.join(bad[:3])}"
+                failed[res.docid] = reason
+                writer.write(res.docid, "failed", len(res.kis), reason)
+            else:
+                done += 1
+                writer.write(res.docid, "ok", len(res.kis))
+        writer.sync()
+        buffer.clear()
+        pending.clear()
+
+    def handle(res: DocExtraction) -> None:
+        nonlocal finished
+        finished += 1
+        counters.update(res.counters)
+        drops.update(res.drops)
+        if res.status == "ok":
+            buffer.extend(res.kis)
+            pending.append(res)
+            if len(buffer) >= batch_size:
+                flush()
+        else:
+            failed[res.docid] = res.error
+            writer.write(res.docid, "failed", 0, res.error)
+            writer.sync()
+        if on_result is not None:
+            on_result(res)
+        bar.advance(finished, written + len(buffer), len(failed))
+
+    stage: contextlib.AbstractContextManager[None] = (
+        ledger.stage("extract") if ledger is not None else contextlib.nullcontext()
+    )
+    try:
+        with stage, ThreadPoolExecutor(max_workers=cfg.extraction.concurrency,
+                                       thread_name_prefix="kitune-extract") as pool:
+            futures: set[Future[DocExtraction]] = set()
+            docs_iter: Iterator[Document] = iter(todo)
+            window = cfg.extraction.concurrency * 2
+            try:
+                while True:
+                    while len(futures) < window:
+                        doc = next(docs_iter, None)
+                        if doc is None:
+                            break
+                        ctx = contextvars.copy_context()  # one copy per task: stage + dspy.context
+                        futures.add(pool.submit(ctx.run, _run_one, extractor, doc, run_now))
+                    if not futures:
+                        break
+                    finished_now, futures = wait(futures, return_when=FIRST_COMPLETED)
+                    for fut in finished_now:
+                        handle(fut.result())
+            except _FATAL:
+                for fut in futures:
+                    fut.cancel()
+                with contextlib.suppress(StoreUnavailableError):
+                    flush()
+                raise
+            flush()
+    finally:
+        bar.close()
+        writer.close()
+    return ExtractionReport(
+        docs_total=len(unique),
+        docs_done=done,
+        docs_failed=len(failed),
+        docs_skipped=skipped,
+        kis_written=written,
+        write_failures=write_failures,
+        drops=dict(drops),
+        parse_failures=counters.get("parse_failures", 0),
+        envelope_unwrapped=counters.get("envelope_unwrapped", 0),
+        counters=dict(counters),
+        tokens=_ledger_totals(ledger, marker),
+        failed=failed,
+        prompt_version=extractor.prompt_version,
+        wall_s=time.monotonic() - started,
+    )

@@ -1,0 +1,225 @@
+"""Corpus extraction: batched writes, resume, failures isolated, concurrency, tokens and stages."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+import dspy
+import pytest
+from dspy.utils import DummyLM
+
+from kitune.config import KituneConfig, load_config
+from kitune.errors import LMAuthError, StoreUnavailableError
+from kitune.ki import KI, ki_id
+from kitune.programs.fact_extractor import FactExtractor
+from kitune.retrieval.base import WriteResult
+from kitune.retrieval.memory import MemoryStore
+from kitune.schema import Document
+from kitune.service.extraction import default_state_path, extract_corpus, load_documents, read_state
+from kitune.usage import TokenLedger
+
+NOW = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
+
+
+def _fact(subject: str, predicate: str, obj: str, evidence: str) -> dict[str, object]:
+    return {
+        "title": f"{subject} {predicate.replace('_', ' ')} {obj}",
+        "description": f"{subject} {predicate.replace('_', ' ')} {obj}.",
+        "subject": subject, "predicate": predicate, "object": obj,
+        "evidence_span": evidence, "confidence": 0.9, "tags": ["org"],
+    }
+
+
+DOCS = [
+    Document(docid=f"d{i}", text=f"Company{i} was founded in {1990 + i} in Town{i}. Company{i} makes widgets.")
+    for i in range(6)
+]
+
+
+def _answers(bad: Sequence[str] = ()) -> dict[str, dict[str, str]]:
+    out: dict[str, dict[str, str]] = {}
+    for i in range(6):
+        key = f"Company{i} was founded"
+        if f"d{i}" in bad:
+            out[key] = {"facts_json": "Let me think about this document first."}
+            continue
+        facts = [
+            _fact(f"Company{i}", "founded_in", str(1990 + i), f"Company{i} was founded in {1990 + i}"),
+            _fact(f"Company{i}", "located_in", f"Town{i}", f"founded in {1990 + i} in Town{i}"),
+            _fact(f"Company{i}", "product", "spaceships", "Company makes spaceships"),  # not in the text
+        ]
+        out[key] = {"facts_json": json.dumps({"facts": facts})}
+    return out
+
+
+def _cfg(**overrides: object) -> KituneConfig:
+    base: dict[str, object] = {"extraction.concurrency": 1, "extraction.write_batch_size": 4}
+    base.update(overrides)
+    return load_config(overrides=base)
+
+
+class RecordingStore(MemoryStore):
+    """A MemoryStore that remembers the size of every upsert batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[int] = []
+
+    def upsert(self, kis: Sequence[KI]) -> WriteResult:
+        self.batches.append(len(kis))
+        return super().upsert(kis)
+
+
+class DownStore(MemoryStore):
+    def upsert(self, kis: Sequence[KI]) -> WriteResult:
+        raise StoreUnavailableError("store is down", backend="memory")
+
+
+def _run(lm: dspy.BaseLM, store: MemoryStore, cfg: KituneConfig, state: Path | None, docs=DOCS, **kw):
+    with dspy.context(lm=lm):
+        return extract_corpus(docs, store, FactExtractor.from_config(cfg), cfg=cfg, state_path=state,
+                              progress=False, now=NOW, **kw)
+
+
+def test_writes_verified_kis_in_batches_and_reports_counts(tmp_path: Path) -> None:
+    store = RecordingStore()
+    state = tmp_path / "state.jsonl"
+    report = _run(DummyLM(_answers()), store, _cfg(), state)
+    assert (report.docs_total, report.docs_done, report.docs_failed, report.docs_skipped) == (6, 6, 0, 0)
+    assert report.kis_written == 12 and store.count() == 12
+    assert report.drops == {"evidence_not_found": 6}
+    assert report.parse_failures == 0 and report.envelope_unwrapped == 0
+    assert report.kis_per_doc == 2.0
+    assert store.batches == [4, 4, 4]
+    ki = store.get(ki_id("d3", "Company3", "located_in", "Town3"))
+    assert ki.payload.evidence == ["founded in 1993 in Town3"]
+    assert ki.payload.confidence == 90 and ki.payload.last_seen == NOW
+    assert read_state(state) == {f"d{i}": "ok" for i in range(6)}
+    lines = [json.loads(line) for line in state.read_text().splitlines()]
+    assert {line["kis"] for line in lines} == {2}
+    assert all(line["prompt_version"] == report.prompt_version for line in lines)
+    assert report.tokens["calls"] == 0  # no ledger given
+
+
+def test_failed_doc_is_isolated_and_retried_on_rerun_without_duplicates(tmp_path: Path) -> None:
+    store = MemoryStore()
+    state = tmp_path / "state.jsonl"
+    first = _run(DummyLM(_answers(bad=("d2",))), store, _cfg(), state)
+    assert (first.docs_done, first.docs_failed) == (5, 1)
+    assert "no JSON object found" in first.failed["d2"]
+    assert first.parse_failures == 2 and first.counters["retries"] == 1
+    assert store.count() == 10
+    assert read_state(state)["d2"] == "failed"
+
+    lm = DummyLM(_answers())
+    second = _run(lm, store, _cfg(), state)
+    assert (second.docs_done, second.docs_failed, second.docs_skipped) == (1, 0, 5)
+    assert len(lm.history) == 1  # only d2 was sent to the model
+    assert second.kis_written == 2
+    assert store.count() == 12
+    assert read_state(state) == {f"d{i}": "ok" for i in range(6)}
+
+    third = _run(DummyLM(_answers()), store, _cfg(), state)
+    assert (third.docs_done, third.docs_skipped, third.kis_written) == (0, 6, 0)
+
+
+def test_concurrent_run_gives_the_same_kis_as_sequential() -> None:
+    seq, par = MemoryStore(), MemoryStore()
+    _run(DummyLM(_answers()), seq, _cfg(**{"extraction.concurrency": 1}), None)
+    report = _run(DummyLM(_answers()), par, _cfg(**{"extraction.concurrency": 4}), None)
+    assert report.docs_done == 6
+    dump = lambda s: [k.model_dump() for k in s.iter_kis()]  # noqa: E731
+    assert dump(seq) == dump(par) and len(dump(par)) == 12
+
+
+def test_store_down_aborts_and_marks_nothing_done(tmp_path: Path) -> None:
+    state = tmp_path / "state.jsonl"
+    with pytest.raises(StoreUnavailableError):
+        _run(DummyLM(_answers()), DownStore(), _cfg(), state)
+    assert "ok" not in read_state(state).values()
+
+
+def test_duplicate_docids_are_extracted_once() -> None:
+    store = MemoryStore()
+    lm = DummyLM(_answers())
+    report = _run(lm, store, _cfg(), None, docs=[DOCS[0], DOCS[0], DOCS[1]])
+    assert report.docs_total == 2 and len(lm.history) == 2
+
+
+def test_truncated_state_line_is_ignored(tmp_path: Path) -> None:
+    state = tmp_path / "s.jsonl"
+    state.write_text('{"docid": "d0", "status": "ok"}\n{"docid": "d1", "sta', encoding="utf-8")
+    assert read_state(state) == {"d0": "ok"}
+    assert read_state(tmp_path / "missing.jsonl") == {}
+
+
+def test_default_state_path_is_per_prompt_version(tmp_path: Path) -> None:
+    cfg = load_config(overrides={"workdir": str(tmp_path), "corpus_name": "fixture"})
+    path = default_state_path(cfg, "extractor@1234abcd")
+    assert path == tmp_path / "extraction" / "fixture.extractor-1234abcd.state.jsonl"
+
+
+def test_load_documents_reads_the_fixture_with_limit(fixture_dir: Path) -> None:
+    docs = load_documents(fixture_dir, limit=3)
+    assert len(docs) == 3 and all(d.docid and d.text for d in docs)
+    assert len(load_documents(fixture_dir)) == 144
+
+
+# -- through the real LM layer and an OpenAI-compatible stub on 127.0.0.1 -----------------------
+
+def _stub_cfg(stub_url: str, monkeypatch: pytest.MonkeyPatch, **overrides: object) -> KituneConfig:
+    monkeypatch.setenv("KI_GW_URL", stub_url)
+    monkeypatch.setenv("KI_GW_KEY", "sk-test-secret-9876")
+    base: dict[str, object] = {
+        "lm.gateway.base_url_env": "KI_GW_URL",
+        "lm.gateway.api_key_env": "KI_GW_KEY",
+        "lm.gateway.default_model": "m-small",
+        "lm.extract.num_retries": 0,
+        "extraction.concurrency": 2,
+    }
+    base.update(overrides)
+    return load_config(overrides=base)
+
+
+def test_raw_reasoning_reply_through_build_lm_records_tokens_under_extract_stage(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from kitune.lm import build_lm
+    from kitune.testing.openai_stub import Reply, StubServer
+
+    doc = DOCS[0]
+    facts = [_fact("Company0", "founded_in", "1990", "Company0 was founded in 1990")]
+    content = "<think>\nfacts first\n</think>\n```json\n" + json.dumps({"indicators": facts}) + "\n```"
+    with StubServer(default=Reply.ok(content, usage=(120, 30))) as stub:
+        cfg = _stub_cfg(stub.base_url, monkeypatch)
+        ledger = TokenLedger()
+        lm = build_lm(cfg, "extract", ledger=ledger)
+        store = MemoryStore()
+        with dspy.context(lm=lm):
+            report = extract_corpus([doc, DOCS[1]], store, FactExtractor.from_config(cfg), cfg=cfg,
+                                    ledger=ledger, progress=False, now=NOW)
+    # the reply has no ChatAdapter field markers: our parser reads the raw completion
+    assert report.docs_done == 2 and report.docs_failed == 0
+    assert store.count() == 1
+    assert store.get(ki_id("d0", "Company0", "founded_in", "1990")).payload.confidence == 90
+    assert report.drops == {"evidence_not_found": 1}  # DOCS[1]'s text does not hold the quote
+    assert report.counters["fence_stripped"] == 2  # (the LM layer already split off <think>)
+    assert report.tokens["calls"] == 2
+    assert report.tokens["input_tokens"] == 240 and report.tokens["output_tokens"] == 60
+    assert {r.stage for r in ledger.records} == {"extract"}
+
+
+def test_auth_error_aborts_the_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from kitune.lm import build_lm
+    from kitune.testing.openai_stub import Reply, StubServer
+
+    with StubServer(default=Reply.unauthorized()) as stub:
+        cfg = _stub_cfg(stub.base_url, monkeypatch)
+        lm = build_lm(cfg, "extract")
+        with dspy.context(lm=lm), pytest.raises(LMAuthError):
+            extract_corpus(DOCS[:3], MemoryStore(), FactExtractor.from_config(cfg), cfg=cfg,
+                           state_path=tmp_path / "s.jsonl", progress=False)
+    assert "ok" not in read_state(tmp_path / "s.jsonl").values()
