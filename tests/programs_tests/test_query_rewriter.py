@@ -130,3 +130,21 @@ def test_instruction_is_packaged_prompt_and_optimisable() -> None:
     assert rw.prompt_version.startswith("rewriter@")
     custom = QueryRewriter("Only output JSON.")
     assert custom.planner.signature.instructions == "Only output JSON."
+
+
+def test_python_literal_dict_from_stringified_object_is_read() -> None:
+    # JSONAdapter str()-ifies an object value: single quotes, not JSON
+    raw = str({"entity_tags": ["Acme Corp"], "lexical": "acme hq", "semantic": "where acme is"})
+    assert plan_from_output(raw).entity_tags == ("entity:acme-corp",)
+    assert extract_json_object("{'a': __import__('os')}") is None
+
+
+def test_adapter_is_scoped_around_the_call() -> None:
+    import dspy
+
+    raw = '{"lexical": "acme hq"}'
+    lm = DummyLM([{"plan_json": raw}], adapter=dspy.JSONAdapter())
+    rw = QueryRewriter(adapter=dspy.JSONAdapter())
+    res = rw.rewrite(Q, lm=lm)
+    assert res.fell_back is False and res.plan.lexical == "acme hq"
+    assert '"plan_json"' in lm.history[-1]["messages"][0]["content"]

@@ -17,6 +17,7 @@ Policies (tested):
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from collections import Counter
@@ -45,7 +46,9 @@ def extract_json_object(text: str) -> dict[str, Any] | None:
     """Return the first JSON object found in ``text``, or None.
 
     Reasoning blocks (``<think>…</think>``), code fences and prose around the object are
-    skipped (case P1). A stringified object under a single ``"json"`` key is decoded once.
+    skipped (case P1). A stringified object under a single ``"json"`` key is decoded once. A
+    Python-literal dict (single quotes, as ``str(dict)`` writes it when an adapter stringifies an
+    object) is read with :func:`ast.literal_eval`, which evaluates literals only.
     """
     cleaned = _THINK_RE.sub("", text or "")
     decoder = json.JSONDecoder()
@@ -59,6 +62,14 @@ def extract_json_object(text: str) -> dict[str, Any] | None:
                 inner = extract_json_object(obj["json"])
                 return inner if inner is not None else obj
             return obj
+    start, end = cleaned.find("{"), cleaned.rfind("}")
+    if 0 <= start < end:
+        try:
+            lit = ast.literal_eval(cleaned[start : end + 1])
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            return None
+        if isinstance(lit, dict) and all(isinstance(k, str) for k in lit):
+            return lit
     return None
 
 
@@ -182,6 +193,8 @@ class QueryRewriter(dspy.Module):
 
     Args:
         instructions: starting instruction text; None loads the packaged ``rewriter`` prompt.
+        adapter: DSPy adapter scoped around each :meth:`rewrite` call (e.g.
+            ``kitune.lm.adapter_for(lm)``); None uses the context's adapter.
 
     Attributes:
         prompt_version: ``rewriter@<sha8>`` of the starting instructions.
@@ -189,8 +202,9 @@ class QueryRewriter(dspy.Module):
             how many rewrites fell back, over this instance's lifetime.
     """
 
-    def __init__(self, instructions: str | None = None) -> None:
+    def __init__(self, instructions: str | None = None, *, adapter: Any = None) -> None:
         super().__init__()
+        self.adapter = adapter
         if instructions is None:
             loaded = load_instruction("rewriter")
             instructions, self.prompt_version = loaded.text, loaded.version
@@ -245,10 +259,12 @@ class QueryRewriter(dspy.Module):
         raw = ""
         with dspy.track_usage() as tracker:
             try:
+                scoped: dict[str, Any] = {}
                 if lm is not None:
-                    with dspy.context(lm=lm):
-                        pred = self(question, size=size)
-                else:
+                    scoped["lm"] = lm
+                if self.adapter is not None:
+                    scoped["adapter"] = self.adapter
+                with dspy.context(**scoped):
                     pred = self(question, size=size)
                 plan, fell_back, reason, raw = pred.plan, pred.fell_back, pred.reason, pred.plan_json
             except Exception as e:  # a transport or adapter failure must not break retrieval
