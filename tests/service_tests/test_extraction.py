@@ -223,3 +223,51 @@ def test_auth_error_aborts_the_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
             extract_corpus(DOCS[:3], MemoryStore(), FactExtractor.from_config(cfg), cfg=cfg,
                            state_path=tmp_path / "s.jsonl", progress=False)
     assert "ok" not in read_state(tmp_path / "s.jsonl").values()
+
+
+# -- the `kitune extract` command (thin wrapper over extract_corpus) -----------------------------
+
+def test_cli_extract_on_fixture_with_stub_lm_and_resume(
+    fixture_dir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from typer.testing import CliRunner
+
+    import kitune.retrieval
+    from kitune.cli import _register, app
+    from kitune.testing.openai_stub import Reply, StubServer
+
+    fact = _fact("Abshir Ata Waterfall", "located_in", "Nookat District",
+                 "Abshir Ata Waterfall is a geological reserve at Abshir Say River in Nookat District")
+    store = MemoryStore()
+    store.close = lambda: None  # type: ignore[method-assign]
+    monkeypatch.setattr(kitune.retrieval, "create_store", lambda cfg: store)
+    _register()
+    with StubServer(default=Reply.ok(json.dumps([fact]), usage=(50, 20))) as stub:
+        monkeypatch.setenv("KI_GW_URL", stub.base_url)
+        monkeypatch.setenv("KI_GW_KEY", "sk-test-secret-9876")
+        monkeypatch.setenv("KITUNE_LM__GATEWAY__BASE_URL_ENV", "KI_GW_URL")
+        monkeypatch.setenv("KITUNE_LM__GATEWAY__API_KEY_ENV", "KI_GW_KEY")
+        monkeypatch.setenv("KITUNE_LM__GATEWAY__DEFAULT_MODEL", "m-small")
+        monkeypatch.setenv("KITUNE_WORKDIR", str(tmp_path))
+        runner = CliRunner()
+        first = runner.invoke(app, ["extract", "--data", str(fixture_dir), "--limit", "3", "--no-progress"])
+        assert first.exit_code == 0, first.output
+        assert store.count() == 1
+        assert "KIs written" in first.output and "token ledger" in first.output
+        assert len(stub.chat_requests) == 3
+        again = runner.invoke(app, ["extract", "--data", str(fixture_dir), "--limit", "3", "--no-progress"])
+        assert again.exit_code == 0, again.output
+        assert len(stub.chat_requests) == 3  # all three resumed as done
+    states = list((tmp_path / "extraction").glob("corpus.extractor-*.state.jsonl"))
+    assert len(states) == 1 and set(read_state(states[0]).values()) == {"ok"}
+
+
+def test_cli_extract_missing_data_is_a_clean_error(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from kitune.cli import _register, app
+
+    _register()
+    result = CliRunner().invoke(app, ["extract", "--data", str(tmp_path / "nowhere"), "--no-progress"])
+    assert result.exit_code == 2
+    assert "nowhere" in result.output

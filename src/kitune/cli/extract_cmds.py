@@ -1,10 +1,134 @@
-"""CLI commands (placeholder module: commands are added by the owning area)."""
+"""``kitune extract``: turn a corpus into verified KIs in the configured store.
+
+Thin: load config and documents → build the extract-role LM, the store and the extractor →
+:func:`kitune.service.extraction.extract_corpus` → print a summary table and the token ledger.
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Annotated
+
 import typer
+from rich.console import Console
+from rich.table import Table
+
+from kitune.cli.common import ConfigOption, fail, get_config
+from kitune.errors import KituneError
+
+__all__ = ["extract", "register"]
+
+out = Console()
+
+
+def extract(
+    data: Annotated[
+        Path,
+        typer.Option(
+            "--data", "-d",
+            help="Corpus: a folder in the BrowseComp-Plus layout (corpus.jsonl with docid/title/text/source "
+            "per line) or a .jsonl file.",
+            show_default=False,
+        ),
+    ],
+    config: ConfigOption = None,
+    limit: Annotated[int | None, typer.Option("--limit", "-n", min=1, help="Only the first N documents.")] = None,
+    state: Annotated[
+        Path | None,
+        typer.Option(
+            help="Resume file (JSONL). Default: <workdir>/extraction/<corpus>.<prompt version>.state.jsonl, "
+            "so a changed prompt starts afresh.",
+            show_default=False,
+        ),
+    ] = None,
+    restart: Annotated[bool, typer.Option("--restart", help="Forget the resume file and extract everything.")] = False,
+    instructions: Annotated[
+        Path | None,
+        typer.Option(help="Use this extractor instruction text (e.g. an optimised prompt) instead of the packaged one.",
+                     show_default=False),
+    ] = None,
+    concurrency: Annotated[
+        int | None, typer.Option(min=1, help="Documents in parallel (default: extraction.concurrency).")
+    ] = None,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show the progress bar.")] = True,
+) -> None:
+    """Extract KIs from every document under --data and write them to the configured store.
+
+    Each document is sent to the extract-role LM (the embedded local model when no gateway is
+    configured), every fact is checked (length limits, snake_case predicate, no mention of the
+    source, no benchmark markers, evidence quoted verbatim from the document) and the survivors
+    are upserted by stable id. Re-running resumes: documents already done are skipped and failed
+    ones are retried. Exit code 0 when every document succeeded, 1 when some failed (rerun to
+    retry them), 2 on a configuration or data error.
+    """
+    from kitune.programs.fact_extractor import FactExtractor
+    from kitune.service.extraction import default_state_path, extract_corpus, load_documents
+    from kitune.usage import TokenLedger
+
+    overrides: dict[str, object] = {}
+    if concurrency is not None:
+        overrides["extraction.concurrency"] = concurrency
+    cfg = get_config(config, overrides or None)
+    try:
+        docs = load_documents(data, limit=limit)
+    except KituneError as e:
+        fail(str(e))
+    if not docs:
+        fail(f"no documents found in {data}: expected corpus.jsonl lines with docid and text")
+    text = None
+    if instructions is not None:
+        if not instructions.is_file():
+            fail(f"--instructions {instructions} does not exist: pass a text file holding the instruction")
+        text = instructions.read_text(encoding="utf-8").strip()
+        if not text:
+            fail(f"--instructions {instructions} is empty")
+    extractor = FactExtractor.from_config(cfg, text)
+    state_path = state or default_state_path(cfg, extractor.prompt_version)
+    if restart and state_path.exists():
+        state_path.unlink()
+
+    import dspy
+
+    from kitune.lm import build_lm
+    from kitune.retrieval import create_store
+
+    ledger = TokenLedger()
+    store = None
+    try:
+        lm = build_lm(cfg, "extract", ledger=ledger)
+        store = create_store(cfg)
+        with dspy.context(lm=lm):
+            report = extract_corpus(
+                docs, store, extractor, cfg=cfg, ledger=ledger, state_path=state_path, progress=progress
+            )
+    except KituneError as e:
+        fail(f"{type(e).__name__}: {e}", code=1)
+    finally:
+        if store is not None:
+            store.close()
+
+    table = Table(title=f"extraction of {data} → {cfg.store.type}")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for label, value in report.summary_rows():
+        table.add_row(label, value)
+    out.print(table)
+    rows = ledger.to_rows()
+    if rows:
+        ledger_table = Table(title="token ledger")
+        for col in rows[0]:
+            ledger_table.add_column(str(col))
+        for row in rows:
+            ledger_table.add_row(*(str(v) for v in row.values()))
+        out.print(ledger_table)
+    if report.failed:
+        shown = list(report.failed.items())[:5]
+        for docid, reason in shown:
+            out.print(f"[yellow]failed[/] {docid}: {reason[:200]}")
+        out.print(f"resume file: {state_path} (rerun to retry {len(report.failed)} failed document(s))")
+        raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to app."""
-    return None
+    """Add ``kitune extract`` to ``app``."""
+    app.command("extract")(extract)
