@@ -18,7 +18,16 @@ from kitune.errors import DataError
 from kitune.evaluation.harness import read_traces
 from kitune.evaluation.metrics import Trace
 
-__all__ = ["ReportFiles", "RunSummary", "load_run", "summarize", "wilson_interval", "write_report"]
+__all__ = [
+    "ROWS",
+    "ReportFiles",
+    "RunSummary",
+    "format_cell",
+    "load_run",
+    "summarize",
+    "wilson_interval",
+    "write_report",
+]
 
 GRADER_ERROR_THRESHOLD = 0.05
 """Above this share of grader errors a run is marked incomplete."""
@@ -134,7 +143,8 @@ ROWS: list[tuple[str, str]] = [
 ]
 
 
-def _cell(s: RunSummary, key: str) -> str:
+def format_cell(s: RunSummary, key: str) -> str:
+    """Format one report cell: ``key`` is the second item of a :data:`ROWS` entry."""
     if key == "judge":
         acc = "–" if s.accuracy is None else f"{s.n_correct}/{s.n_graded} ({_pct(s.accuracy)})"
         return acc + (" ⚠ incomplete" if s.incomplete else "")
@@ -158,7 +168,7 @@ def _cell(s: RunSummary, key: str) -> str:
 
 
 def _table(summaries: Sequence[RunSummary]) -> list[list[str]]:
-    return [[label, *(_cell(s, key) for s in summaries)] for label, key in ROWS]
+    return [[label, *(format_cell(s, key) for s in summaries)] for label, key in ROWS]
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,228 @@
+"""``run_eval`` and ``report_runs``: the functions behind ``kitune eval`` and ``kitune report``.
+
+``run_eval`` wires a dataset, the skill's tools (corpus store, KI store + ``get_context``), the
+agent chat model and the judge, then calls :func:`kitune.evaluation.harness.evaluate`, writing
+``<workdir>/runs/<run-name>/traces.jsonl`` (resumable), ``run.json`` (parameters: skill, data,
+split, subset ids, models, budget) and ``summary.json``/``usage.json`` at the end. Every
+dependency can be injected, so the wiring is testable without a store or an LLM; the defaults
+are built lazily from the config.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kitune.config import KituneConfig
+from kitune.data.examples import Split, select_split, slice_questions
+from kitune.data.loaders import Question, load_corpus, load_questions
+from kitune.errors import ConfigError, DataError, HarnessError
+from kitune.evaluation.agent import Agent
+from kitune.evaluation.budget import Budget
+from kitune.evaluation.harness import evaluate
+from kitune.evaluation.metrics import JudgeFn, Trace
+from kitune.evaluation.report import ReportFiles, RunSummary, load_run, summarize, write_report
+from kitune.evaluation.tools import SKILLS, ContextObservation, Skill, build_toolbox
+from kitune.usage import TokenLedger
+
+if TYPE_CHECKING:
+    from kitune.chat import ChatModel
+    from kitune.retrieval.base import CorpusStore, Store
+
+__all__ = ["EvalRunResult", "default_run_name", "make_context_fn", "make_judge", "report_runs", "run_eval"]
+
+
+@dataclass(frozen=True)
+class EvalRunResult:
+    """What one ``kitune eval`` produced."""
+
+    run_dir: Path
+    traces_path: Path
+    traces: list[Trace]
+    summary: RunSummary
+    usage: dict[str, dict[str, int]] = field(default_factory=dict)
+    """``"role/stage"`` → token totals from the ledger (calls made by this invocation)."""
+
+
+def default_run_name(skill: str, data_dir: Path, split: str, limit: int | None, disambiguation: bool) -> str:
+    """Deterministic run name, so re-running the same command resumes the same run."""
+    parts = [skill + ("-disamb" if disambiguation else ""), Path(data_dir).resolve().name or "data", split]
+    if limit is not None:
+        parts.append(f"n{limit}")
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", "-".join(parts))
+
+
+def make_judge(cfg: KituneConfig, ledger: TokenLedger | None) -> JudgeFn:
+    """The default judge: :func:`kitune.programs.judge.judge_answer` with the ``judge`` role's LM."""
+    from kitune.lm import build_lm
+    from kitune.programs.judge import Judge
+
+    lm = build_lm(cfg, "judge", ledger=ledger)
+    grader = Judge()
+
+    def judge(*, question: str, response: str, gold: str, aliases: Sequence[str]) -> Any:
+        return grader.grade(question, response, gold, aliases=list(aliases), lm=lm)
+
+    return judge
+
+
+def make_context_fn(
+    cfg: KituneConfig, store: Store, *, disambiguation: bool, ledger: TokenLedger | None = None
+) -> Callable[[str], ContextObservation]:
+    """Wrap :func:`kitune.service.context.get_context` + ``render_context`` as the agent's tool.
+
+    Without ``disambiguation``, KIs of subtype ``disambiguation`` are dropped from every result
+    (so the plain in-context run is not helped by KIs written from failures).
+    """
+    from kitune.schema import Filter
+    from kitune.service.context import get_context, render_context
+
+    hidden: set[str] = set()
+    if not disambiguation:
+        hidden = {ki.id for ki in store.iter_kis(Filter(statuses=(), subtypes=("disambiguation",)))}
+    size = cfg.retrieval.default_size
+
+    def context_fn(query: str) -> ContextObservation:
+        resp = get_context(query, store=store, size=size, cfg=cfg, ledger=ledger)
+        if hidden:
+            resp = resp.model_copy(update={"kis": [k for k in resp.kis if k.id not in hidden]})
+        docs = tuple(dict.fromkeys(d for k in resp.kis for d in k.evidence_doc_ids))
+        return ContextObservation(text=render_context(resp), doc_ids=docs, n_results=len(resp.kis))
+
+    return context_fn
+
+
+def _ensure_corpus(store: CorpusStore, data_dir: Path) -> None:
+    docs = load_corpus(data_dir)
+    if store.count() < len(docs):
+        store.add_documents(docs)
+
+
+def _questions(data: Path, questions_path: Path | None, split: Split, limit: int | None,
+               cfg: KituneConfig) -> list[Question]:
+    qs = load_questions(questions_path) if questions_path else load_questions(data)
+    qs = select_split(qs, split, validation_fraction=cfg.optimize.validation_fraction, seed=cfg.optimize.seed)
+    return slice_questions(qs, limit)
+
+
+def run_eval(
+    cfg: KituneConfig,
+    *,
+    skill: Skill,
+    data_dir: Path | str,
+    split: Split = "all",
+    limit: int | None = None,
+    run_name: str | None = None,
+    disambiguation: bool = False,
+    questions_path: Path | str | None = None,
+    concurrency: int | None = None,
+    progress: bool = True,
+    use_judge: bool = True,
+    chat_model: ChatModel | None = None,
+    judge: JudgeFn | None = None,
+    corpus_store: CorpusStore | None = None,
+    context_fn: Callable[[str], ContextObservation] | None = None,
+    ledger: TokenLedger | None = None,
+) -> EvalRunResult:
+    """Evaluate one skill on a dataset slice and write the run directory.
+
+    Args:
+        cfg: configuration (``workdir``, ``agent`` budget/concurrency, ``retrieval`` limits).
+        skill: ``baseline``, ``in-context`` or ``closed-book``.
+        data_dir: dataset directory (BrowseComp-Plus layout or documents/questions JSONL).
+        split: ``all``, ``tune`` or ``validation`` (seeded by ``cfg.optimize``).
+        limit: first N questions of the split.
+        run_name: folder under ``<workdir>/runs``; default :func:`default_run_name`.
+        disambiguation: in-context only; keep disambiguation KIs in ``get_context`` results.
+        questions_path: a questions JSONL overriding the directory's questions.
+        concurrency: questions in parallel (default ``cfg.agent.concurrency``).
+        progress: show a progress bar.
+        use_judge: grade with the judge (False: ``judge_status="not_run"``).
+        chat_model, judge, corpus_store, context_fn, ledger: injected dependencies (None: built
+            from ``cfg``: ``LiteLLMChatModel(cfg, "agent")``, the judge role, the corpus store
+            filled from ``data_dir`` on first use, the KI store + ``get_context``).
+
+    Returns:
+        The run's traces (resumed ones included), summary and token usage.
+
+    Raises:
+        DataError: bad dataset files. ConfigError: bad skill/config. HarnessError: a skill
+        dependency could not be built. LMError subclasses only from building the LMs.
+    """
+    if skill not in SKILLS:
+        raise ConfigError(f"unknown skill {skill!r}: use one of {', '.join(SKILLS)}")
+    if disambiguation and skill != "in-context":
+        raise ConfigError("--disambiguation only applies to --skill in-context")
+    data = Path(data_dir)
+    if not data.exists():
+        raise DataError(f"data path {data} does not exist: pass --data DIR with corpus.jsonl and questions",
+                        path=str(data))
+    questions = _questions(data, Path(questions_path) if questions_path else None, split, limit, cfg)
+    if not questions:
+        raise DataError(f"no questions selected from {data} (split={split}, limit={limit})", path=str(data))
+    ledger = ledger if ledger is not None else TokenLedger()
+    name = run_name or default_run_name(skill, data, split, limit, disambiguation)
+    run_dir = Path(cfg.workdir) / "runs" / name
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+    if skill in ("baseline", "in-context") and corpus_store is None:
+        from kitune.retrieval import create_corpus_store
+
+        corpus_store = create_corpus_store(cfg)
+        _ensure_corpus(corpus_store, data)
+    if skill == "in-context" and context_fn is None:
+        from kitune.retrieval import create_store
+
+        context_fn = make_context_fn(cfg, create_store(cfg), disambiguation=disambiguation, ledger=ledger)
+    if chat_model is None:
+        from kitune.lm import LiteLLMChatModel
+
+        chat_model = LiteLLMChatModel(cfg, "agent", ledger=ledger)
+    if use_judge and judge is None:
+        judge = make_judge(cfg, ledger)
+    budget = Budget.from_config(cfg.agent)
+    model = chat_model
+
+    def factory(q: Question) -> Agent:
+        box = build_toolbox(skill, cfg, corpus_store=corpus_store, get_context=context_fn)
+        return Agent(model, box, budget=budget, max_output_tokens=cfg.lm.agent.max_tokens)
+
+    params = {
+        "skill": skill, "disambiguation": disambiguation, "data": str(data.resolve()), "split": split,
+        "limit": limit, "question_ids": [q.query_id for q in questions],
+        "budget": {"max_steps": budget.max_steps, "max_tokens": budget.max_tokens, "timeout_s": budget.timeout_s},
+        "agent_model": cfg.lm.agent.model or cfg.lm.gateway.default_model or f"local:{cfg.lm.local.model}",
+        "judge_model": (cfg.lm.judge.model or cfg.lm.gateway.default_model or f"local:{cfg.lm.local.model}")
+        if use_judge else None,
+        "observation_max_chars": cfg.agent.observation_max_chars,
+        "search_hits": cfg.retrieval.search_hits,
+    }
+    (run_dir / "run.json").write_text(json.dumps(params, indent=2), encoding="utf-8")
+    traces_path = run_dir / "traces.jsonl"
+    with ledger.stage(f"eval:{skill}"):
+        traces = evaluate(questions, factory, skill=skill, concurrency=concurrency or cfg.agent.concurrency,
+                          traces_path=traces_path, judge=judge if use_judge else None, progress=progress)
+    summary = summarize(traces, name)
+    usage = {f"{r}/{s}": t for (r, s), t in ledger.by_role_stage().items()}
+    (run_dir / "summary.json").write_text(json.dumps(summary.to_dict(), indent=2), encoding="utf-8")
+    (run_dir / "usage.json").write_text(json.dumps(usage, indent=2), encoding="utf-8")
+    return EvalRunResult(run_dir=run_dir, traces_path=traces_path, traces=traces, summary=summary, usage=usage)
+
+
+def report_runs(run_paths: Sequence[Path | str], out_dir: Path | str) -> ReportFiles:
+    """Read runs (directories with ``traces.jsonl``, or trace files) and write the side-by-side report.
+
+    Raises:
+        DataError: a run has no traces. HarnessError: two runs share a name.
+    """
+    runs: dict[str, list[Trace]] = {}
+    for p in run_paths:
+        name, traces = load_run(p)
+        if name in runs:
+            raise HarnessError(f"two runs are named {name!r}: pass distinct run directories")
+        runs[name] = traces
+    return write_report(runs, out_dir)

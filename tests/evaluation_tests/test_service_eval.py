@@ -1,0 +1,104 @@
+"""Tests for kitune.service.evaluation and the eval/report CLI (injected stand-ins, real fixture data)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from eval_fakes import FakeCorpusStore
+from typer.testing import CliRunner
+
+from kitune.config import KituneConfig
+from kitune.data.loaders import load_corpus
+from kitune.errors import ConfigError
+from kitune.evaluation.tools import ContextObservation
+from kitune.service.evaluation import default_run_name, report_runs, run_eval
+from kitune.testing.chat import ScriptedChatModel
+
+
+@dataclass(frozen=True)
+class Verdict:
+    correct: bool | None
+    status: str
+
+
+def judge(*, question, response, gold, aliases):
+    return Verdict(any(f"Exact Answer: {g}\n" in response for g in [gold, *aliases]), "graded")
+
+
+def _answer_model(n: int, first_tool: str | None = None) -> ScriptedChatModel:
+    def turn(messages):
+        q = messages[1]["content"]
+        return json.dumps({"answer": {"explanation": "", "exact_answer": "Lunenburg" if "LaHave" in q else "x",
+                                      "confidence": 50}})
+
+    turns = []
+    for _ in range(n):
+        if first_tool:
+            turns.append(json.dumps({"tool": first_tool, "args": {"query": "LaHave David Morse"}}))
+        turns.append(turn)
+    return ScriptedChatModel(turns, usage=(40, 4))
+
+
+def test_run_eval_baseline_on_fixture(tmp_path: Path, fixture_dir: Path) -> None:
+    cfg = KituneConfig(workdir=tmp_path / "w")
+    store = FakeCorpusStore(load_corpus(fixture_dir))
+    res = run_eval(cfg, skill="baseline", data_dir=fixture_dir, limit=3, concurrency=1, progress=False,
+                   chat_model=_answer_model(3, "search"), judge=judge, corpus_store=store)
+    assert res.run_dir == tmp_path / "w" / "runs" / "baseline-fixture-all-n3"
+    assert [t.query_id for t in res.traces] == ["43", "94", "9"]
+    t43 = res.traces[0]
+    assert t43.judge_correct is True and t43.em is True and t43.input_tokens == 80 and t43.tool_calls == {"search": 1}
+    assert t43.evidence_recall is not None and 0 < t43.evidence_recall <= 1
+    assert res.summary.n_correct == 1 and res.summary.input_tokens == 240
+    params = json.loads((res.run_dir / "run.json").read_text())
+    assert params["question_ids"] == ["43", "94", "9"] and params["budget"]["max_steps"] == 43
+    assert json.loads((res.run_dir / "summary.json").read_text())["n_total"] == 3
+    # resume: nothing left to run, so an empty script is never called
+    again = run_eval(cfg, skill="baseline", data_dir=fixture_dir, limit=3, progress=False,
+                     chat_model=ScriptedChatModel([]), judge=judge, corpus_store=store)
+    assert [t.to_dict() for t in again.traces] == [t.to_dict() for t in res.traces]
+
+
+def test_run_eval_in_context_and_checks(tmp_path: Path, fixture_dir: Path) -> None:
+    cfg = KituneConfig(workdir=tmp_path / "w")
+    seen = []
+
+    def ctx(query: str) -> ContextObservation:
+        seen.append(query)
+        return ContextObservation(text="1. [k] LaHave is in Lunenburg (docs: 100818)", doc_ids=("100818",), n_results=1)
+
+    res = run_eval(cfg, skill="in-context", data_dir=fixture_dir, limit=1, progress=False, use_judge=False,
+                   chat_model=_answer_model(1, "get_context"), context_fn=ctx, corpus_store=FakeCorpusStore([]))
+    assert seen == ["LaHave David Morse"]
+    assert res.traces[0].doc_ids_seen == ["100818"] and res.traces[0].judge_status == "not_run"
+    with pytest.raises(ConfigError, match="only applies to --skill in-context"):
+        run_eval(cfg, skill="baseline", data_dir=fixture_dir, disambiguation=True)
+    with pytest.raises(ConfigError, match="unknown skill"):
+        run_eval(cfg, skill="oracle", data_dir=fixture_dir)  # type: ignore[arg-type]
+    assert default_run_name("in-context", fixture_dir, "tune", None, True) == "in-context-disamb-fixture-tune"
+
+
+def test_cli_eval_closed_book_and_report(tmp_path: Path, fixture_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import kitune.lm
+    from kitune.cli import _register, app
+
+    monkeypatch.setattr(kitune.lm, "LiteLLMChatModel", lambda cfg, role, ledger=None: _answer_model(2))
+    monkeypatch.setenv("KITUNE_WORKDIR", str(tmp_path / "w"))
+    _register()
+    runner = CliRunner()
+    r = runner.invoke(app, ["eval", "--skill", "closed-book", "--data", str(fixture_dir), "--limit", "2",
+                            "--no-judge", "--run-name", "cb"])
+    assert r.exit_code == 0, r.output
+    run_dir = tmp_path / "w" / "runs" / "cb"
+    assert len((run_dir / "traces.jsonl").read_text().splitlines()) == 2
+    r2 = runner.invoke(app, ["report", str(run_dir), "--out", str(tmp_path / "rep")])
+    assert r2.exit_code == 0, r2.output
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "| input tokens | 80 |" in md and "| EM | 0.500 |" in md
+    bad = runner.invoke(app, ["eval", "--skill", "closed-book", "--data", str(tmp_path / "missing")])
+    assert bad.exit_code == 2 and "does not exist" in " ".join(bad.output.split())
+    files = report_runs([run_dir], tmp_path / "rep2")
+    assert files.summaries[0].n_total == 2
