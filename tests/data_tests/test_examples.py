@@ -7,7 +7,9 @@ from kitune.data.loaders import Question
 
 
 def _qs(n: int) -> list[Question]:
-    return [Question(query_id=f"q{i:02d}", query=f"Q{i}?", answer=f"A{i}", aliases=(f"a{i}",)) for i in range(n)]
+    return [
+        Question(query_id=f"q{i:02d}", query=f"Q{i}?", answer=f"A{i}", aliases=(f"a{i}",)) for i in range(n)
+    ]
 
 
 def test_split_is_seeded_and_order_independent() -> None:

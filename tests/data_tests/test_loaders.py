@@ -46,13 +46,19 @@ def test_missing_file_names_path(tmp_path: Path) -> None:
 def test_bad_corpus_line_is_skipped_with_line_number(tmp_path: Path) -> None:
     f = tmp_path / "docs.jsonl"
     f.write_text(
-        json.dumps({"docid": "1", "text": "a"}) + "\n{not json\n" + json.dumps({"id": 2, "contents": "b"}) + "\n[]\n",
+        json.dumps({"docid": "1", "text": "a"})
+        + "\n{not json\n"
+        + json.dumps({"id": 2, "contents": "b"})
+        + "\n[]\n",
         encoding="utf-8",
     )
     docs, report = load_corpus_with_report(f)
     assert [d.docid for d in docs] == ["1", "2"]
     assert docs[1].text == "b"
-    assert [(s.line, s.reason.split(":")[0]) for s in report.skipped] == [(2, "invalid JSON"), (4, "expected an object, got list")]
+    assert [(s.line, s.reason.split(":")[0]) for s in report.skipped] == [
+        (2, "invalid JSON"),
+        (4, "expected an object, got list"),
+    ]
     assert report.loaded == 2
 
 
@@ -82,7 +88,10 @@ def test_bad_question_json_and_missing_answer(tmp_path: Path) -> None:
     f.write_text(json.dumps({"id": "a", "question": "Q?", "answer": ""}) + "\n", encoding="utf-8")
     with pytest.raises(DataError, match="question 'a' has no answer"):
         load_questions(f)
-    f.write_text("\n".join(json.dumps({"id": "a", "question": "Q?", "answer": "x"}) for _ in range(2)), encoding="utf-8")
+    f.write_text(
+        "\n".join(json.dumps({"id": "a", "question": "Q?", "answer": "x"}) for _ in range(2)),
+        encoding="utf-8",
+    )
     with pytest.raises(DataError, match="duplicate query_id 'a'"):
         load_questions(f)
 
@@ -97,17 +106,32 @@ def test_query_without_ground_truth_raises(tmp_path: Path, fixture_dir: Path) ->
 
 def test_plain_jsonl_dataset(tmp_path: Path) -> None:
     docs = tmp_path / "documents.jsonl"
-    docs.write_text(json.dumps({"id": "d1", "text": "Paris is in France.", "title": "Paris"}) + "\n", encoding="utf-8")
+    docs.write_text(
+        json.dumps({"id": "d1", "text": "Paris is in France.", "title": "Paris"}) + "\n", encoding="utf-8"
+    )
     qs = tmp_path / "questions.jsonl"
     qs.write_text(
-        json.dumps({"id": "q1", "question": "Where is Paris?", "answer": "France", "aliases": ["FR"],
-                    "evidence_docids": ["d1"]}) + "\n",
+        json.dumps(
+            {
+                "id": "q1",
+                "question": "Where is Paris?",
+                "answer": "France",
+                "aliases": ["FR"],
+                "evidence_docids": ["d1"],
+            }
+        )
+        + "\n",
         encoding="utf-8",
     )
     ds = load_dataset(tmp_path)
     assert ds.documents[0].title == "Paris"
     q = ds.questions[0]
-    assert (q.query_id, q.query, q.golds, q.evidence_docids) == ("q1", "Where is Paris?", ("France", "FR"), ("d1",))
+    assert (q.query_id, q.query, q.golds, q.evidence_docids) == (
+        "q1",
+        "Where is Paris?",
+        ("France", "FR"),
+        ("d1",),
+    )
     qs.write_text(json.dumps({"id": "q1", "question": "?", "answer": "x", "evidence_docids": ["zz"]}) + "\n")
     with pytest.raises(DataError, match="cites doc id 'zz'"):
         load_dataset(tmp_path)

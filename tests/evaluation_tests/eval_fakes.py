@@ -22,7 +22,9 @@ class FakeCorpusStore:
             self.docs[d.docid] = d
         return WriteResult(len(docs), len(docs))
 
-    def search(self, query: str, *, k: int = 10, snippets_per_hit: int = 3, snippet_chars: int = 700) -> list[CorpusHit]:
+    def search(
+        self, query: str, *, k: int = 10, snippets_per_hit: int = 3, snippet_chars: int = 700
+    ) -> list[CorpusHit]:
         self.searches.append(query)
         words = set(query.lower().split())
         scored = []
@@ -32,7 +34,9 @@ class FakeCorpusStore:
                 scored.append((-score, d.docid, d))
         scored.sort()
         return [
-            CorpusHit(docid=d.docid, title=d.title, snippets=[d.text[:snippet_chars]][:snippets_per_hit], score=-s)
+            CorpusHit(
+                docid=d.docid, title=d.title, snippets=[d.text[:snippet_chars]][:snippets_per_hit], score=-s
+            )
             for s, _, d in scored[:k]
         ]
 

@@ -20,12 +20,22 @@ def answer(text: str, conf: int = 80, expl: str = "see [d1]") -> str:
 
 
 def _agent(model: ScriptedChatModel, max_steps: int = 43, max_chars: int = 8000) -> Agent:
-    return Agent(model, baseline_toolbox(FakeCorpusStore(DOCS), max_chars=max_chars), budget=Budget(max_steps=max_steps))
+    return Agent(
+        model,
+        baseline_toolbox(FakeCorpusStore(DOCS), max_chars=max_chars),
+        budget=Budget(max_steps=max_steps),
+    )
 
 
 def test_answers_after_search_and_fetch() -> None:
-    model = ScriptedChatModel([tool("search", query="capital France"), tool("get_by_doc_id", docid="d1"),
-                               "Sure! ```json\n" + answer("Paris") + "\n```"], usage=(120, 15))
+    model = ScriptedChatModel(
+        [
+            tool("search", query="capital France"),
+            tool("get_by_doc_id", docid="d1"),
+            "Sure! ```json\n" + answer("Paris") + "\n```",
+        ],
+        usage=(120, 15),
+    )
     ep = _agent(model).run("What is the capital of France?")
     assert ep.status == "answered" and ep.exact_answer == "Paris" and ep.confidence == 80
     assert ep.tool_calls == {"search": 1, "get_by_doc_id": 1}
@@ -46,7 +56,11 @@ def test_token_totals_equal_sum_of_per_call_usage() -> None:
 
 
 def test_budget_exhaustion_makes_exactly_one_force_commit_call() -> None:
-    turns = [tool("search", query=f"q{i}") for i in range(3)] + [answer("Paris", 40)] + [tool("search", query="x")] * 5
+    turns = (
+        [tool("search", query=f"q{i}") for i in range(3)]
+        + [answer("Paris", 40)]
+        + [tool("search", query="x")] * 5
+    )
     model = ScriptedChatModel(turns)
     ep = _agent(model, max_steps=3).run("q")
     assert len(model.calls) == 4  # 3 budgeted steps + one force-commit
@@ -60,7 +74,9 @@ def test_budget_exhaustion_makes_exactly_one_force_commit_call() -> None:
 
 
 def test_token_budget_exhausts() -> None:
-    model = ScriptedChatModel([tool("search", query="a"), tool("search", query="b"), answer("x")], usage=(600, 5))
+    model = ScriptedChatModel(
+        [tool("search", query="a"), tool("search", query="b"), answer("x")], usage=(600, 5)
+    )
     ep = Agent(model, baseline_toolbox(FakeCorpusStore(DOCS)), budget=Budget(max_tokens=1000)).run("q")
     assert ep.exhausted_by == "tokens" and ep.force_committed and len(model.calls) == 3
 
@@ -73,8 +89,15 @@ def test_force_commit_unparseable_is_recorded_not_raised() -> None:
 
 
 def test_malformed_tool_call_recorded_and_loop_continues() -> None:
-    model = ScriptedChatModel(["no json here", json.dumps({"tool": "search", "args": {"q": "x"}}),
-                               tool("fly", query="x"), json.dumps({"foo": 1}), answer("Paris")])
+    model = ScriptedChatModel(
+        [
+            "no json here",
+            json.dumps({"tool": "search", "args": {"q": "x"}}),
+            tool("fly", query="x"),
+            json.dumps({"foo": 1}),
+            answer("Paris"),
+        ]
+    )
     ep = _agent(model).run("q")
     assert ep.status == "answered" and ep.exact_answer == "Paris"
     kinds_errors = [(s.kind, (s.error or "")[:30]) for s in ep.steps]
@@ -124,8 +147,10 @@ def test_a1_observation_capped_with_marker() -> None:
 
 
 def test_a1_context_overflow_ends_episode_and_commits_from_trimmed_trace() -> None:
-    model = ScriptedChatModel([tool("search", query="capital"), LMContextWindowError("too long", model="m"),
-                               answer("Paris", 30)], usage=(50, 5))
+    model = ScriptedChatModel(
+        [tool("search", query="capital"), LMContextWindowError("too long", model="m"), answer("Paris", 30)],
+        usage=(50, 5),
+    )
     ep = _agent(model).run("What is the capital?")
     assert ep.status == "context_overflow" and ep.force_committed and ep.exact_answer == "Paris"
     assert [s.kind for s in ep.steps] == ["tool", "lm_error", "force_commit"]
@@ -155,10 +180,17 @@ def test_closed_book_and_timeout() -> None:
         def turn(_messages):
             now[0] += 10.0  # each model call takes 10 s
             return text
+
         return turn
 
-    model = ScriptedChatModel([slow(tool("search", query="x")), slow(tool("search", query="y")),
-                               slow(tool("search", query="z")), slow(answer("Rome", 10))])
+    model = ScriptedChatModel(
+        [
+            slow(tool("search", query="x")),
+            slow(tool("search", query="y")),
+            slow(tool("search", query="z")),
+            slow(answer("Rome", 10)),
+        ]
+    )
     ep = Agent(model, closed_book_toolbox(), budget=Budget(timeout_s=25), clock=lambda: now[0]).run("q")
     assert "You have no tools" in model.calls[0].messages[0]["content"]
     assert "unknown tool 'search'; available tools: none" in ep.steps[0].error

@@ -20,7 +20,10 @@ class Verdict:
     status: str
 
 
-QS = [Question(query_id=f"q{i}", query=f"What is {i}?", answer=str(i), evidence_docids=("d1",)) for i in range(5)]
+QS = [
+    Question(query_id=f"q{i}", query=f"What is {i}?", answer=str(i), evidence_docids=("d1",))
+    for i in range(5)
+]
 
 
 def factory(built: list[str]):
@@ -41,8 +44,9 @@ def judge(*, question, response, gold, aliases):
 def test_evaluate_runs_all_in_order_and_failures_become_traces(tmp_path: Path) -> None:
     built: list[str] = []
     path = tmp_path / "run" / "traces.jsonl"
-    traces = evaluate(QS, factory(built), skill="closed-book", concurrency=3, traces_path=path, judge=judge,
-                      progress=True)
+    traces = evaluate(
+        QS, factory(built), skill="closed-book", concurrency=3, traces_path=path, judge=judge, progress=True
+    )
     assert [t.query_id for t in traces] == [q.query_id for q in QS]
     assert sorted(built) == [q.query_id for q in QS]
     bad = traces[3]
@@ -61,7 +65,9 @@ def test_resume_skips_done_and_tolerates_truncated_last_line(tmp_path: Path) -> 
         fh.write('{"query_id": "q2", "skill": "closed-bo')  # crash mid-write
     assert [t.query_id for t in read_traces(path)] == ["q0", "q1"]
     built: list[str] = []
-    traces = evaluate(QS, factory(built), skill="closed-book", concurrency=2, traces_path=path, progress=False)
+    traces = evaluate(
+        QS, factory(built), skill="closed-book", concurrency=2, traces_path=path, progress=False
+    )
     assert sorted(built) == ["q2", "q3", "q4"]
     assert [t.query_id for t in traces] == ["q0", "q1", "q2", "q3", "q4"]
     lines = path.read_text(encoding="utf-8").splitlines()

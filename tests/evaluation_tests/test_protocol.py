@@ -10,12 +10,23 @@ from kitune.evaluation.protocol import AnswerAction, ToolAction, parse_action, p
     ("text", "expected"),
     [
         ('{"tool": "search", "args": {"query": "x"}}', ToolAction("search", {"query": "x"})),
-        ('Thinking...\n```json\n{"name": "search", "arguments": "{\\"query\\": \\"y\\"}"}\n```',
-         ToolAction("search", {"query": "y"})),
-        ('{"action": {"tool": "get_by_doc_id", "parameters": {"docid": "7"}}}', ToolAction("get_by_doc_id", {"docid": "7"})),
-        ('{"function": {"name": "search", "arguments": {"query": "z"}}}', ToolAction("search", {"query": "z"})),
-        ('e.g. {"tool": "x"} ... final: {"answer": {"explanation": "[1]", "exact_answer": " Paris ", "confidence": "85%"}}',
-         AnswerAction("[1]", "Paris", 85)),
+        (
+            'Thinking...\n```json\n{"name": "search", "arguments": "{\\"query\\": \\"y\\"}"}\n```',
+            ToolAction("search", {"query": "y"}),
+        ),
+        (
+            '{"action": {"tool": "get_by_doc_id", "parameters": {"docid": "7"}}}',
+            ToolAction("get_by_doc_id", {"docid": "7"}),
+        ),
+        (
+            '{"function": {"name": "search", "arguments": {"query": "z"}}}',
+            ToolAction("search", {"query": "z"}),
+        ),
+        (
+            'e.g. {"tool": "x"} ... final: '
+            '{"answer": {"explanation": "[1]", "exact_answer": " Paris ", "confidence": "85%"}}',
+            AnswerAction("[1]", "Paris", 85),
+        ),
         ('{"answer": "Rome", "confidence": 0.7}', AnswerAction("", "Rome", 70)),
         ('{"exact_answer": 1793, "explanation": "e", "confidence": 101}', AnswerAction("e", "1793", 100)),
     ],
@@ -33,4 +44,13 @@ def test_parse_errors() -> None:
 
 
 def test_parse_confidence() -> None:
-    assert [parse_confidence(v) for v in ("85%", 0.85, 1, 250, -3, "high", None, True)] == [85, 85, 1, 100, 0, 50, 50, 50]
+    assert [parse_confidence(v) for v in ("85%", 0.85, 1, 250, -3, "high", None, True)] == [
+        85,
+        85,
+        1,
+        100,
+        0,
+        50,
+        50,
+        50,
+    ]

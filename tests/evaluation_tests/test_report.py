@@ -12,22 +12,68 @@ from kitune.evaluation.metrics import Trace
 from kitune.evaluation.report import load_run, summarize, wilson_interval, write_report
 
 
-def T(qid: str, **kw) -> Trace:
+def tr(qid: str, **kw) -> Trace:
     base = dict(query_id=qid, skill="baseline", question="?", gold_answer="g")
     return Trace(**{**base, **kw})
 
 
 TRACES = [
-    T("1", judge_correct=True, judge_status="graded", em=True, f1=1.0, input_tokens=1000, output_tokens=50,
-      tool_calls={"search": 3, "get_by_doc_id": 1}, evidence_recall=1.0, wall_time_s=2.0, status="answered"),
-    T("2", judge_correct=True, judge_status="graded", em=False, f1=0.5, input_tokens=3000, output_tokens=70,
-      tool_calls={"search": 2}, timed_out=True, force_committed=True, evidence_recall=0.5, wall_time_s=4.0,
-      status="budget_exhausted", repeated_call_blocked=2),
-    T("3", judge_correct=False, judge_status="graded", em=False, f1=0.0, input_tokens=2000, output_tokens=30,
-      tool_calls={"search": 1}, timed_out=True, force_committed=True, evidence_recall=0.0, wall_time_s=3.0,
-      status="budget_exhausted"),
-    T("4", judge_correct=None, judge_status="grader_error", em=True, f1=1.0, input_tokens=500, output_tokens=10,
-      evidence_recall=None, wall_time_s=1.0, status="answered"),
+    tr(
+        "1",
+        judge_correct=True,
+        judge_status="graded",
+        em=True,
+        f1=1.0,
+        input_tokens=1000,
+        output_tokens=50,
+        tool_calls={"search": 3, "get_by_doc_id": 1},
+        evidence_recall=1.0,
+        wall_time_s=2.0,
+        status="answered",
+    ),
+    tr(
+        "2",
+        judge_correct=True,
+        judge_status="graded",
+        em=False,
+        f1=0.5,
+        input_tokens=3000,
+        output_tokens=70,
+        tool_calls={"search": 2},
+        timed_out=True,
+        force_committed=True,
+        evidence_recall=0.5,
+        wall_time_s=4.0,
+        status="budget_exhausted",
+        repeated_call_blocked=2,
+    ),
+    tr(
+        "3",
+        judge_correct=False,
+        judge_status="graded",
+        em=False,
+        f1=0.0,
+        input_tokens=2000,
+        output_tokens=30,
+        tool_calls={"search": 1},
+        timed_out=True,
+        force_committed=True,
+        evidence_recall=0.0,
+        wall_time_s=3.0,
+        status="budget_exhausted",
+    ),
+    tr(
+        "4",
+        judge_correct=None,
+        judge_status="grader_error",
+        em=True,
+        f1=1.0,
+        input_tokens=500,
+        output_tokens=10,
+        evidence_recall=None,
+        wall_time_s=1.0,
+        status="answered",
+    ),
 ]
 
 
@@ -53,11 +99,23 @@ def test_summarize_equals_hand_computed() -> None:
 
 
 def test_report_numbers_equal_traces(tmp_path: Path) -> None:
-    closed = [T("1", skill="closed-book", judge_correct=False, judge_status="graded", input_tokens=100, status="answered")]
+    closed = [
+        tr(
+            "1",
+            skill="closed-book",
+            judge_correct=False,
+            judge_status="graded",
+            input_tokens=100,
+            status="answered",
+        )
+    ]
     files = write_report({"base": TRACES, "closed": closed}, tmp_path / "rep")
     md = files.markdown.read_text(encoding="utf-8")
-    rows = {line.split(" | ")[0].lstrip("| "): line.strip("| \n").split(" | ")[1:]
-            for line in md.splitlines() if line.startswith("| ")}
+    rows = {
+        line.split(" | ")[0].lstrip("| "): line.strip("| \n").split(" | ")[1:]
+        for line in md.splitlines()
+        if line.startswith("| ")
+    }
     assert rows["metric"] == ["base", "closed"]
     assert rows["judge-correct"] == ["2/3 (66.7%) ⚠ incomplete", "0/1 (0.0%)"]
     lo, hi = wilson_interval(2, 3)

@@ -31,8 +31,15 @@ def judge(*, question, response, gold, aliases):
 def _answer_model(n: int, first_tool: str | None = None) -> ScriptedChatModel:
     def turn(messages):
         q = messages[1]["content"]
-        return json.dumps({"answer": {"explanation": "", "exact_answer": "Lunenburg" if "LaHave" in q else "x",
-                                      "confidence": 50}})
+        return json.dumps(
+            {
+                "answer": {
+                    "explanation": "",
+                    "exact_answer": "Lunenburg" if "LaHave" in q else "x",
+                    "confidence": 50,
+                }
+            }
+        )
 
     turns = []
     for _ in range(n):
@@ -45,20 +52,42 @@ def _answer_model(n: int, first_tool: str | None = None) -> ScriptedChatModel:
 def test_run_eval_baseline_on_fixture(tmp_path: Path, fixture_dir: Path) -> None:
     cfg = KituneConfig(workdir=tmp_path / "w")
     store = FakeCorpusStore(load_corpus(fixture_dir))
-    res = run_eval(cfg, skill="baseline", data_dir=fixture_dir, limit=3, concurrency=1, progress=False,
-                   chat_model=_answer_model(3, "search"), judge=judge, corpus_store=store)
+    res = run_eval(
+        cfg,
+        skill="baseline",
+        data_dir=fixture_dir,
+        limit=3,
+        concurrency=1,
+        progress=False,
+        chat_model=_answer_model(3, "search"),
+        judge=judge,
+        corpus_store=store,
+    )
     assert res.run_dir == tmp_path / "w" / "runs" / "baseline-fixture-all-n3"
     assert [t.query_id for t in res.traces] == ["43", "94", "9"]
     t43 = res.traces[0]
-    assert t43.judge_correct is True and t43.em is True and t43.input_tokens == 80 and t43.tool_calls == {"search": 1}
+    assert (
+        t43.judge_correct is True
+        and t43.em is True
+        and t43.input_tokens == 80
+        and t43.tool_calls == {"search": 1}
+    )
     assert t43.evidence_recall is not None and 0 < t43.evidence_recall <= 1
     assert res.summary.n_correct == 1 and res.summary.input_tokens == 240
     params = json.loads((res.run_dir / "run.json").read_text())
     assert params["question_ids"] == ["43", "94", "9"] and params["budget"]["max_steps"] == 43
     assert json.loads((res.run_dir / "summary.json").read_text())["n_total"] == 3
     # resume: nothing left to run, so an empty script is never called
-    again = run_eval(cfg, skill="baseline", data_dir=fixture_dir, limit=3, progress=False,
-                     chat_model=ScriptedChatModel([]), judge=judge, corpus_store=store)
+    again = run_eval(
+        cfg,
+        skill="baseline",
+        data_dir=fixture_dir,
+        limit=3,
+        progress=False,
+        chat_model=ScriptedChatModel([]),
+        judge=judge,
+        corpus_store=store,
+    )
     assert [t.to_dict() for t in again.traces] == [t.to_dict() for t in res.traces]
 
 
@@ -68,10 +97,21 @@ def test_run_eval_in_context_and_checks(tmp_path: Path, fixture_dir: Path) -> No
 
     def ctx(query: str) -> ContextObservation:
         seen.append(query)
-        return ContextObservation(text="1. [k] LaHave is in Lunenburg (docs: 100818)", doc_ids=("100818",), n_results=1)
+        return ContextObservation(
+            text="1. [k] LaHave is in Lunenburg (docs: 100818)", doc_ids=("100818",), n_results=1
+        )
 
-    res = run_eval(cfg, skill="in-context", data_dir=fixture_dir, limit=1, progress=False, use_judge=False,
-                   chat_model=_answer_model(1, "get_context"), context_fn=ctx, corpus_store=FakeCorpusStore([]))
+    res = run_eval(
+        cfg,
+        skill="in-context",
+        data_dir=fixture_dir,
+        limit=1,
+        progress=False,
+        use_judge=False,
+        chat_model=_answer_model(1, "get_context"),
+        context_fn=ctx,
+        corpus_store=FakeCorpusStore([]),
+    )
     assert seen == ["LaHave David Morse"]
     assert res.traces[0].doc_ids_seen == ["100818"] and res.traces[0].judge_status == "not_run"
     with pytest.raises(ConfigError, match="only applies to --skill in-context"):
@@ -81,7 +121,9 @@ def test_run_eval_in_context_and_checks(tmp_path: Path, fixture_dir: Path) -> No
     assert default_run_name("in-context", fixture_dir, "tune", None, True) == "in-context-disamb-fixture-tune"
 
 
-def test_cli_eval_closed_book_and_report(tmp_path: Path, fixture_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cli_eval_closed_book_and_report(
+    tmp_path: Path, fixture_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import kitune.lm
     from kitune.cli import _register, app
 
@@ -89,8 +131,21 @@ def test_cli_eval_closed_book_and_report(tmp_path: Path, fixture_dir: Path, monk
     monkeypatch.setenv("KITUNE_WORKDIR", str(tmp_path / "w"))
     _register()
     runner = CliRunner()
-    r = runner.invoke(app, ["eval", "--skill", "closed-book", "--data", str(fixture_dir), "--limit", "2",
-                            "--no-judge", "--run-name", "cb"])
+    r = runner.invoke(
+        app,
+        [
+            "eval",
+            "--skill",
+            "closed-book",
+            "--data",
+            str(fixture_dir),
+            "--limit",
+            "2",
+            "--no-judge",
+            "--run-name",
+            "cb",
+        ],
+    )
     assert r.exit_code == 0, r.output
     run_dir = tmp_path / "w" / "runs" / "cb"
     assert len((run_dir / "traces.jsonl").read_text().splitlines()) == 2

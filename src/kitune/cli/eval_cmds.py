@@ -28,15 +28,25 @@ def _summary_table(title: str, rows: list[list[str]], header: list[str]) -> Tabl
 
 def eval_command(
     skill: Annotated[str, typer.Option("--skill", help="baseline | in-context | closed-book")],
-    data: Annotated[Path, typer.Option("--data", help="Dataset directory (BrowseComp-Plus layout or JSONL).")],
-    split: Annotated[str, typer.Option("--split", help="all | tune | validation (seeded by optimize.seed).")] = "all",
+    data: Annotated[
+        Path, typer.Option("--data", help="Dataset directory (BrowseComp-Plus layout or JSONL).")
+    ],
+    split: Annotated[
+        str, typer.Option("--split", help="all | tune | validation (seeded by optimize.seed).")
+    ] = "all",
     limit: Annotated[int | None, typer.Option("--limit", min=1, help="Only the first N questions.")] = None,
-    run_name: Annotated[str | None, typer.Option("--run-name", help="Run folder under <workdir>/runs.")] = None,
+    run_name: Annotated[
+        str | None, typer.Option("--run-name", help="Run folder under <workdir>/runs.")
+    ] = None,
     disambiguation: Annotated[
         bool, typer.Option("--disambiguation", help="in-context: keep disambiguation KIs in results.")
     ] = False,
-    questions: Annotated[Path | None, typer.Option("--questions", help="Questions JSONL overriding --data's.")] = None,
-    concurrency: Annotated[int | None, typer.Option("--concurrency", min=1, help="Questions in parallel.")] = None,
+    questions: Annotated[
+        Path | None, typer.Option("--questions", help="Questions JSONL overriding --data's.")
+    ] = None,
+    concurrency: Annotated[
+        int | None, typer.Option("--concurrency", min=1, help="Questions in parallel.")
+    ] = None,
     no_judge: Annotated[bool, typer.Option("--no-judge", help="Skip the LLM judge (EM/F1 only).")] = False,
     config: ConfigOption = None,
 ) -> None:
@@ -49,8 +59,15 @@ def eval_command(
         fail(f"--split {split!r}: use all, tune or validation")
     try:
         result = run_eval(
-            cfg, skill=skill, data_dir=data, split=split, limit=limit, run_name=run_name,  # type: ignore[arg-type]
-            disambiguation=disambiguation, questions_path=questions, concurrency=concurrency,
+            cfg,
+            skill=skill,
+            data_dir=data,
+            split=split,
+            limit=limit,
+            run_name=run_name,  # type: ignore[arg-type]
+            disambiguation=disambiguation,
+            questions_path=questions,
+            concurrency=concurrency,
             use_judge=not no_judge,
         )
     except KituneError as e:
@@ -63,7 +80,9 @@ def eval_command(
 
 def report_command(
     runs: Annotated[list[Path], typer.Argument(help="Run directories (or traces.jsonl files) to compare.")],
-    out: Annotated[Path | None, typer.Option("--out", help="Output folder (default: <first run>/../report).")] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Output folder (default: <first run>/../report).")
+    ] = None,
 ) -> None:
     """Compare runs side by side: Markdown table + PNG plot + HTML + summary.json."""
     from kitune.service.evaluation import report_runs

@@ -69,7 +69,9 @@ def select_split(
     raise ValueError(f"unknown split {split!r}: use all, tune or validation")
 
 
-def slice_questions(questions: Sequence[Question], limit: int | None = None, offset: int = 0) -> list[Question]:
+def slice_questions(
+    questions: Sequence[Question], limit: int | None = None, offset: int = 0
+) -> list[Question]:
     """The ``--limit`` slice: ``questions[offset:offset + limit]`` (all from ``offset`` when None).
 
     Raises:

@@ -211,7 +211,9 @@ def load_corpus_with_report(path: Path | str) -> tuple[list[Document], LoadRepor
             )
         seen[docid] = lineno
         known = set(_ID_KEYS) | set(_TEXT_KEYS) | {"title", "url", "source"}
-        metadata = {k: str(v) for k, v in record.items() if k not in known and isinstance(v, str | int | float)}
+        metadata = {
+            k: str(v) for k, v in record.items() if k not in known and isinstance(v, str | int | float)
+        }
         docs.append(
             Document(
                 docid=docid,
@@ -251,7 +253,8 @@ def _read_qrels(
         qid, _, docid, rel = parts
         if qid not in known_qids:
             raise DataError(
-                f"{path}:{lineno}: qrel names unknown query id {qid!r}: it is not in {_QUERIES}/{_GROUND_TRUTH}",
+                f"{path}:{lineno}: qrel names unknown query id {qid!r}: "
+                f"it is not in {_QUERIES}/{_GROUND_TRUTH}",
                 path=str(path),
                 line=lineno,
             )
@@ -265,7 +268,9 @@ def _read_qrels(
         try:
             relevant = float(rel) > 0
         except ValueError as e:
-            raise DataError(f"{path}:{lineno}: relevance {rel!r} is not a number", path=str(path), line=lineno) from e
+            raise DataError(
+                f"{path}:{lineno}: relevance {rel!r} is not a number", path=str(path), line=lineno
+            ) from e
         if relevant and docid not in out.setdefault(qid, []):
             out[qid].append(docid)
     return out
@@ -302,7 +307,9 @@ def _question_from_record(record: dict[str, Any], path: Path, lineno: int) -> Qu
         query=str(query or ""),
         answer=str(answer),
         aliases=_str_list(_first(record, ("answer_aliases", "aliases")), path, lineno, "aliases"),
-        evidence_docids=_str_list(_first(record, ("evidence_docids", "evidence_doc_ids")), path, lineno, "evidence"),
+        evidence_docids=_str_list(
+            _first(record, ("evidence_docids", "evidence_doc_ids")), path, lineno, "evidence"
+        ),
         gold_docids=_str_list(_first(record, ("gold_docids", "gold_doc_ids")), path, lineno, "gold_docids"),
         dataset=str(record.get("dataset") or ""),
         hops=str(record.get("hops") or ""),
@@ -357,12 +364,16 @@ def _load_browsecomp(root: Path, doc_ids: Collection[str] | None) -> list[Questi
             qid, sep, text = line.partition("\t")
             if not sep:
                 raise DataError(
-                    f"{queries_path}:{lineno}: expected 'query_id<TAB>query'", path=str(queries_path), line=lineno
+                    f"{queries_path}:{lineno}: expected 'query_id<TAB>query'",
+                    path=str(queries_path),
+                    line=lineno,
                 )
             qid = qid.strip()
             if qid in texts:
                 raise DataError(
-                    f"{queries_path}:{lineno}: duplicate query_id {qid!r}", path=str(queries_path), line=lineno
+                    f"{queries_path}:{lineno}: duplicate query_id {qid!r}",
+                    path=str(queries_path),
+                    line=lineno,
                 )
             if qid not in truth:
                 raise DataError(
@@ -387,7 +398,9 @@ def _load_browsecomp(root: Path, doc_ids: Collection[str] | None) -> list[Questi
         q = truth[qid]
         query = texts.get(qid) or q.query
         if not query:
-            raise DataError(f"question {qid!r} has no query text in {queries_path} or {gt_path}", path=str(gt_path))
+            raise DataError(
+                f"question {qid!r} has no query text in {queries_path} or {gt_path}", path=str(gt_path)
+            )
         out.append(
             Question(
                 query_id=qid,

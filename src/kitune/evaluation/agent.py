@@ -78,10 +78,19 @@ class Step:
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict."""
         return {
-            "index": self.index, "kind": self.kind, "tool": self.tool, "args": self.args,
-            "observation_chars": self.observation_chars, "doc_ids": list(self.doc_ids), "error": self.error,
-            "input_tokens": self.input_tokens, "output_tokens": self.output_tokens, "repeated": self.repeated,
-            "blocked": self.blocked, "truncated": self.truncated, "latency_s": round(self.latency_s, 4),
+            "index": self.index,
+            "kind": self.kind,
+            "tool": self.tool,
+            "args": self.args,
+            "observation_chars": self.observation_chars,
+            "doc_ids": list(self.doc_ids),
+            "error": self.error,
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "repeated": self.repeated,
+            "blocked": self.blocked,
+            "truncated": self.truncated,
+            "latency_s": round(self.latency_s, 4),
         }
 
 
@@ -220,9 +229,12 @@ class _Run:
             self.errors.append(f"step {len(self.steps) + 1}: {kw['error']}")
         self.steps.append(
             Step(
-                index=len(self.steps) + 1, kind=kind,
-                input_tokens=resp.input_tokens if resp else 0, output_tokens=resp.output_tokens if resp else 0,
-                latency_s=latency, **kw,
+                index=len(self.steps) + 1,
+                kind=kind,
+                input_tokens=resp.input_tokens if resp else 0,
+                output_tokens=resp.output_tokens if resp else 0,
+                latency_s=latency,
+                **kw,
             )
         )
 
@@ -277,7 +289,9 @@ class _Run:
             repeated = True
             obs = Observation(
                 text="(identical to an earlier call; result repeated from the trace)\n" + cached.text,
-                doc_ids=cached.doc_ids, n_results=cached.n_results, truncated=cached.truncated,
+                doc_ids=cached.doc_ids,
+                n_results=cached.n_results,
+                truncated=cached.truncated,
             )
         else:
             obs = self.a.toolbox.call(action.tool, action.args)
@@ -291,8 +305,17 @@ class _Run:
         for d in obs.doc_ids:
             self.seen.setdefault(d, None)
         self._step(
-            "tool", resp, latency, tool=action.tool, args=dict(action.args), observation_chars=len(obs.text),
-            doc_ids=obs.doc_ids, error=obs.error, repeated=repeated, blocked=blocked, truncated=obs.truncated,
+            "tool",
+            resp,
+            latency,
+            tool=action.tool,
+            args=dict(action.args),
+            observation_chars=len(obs.text),
+            doc_ids=obs.doc_ids,
+            error=obs.error,
+            repeated=repeated,
+            blocked=blocked,
+            truncated=obs.truncated,
         )
         self._feed(resp.text, f"Observation from {action.tool}:\n{obs.text}")
 
@@ -336,6 +359,9 @@ class _Run:
             error = f"force-commit reply unparseable: {e}"
         self._step("force_commit", resp, latency, error=error)
         return self._episode(
-            status, answer, exhausted_by=exhausted, timed_out=exhausted is not None,
+            status,
+            answer,
+            exhausted_by=exhausted,
+            timed_out=exhausted is not None,
             force_committed=answer is not None,
         )

@@ -69,8 +69,9 @@ def read_traces(path: Path | str) -> list[Trace]:
             if i == last:
                 logger.warning("ignoring truncated last line %d of %s", i + 1, p)
                 continue
-            raise DataError(f"{p}:{i + 1}: not a trace record ({e}); delete the line to resume", path=str(p),
-                            line=i + 1) from e
+            raise DataError(
+                f"{p}:{i + 1}: not a trace record ({e}); delete the line to resume", path=str(p), line=i + 1
+            ) from e
     return out
 
 
@@ -150,7 +151,9 @@ def evaluate(
     done: dict[str, Trace] = {}
     writer: TraceWriter | None = None
     if traces_path is not None:
-        done = {t.query_id: t for t in read_traces(traces_path) if t.skill == skill and t.query_id in set(ids)}
+        done = {
+            t.query_id: t for t in read_traces(traces_path) if t.skill == skill and t.query_id in set(ids)
+        }
         writer = TraceWriter(traces_path)
     todo = [q for q in questions if q.query_id not in done]
     results: dict[str, Trace] = dict(done)
@@ -161,8 +164,15 @@ def evaluate(
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        bar = Progress(TextColumn(f"eval {skill}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                       TextColumn("{task.fields[acc]}"), console=Console(stderr=True), transient=False)
+        bar = Progress(
+            TextColumn(f"eval {skill}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[acc]}"),
+            console=Console(stderr=True),
+            transient=False,
+        )
         task = bar.add_task("eval", total=len(questions), completed=len(done), acc="")
         bar.start()
     try:
@@ -180,7 +190,9 @@ def evaluate(
                     on_trace(trace)
                 if bar is not None and task is not None:
                     graded = [t for t in results.values() if t.is_graded]
-                    acc = f"judge {sum(bool(t.judge_correct) for t in graded)}/{len(graded)}" if graded else ""
+                    acc = (
+                        f"judge {sum(bool(t.judge_correct) for t in graded)}/{len(graded)}" if graded else ""
+                    )
                     bar.update(task, advance=1, acc=acc)
     finally:
         if bar is not None:

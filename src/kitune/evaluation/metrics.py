@@ -40,7 +40,9 @@ class JudgeVerdictLike(Protocol):
 class JudgeFn(Protocol):
     """Grades one response; should not raise (a raise is recorded as a grader error)."""
 
-    def __call__(self, *, question: str, response: str, gold: str, aliases: Sequence[str]) -> JudgeVerdictLike:
+    def __call__(
+        self, *, question: str, response: str, gold: str, aliases: Sequence[str]
+    ) -> JudgeVerdictLike:
         """Return the verdict for ``response`` against ``gold``/``aliases``."""
         ...
 
@@ -120,14 +122,20 @@ def format_response(episode: Episode) -> str:
     return f"Explanation: {episode.explanation}\nExact Answer: {episode.exact_answer}\nConfidence: {conf}"
 
 
-def _judge(question: Question, episode: Episode, judge: JudgeFn | None) -> tuple[bool | None, str, str | None]:
+def _judge(
+    question: Question, episode: Episode, judge: JudgeFn | None
+) -> tuple[bool | None, str, str | None]:
     if judge is None:
         return None, "not_run", None
     if not episode.exact_answer.strip():
         return False, "graded", None  # no answer given is a wrong answer, not a grader failure
     try:
-        verdict = judge(question=question.query, response=format_response(episode), gold=question.answer,
-                        aliases=list(question.aliases))
+        verdict = judge(
+            question=question.query,
+            response=format_response(episode),
+            gold=question.answer,
+            aliases=list(question.aliases),
+        )
     except Exception as e:  # the judge must not sink the trace (J3: record, never "incorrect")
         return None, "grader_error", f"{type(e).__name__}: {e}"
     status = str(getattr(verdict, "status", "graded"))
@@ -188,8 +196,14 @@ def build_trace(question: Question, skill: str, episode: Episode, *, judge: Judg
 def failed_trace(question: Question, skill: str, error: str, *, wall_time_s: float = 0.0) -> Trace:
     """A trace for a question whose run raised (status ``failed``, not graded)."""
     return Trace(
-        query_id=question.query_id, skill=skill, question=question.query, gold_answer=question.answer,
-        aliases=list(question.aliases), status="failed", evidence_docids=list(question.evidence_docids),
-        evidence_recall=evidence_recall((), question.evidence_docids), wall_time_s=round(wall_time_s, 4),
+        query_id=question.query_id,
+        skill=skill,
+        question=question.query,
+        gold_answer=question.answer,
+        aliases=list(question.aliases),
+        status="failed",
+        evidence_docids=list(question.evidence_docids),
+        evidence_recall=evidence_recall((), question.evidence_docids),
+        wall_time_s=round(wall_time_s, 4),
         errors=[error],
     )

@@ -96,7 +96,7 @@ def parse_confidence(value: Any) -> int:
         return 50
     if 0.0 < x <= 1.0 and not float(x).is_integer():
         x *= 100
-    return int(round(min(100.0, max(0.0, x))))
+    return round(min(100.0, max(0.0, x)))
 
 
 def _json_objects(text: str) -> list[dict[str, Any]]:

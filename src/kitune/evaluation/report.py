@@ -134,12 +134,22 @@ def _pct(x: float | None) -> str:
 
 
 ROWS: list[tuple[str, str]] = [
-    ("judge-correct", "judge"), ("95% CI", "ci"), ("graded / grader errors / failed", "counts"),
-    ("EM", "em"), ("F1", "f1"), ("input tokens", "input_tokens"),
-    ("input tokens / question", "input_tokens_per_question"), ("output tokens", "output_tokens"),
-    ("timeouts", "timeouts"), ("force-commits (rescued)", "fc"), ("context overflows", "context_overflows"),
-    ("evidence recall", "evidence_recall"), ("search calls", "search_calls"), ("tool calls", "tool_calls"),
-    ("blocked repeats", "repeated_call_blocked"), ("wall time (s)", "wall_time_s"),
+    ("judge-correct", "judge"),
+    ("95% CI", "ci"),
+    ("graded / grader errors / failed", "counts"),
+    ("EM", "em"),
+    ("F1", "f1"),
+    ("input tokens", "input_tokens"),
+    ("input tokens / question", "input_tokens_per_question"),
+    ("output tokens", "output_tokens"),
+    ("timeouts", "timeouts"),
+    ("force-commits (rescued)", "fc"),
+    ("context overflows", "context_overflows"),
+    ("evidence recall", "evidence_recall"),
+    ("search calls", "search_calls"),
+    ("tool calls", "tool_calls"),
+    ("blocked repeats", "repeated_call_blocked"),
+    ("wall time (s)", "wall_time_s"),
 ]
 
 
@@ -237,9 +247,7 @@ def write_report(runs: Mapping[str, Sequence[Trace]], out_dir: Path | str) -> Re
         md += ["", "![accuracy vs input tokens](report.png)"]
     md_path = out / "report.md"
     md_path.write_text("\n".join(md) + "\n", encoding="utf-8")
-    cells = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows
-    )
+    cells = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows)
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     img = '<p><img src="report.png" alt="accuracy vs input tokens"></p>' if plot else ""
     html_path = out / "report.html"

@@ -166,7 +166,9 @@ def _render_hits(store: CorpusStore, query: str, k: int, snippets: int, chars: i
     for i, h in enumerate(hits[:k], start=1):
         body = "\n".join(f"  … {s[:chars]}" for s in h.snippets[:snippets])
         parts.append(f"{i}. [{h.docid}] {h.title}\n{body}")
-    return Observation(text="\n".join(parts), doc_ids=tuple(h.docid for h in hits[:k]), n_results=len(hits[:k]))
+    return Observation(
+        text="\n".join(parts), doc_ids=tuple(h.docid for h in hits[:k]), n_results=len(hits[:k])
+    )
 
 
 def _get_doc(store: CorpusStore, docid: str) -> Observation:
@@ -278,12 +280,16 @@ def build_toolbox(
     """
     r, cap = cfg.retrieval, cfg.agent.observation_max_chars
     limits: dict[str, Any] = {
-        "search_hits": r.search_hits, "snippets_per_hit": r.snippets_per_hit, "snippet_chars": r.snippet_chars,
+        "search_hits": r.search_hits,
+        "snippets_per_hit": r.snippets_per_hit,
+        "snippet_chars": r.snippet_chars,
         "max_chars": cap,
     }
     if skill == "baseline":
         if corpus_store is None:
-            raise HarnessError("skill 'baseline' needs a corpus store: build one with create_corpus_store(cfg)")
+            raise HarnessError(
+                "skill 'baseline' needs a corpus store: build one with create_corpus_store(cfg)"
+            )
         return baseline_toolbox(corpus_store, **limits)
     if skill == "in-context":
         if get_context is None:

@@ -102,8 +102,9 @@ def _ensure_corpus(store: CorpusStore, data_dir: Path) -> None:
         store.add_documents(docs)
 
 
-def _questions(data: Path, questions_path: Path | None, split: Split, limit: int | None,
-               cfg: KituneConfig) -> list[Question]:
+def _questions(
+    data: Path, questions_path: Path | None, split: Split, limit: int | None, cfg: KituneConfig
+) -> list[Question]:
     qs = load_questions(questions_path) if questions_path else load_questions(data)
     qs = select_split(qs, split, validation_fraction=cfg.optimize.validation_fraction, seed=cfg.optimize.seed)
     return slice_questions(qs, limit)
@@ -142,9 +143,12 @@ def run_eval(
         concurrency: questions in parallel (default ``cfg.agent.concurrency``).
         progress: show a progress bar.
         use_judge: grade with the judge (False: ``judge_status="not_run"``).
-        chat_model, judge, corpus_store, context_fn, ledger: injected dependencies (None: built
-            from ``cfg``: ``LiteLLMChatModel(cfg, "agent")``, the judge role, the corpus store
-            filled from ``data_dir`` on first use, the KI store + ``get_context``).
+        chat_model: the agent model (None: ``LiteLLMChatModel(cfg, "agent")``).
+        judge: the grader (None: the judge role via :func:`make_judge`).
+        corpus_store: the baseline/fallback corpus store (None: ``create_corpus_store(cfg)``,
+            filled from ``data_dir`` on first use).
+        context_fn: the in-context tool (None: the KI store + ``get_context``).
+        ledger: token ledger (None: a fresh one).
 
     Returns:
         The run's traces (resumed ones included), summary and token usage.
@@ -159,8 +163,10 @@ def run_eval(
         raise ConfigError("--disambiguation only applies to --skill in-context")
     data = Path(data_dir)
     if not data.exists():
-        raise DataError(f"data path {data} does not exist: pass --data DIR with corpus.jsonl and questions",
-                        path=str(data))
+        raise DataError(
+            f"data path {data} does not exist: pass --data DIR with corpus.jsonl and questions",
+            path=str(data),
+        )
     questions = _questions(data, Path(questions_path) if questions_path else None, split, limit, cfg)
     if not questions:
         raise DataError(f"no questions selected from {data} (split={split}, limit={limit})", path=str(data))
@@ -192,25 +198,43 @@ def run_eval(
         return Agent(model, box, budget=budget, max_output_tokens=cfg.lm.agent.max_tokens)
 
     params = {
-        "skill": skill, "disambiguation": disambiguation, "data": str(data.resolve()), "split": split,
-        "limit": limit, "question_ids": [q.query_id for q in questions],
-        "budget": {"max_steps": budget.max_steps, "max_tokens": budget.max_tokens, "timeout_s": budget.timeout_s},
+        "skill": skill,
+        "disambiguation": disambiguation,
+        "data": str(data.resolve()),
+        "split": split,
+        "limit": limit,
+        "question_ids": [q.query_id for q in questions],
+        "budget": {
+            "max_steps": budget.max_steps,
+            "max_tokens": budget.max_tokens,
+            "timeout_s": budget.timeout_s,
+        },
         "agent_model": cfg.lm.agent.model or cfg.lm.gateway.default_model or f"local:{cfg.lm.local.model}",
         "judge_model": (cfg.lm.judge.model or cfg.lm.gateway.default_model or f"local:{cfg.lm.local.model}")
-        if use_judge else None,
+        if use_judge
+        else None,
         "observation_max_chars": cfg.agent.observation_max_chars,
         "search_hits": cfg.retrieval.search_hits,
     }
     (run_dir / "run.json").write_text(json.dumps(params, indent=2), encoding="utf-8")
     traces_path = run_dir / "traces.jsonl"
     with ledger.stage(f"eval:{skill}"):
-        traces = evaluate(questions, factory, skill=skill, concurrency=concurrency or cfg.agent.concurrency,
-                          traces_path=traces_path, judge=judge if use_judge else None, progress=progress)
+        traces = evaluate(
+            questions,
+            factory,
+            skill=skill,
+            concurrency=concurrency or cfg.agent.concurrency,
+            traces_path=traces_path,
+            judge=judge if use_judge else None,
+            progress=progress,
+        )
     summary = summarize(traces, name)
     usage = {f"{r}/{s}": t for (r, s), t in ledger.by_role_stage().items()}
     (run_dir / "summary.json").write_text(json.dumps(summary.to_dict(), indent=2), encoding="utf-8")
     (run_dir / "usage.json").write_text(json.dumps(usage, indent=2), encoding="utf-8")
-    return EvalRunResult(run_dir=run_dir, traces_path=traces_path, traces=traces, summary=summary, usage=usage)
+    return EvalRunResult(
+        run_dir=run_dir, traces_path=traces_path, traces=traces, summary=summary, usage=usage
+    )
 
 
 def report_runs(run_paths: Sequence[Path | str], out_dir: Path | str) -> ReportFiles:

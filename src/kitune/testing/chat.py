@@ -45,7 +45,9 @@ class ScriptedChatModel:
         ScriptExhaustedError: from ``complete`` when no turns are left.
     """
 
-    def __init__(self, turns: Sequence[Turn], *, usage: tuple[int, int] = (100, 10), model: str = "scripted") -> None:
+    def __init__(
+        self, turns: Sequence[Turn], *, usage: tuple[int, int] = (100, 10), model: str = "scripted"
+    ) -> None:
         self._turns = list(turns)
         self.usage = usage
         self.model = model
@@ -65,7 +67,9 @@ class ScriptedChatModel:
         with self._lock:
             self.calls.append(ScriptedCall(copied, json_mode, max_tokens))
             if not self._turns:
-                raise ScriptExhaustedError(f"ScriptedChatModel: no turns left after {len(self.calls) - 1} call(s)")
+                raise ScriptExhaustedError(
+                    f"ScriptedChatModel: no turns left after {len(self.calls) - 1} call(s)"
+                )
             turn = self._turns.pop(0)
         if isinstance(turn, BaseException):
             raise turn
@@ -74,6 +78,9 @@ class ScriptedChatModel:
         if isinstance(turn, ChatResponse):
             return turn
         return ChatResponse(
-            text=str(turn), input_tokens=self.usage[0], output_tokens=self.usage[1], finish_reason="stop",
+            text=str(turn),
+            input_tokens=self.usage[0],
+            output_tokens=self.usage[1],
+            finish_reason="stop",
             model=self.model,
         )
