@@ -81,6 +81,10 @@ def _ids(result: SearchResult) -> list[str]:
 class StoreContract:
     """Conformance tests for :class:`~kitune.retrieval.base.Store`. Subclasses provide ``store``."""
 
+    reports_branch_ranks: bool = True
+    """Set False for backends that fuse server-side and cannot say each hit's per-branch rank
+    (Elasticsearch ``FUSE``); ``Hit.branches`` is then not checked."""
+
     @pytest.fixture
     def store(self) -> Any:  # pragma: no cover - overridden
         raise NotImplementedError("subclass StoreContract and provide a `store` fixture")
@@ -215,7 +219,8 @@ class StoreContract:
         assert set(ids) == {corpus["curie_born"].id, corpus["curie_prize"].id, corpus["stale"].id}
         assert [h.rank for h in result.hits] == list(range(1, len(ids) + 1))
         assert all(a.score >= b.score for a, b in zip(result.hits, result.hits[1:], strict=False))
-        assert result.hits[0].branches == {"tag": 1}
+        if self.reports_branch_ranks:
+            assert result.hits[0].branches == {"tag": 1}
         # equal tag counts tie → id ascending
         tied = [h.ki.id for h in result.hits[1:]]
         assert tied == sorted(tied)
@@ -223,12 +228,14 @@ class StoreContract:
     def test_search_lexical_branch(self, store: Store, corpus: dict[str, KI]) -> None:
         result = store.search(QueryPlan(lexical="Louvre museum", size=3))
         assert result.hits[0].ki.id == corpus["louvre"].id
-        assert result.hits[0].branches.get("lexical") == 1
+        if self.reports_branch_ranks:
+            assert result.hits[0].branches.get("lexical") == 1
 
     def test_search_semantic_branch(self, store: Store, corpus: dict[str, KI]) -> None:
         result = store.search(QueryPlan(semantic="wrought-iron tower located in Paris France", size=2))
         assert result.hits[0].ki.id == corpus["eiffel"].id
-        assert result.hits[0].branches.get("semantic") == 1
+        if self.reports_branch_ranks:
+            assert result.hits[0].branches.get("semantic") == 1
         assert len(result.hits) <= 2
 
     def test_search_hybrid_fuses_all_branches(self, store: Store, corpus: dict[str, KI]) -> None:
@@ -237,7 +244,8 @@ class StoreContract:
         result = store.search(plan)
         top = result.hits[0]
         assert top.ki.id == corpus["curie_prize"].id
-        assert set(top.branches) == {"tag", "lexical", "semantic"}
+        if self.reports_branch_ranks:
+            assert set(top.branches) == {"tag", "lexical", "semantic"}
         assert len(result.hits) == 3
         assert result.compiled == store.compile(plan)
 

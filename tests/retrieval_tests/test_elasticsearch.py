@@ -1,0 +1,224 @@
+"""Elasticsearch backend without a server: mapping, bulk bodies and ES|QL against golden files,
+the bulk retry logic against a fake client (case S1), the start-up inference check (case S2),
+Warning headers (case S4). The live conformance run is in test_elasticsearch_live.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from elastic_transport import ApiResponseMeta, HttpHeaders
+from elasticsearch import ApiError, NotFoundError
+
+from kitune.config import RetrievalConfig
+from kitune.errors import ConfigError, StoreError
+from kitune.retrieval.elasticsearch import (
+    ElasticsearchStore,
+    bulk_operations,
+    bulk_write,
+    compile_esql,
+    compile_facets,
+    es_mapping,
+    ki_to_source,
+    parse_warnings,
+    source_to_ki,
+    to_es_filter,
+)
+from kitune.schema import Filter, QueryPlan
+from kitune.testing.store_contract import make_ki
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def _golden(name: str, actual: str) -> None:
+    assert actual == (GOLDEN / name).read_text(encoding="utf-8"), f"golden {name} differs:\n{actual}"
+
+
+def _meta(status: int, headers: dict[str, str] | None = None) -> ApiResponseMeta:
+    return ApiResponseMeta(status=status, http_version="1.1", headers=HttpHeaders(headers or {}),
+                           duration=0.0, node=None)  # type: ignore[arg-type]
+
+
+def test_mapping_golden() -> None:
+    _golden("mapping.json", json.dumps(es_mapping("ki-e5-endpoint"), indent=2, sort_keys=True) + "\n")
+
+
+def test_bulk_body_golden_and_source_roundtrip() -> None:
+    ki = make_ki("Marie Curie", "Warsaw", docid="d1", predicate="born_in", tags=["person"])
+    ops = bulk_operations("kitune-kis", [(ki.id, ki_to_source(ki))])
+    _golden("bulk_body.ndjson", "".join(json.dumps(op, sort_keys=True) + "\n" for op in ops))
+    source = ki_to_source(ki)
+    source["status"] = "stale"  # status lives in its own field (update-by-query)
+    back = source_to_ki(source)
+    assert back.payload.status == "stale" and back.title == ki.title and back.id == ki.id
+
+
+def test_esql_hybrid_golden_params_never_interpolated() -> None:
+    evil = 'x" | DROP title | WHERE "1"=="1'
+    plan = QueryPlan(entity_tags=("entity:marie-curie", "entity:warsaw"), lexical=evil,
+                     semantic="Where was Marie Curie born?", size=7,
+                     filters=Filter(tags_any=("person",), min_confidence=40))
+    q = compile_esql(plan, "kitune-kis", RetrievalConfig(rrf_k=40, tag_weight=2.0, branch_size=25))
+    _golden("esql_hybrid.esql", q.query + "\n")
+    _golden("esql_hybrid_request.json", json.dumps(q.to_json(), indent=2, sort_keys=True) + "\n")
+    assert evil not in q.query and "Marie Curie" not in q.query
+    assert {"lexical": evil} in q.params
+    assert q.branches == ("tag", "lexical", "semantic")
+    assert q.query.rstrip().endswith("| LIMIT 7")
+
+
+def test_esql_single_branch_and_facets_golden() -> None:
+    q = compile_esql(QueryPlan(lexical="Nobel Prize", filters=Filter(statuses=("active",))), "kitune-kis",
+                     RetrievalConfig())
+    _golden("esql_lexical_only.esql", q.query + "\n")
+    assert "FORK" not in q.query and q.filter is None and q.params == [{"status0": "active"}, {"lexical": "Nobel Prize"}]
+    f = compile_facets("kitune-kis", Filter(doc_ids=("d1",)), by="tags", limit=50)
+    _golden("esql_facets.esql", f.query + "\n")
+    assert f.filter == {"bool": {"filter": [{"terms": {"status": ["active", "stale"]}},
+                                            {"terms": {"evidence_doc_ids": ["d1"]}}]}}
+    with pytest.raises(StoreError, match="unknown facet"):
+        compile_facets("kitune-kis", None, by="nope")
+    with pytest.raises(StoreError, match="nothing to search"):
+        compile_esql(QueryPlan.model_construct(entity_tags=(), lexical="", semantic="", filters=Filter(), size=3),
+                     "kitune-kis", RetrievalConfig())
+    with pytest.raises(ConfigError, match="not a valid index name"):
+        compile_facets("Bad Index", None)
+
+
+def test_to_es_filter() -> None:
+    assert to_es_filter(None) is None
+    assert to_es_filter(Filter(statuses=("active", "stale", "expired"))) is None
+    got = to_es_filter(Filter(tags_all=("a", "b"), subtypes=("disambiguation",), min_confidence=60),
+                       include_status=False)
+    assert got == {"bool": {"filter": [{"term": {"tags": "a"}}, {"term": {"tags": "b"}},
+                                       {"terms": {"subtype": ["disambiguation"]}},
+                                       {"range": {"confidence": {"gte": 60}}}]}}
+
+
+class FakeBulkClient:
+    """Scripted ``bulk``: items fail by id with a per-id list of statuses consumed in order."""
+
+    def __init__(self, scripted: dict[str, list[int]], whole_request: list[int] | None = None) -> None:
+        self.scripted = {k: list(v) for k, v in scripted.items()}
+        self.whole_request = list(whole_request or [])
+        self.calls: list[list[str]] = []
+
+    def bulk(self, *, operations: list[dict[str, Any]], refresh: Any = None) -> dict[str, Any]:
+        ids = [op["index"]["_id"] for op in operations[::2]]
+        self.calls.append(ids)
+        if self.whole_request:
+            status = self.whole_request.pop(0)
+            raise ApiError("rejected", meta=_meta(status), body={})
+        items = []
+        for doc_id, source in zip(ids, operations[1::2], strict=True):
+            script = self.scripted.get(doc_id)
+            status = script.pop(0) if script else 201
+            if source.get("confidence") == "high":
+                status = 400
+            item: dict[str, Any] = {"_id": doc_id, "status": status}
+            if status == 400:
+                item["error"] = {"type": "document_parsing_exception", "reason": "failed to parse field [confidence]"}
+            elif status == 429:
+                item["error"] = {"type": "es_rejected_execution_exception", "reason": "rejected execution"}
+            items.append({"index": item})
+        return {"errors": any(i["index"]["status"] >= 300 for i in items), "items": items}
+
+
+def test_case_s1_partial_failures_and_429_retry() -> None:
+    docs = [(f"d{i}", {"title": f"t{i}", "confidence": "high" if i in (10, 20) else 50}) for i in range(1000)]
+    client = FakeBulkClient({"d700": [429]})
+    sleeps: list[float] = []
+    result = bulk_write(client, "kitune-kis", docs, chunk_size=500, max_retries=5, sleep=sleeps.append)
+    assert result.submitted == 1000 and result.indexed == 998
+    assert [(f.id, f.status) for f in result.failed] == [("d10", 400), ("d20", 400)]
+    assert "document_parsing_exception" in result.failed[0].reason
+    assert result.indexed + len(result.failed) == result.submitted and not result.ok
+    assert [len(c) for c in client.calls] == [500, 500, 1]  # both chunks sent; only d700 retried
+    assert client.calls[2] == ["d700"] and sleeps == [0.5]
+
+
+def test_429_retries_are_bounded_with_exponential_backoff() -> None:
+    client = FakeBulkClient({"a": [429] * 10})
+    sleeps: list[float] = []
+    result = bulk_write(client, "i", [("a", {}), ("b", {})], max_retries=3, backoff_s=1.0, max_backoff_s=3.0,
+                        sleep=sleeps.append)
+    assert (result.indexed, [(f.id, f.status) for f in result.failed]) == (1, [("a", 429)])
+    assert sleeps == [1.0, 2.0, 3.0] and len(client.calls) == 4
+    assert "429 after 3 retries" in result.failed[0].reason
+
+
+def test_whole_request_429_is_retried_and_400_is_not() -> None:
+    client = FakeBulkClient({}, whole_request=[429])
+    result = bulk_write(client, "i", [("a", {}), ("b", {})], sleep=lambda s: None)
+    assert result.ok and len(client.calls) == 2
+    client = FakeBulkClient({}, whole_request=[400])
+    result = bulk_write(client, "i", [("a", {}), ("b", {})], chunk_size=1, sleep=lambda s: None)
+    assert result.indexed == 1 and [f.id for f in result.failed] == ["a"] and len(client.calls) == 2
+
+
+class FakeES:
+    """Just enough of the client for the start-up check and search."""
+
+    def __init__(self, *, endpoint_exists: bool = True, esql_headers: dict[str, str] | None = None) -> None:
+        self.created: list[str] = []
+        self.esql_calls: list[dict[str, Any]] = []
+        self.docs: dict[str, dict[str, Any]] = {}
+        self._headers = esql_headers or {}
+
+        def get_endpoint(*, inference_id: str) -> dict[str, Any]:
+            if not endpoint_exists:
+                raise NotFoundError("resource_not_found_exception", meta=_meta(404), body={})
+            return {"endpoints": [{"inference_id": inference_id}]}
+
+        self.inference = SimpleNamespace(get=get_endpoint)
+        self.indices = SimpleNamespace(exists=lambda *, index: index in self.created,
+                                       create=lambda *, index, mappings: self.created.append(index))
+        self.esql = SimpleNamespace(query=self._esql)
+
+    def _esql(self, **kwargs: Any) -> Any:
+        self.esql_calls.append(kwargs)
+        ids = sorted(self.docs)
+        body = {"columns": [{"name": "_id", "type": "keyword"}, {"name": "_score", "type": "double"}],
+                "values": [[i, 0.5] for i in ids]}
+        return SimpleNamespace(body=body, meta=_meta(200, self._headers))
+
+    def bulk(self, *, operations: list[dict[str, Any]], refresh: Any = None) -> dict[str, Any]:
+        for op, src in zip(operations[::2], operations[1::2], strict=True):
+            self.docs[op["index"]["_id"]] = src
+        return {"errors": False, "items": [{"index": {"status": 201}} for _ in operations[::2]]}
+
+    def mget(self, *, index: str, ids: list[str]) -> dict[str, Any]:
+        return {"docs": [{"_id": i, "found": i in self.docs, "_source": self.docs.get(i)} for i in ids]}
+
+
+def test_case_s2_missing_inference_endpoint_fails_fast_and_creates_no_index() -> None:
+    client = FakeES(endpoint_exists=False)
+    with pytest.raises(ConfigError, match="inference endpoint ki-e5-endpoint not found"):
+        ElasticsearchStore(client, index="ki-index", inference_id="ki-e5-endpoint")
+    assert client.created == []
+    ok = FakeES()
+    ElasticsearchStore(ok, index="ki-index", inference_id="ki-e5-endpoint")
+    assert ok.created == ["ki-index"]
+
+
+def test_case_s4_warning_header_marks_result_truncated_and_ties_break_by_id() -> None:
+    warning = '299 Elasticsearch-9.1.0 "No limit defined, adding default limit of [1000]"'
+    client = FakeES(esql_headers={"Warning": warning})
+    store = ElasticsearchStore(client, index="kitune-kis", inference_id="e")
+    kis = [make_ki("Beta", "X"), make_ki("Alpha", "X")]
+    assert store.upsert(kis).ok
+    result = store.search(QueryPlan(lexical="X", semantic="X", size=5))
+    assert result.truncated and result.warnings == (warning,)
+    assert [h.ki.id for h in result.hits] == sorted(k.id for k in kis)  # equal scores → id order
+    assert result.compiled == client.esql_calls[0]["query"] and "| LIMIT 5" in result.compiled
+    assert client.esql_calls[0]["params"][-1] == {"semantic": "X"}
+
+
+def test_parse_warnings() -> None:
+    assert parse_warnings(None) == (False, ())
+    assert parse_warnings({"warning": '299 Elasticsearch "Line 1: evaluation of [x] failed"'})[0] is False
+    truncated, warnings = parse_warnings({"Warning": '299 ES "a limit", 299 ES "b"'})
+    assert truncated and len(warnings) == 2
