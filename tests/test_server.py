@@ -194,3 +194,22 @@ def test_lazy_store_creation_failure_is_503(cfg: KituneConfig, monkeypatch: pyte
 def test_is_loopback_host() -> None:
     assert is_loopback_host("127.0.0.1") and is_loopback_host("localhost") and is_loopback_host("::1")
     assert not any(is_loopback_host(h) for h in ("0.0.0.0", "10.1.2.3", "example.com"))
+
+
+def test_rewriter_runs_behind_the_endpoint(cfg: KituneConfig, store: MemoryStore) -> None:
+    from dspy.utils import DummyLM
+
+    from kitune.programs.query_rewriter import QueryRewriter
+
+    rw = QueryRewriter()
+    rw.set_lm(DummyLM([
+        {"plan_json": '{"entity_tags": ["Globex"], "lexical": "Globex headquartered", "semantic": "HQ"}'},
+        {"plan_json": "no plan today"},
+    ]))
+    client = TestClient(create_app(cfg, store=store, rewriter=rw), raise_server_exceptions=False)
+    body = client.post("/api/_get_context", json={"query": "Where does the rival firm sit?"}).json()
+    assert body["plan"]["entity_tags"] == ["entity:globex"] and body["rewrite_fell_back"] is False
+    assert body["kis"][0]["title"] == "Globex is headquartered in Shelbyville."
+    body2 = client.post("/api/_get_context", json={"query": "Where is Acme Corp headquartered?"}).json()
+    assert body2["rewrite_fell_back"] is True and body2["rewrite_reason"].startswith("no_json")
+    assert body2["kis"][0]["title"] == "Acme Corp is headquartered in Springfield."

@@ -64,9 +64,9 @@ def print_context(resp: ContextResponse, console: Console) -> None:
     table = Table(title=f"KIs for: {resp.query}", show_lines=False)
     table.add_column("#", justify="right")
     table.add_column("score", justify="right")
-    table.add_column("title")
+    table.add_column("title", ratio=1)
     table.add_column("docs")
-    table.add_column("id", overflow="fold")
+    table.add_column("id", no_wrap=True)
     for i, k in enumerate(resp.kis, start=1):
         table.add_row(str(i), f"{k.score:.4f}", k.title, ", ".join(k.evidence_doc_ids), k.id)
     console.print(table)
