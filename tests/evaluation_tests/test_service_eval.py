@@ -157,3 +157,34 @@ def test_cli_eval_closed_book_and_report(
     assert bad.exit_code == 2 and "does not exist" in " ".join(bad.output.split())
     files = report_runs([run_dir], tmp_path / "rep2")
     assert files.summaries[0].n_total == 2
+
+
+@pytest.mark.slow
+def test_run_eval_with_real_stores_hash_embedder(tmp_path: Path, fixture_dir: Path) -> None:
+    """The default wiring: LanceDB corpus store filled from --data, empty KI store, get_context gate."""
+    cfg = KituneConfig(workdir=tmp_path / "w", embedder={"type": "hash"})
+    lookups = [json.dumps({"tool": "get_context", "args": {"query": q}}) for q in ("LaHave", "David Morse")]
+    script = [
+        json.dumps({"tool": "search", "args": {"query": "LaHave"}}),  # refused: no failed look-ups yet
+        *lookups,  # empty KI store: two failed look-ups
+        json.dumps({"tool": "search", "args": {"query": "LaHave River Lunenburg"}}),
+        json.dumps({"answer": {"explanation": "", "exact_answer": "Lunenburg", "confidence": 60}}),
+    ]
+    res = run_eval(
+        cfg,
+        skill="in-context",
+        data_dir=fixture_dir,
+        limit=1,
+        progress=False,
+        use_judge=False,
+        chat_model=ScriptedChatModel(script),
+    )
+    t = res.traces[0]
+    assert t.status == "answered" and t.em is True, t.errors
+    assert t.tool_calls == {"search": 2, "get_context": 2}
+    assert "search not allowed yet" in t.steps[0]["error"]
+    assert t.steps[3]["error"] is None and t.steps[3]["doc_ids"]  # the fallback search ran
+    assert t.evidence_recall is not None
+    from kitune.retrieval import create_corpus_store
+
+    assert create_corpus_store(cfg).count() == 144

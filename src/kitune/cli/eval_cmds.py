@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, cast
 
 import typer
 from rich.console import Console
@@ -11,6 +11,10 @@ from rich.table import Table
 
 from kitune.cli.common import ConfigOption, fail, get_config
 from kitune.errors import KituneError
+
+if TYPE_CHECKING:
+    from kitune.data.examples import Split
+    from kitune.evaluation.tools import Skill
 
 __all__ = ["register"]
 
@@ -60,11 +64,11 @@ def eval_command(
     try:
         result = run_eval(
             cfg,
-            skill=skill,
+            skill=cast("Skill", skill),
             data_dir=data,
-            split=split,
+            split=cast("Split", split),
             limit=limit,
-            run_name=run_name,  # type: ignore[arg-type]
+            run_name=run_name,
             disambiguation=disambiguation,
             questions_path=questions,
             concurrency=concurrency,
