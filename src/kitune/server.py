@@ -156,7 +156,7 @@ def create_app(
         with store_lock:
             if "store" not in holder:
                 try:
-                    from kitune.retrieval import create_store  # type: ignore[attr-defined]
+                    from kitune.retrieval import create_store
                 except ImportError as e:
                     raise StoreUnavailableError("no store factory is installed") from e
                 holder["store"] = create_store(cfg)
@@ -207,7 +207,7 @@ def create_app(
             {"loc": [str(p) for p in err.get("loc", ())], "msg": str(err.get("msg", ""))}
             for err in exc.errors()
         ]
-        summary = "; ".join(f"{'.'.join(d['loc'])}: {d['msg']}" for d in details)  # type: ignore[arg-type]
+        summary = "; ".join(f"{'.'.join(d['loc'])}: {d['msg']}" for d in details)
         return _error(422, "validation_error", f"invalid request: {summary}", details=details)
 
     @app.exception_handler(StarletteHTTPException)

@@ -56,7 +56,7 @@ def contains_folded(haystack: str, needle: str) -> bool:
     return bool(n) and n in fold_text(haystack).casefold()
 
 
-class Disambiguate(dspy.Signature):
+class Disambiguate(dspy.Signature):  # type: ignore[misc]
     """Write one fact that tells the correct answer from the wrong one (instructions replaced)."""
 
     question: str = dspy.InputField(desc="The question that was answered wrongly.")
@@ -83,7 +83,7 @@ class DisambiguationResult:
         return self.ki is not None
 
 
-class Disambiguator(dspy.Module):
+class Disambiguator(dspy.Module):  # type: ignore[misc]
     """Failure → disambiguation KI program. Its optimisable predictor is ``writer``.
 
     Args:

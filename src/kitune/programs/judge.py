@@ -148,7 +148,7 @@ def parse_grading(raw: str) -> JudgeVerdict:
     )
 
 
-class GradeResponse(dspy.Signature):
+class GradeResponse(dspy.Signature):  # type: ignore[misc]
     """Grade a response against the correct answer (instructions are replaced at construction)."""
 
     question: str = dspy.InputField(desc="The question that was asked.")
@@ -165,7 +165,7 @@ def _is_retryable(e: Exception) -> bool:
     return True
 
 
-class Judge(dspy.Module):
+class Judge(dspy.Module):  # type: ignore[misc]
     """BrowseComp-style grader program. Its predictor is ``grader``.
 
     Args:

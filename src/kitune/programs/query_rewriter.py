@@ -144,7 +144,7 @@ def plan_from_output(raw: str, *, size: int = 10) -> QueryPlan:
     return plan
 
 
-class RewriteQuery(dspy.Signature):
+class RewriteQuery(dspy.Signature):  # type: ignore[misc]
     """Turn a question into a retrieval plan (instructions are replaced at construction)."""
 
     question: str = dspy.InputField(desc="The question to find facts for.")
@@ -188,7 +188,7 @@ def _usage_tokens(usage: dict[str, dict[str, Any]]) -> RewriteTokens:
     return RewriteTokens(input=inp, output=out)
 
 
-class QueryRewriter(dspy.Module):
+class QueryRewriter(dspy.Module):  # type: ignore[misc]
     """Question → :class:`QueryPlan` program. Its optimisable predictor is ``planner``.
 
     Args:
