@@ -65,12 +65,31 @@ INSTALL_HINT = "bash scripts/install_local_model.sh"
 LOCAL_API_KEY = "sk-local"
 """The API key LiteLLM sends to the local server (which checks none)."""
 
-_SERVER_MODULES = ("llama_cpp", "uvicorn", "fastapi", "sse_starlette", "starlette_context", "pydantic_settings")
+_SERVER_MODULES = (
+    "llama_cpp",
+    "uvicorn",
+    "fastapi",
+    "sse_starlette",
+    "starlette_context",
+    "pydantic_settings",
+)
 
 # --- GGUF header -------------------------------------------------------------------------------
 
 _GGUF_MAGIC = b"GGUF"
-_SCALARS: dict[int, str] = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_SCALARS: dict[int, str] = {
+    0: "<B",
+    1: "<b",
+    2: "<H",
+    3: "<h",
+    4: "<I",
+    5: "<i",
+    6: "<f",
+    7: "<?",
+    10: "<Q",
+    11: "<q",
+    12: "<d",
+}
 _STRING, _ARRAY = 8, 9
 
 
@@ -150,8 +169,8 @@ def read_gguf_info(path: Path) -> GGUFInfo:
         magic = r.take(4)
         if magic != _GGUF_MAGIC:
             raise ConfigError(
-                f"{path} is not a GGUF file (magic {magic!r}, expected b'GGUF'): point lm.local.gguf_path at a "
-                f".gguf model or rerun `{INSTALL_HINT}`"
+                f"{path} is not a GGUF file (magic {magic!r}, expected b'GGUF'): point "
+                f"lm.local.gguf_path at a .gguf model or rerun `{INSTALL_HINT}`"
             )
         version = r.scalar("<I")
         if version not in (2, 3):
@@ -406,8 +425,9 @@ def check_server_installed() -> None:
     missing = [m for m in _SERVER_MODULES if importlib.util.find_spec(m) is None]
     if missing:
         raise ConfigError(
-            f"the embedded local model needs llama-cpp-python's server (missing modules: {', '.join(missing)}): "
-            f"run `{INSTALL_HINT}` in kitune's environment, or configure a provider (lm.gateway or lm.<role>.model)"
+            "the embedded local model needs llama-cpp-python's server "
+            f"(missing modules: {', '.join(missing)}): run `{INSTALL_HINT}` in kitune's environment, "
+            "or configure a provider (lm.gateway or lm.<role>.model)"
         )
 
 
@@ -433,17 +453,28 @@ def build_server_command(cfg: LocalModelConfig, gguf: Path, *, port: int, alias:
     """
     threads = str(_threads(cfg))
     return [
-        sys.executable, "-m", "llama_cpp.server",
-        "--model", str(gguf),
-        "--model_alias", alias,
-        "--host", "127.0.0.1",
-        "--port", str(port),
-        "--n_ctx", str(cfg.n_ctx),
-        "--n_threads", threads,
-        "--n_threads_batch", threads,
-        "--interrupt_requests", "False",  # concurrent callers must not cut each other off
-        "--verbose", "True",  # per-call timings in the log (prompt and generation tokens/s)
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "llama_cpp.server",
+        "--model",
+        str(gguf),
+        "--model_alias",
+        alias,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--n_ctx",
+        str(cfg.n_ctx),
+        "--n_threads",
+        threads,
+        "--n_threads_batch",
+        threads,
+        "--interrupt_requests",
+        "False",  # concurrent callers must not cut each other off
+        "--verbose",
+        "True",  # per-call timings in the log (prompt and generation tokens/s)
+    ]
 
 
 def build_server_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -565,9 +596,13 @@ class LocalModelServer:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             with self.log_path.open("ab") as log:
                 self._proc = subprocess.Popen(
-                    self.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    env=self.env, start_new_session=True,
-                )  # fmt: skip
+                    self.command,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=self.env,
+                    start_new_session=True,
+                )
             _LIVE.add(self)
             deadline = time.monotonic() + self.startup_timeout_s
             while time.monotonic() < deadline:
@@ -586,8 +621,9 @@ class LocalModelServer:
                 time.sleep(0.2)
             self._stop_locked()
             raise LMConnectionError(
-                f"local model server did not answer {self.api_base}/models within {self.startup_timeout_s:.0f} s "
-                f"(log {self.log_path}): raise lm.local.startup_timeout_s on a slow or busy machine",
+                f"local model server did not answer {self.api_base}/models within "
+                f"{self.startup_timeout_s:.0f} s (log {self.log_path}): "
+                "raise lm.local.startup_timeout_s on a slow or busy machine",
                 model=self.litellm_model,
                 api_base=self.api_base,
             )

@@ -1,10 +1,314 @@
-"""CLI commands (placeholder module: commands are added by the owning area)."""
+"""``kitune lm``: check LLM access and the embedded local model.
+
+``smoke`` makes one real call through the LM layer and prints the token ledger; ``models``
+lists the packaged local models; ``bench`` measures a local model's speed and JSON
+fact-extraction quality on real documents (numbers for docs/local-model.md).
+"""
 
 from __future__ import annotations
 
+import json
+import re
+import time
+import urllib.request
+from pathlib import Path
+from typing import Annotated, Any
+
 import typer
+from rich.console import Console
+from rich.table import Table
+
+from kitune.cli.common import ConfigOption, fail, get_config
+from kitune.errors import KituneError
+
+__all__ = ["lm_app", "register"]
+
+lm_app = typer.Typer(help="Check LLM access and the embedded local model.", no_args_is_help=True)
+out = Console()
+
+_SMOKE_PROMPT = "In one sentence: what is a knowledge indicator in a search system?"
+
+
+@lm_app.command("smoke")
+def smoke(
+    config: ConfigOption = None,
+    role: Annotated[
+        str, typer.Option(help="LLM role to call: extract, rewrite, agent, judge, reflection.")
+    ] = "extract",
+    prompt: Annotated[str, typer.Option(help="User message to send.")] = _SMOKE_PROMPT,
+) -> None:
+    """Make one real call for ROLE and print the reply, wall time, tokens/s and the token ledger.
+
+    With no provider configured this starts the embedded local model first (its start-up time
+    is shown separately). Exit code 1 when the call fails, with the classified error.
+    """
+    from kitune.config import ROLES
+    from kitune.usage import TokenLedger
+
+    if role not in ROLES:
+        fail(f"--role {role!r} is not a role: use one of {', '.join(ROLES)}")
+    cfg = get_config(config)
+    try:
+        from kitune.lm import build_lm
+    except ImportError as e:
+        fail(f"the LM layer (kitune.lm) is not available: {e}")
+    ledger = TokenLedger()
+    try:
+        if cfg.uses_local_model(role):
+            from kitune.localmodel import get_local_server
+
+            t0 = time.perf_counter()
+            server = get_local_server(cfg.lm.local)
+            out.print(
+                f"local model [bold]{server.model_alias}[/] at {server.api_base} "
+                f"(ready in {time.perf_counter() - t0:.1f} s, log {server.log_path})"
+            )
+        lm = build_lm(cfg, role, ledger=ledger)
+        t0 = time.perf_counter()
+        with ledger.stage("smoke"):
+            outputs = lm(messages=[{"role": "user", "content": prompt}])
+        wall_s = time.perf_counter() - t0
+    except KituneError as e:
+        fail(f"{type(e).__name__}: {e}", code=1)
+    first = outputs[0] if outputs else ""
+    reply = first.get("text", "") if isinstance(first, dict) else str(first)
+    totals = ledger.totals()
+    out.print(f"[bold]reply:[/] {reply.strip()}")
+    tps = totals["output_tokens"] / wall_s if wall_s > 0 else 0.0
+    out.print(
+        f"wall time {wall_s:.2f} s, {totals['output_tokens']} output tokens, {tps:.1f} tokens/s (end to end)"
+    )
+    rows = ledger.to_rows()
+    table = Table(title="token ledger")
+    for col in rows[0] if rows else ["calls"]:
+        table.add_column(str(col))
+    for row in rows:
+        table.add_row(*(str(v) for v in row.values()))
+    out.print(table)
+
+
+@lm_app.command("models")
+def models() -> None:
+    """List the packaged local models, whether each is installed and assembled, and the default."""
+    from kitune.config import LocalModelConfig
+    from kitune.localmodel import PACKAGED_MODELS, cache_dir, check_server_installed, is_model_installed
+
+    default = LocalModelConfig().model
+    table = Table(title="packaged local models (install: bash scripts/install_local_model.sh --model NAME)")
+    for col in ("name", "default", "installed", "assembled", "size", "description"):
+        table.add_column(col)
+    for m in PACKAGED_MODELS.values():
+        assembled = (cache_dir() / "models" / m.filename).is_file()
+        table.add_row(
+            m.name,
+            "yes" if m.name == default else "",
+            "yes" if is_model_installed(m.name) else "no",
+            "yes" if assembled else "no",
+            f"{m.size_bytes / 1e9:.2f} GB",
+            m.description,
+        )
+    out.print(table)
+    try:
+        check_server_installed()
+        out.print("llama-cpp-python server: installed")
+    except KituneError as e:
+        out.print(f"llama-cpp-python server: [red]missing[/] ({e})")
+
+
+# --- bench -------------------------------------------------------------------------------------
+
+_BENCH_SYSTEM = (
+    "You extract facts from one document. Reply with a JSON object "
+    '{"facts": [{"subject": str, "predicate": str, "object": str, "evidence_span": str}]}. '
+    "Give up to 10 facts about the people, places, organisations, dates and quantities in the document. "
+    "predicate is a short snake_case relation such as located_in, founded_by, born_in or height. "
+    "evidence_span is a short passage copied exactly, character for character, from the document "
+    "that states the fact."
+)
+_FACTS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "facts": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    k: {"type": "string"} for k in ("subject", "predicate", "object", "evidence_span")
+                },
+                "required": ["subject", "predicate", "object", "evidence_span"],
+            },
+        }
+    },
+    "required": ["facts"],
+}
+_EVAL_RE = re.compile(r"^llama_perf_context_print:\s+eval time =\s+([\d.]+) ms /\s+(\d+) runs", re.M)
+_PROMPT_RE = re.compile(r"^llama_perf_context_print: prompt eval time =\s+([\d.]+) ms /\s+(\d+) tokens", re.M)
+_TOTAL_RE = re.compile(r"^llama_perf_context_print:\s+total time =\s+([\d.]+) ms", re.M)
+
+
+def _timings(log: str) -> dict[str, float | None]:
+    """llama.cpp's timing of the last call in ``log``: prompt and decode tokens/s, sampling overhead."""
+    ev, pr, tot = _EVAL_RE.findall(log), _PROMPT_RE.findall(log), _TOTAL_RE.findall(log)
+    if not (ev and pr and tot):
+        return {"prompt_eval_tokens": None, "prompt_tps": None, "decode_tps": None, "other_s": None}
+    ev_ms, runs = float(ev[-1][0]), int(ev[-1][1])
+    pr_ms, pr_tok = float(pr[-1][0]), int(pr[-1][1])
+    return {
+        "prompt_eval_tokens": pr_tok,
+        "prompt_tps": round(pr_tok / (pr_ms / 1000), 1) if pr_ms > 1 else None,  # first call reports ~0 ms
+        "decode_tps": round(runs / (ev_ms / 1000), 2) if ev_ms > 0 else None,
+        "other_s": round((float(tot[-1]) - ev_ms - pr_ms) / 1000, 2),  # sampling, JSON grammar
+    }
+
+
+def _post_json(url: str, body: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(req, timeout=timeout_s) as resp:
+        result: dict[str, Any] = json.loads(resp.read())
+    return result
+
+
+def _score_facts(text: str, content: str) -> dict[str, Any]:
+    from kitune.text import find_span, fold_text
+
+    try:
+        facts = json.loads(content)["facts"]
+        valid = isinstance(facts, list) and all(isinstance(f, dict) for f in facts)
+    except (ValueError, KeyError, TypeError):
+        facts, valid = [], False
+    facts = facts if valid else []
+    spans = [f for f in facts if find_span(text, str(f.get("evidence_span", ""))) is not None]
+    supported = [
+        f
+        for f in spans
+        if fold_text(str(f.get("object", ""))).lower() in fold_text(str(f["evidence_span"])).lower()
+    ]
+    return {
+        "valid_json": valid,
+        "facts": facts,
+        "n_facts": len(facts),
+        "n_span_verbatim": len(spans),
+        "n_object_in_span": len(supported),
+    }
+
+
+@lm_app.command("bench")
+def bench(
+    corpus: Annotated[Path, typer.Option(help="corpus.jsonl (docid, title, text per line).")],
+    model: Annotated[str, typer.Option(help="Packaged local model to measure.")] = "qwen2.5-coder-1.5b",
+    docs: Annotated[int, typer.Option(min=1, help="Documents to extract from.")] = 3,
+    min_chars: Annotated[int, typer.Option(help="Skip documents shorter than this.")] = 600,
+    n_threads: Annotated[int | None, typer.Option(help="CPU threads (default: all cores).")] = None,
+    max_tokens: Annotated[int, typer.Option(help="Max output tokens per document.")] = 1024,
+    output: Annotated[
+        Path | None, typer.Option(help="Write per-document results (with facts) as JSON.")
+    ] = None,
+) -> None:
+    """Measure a local model's speed and JSON fact-extraction quality on real documents.
+
+    Reports per document: prompt and generation tokens/s, wall time, valid JSON, and facts whose
+    evidence span is verbatim in the document (and whose object appears in that span).
+
+    prompt_tps and decode_tps come from llama.cpp's own timings in the server log (the server
+    reuses the KV cache of the shared prompt prefix, so prompt_eval_tokens < prompt_tokens);
+    other_s is the rest of llama.cpp's time (sampling, mostly the JSON grammar); out_tps is
+    completion tokens per second of wall time, what a caller sees. A warm-up call runs first.
+    """
+    import os
+
+    from kitune.config import LocalModelConfig
+    from kitune.localmodel import LocalModelServer
+
+    try:
+        lines = [json.loads(line) for line in corpus.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except (OSError, ValueError) as e:
+        fail(f"--corpus {corpus} is not a readable JSONL file: {e}")
+    chosen = [d for d in lines if len(d.get("text", "")) >= min_chars][:docs]
+    try:
+        cfg = LocalModelConfig(model=model, n_threads=n_threads)
+        server = LocalModelServer.from_config(cfg)
+    except (KituneError, ValueError) as e:
+        fail(str(e))
+    results: list[dict[str, Any]] = []
+    with server:
+        _post_json(
+            f"{server.api_base}/chat/completions",
+            {"model": server.model_alias, "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]},
+            timeout_s=300,
+        )
+        for doc in chosen:
+            offset = server.log_path.stat().st_size
+            body = {
+                "model": server.model_alias,
+                "temperature": 0.0,
+                "max_tokens": max_tokens,
+                "messages": [
+                    {"role": "system", "content": _BENCH_SYSTEM},
+                    {"role": "user", "content": f"Title: {doc.get('title', '')}\n\n{doc['text']}"},
+                ],
+                "response_format": {"type": "json_object", "schema": _FACTS_SCHEMA},
+            }
+            t0 = time.perf_counter()
+            resp = _post_json(f"{server.api_base}/chat/completions", body, timeout_s=900)
+            wall_s = time.perf_counter() - t0
+            with server.log_path.open("rb") as f:
+                f.seek(offset)
+                log = f.read().decode("utf-8", errors="replace")
+            usage = resp.get("usage", {})
+            p_tok, c_tok = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
+            row = {
+                "docid": doc.get("docid"),
+                "chars": len(doc["text"]),
+                "wall_s": round(wall_s, 2),
+                "prompt_tokens": p_tok,
+                "completion_tokens": c_tok,
+                "out_tps": round(c_tok / wall_s, 2),
+                **_timings(log),
+                "finish_reason": resp["choices"][0].get("finish_reason"),
+            }
+            row.update(_score_facts(doc["text"], resp["choices"][0]["message"].get("content") or ""))
+            results.append(row)
+            out.print(f"{model} doc {row['docid']}: {row['wall_s']} s, {row['n_facts']} facts")
+    table = Table(
+        title=f"{model}, n_threads={cfg.n_threads or os.cpu_count()}, load avg {os.getloadavg()[0]:.2f}"
+    )
+    cols = (
+        "docid",
+        "chars",
+        "wall_s",
+        "prompt_tokens",
+        "completion_tokens",
+        "prompt_tps",
+        "decode_tps",
+        "other_s",
+        "out_tps",
+        "valid_json",
+        "n_facts",
+        "n_span_verbatim",
+        "n_object_in_span",
+    )
+    for col in cols:
+        table.add_column(col)
+    for row in results:
+        table.add_row(*(str(row[c]) for c in cols))
+    out.print(table)
+    if output is not None:
+        output.write_text(
+            json.dumps(
+                {
+                    "model": model,
+                    "n_threads": cfg.n_threads or os.cpu_count(),
+                    "loadavg": os.getloadavg(),
+                    "results": results,
+                },
+                indent=2,
+            )
+        )
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to app."""
-    return None
+    """Add ``kitune lm`` to ``app``."""
+    app.add_typer(lm_app, name="lm")

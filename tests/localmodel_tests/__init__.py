@@ -1,0 +1,1 @@
+"""Tests of the embedded local model (kitune.localmodel, kitune lm)."""
