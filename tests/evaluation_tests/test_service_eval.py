@@ -114,7 +114,7 @@ def test_run_eval_in_context_and_checks(tmp_path: Path, fixture_dir: Path) -> No
     )
     assert seen == ["LaHave David Morse"]
     assert res.traces[0].doc_ids_seen == ["100818"] and res.traces[0].judge_status == "not_run"
-    with pytest.raises(ConfigError, match="only applies to --skill in-context"):
+    with pytest.raises(ConfigError, match="only apply to --skill in-context"):
         run_eval(cfg, skill="baseline", data_dir=fixture_dir, disambiguation=True)
     with pytest.raises(ConfigError, match="unknown skill"):
         run_eval(cfg, skill="oracle", data_dir=fixture_dir)  # type: ignore[arg-type]
@@ -188,3 +188,55 @@ def test_run_eval_with_real_stores_hash_embedder(tmp_path: Path, fixture_dir: Pa
     from kitune.retrieval import create_corpus_store
 
     assert create_corpus_store(cfg).count() == 144
+
+
+def test_make_context_fn_hides_disambiguation_kis_and_counts_rewrite_tokens() -> None:
+    from kitune.evaluation.agent import Agent
+    from kitune.evaluation.tools import in_context_toolbox
+    from kitune.retrieval import HashEmbedder, MemoryStore
+    from kitune.service.evaluation import make_context_fn
+    from kitune.testing.store_contract import make_ki
+
+    cfg = KituneConfig()
+    store = MemoryStore(HashEmbedder())
+    fact = make_ki("LaHave River", "Lunenburg County", docid="100818", predicate="located_in")
+    twin = make_ki(
+        "LaHave",
+        "Lunenburg Municipal District",
+        docid="100820",
+        predicate="located_in",
+        subtype="disambiguation",
+    )
+    store.upsert([fact, twin])
+    plain = make_context_fn(cfg, store, disambiguation=False)("LaHave River located in Lunenburg")
+    assert plain.n_results == 1 and plain.doc_ids == ("100818",) and twin.id not in plain.text
+    full = make_context_fn(cfg, store, disambiguation=True)("LaHave River located in Lunenburg")
+    assert full.n_results == 2 and set(full.doc_ids) == {"100818", "100820"}
+
+    class Rewriter:  # stands in for QueryRewriter: reports 30/7 tokens per rewrite
+        def rewrite(self, query, *, size, ledger=None):
+            from kitune.schema import QueryPlan
+
+            return type(
+                "R",
+                (),
+                {
+                    "plan": QueryPlan.plain(query, size=size),
+                    "fell_back": False,
+                    "reason": None,
+                    "tokens": type("T", (), {"input": 30, "output": 7})(),
+                },
+            )()
+
+    fn = make_context_fn(cfg, store, disambiguation=True, rewriter=Rewriter())
+    assert (fn("LaHave").input_tokens, fn("LaHave").output_tokens) == (30, 7)
+    model = ScriptedChatModel(
+        [
+            json.dumps({"tool": "get_context", "args": {"query": "LaHave River"}}),
+            json.dumps({"answer": {"explanation": "", "exact_answer": "x", "confidence": 1}}),
+        ],
+        usage=(100, 5),
+    )
+    ep = Agent(model, in_context_toolbox(fn)).run("q")
+    assert ep.input_tokens == 200 and ep.tool_input_tokens == 30 and ep.tool_output_tokens == 7
+    assert ep.steps[0].tool_input_tokens == 30

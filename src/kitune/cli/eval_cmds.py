@@ -51,6 +51,12 @@ def eval_command(
     concurrency: Annotated[
         int | None, typer.Option("--concurrency", min=1, help="Questions in parallel.")
     ] = None,
+    rewrite: Annotated[
+        bool,
+        typer.Option(
+            "--rewrite", help="in-context: rewrite look-ups with the query rewriter (costs tokens)."
+        ),
+    ] = False,
     no_judge: Annotated[bool, typer.Option("--no-judge", help="Skip the LLM judge (EM/F1 only).")] = False,
     config: ConfigOption = None,
 ) -> None:
@@ -73,6 +79,7 @@ def eval_command(
             questions_path=questions,
             concurrency=concurrency,
             use_judge=not no_judge,
+            rewrite=rewrite,
         )
     except KituneError as e:
         fail(str(e))

@@ -74,6 +74,10 @@ class Step:
     """The observation was cut to the cap."""
     latency_s: float = 0.0
     """Wall time of the model call in seconds."""
+    tool_input_tokens: int = 0
+    """LLM input tokens the tool spent (e.g. the query rewrite inside get_context)."""
+    tool_output_tokens: int = 0
+    """LLM output tokens the tool spent."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict."""
@@ -91,6 +95,8 @@ class Step:
             "blocked": self.blocked,
             "truncated": self.truncated,
             "latency_s": round(self.latency_s, 4),
+            "tool_input_tokens": self.tool_input_tokens,
+            "tool_output_tokens": self.tool_output_tokens,
         }
 
 
@@ -132,6 +138,16 @@ class Episode:
     def output_tokens(self) -> int:
         """Sum of output tokens over all steps."""
         return sum(s.output_tokens for s in self.steps)
+
+    @property
+    def tool_input_tokens(self) -> int:
+        """Sum of LLM input tokens spent inside tools (query rewrites); not in ``input_tokens``."""
+        return sum(s.tool_input_tokens for s in self.steps)
+
+    @property
+    def tool_output_tokens(self) -> int:
+        """Sum of LLM output tokens spent inside tools."""
+        return sum(s.tool_output_tokens for s in self.steps)
 
 
 class Agent:
@@ -295,6 +311,7 @@ class _Run:
             )
         else:
             obs = self.a.toolbox.call(action.tool, action.args)
+            self.meter.charge(input_tokens=obs.input_tokens, output_tokens=obs.output_tokens, step=False)
             if action.tool in self.a.toolbox.tools:
                 self.tool_calls[action.tool] = self.tool_calls.get(action.tool, 0) + 1
             if obs.error is None:
@@ -316,6 +333,8 @@ class _Run:
             repeated=repeated,
             blocked=blocked,
             truncated=obs.truncated,
+            tool_input_tokens=obs.input_tokens,
+            tool_output_tokens=obs.output_tokens,
         )
         self._feed(resp.text, f"Observation from {action.tool}:\n{obs.text}")
 

@@ -72,6 +72,9 @@ class Trace:
     input_tokens: int = 0
     """Sum of ``steps[*].input_tokens`` (provider usage)."""
     output_tokens: int = 0
+    tool_input_tokens: int = 0
+    """LLM input tokens spent inside tools (query rewrites in get_context); not in ``input_tokens``."""
+    tool_output_tokens: int = 0
     steps: list[dict[str, Any]] = field(default_factory=list)
     """Per model call: kind, tool, args, observation_chars, error, input/output tokens, …"""
     n_steps: int = 0
@@ -177,6 +180,8 @@ def build_trace(question: Question, skill: str, episode: Episode, *, judge: Judg
         f1=token_f1(episode.exact_answer, golds) if episode.exact_answer else 0.0,
         input_tokens=episode.input_tokens,
         output_tokens=episode.output_tokens,
+        tool_input_tokens=episode.tool_input_tokens,
+        tool_output_tokens=episode.tool_output_tokens,
         steps=[s.to_dict() for s in episode.steps],
         n_steps=len(episode.steps),
         tool_calls=dict(episode.tool_calls),

@@ -71,6 +71,8 @@ class RunSummary:
     input_tokens: int
     input_tokens_per_question: float
     output_tokens: int
+    tool_input_tokens: int
+    """LLM input tokens spent inside tools (query rewrites); the plot adds them to the agent's."""
     timeouts: int
     """Questions whose budget ran out before an answer."""
     force_committed: int
@@ -116,6 +118,7 @@ def summarize(traces: Sequence[Trace], name: str = "run") -> RunSummary:
         input_tokens=in_tok,
         input_tokens_per_question=in_tok / n if n else 0.0,
         output_tokens=sum(t.output_tokens for t in traces),
+        tool_input_tokens=sum(t.tool_input_tokens for t in traces),
         timeouts=sum(1 for t in traces if t.timed_out),
         force_committed=sum(1 for t in traces if t.force_committed),
         force_commit_rescues=sum(1 for t in traces if t.force_committed and t.judge_correct is True),
@@ -142,6 +145,7 @@ ROWS: list[tuple[str, str]] = [
     ("input tokens", "input_tokens"),
     ("input tokens / question", "input_tokens_per_question"),
     ("output tokens", "output_tokens"),
+    ("tool (rewrite) input tokens", "tool_input_tokens"),
     ("timeouts", "timeouts"),
     ("force-commits (rescued)", "fc"),
     ("context overflows", "context_overflows"),
@@ -196,18 +200,20 @@ def _plot(summaries: Sequence[RunSummary], path: Path) -> Path | None:
     points = [s for s in summaries if s.accuracy is not None]
     if not points:
         return None
-    import matplotlib
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+    # The object API with an Agg canvas: no pyplot, no global backend switch, thread-safe.
+    fig = Figure(figsize=(6, 4), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
     for s in points:
         acc = 100 * (s.accuracy or 0.0)
         err = [[acc - 100 * s.ci_low], [100 * s.ci_high - acc]]
-        ax.errorbar([s.input_tokens_per_question], [acc], yerr=err, fmt="o", capsize=4)
-        ax.annotate(s.name, (s.input_tokens_per_question, acc), textcoords="offset points", xytext=(6, 6))
-    ax.set_xlabel("input tokens per question")
+        x = (s.input_tokens + s.tool_input_tokens) / max(1, s.n_total)
+        ax.errorbar([x], [acc], yerr=err, fmt="o", capsize=4)
+        ax.annotate(s.name, (x, acc), textcoords="offset points", xytext=(6, 6))
+    ax.set_xlabel("input tokens per question (agent + tools)")
     ax.set_ylabel("judge-correct (%) with 95% CI")
     ax.set_ylim(0, 100)
     ax.set_xlim(left=0)
@@ -215,7 +221,6 @@ def _plot(summaries: Sequence[RunSummary], path: Path) -> Path | None:
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path)
-    plt.close(fig)
     return path
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from kitune.errors import DocumentNotFoundError, HarnessError
@@ -64,6 +64,10 @@ class Observation:
     """True when ``text`` was cut to the cap."""
     n_results: int | None = None
     """Results found (hits, KIs), when the tool counts them."""
+    input_tokens: int = 0
+    """LLM input tokens the tool itself spent (e.g. a query rewrite); 0 for plain tools."""
+    output_tokens: int = 0
+    """LLM output tokens the tool itself spent."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,10 @@ class ContextObservation:
     """Evidence doc ids of the KIs shown."""
     n_results: int = 0
     """KIs returned; 0 counts as a failed look-up."""
+    input_tokens: int = 0
+    """LLM input tokens the look-up spent (query rewrite), 0 without a rewriter."""
+    output_tokens: int = 0
+    """LLM output tokens the look-up spent."""
 
 
 def cap_text(text: str, max_chars: int) -> tuple[str, bool]:
@@ -151,7 +159,7 @@ class Toolbox:
         except Exception as e:  # a backend failure is data for the trace, not a crash
             return self._error(f"{name} failed: {type(e).__name__}: {e}")
         text, truncated = cap_text(obs.text, self.max_chars)
-        return Observation(text, obs.doc_ids, obs.error, truncated or obs.truncated, obs.n_results)
+        return replace(obs, text=text, truncated=truncated or obs.truncated)
 
     def _error(self, message: str) -> Observation:
         text, truncated = cap_text(f"ERROR: {message}", self.max_chars)
@@ -224,8 +232,15 @@ def in_context_toolbox(
         if ctx.n_results <= 0:
             box.failed_lookups += 1
             text = ctx.text or f"No knowledge indicators matched {query!r}."
-            return Observation(text=text, doc_ids=ctx.doc_ids, n_results=0)
-        return Observation(text=ctx.text, doc_ids=ctx.doc_ids, n_results=ctx.n_results)
+        else:
+            text = ctx.text
+        return Observation(
+            text=text,
+            doc_ids=ctx.doc_ids,
+            n_results=max(0, ctx.n_results),
+            input_tokens=ctx.input_tokens,
+            output_tokens=ctx.output_tokens,
+        )
 
     box.tools["get_context"] = Tool(
         "get_context",

@@ -71,12 +71,19 @@ def make_judge(cfg: KituneConfig, ledger: TokenLedger | None) -> JudgeFn:
 
 
 def make_context_fn(
-    cfg: KituneConfig, store: Store, *, disambiguation: bool, ledger: TokenLedger | None = None
+    cfg: KituneConfig,
+    store: Store,
+    *,
+    disambiguation: bool,
+    ledger: TokenLedger | None = None,
+    rewriter: Any = None,
 ) -> Callable[[str], ContextObservation]:
     """Wrap :func:`kitune.service.context.get_context` + ``render_context`` as the agent's tool.
 
     Without ``disambiguation``, KIs of subtype ``disambiguation`` are dropped from every result
-    (so the plain in-context run is not helped by KIs written from failures).
+    (so the plain in-context run is not helped by KIs written from failures). With a
+    ``rewriter`` (a ``QueryRewriter`` with its LM set), each look-up's rewrite tokens are
+    reported on the observation so the run's token totals include them.
     """
     from kitune.schema import Filter
     from kitune.service.context import get_context, render_context
@@ -87,11 +94,18 @@ def make_context_fn(
     size = cfg.retrieval.default_size
 
     def context_fn(query: str) -> ContextObservation:
-        resp = get_context(query, store=store, size=size, cfg=cfg, ledger=ledger)
-        if hidden:
-            resp = resp.model_copy(update={"kis": [k for k in resp.kis if k.id not in hidden]})
+        ask = min(size + len(hidden), cfg.retrieval.max_size)
+        resp = get_context(query, store=store, rewriter=rewriter, size=ask, cfg=cfg, ledger=ledger)
+        if hidden or len(resp.kis) > size:
+            resp = resp.model_copy(update={"kis": [k for k in resp.kis if k.id not in hidden][:size]})
         docs = tuple(dict.fromkeys(d for k in resp.kis for d in k.evidence_doc_ids))
-        return ContextObservation(text=render_context(resp), doc_ids=docs, n_results=len(resp.kis))
+        return ContextObservation(
+            text=render_context(resp),
+            doc_ids=docs,
+            n_results=len(resp.kis),
+            input_tokens=resp.rewrite_tokens.input,
+            output_tokens=resp.rewrite_tokens.output,
+        )
 
     return context_fn
 
@@ -123,6 +137,7 @@ def run_eval(
     concurrency: int | None = None,
     progress: bool = True,
     use_judge: bool = True,
+    rewrite: bool = False,
     chat_model: ChatModel | None = None,
     judge: JudgeFn | None = None,
     corpus_store: CorpusStore | None = None,
@@ -143,6 +158,8 @@ def run_eval(
         concurrency: questions in parallel (default ``cfg.agent.concurrency``).
         progress: show a progress bar.
         use_judge: grade with the judge (False: ``judge_status="not_run"``).
+        rewrite: in-context only; rewrite each look-up with the query rewriter (its tokens are
+            recorded as tool tokens). False: the plain plan, no LLM cost.
         chat_model: the agent model (None: ``LiteLLMChatModel(cfg, "agent")``).
         judge: the grader (None: the judge role via :func:`make_judge`).
         corpus_store: the baseline/fallback corpus store (None: ``create_corpus_store(cfg)``,
@@ -159,8 +176,8 @@ def run_eval(
     """
     if skill not in SKILLS:
         raise ConfigError(f"unknown skill {skill!r}: use one of {', '.join(SKILLS)}")
-    if disambiguation and skill != "in-context":
-        raise ConfigError("--disambiguation only applies to --skill in-context")
+    if (disambiguation or rewrite) and skill != "in-context":
+        raise ConfigError("--disambiguation and --rewrite only apply to --skill in-context")
     data = Path(data_dir)
     if not data.exists():
         raise DataError(
@@ -183,7 +200,16 @@ def run_eval(
     if skill == "in-context" and context_fn is None:
         from kitune.retrieval import create_store
 
-        context_fn = make_context_fn(cfg, create_store(cfg), disambiguation=disambiguation, ledger=ledger)
+        rewriter = None
+        if rewrite:
+            from kitune.lm import build_lm
+            from kitune.programs.query_rewriter import QueryRewriter
+
+            rewriter = QueryRewriter()
+            rewriter.set_lm(build_lm(cfg, "rewrite", ledger=ledger))
+        context_fn = make_context_fn(
+            cfg, create_store(cfg), disambiguation=disambiguation, ledger=ledger, rewriter=rewriter
+        )
     if chat_model is None:
         from kitune.lm import LiteLLMChatModel
 
@@ -199,6 +225,7 @@ def run_eval(
 
     params = {
         "skill": skill,
+        "rewrite": rewrite,
         "disambiguation": disambiguation,
         "data": str(data.resolve()),
         "split": split,
