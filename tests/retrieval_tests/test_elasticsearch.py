@@ -38,8 +38,9 @@ def _golden(name: str, actual: str) -> None:
 
 
 def _meta(status: int, headers: dict[str, str] | None = None) -> ApiResponseMeta:
-    return ApiResponseMeta(status=status, http_version="1.1", headers=HttpHeaders(headers or {}),
-                           duration=0.0, node=None)  # type: ignore[arg-type]
+    return ApiResponseMeta(
+        status=status, http_version="1.1", headers=HttpHeaders(headers or {}), duration=0.0, node=None
+    )  # type: ignore[arg-type]
 
 
 def test_mapping_golden() -> None:
@@ -58,9 +59,13 @@ def test_bulk_body_golden_and_source_roundtrip() -> None:
 
 def test_esql_hybrid_golden_params_never_interpolated() -> None:
     evil = 'x" | DROP title | WHERE "1"=="1'
-    plan = QueryPlan(entity_tags=("entity:marie-curie", "entity:warsaw"), lexical=evil,
-                     semantic="Where was Marie Curie born?", size=7,
-                     filters=Filter(tags_any=("person",), min_confidence=40))
+    plan = QueryPlan(
+        entity_tags=("entity:marie-curie", "entity:warsaw"),
+        lexical=evil,
+        semantic="Where was Marie Curie born?",
+        size=7,
+        filters=Filter(tags_any=("person",), min_confidence=40),
+    )
     q = compile_esql(plan, "kitune-kis", RetrievalConfig(rrf_k=40, tag_weight=2.0, branch_size=25))
     _golden("esql_hybrid.esql", q.query + "\n")
     _golden("esql_hybrid_request.json", json.dumps(q.to_json(), indent=2, sort_keys=True) + "\n")
@@ -71,19 +76,32 @@ def test_esql_hybrid_golden_params_never_interpolated() -> None:
 
 
 def test_esql_single_branch_and_facets_golden() -> None:
-    q = compile_esql(QueryPlan(lexical="Nobel Prize", filters=Filter(statuses=("active",))), "kitune-kis",
-                     RetrievalConfig())
+    q = compile_esql(
+        QueryPlan(lexical="Nobel Prize", filters=Filter(statuses=("active",))),
+        "kitune-kis",
+        RetrievalConfig(),
+    )
     _golden("esql_lexical_only.esql", q.query + "\n")
-    assert "FORK" not in q.query and q.filter is None and q.params == [{"status0": "active"}, {"lexical": "Nobel Prize"}]
+    assert (
+        "FORK" not in q.query
+        and q.filter is None
+        and q.params == [{"status0": "active"}, {"lexical": "Nobel Prize"}]
+    )
     f = compile_facets("kitune-kis", Filter(doc_ids=("d1",)), by="tags", limit=50)
     _golden("esql_facets.esql", f.query + "\n")
-    assert f.filter == {"bool": {"filter": [{"terms": {"status": ["active", "stale"]}},
-                                            {"terms": {"evidence_doc_ids": ["d1"]}}]}}
+    assert f.filter == {
+        "bool": {
+            "filter": [{"terms": {"status": ["active", "stale"]}}, {"terms": {"evidence_doc_ids": ["d1"]}}]
+        }
+    }
     with pytest.raises(StoreError, match="unknown facet"):
         compile_facets("kitune-kis", None, by="nope")
     with pytest.raises(StoreError, match="nothing to search"):
-        compile_esql(QueryPlan.model_construct(entity_tags=(), lexical="", semantic="", filters=Filter(), size=3),
-                     "kitune-kis", RetrievalConfig())
+        compile_esql(
+            QueryPlan.model_construct(entity_tags=(), lexical="", semantic="", filters=Filter(), size=3),
+            "kitune-kis",
+            RetrievalConfig(),
+        )
     with pytest.raises(ConfigError, match="not a valid index name"):
         compile_facets("Bad Index", None)
 
@@ -91,11 +109,19 @@ def test_esql_single_branch_and_facets_golden() -> None:
 def test_to_es_filter() -> None:
     assert to_es_filter(None) is None
     assert to_es_filter(Filter(statuses=("active", "stale", "expired"))) is None
-    got = to_es_filter(Filter(tags_all=("a", "b"), subtypes=("disambiguation",), min_confidence=60),
-                       include_status=False)
-    assert got == {"bool": {"filter": [{"term": {"tags": "a"}}, {"term": {"tags": "b"}},
-                                       {"terms": {"subtype": ["disambiguation"]}},
-                                       {"range": {"confidence": {"gte": 60}}}]}}
+    got = to_es_filter(
+        Filter(tags_all=("a", "b"), subtypes=("disambiguation",), min_confidence=60), include_status=False
+    )
+    assert got == {
+        "bool": {
+            "filter": [
+                {"term": {"tags": "a"}},
+                {"term": {"tags": "b"}},
+                {"terms": {"subtype": ["disambiguation"]}},
+                {"range": {"confidence": {"gte": 60}}},
+            ]
+        }
+    }
 
 
 class FakeBulkClient:
@@ -120,7 +146,10 @@ class FakeBulkClient:
                 status = 400
             item: dict[str, Any] = {"_id": doc_id, "status": status}
             if status == 400:
-                item["error"] = {"type": "document_parsing_exception", "reason": "failed to parse field [confidence]"}
+                item["error"] = {
+                    "type": "document_parsing_exception",
+                    "reason": "failed to parse field [confidence]",
+                }
             elif status == 429:
                 item["error"] = {"type": "es_rejected_execution_exception", "reason": "rejected execution"}
             items.append({"index": item})
@@ -143,8 +172,15 @@ def test_case_s1_partial_failures_and_429_retry() -> None:
 def test_429_retries_are_bounded_with_exponential_backoff() -> None:
     client = FakeBulkClient({"a": [429] * 10})
     sleeps: list[float] = []
-    result = bulk_write(client, "i", [("a", {}), ("b", {})], max_retries=3, backoff_s=1.0, max_backoff_s=3.0,
-                        sleep=sleeps.append)
+    result = bulk_write(
+        client,
+        "i",
+        [("a", {}), ("b", {})],
+        max_retries=3,
+        backoff_s=1.0,
+        max_backoff_s=3.0,
+        sleep=sleeps.append,
+    )
     assert (result.indexed, [(f.id, f.status) for f in result.failed]) == (1, [("a", 429)])
     assert sleeps == [1.0, 2.0, 3.0] and len(client.calls) == 4
     assert "429 after 3 retries" in result.failed[0].reason
@@ -174,15 +210,19 @@ class FakeES:
             return {"endpoints": [{"inference_id": inference_id}]}
 
         self.inference = SimpleNamespace(get=get_endpoint)
-        self.indices = SimpleNamespace(exists=lambda *, index: index in self.created,
-                                       create=lambda *, index, mappings: self.created.append(index))
+        self.indices = SimpleNamespace(
+            exists=lambda *, index: index in self.created,
+            create=lambda *, index, mappings: self.created.append(index),
+        )
         self.esql = SimpleNamespace(query=self._esql)
 
     def _esql(self, **kwargs: Any) -> Any:
         self.esql_calls.append(kwargs)
         ids = sorted(self.docs)
-        body = {"columns": [{"name": "_id", "type": "keyword"}, {"name": "_score", "type": "double"}],
-                "values": [[i, 0.5] for i in ids]}
+        body = {
+            "columns": [{"name": "_id", "type": "keyword"}, {"name": "_score", "type": "double"}],
+            "values": [[i, 0.5] for i in ids],
+        }
         return SimpleNamespace(body=body, meta=_meta(200, self._headers))
 
     def bulk(self, *, operations: list[dict[str, Any]], refresh: Any = None) -> dict[str, Any]:

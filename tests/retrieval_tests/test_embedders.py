@@ -7,7 +7,13 @@ import pytest
 
 from kitune.config import EmbedderConfig
 from kitune.errors import ConfigError
-from kitune.retrieval.embedders import Embedder, HashEmbedder, WordLlamaEmbedder, create_embedder, l2_normalize
+from kitune.retrieval.embedders import (
+    Embedder,
+    HashEmbedder,
+    WordLlamaEmbedder,
+    create_embedder,
+    l2_normalize,
+)
 
 
 def test_hash_embedder_is_deterministic_and_unit_norm() -> None:
@@ -22,7 +28,9 @@ def test_hash_embedder_is_deterministic_and_unit_norm() -> None:
 
 def test_hash_embedder_seed_changes_vectors_and_similarity_is_meaningful() -> None:
     e = HashEmbedder(dim=256)
-    v = e.embed(["Curie born in Warsaw Poland", "Marie Curie was born in Warsaw", "stock prices fell sharply"])
+    v = e.embed(
+        ["Curie born in Warsaw Poland", "Marie Curie was born in Warsaw", "stock prices fell sharply"]
+    )
     assert float(v[0] @ v[1]) > float(v[0] @ v[2]) + 0.2
     other = HashEmbedder(dim=256, seed=1).embed(["Curie born in Warsaw Poland"])
     assert not np.allclose(v[0], other[0])
@@ -41,7 +49,9 @@ def test_l2_normalize_keeps_zero_rows() -> None:
 def test_wordllama_loads_offline_and_normalises() -> None:
     e = WordLlamaEmbedder(dim=256)
     assert isinstance(e, Embedder)
-    v = e.embed(["The capital of France is Paris.", "Paris is France's capital city.", "quantum chromodynamics"])
+    v = e.embed(
+        ["The capital of France is Paris.", "Paris is France's capital city.", "quantum chromodynamics"]
+    )
     assert v.shape == (3, 256) and v.dtype == np.float32
     np.testing.assert_allclose(np.linalg.norm(v, axis=1), 1.0, rtol=1e-5)
     assert float(v[0] @ v[1]) > float(v[0] @ v[2])

@@ -29,7 +29,9 @@ def test_default_is_lancedb_under_workdir(tmp_path: Path) -> None:
     assert isinstance(corpus, LanceCorpusStore) and corpus.chunk_chars == 700
 
 
-def test_missing_elasticsearch_extra_names_the_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_missing_elasticsearch_extra_names_the_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     real_import = builtins.__import__
 
     def fake_import(name: str, *args: object, **kwargs: object) -> object:
@@ -43,6 +45,12 @@ def test_missing_elasticsearch_extra_names_the_install(tmp_path: Path, monkeypat
 
 
 def test_public_names() -> None:
-    assert set(retrieval.__all__) >= {"create_store", "create_corpus_store", "MemoryStore", "HashEmbedder", "Store"}
+    assert set(retrieval.__all__) >= {
+        "create_store",
+        "create_corpus_store",
+        "MemoryStore",
+        "HashEmbedder",
+        "Store",
+    }
     for name in retrieval.__all__:
         assert hasattr(retrieval, name), name

@@ -26,8 +26,13 @@ def test_rrf_ties_break_by_id_and_duplicates_ignored() -> None:
     assert fused[1].branches == {"x": 1, "w": 2}
 
 
-@given(st.dictionaries(st.sampled_from(["tag", "lexical", "semantic"]),
-                       st.lists(st.sampled_from(list("abcdefg")), max_size=7), max_size=3))
+@given(
+    st.dictionaries(
+        st.sampled_from(["tag", "lexical", "semantic"]),
+        st.lists(st.sampled_from(list("abcdefg")), max_size=7),
+        max_size=3,
+    )
+)
 def test_rrf_is_sorted_and_deterministic(rankings: dict[str, list[str]]) -> None:
     fused = rrf_fuse(rankings, {}, k=60)
     keys = [(-f.score, f.id) for f in fused]
@@ -37,8 +42,17 @@ def test_rrf_is_sorted_and_deterministic(rankings: dict[str, list[str]]) -> None
 
 
 def _ki(subject: str, obj: str, docid: str, tags: list[str]) -> KI:
-    return KI.from_fact(docid=docid, title=f"{subject} relates to {obj}.", description=f"{subject} and {obj}.",
-                        subject=subject, predicate="related_to", obj=obj, evidence=[], confidence=80, tags=tags)
+    return KI.from_fact(
+        docid=docid,
+        title=f"{subject} relates to {obj}.",
+        description=f"{subject} and {obj}.",
+        subject=subject,
+        predicate="related_to",
+        obj=obj,
+        evidence=[],
+        confidence=80,
+        tags=tags,
+    )
 
 
 def test_aggregate_counts_tags_docs_entities() -> None:
@@ -46,7 +60,7 @@ def test_aggregate_counts_tags_docs_entities() -> None:
     aggs = aggregate(kis)
     assert aggs.by_tag == {"org": 2, "city": 1}
     assert aggs.by_doc == {"d1": 1, "d2": 1}
-    assert list(aggs.by_entity.items())[0] == ("acme", 2)
+    assert next(iter(aggs.by_entity.items())) == ("acme", 2)
     assert aggs.by_entity["lyon"] == 1
 
 

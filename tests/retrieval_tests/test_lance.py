@@ -34,10 +34,10 @@ def test_rows_written_after_indexing_are_searchable_without_optimize(tmp_path: P
     assert [h.ki.id for h in s.search(QueryPlan(lexical="Lovelace")).hits] == [a.id]
     b = make_ki("Grace Hopper", "Arlington", title="Grace Hopper is buried in Arlington.")
     s.upsert([b])  # lands in a fragment the FTS/label-list indices have not seen yet
-    assert [h.ki.id for h in s.search(QueryPlan(lexical="Hopper Arlington")).hits][0] == b.id
+    assert next(h.ki.id for h in s.search(QueryPlan(lexical="Hopper Arlington")).hits) == b.id
     assert [h.ki.id for h in s.search(QueryPlan(entity_tags=("entity:grace-hopper",))).hits] == [b.id]
     s.optimize()
-    assert [h.ki.id for h in s.search(QueryPlan(lexical="Hopper Arlington")).hits][0] == b.id
+    assert next(h.ki.id for h in s.search(QueryPlan(lexical="Hopper Arlington")).hits) == b.id
 
 
 def test_reopen_keeps_data_and_rejects_other_dim(tmp_path: Path) -> None:
@@ -49,7 +49,7 @@ def test_reopen_keeps_data_and_rejects_other_dim(tmp_path: Path) -> None:
     s.close()
     again = _store(tmp_path)
     assert again.count() == 3 and again.get(kis[1].id).title == kis[1].title
-    with pytest.raises(StoreError, match="embedder.dim=32"):
+    with pytest.raises(StoreError, match=r"embedder\.dim=32"):
         LanceStore(tmp_path, HashEmbedder(dim=16))
 
 
@@ -60,7 +60,9 @@ def test_tags_column_is_list_item_and_uses_label_list_index(tmp_path: Path) -> N
     assert field.value_field.name == "item"
     kinds = {tuple(i.columns): i.index_type for i in s._table.list_indices()}
     assert kinds[("tags",)] == "LabelList" and kinds[("docids",)] == "LabelList"
-    plan = s._table.search().where("array_has_any(tags, ['person'])").select(["id"]).limit(5).explain_plan(True)
+    plan = (
+        s._table.search().where("array_has_any(tags, ['person'])").select(["id"]).limit(5).explain_plan(True)
+    )
     assert "ScalarIndexQuery" in plan and "CAST" not in plan
 
 
@@ -74,7 +76,9 @@ def test_list_element_tags_silently_skip_the_index_and_are_rejected(tmp_path: Pa
     db = lancedb.connect(str(tmp_path))
     schema = pa.schema([("id", pa.string()), ("tags", pa.list_(pa.field("element", pa.string())))])
     t = db.create_table("bad", schema=schema)
-    t.add(pa.Table.from_pylist([{"id": f"k{i}", "tags": ["a", f"t{i % 3}"]} for i in range(10)], schema=schema))
+    t.add(
+        pa.Table.from_pylist([{"id": f"k{i}", "tags": ["a", f"t{i % 3}"]} for i in range(10)], schema=schema)
+    )
     t.create_scalar_index("tags", index_type="LABEL_LIST")
     plan = t.search().where("array_has_any(tags, ['t1'])").select(["id"]).limit(3).explain_plan(True)
     assert "CAST(tags" in plan and "ScalarIndexQuery" not in plan
@@ -85,10 +89,14 @@ def test_list_element_tags_silently_skip_the_index_and_are_rejected(tmp_path: Pa
 
     table_dir = tmp_path / "db" / "kis.lance"
     shutil.rmtree(table_dir)
-    bad_schema = pa.schema([
-        f if f.name not in ("tags", "docids") else pa.field(f.name, pa.list_(pa.field("element", pa.string())))
-        for f in good.schema
-    ])
+    bad_schema = pa.schema(
+        [
+            f
+            if f.name not in ("tags", "docids")
+            else pa.field(f.name, pa.list_(pa.field("element", pa.string())))
+            for f in good.schema
+        ]
+    )
     lancedb.connect(str(tmp_path / "db")).create_table("kis", schema=bad_schema)
     with pytest.raises(StoreError, match="label-list index"):
         _store(tmp_path / "db")
@@ -103,7 +111,7 @@ def test_order_by_unselected_column_under_scalar_filter_fails_but_store_selects_
     kis = [make_ki(f"Person {i}", f"City {i}", status="stale" if i % 2 else "active") for i in range(6)]
     s.upsert(kis)
     order = [ColumnOrdering(column_name="id")]
-    with pytest.raises(Exception, match="TakeExec|_rowid"):
+    with pytest.raises(Exception, match=r"TakeExec|_rowid"):
         s._table.search().where("status = 'active'").select(["title"]).order_by(order).limit(3).to_list()
     got = [k.id for k in s.iter_kis(Filter(statuses=("active",)), page_size=2)]
     assert got == sorted(k.id for k in kis[::2])
@@ -126,8 +134,10 @@ def test_sql_values_are_validated_and_quoted(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="refusing"):
         sql_quote("x') OR 1=1 --")
     sql = filter_to_sql(Filter(tags_any=("entity:paris",), doc_ids=("d2",), min_confidence=50))
-    assert sql == ("(status IN ('active', 'stale')) AND (array_has_any(tags, ['entity:paris'])) "
-                   "AND (array_has_any(docids, ['d2'])) AND (confidence >= 50)")
+    assert sql == (
+        "(status IN ('active', 'stale')) AND (array_has_any(tags, ['entity:paris'])) "
+        "AND (array_has_any(docids, ['d2'])) AND (confidence >= 50)"
+    )
     assert filter_to_sql(Filter(statuses=("active", "stale", "expired"))) is None
     s = _store(tmp_path)
     with pytest.raises(StoreError):
@@ -187,6 +197,8 @@ def test_killed_writer_loses_no_committed_batch(tmp_path: Path) -> None:
     assert total % 25 == 0 and total >= 25 * len(committed)  # no half-written batch is visible
     probe = make_ki(f"Person {committed[-1]}-7", "City 7", docid=f"b{committed[-1]}")
     assert store.get(probe.id).title == probe.title
-    hits = store.search(QueryPlan(entity_tags=(f"entity:person-{committed[-1]}-7",), lexical="Person", size=5)).hits
+    hits = store.search(
+        QueryPlan(entity_tags=(f"entity:person-{committed[-1]}-7",), lexical="Person", size=5)
+    ).hits
     assert hits[0].ki.id == probe.id
     assert store.upsert([make_ki("After", "Crash")]).ok  # the store is writable after the crash

@@ -14,12 +14,16 @@ from kitune.schema import Document
 
 
 def _docs() -> list[Document]:
-    long_text = ("Filler sentence about nothing in particular. " * 30
-                 + "The lighthouse of Alexandria was one of the Seven Wonders. "
-                 + "More filler text follows here. " * 30)
+    long_text = (
+        "Filler sentence about nothing in particular. " * 30
+        + "The lighthouse of Alexandria was one of the Seven Wonders. "
+        + "More filler text follows here. " * 30
+    )
     return [
         Document(docid="100", title="Lighthouse", text=long_text, url="http://x/100", metadata={"k": "v"}),
-        Document(docid="200", title="Gardens", text="The Hanging Gardens of Babylon are a wonder of the world."),
+        Document(
+            docid="200", title="Gardens", text="The Hanging Gardens of Babylon are a wonder of the world."
+        ),
         Document(docid="300", title="Cooking", text="Boil pasta in salted water for ten minutes."),
     ]
 
@@ -46,8 +50,12 @@ def test_search_snippets_get_and_count(tmp_path: Path) -> None:
 def test_replace_reopen_and_bad_docid(tmp_path: Path) -> None:
     cs = LanceCorpusStore(tmp_path, HashEmbedder(dim=32))
     cs.add_documents(_docs())
-    result = cs.add_documents([Document(docid="300", title="Cooking", text="Bake bread at 220 degrees."),
-                               Document(docid="bad id'", text="x")])
+    result = cs.add_documents(
+        [
+            Document(docid="300", title="Cooking", text="Bake bread at 220 degrees."),
+            Document(docid="bad id'", text="x"),
+        ]
+    )
     assert result.indexed == 1 and [f.id for f in result.failed] == ["bad id'"]
     cs.close()
     again = LanceCorpusStore(tmp_path, HashEmbedder(dim=32))

@@ -31,8 +31,12 @@ def test_memory_store_is_a_store() -> None:
 def test_weights_change_the_fused_order() -> None:
     a = make_ki("Alpha", "One", title="Zebra crossing rules.", description="Alpha one.")
     b = make_ki("Zebra", "Two", title="Unrelated words here.", description="Zebra two.")
-    lexical_heavy = MemoryStore(retrieval=RetrievalConfig(tag_weight=0.1, lexical_weight=5.0, semantic_weight=0.0))
-    tag_heavy = MemoryStore(retrieval=RetrievalConfig(tag_weight=5.0, lexical_weight=0.1, semantic_weight=0.0))
+    lexical_heavy = MemoryStore(
+        retrieval=RetrievalConfig(tag_weight=0.1, lexical_weight=5.0, semantic_weight=0.0)
+    )
+    tag_heavy = MemoryStore(
+        retrieval=RetrievalConfig(tag_weight=5.0, lexical_weight=0.1, semantic_weight=0.0)
+    )
     plan = QueryPlan(entity_tags=("entity:zebra",), lexical="zebra crossing")
     for s in (lexical_heavy, tag_heavy):
         s.upsert([a, b])
@@ -51,12 +55,16 @@ def test_configured_confidence_floor_applies() -> None:
 
 
 def _docs() -> list[Document]:
-    long_text = ("Filler sentence about nothing in particular. " * 30
-                 + "The lighthouse of Alexandria was one of the Seven Wonders. "
-                 + "More filler text follows here. " * 30)
+    long_text = (
+        "Filler sentence about nothing in particular. " * 30
+        + "The lighthouse of Alexandria was one of the Seven Wonders. "
+        + "More filler text follows here. " * 30
+    )
     return [
         Document(docid="100", title="Lighthouse", text=long_text),
-        Document(docid="200", title="Gardens", text="The Hanging Gardens of Babylon are a wonder of the world."),
+        Document(
+            docid="200", title="Gardens", text="The Hanging Gardens of Babylon are a wonder of the world."
+        ),
         Document(docid="300", title="Cooking", text="Boil pasta in salted water for ten minutes."),
     ]
 

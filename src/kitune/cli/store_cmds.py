@@ -1,10 +1,192 @@
-"""CLI commands (placeholder module: commands are added by the owning area)."""
+"""Store commands: ``kitune index``, ``kitune expire``, ``kitune stats``.
+
+``kitune index``, ``kitune expire``, ``kitune stats``: load KIs into the configured store, run
+the lifecycle sweep, and count what the store holds.
+"""
 
 from __future__ import annotations
 
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Annotated
+
 import typer
+
+from kitune.cli.common import ConfigOption, console, fail, get_config
+from kitune.errors import KituneError
+
+__all__ = ["register"]
+
+
+def _open_store(config: Path | None):
+    from kitune.retrieval import create_store
+
+    cfg = get_config(config)
+    try:
+        return cfg, create_store(cfg)
+    except KituneError as e:
+        fail(str(e))
+
+
+def index(
+    file: Annotated[
+        Path,
+        typer.Argument(
+            help="JSONL file, one KI JSON object per line (the published KI shape).", show_default=False
+        ),
+    ],
+    config: ConfigOption = None,
+    batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="KIs per store write.")] = 512,
+    show_bad: Annotated[int, typer.Option("--show-bad", min=0, help="How many bad lines to list.")] = 20,
+) -> None:
+    """Load KIs from a JSONL file into the configured store (upsert by KI id).
+
+    Re-indexing the same file is safe: a KI with an existing id replaces the stored one and
+    refreshes its last_seen. Lines that are not valid KIs are skipped and listed with their line
+    numbers; the exit code is 1 when any line or KI failed, 0 otherwise.
+
+    Example: kitune index kis.jsonl --config kitune.yaml
+    """
+    from kitune.service.stores import index_jsonl
+
+    _cfg, store = _open_store(config)
+    try:
+        report = index_jsonl(store, file, batch_size=batch_size)
+    except KituneError as e:
+        fail(str(e))
+    finally:
+        store.close()
+    w = report.write
+    typer.echo(
+        f"{report.path}: {report.lines} lines, {len(report.bad_lines)} bad, "
+        f"{w.submitted} submitted, {w.indexed} indexed, {len(w.failed)} failed "
+        f"({store.backend} store)"
+    )
+    for bad in report.bad_lines[:show_bad]:
+        console.print(f"[yellow]line {bad.line}:[/] {bad.message}")
+    if len(report.bad_lines) > show_bad:
+        console.print(f"… and {len(report.bad_lines) - show_bad} more bad lines")
+    for f in w.failed[:show_bad]:
+        console.print(f"[red]failed {f.id}:[/] {f.reason}")
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+def _parse_now(value: str | None) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        dt = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        fail(f"--now {value!r} is not an ISO date/time: use e.g. 2026-11-30 or 2026-11-30T12:00:00Z")
+    return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
+
+
+def expire(
+    config: ConfigOption = None,
+    now: Annotated[
+        str | None,
+        typer.Option("--now", help="Reference time, ISO 8601 (default: now, UTC).", show_default=False),
+    ] = None,
+    stale_after_days: Annotated[
+        float | None,
+        typer.Option(
+            "--stale-after-days", min=0.0, help="Override lifecycle.stale_after_days.", show_default=False
+        ),
+    ] = None,
+) -> None:
+    """Run the KI lifecycle sweep on the configured store.
+
+    KIs unseen (not re-extracted) for lifecycle.stale_after_days (default 7) become stale; unseen
+    for twice that, or past their expires_at, they become expired. Expired KIs are left out of
+    retrieval unless a filter asks for them. Status only moves forward; re-indexing a KI makes it
+    active again. Use --now to replay the sweep at another time.
+
+    Example: kitune expire --now 2026-12-31
+    """
+    from kitune.service.stores import expire_kis, stale_after_from
+
+    cfg, store = _open_store(config)
+    window = timedelta(days=stale_after_days) if stale_after_days is not None else stale_after_from(cfg)
+    when = _parse_now(now)
+    try:
+        result = expire_kis(store, now=when, stale_after=window)
+    except KituneError as e:
+        fail(str(e))
+    finally:
+        store.close()
+    typer.echo(
+        f"sweep at {(when or datetime.now(UTC)).isoformat(timespec='seconds')} "
+        f"(stale after {window.total_seconds() / 86400:g} days): "
+        f"{result.stale} became stale, {result.expired} became expired"
+    )
+
+
+def stats(
+    config: ConfigOption = None,
+    top: Annotated[int, typer.Option("--top", min=1, help="Rows per table (tags, docs, entities).")] = 15,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
+) -> None:
+    """Count the KIs in the configured store.
+
+    Count the KIs in the configured store: by lifecycle status, top tags, top source
+    documents and top entities.
+
+    Example: kitune stats --top 10
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    from kitune.service.stores import store_stats
+
+    _cfg, store = _open_store(config)
+    try:
+        s = store_stats(store, top=top)
+    except KituneError as e:
+        fail(str(e))
+    finally:
+        store.close()
+    if as_json:
+        typer.echo(
+            json.dumps(
+                {
+                    "total": s.total,
+                    "by_status": s.by_status,
+                    "by_tag": s.by_tag,
+                    "by_doc": s.by_doc,
+                    "by_entity": s.by_entity,
+                },
+                indent=2,
+            )
+        )
+        return
+    out = Console()
+    out.print(f"[bold]{s.total}[/] KIs in the {store.backend} store")
+    for title, counts, key in (
+        ("Status", s.by_status, "status"),
+        ("Top tags", s.by_tag, "tag"),
+        ("Top documents", s.by_doc, "doc id"),
+        ("Top entities", s.by_entity, "entity"),
+    ):
+        table = Table(title=title)
+        table.add_column(key)
+        table.add_column("KIs", justify="right")
+        for k, v in counts.items():
+            table.add_row(k, str(v))
+        out.print(table)
+
+
+def _help(func: object) -> str:
+    """The docstring with each paragraph joined into one line, so Typer reflows it to the terminal."""
+    import inspect
+
+    doc = inspect.getdoc(func) or ""
+    return "\n\n".join(" ".join(p.split()) for p in doc.split("\n\n"))
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to app."""
-    return None
+    """Add ``kitune index``, ``kitune expire`` and ``kitune stats`` to ``app``."""
+    app.command("index", help=_help(index))(index)
+    app.command("expire", help=_help(expire))(expire)
+    app.command("stats", help=_help(stats))(stats)

@@ -54,8 +54,11 @@ __all__ = [
 
 
 def lance_path(cfg: KituneConfig) -> Path:
-    """The LanceDB folder: ``store.path`` when the store is LanceDB and it is set, else
-    ``<workdir>/lancedb``."""
+    """Return the LanceDB folder for ``cfg``.
+
+    The LanceDB folder: ``store.path`` when the store is LanceDB and it is set, else
+    ``<workdir>/lancedb``.
+    """
     path = getattr(cfg.store, "path", None)
     return Path(path) if path is not None else Path(cfg.workdir) / "lancedb"
 
@@ -76,7 +79,10 @@ def create_store(cfg: KituneConfig, *, embedder: Embedder | None = None) -> Stor
         from kitune.retrieval.lance import LanceStore
 
         return LanceStore(
-            lance_path(cfg), embedder or create_embedder(cfg.embedder), config=cfg.store, retrieval=cfg.retrieval
+            lance_path(cfg),
+            embedder or create_embedder(cfg.embedder),
+            config=cfg.store,
+            retrieval=cfg.retrieval,
         )
     if store_type == "elasticsearch":
         try:
@@ -92,7 +98,9 @@ def create_store(cfg: KituneConfig, *, embedder: Embedder | None = None) -> Stor
 
 
 def create_corpus_store(cfg: KituneConfig, *, embedder: Embedder | None = None) -> CorpusStore:
-    """Build the baseline corpus store (LanceDB tables ``corpus_docs``/``corpus_chunks`` under
+    """Build the baseline corpus store from config.
+
+    Build the baseline corpus store (LanceDB tables ``corpus_docs``/``corpus_chunks`` under
     :func:`lance_path`), with passages of ``retrieval.snippet_chars``.
 
     Raises:
@@ -101,6 +109,8 @@ def create_corpus_store(cfg: KituneConfig, *, embedder: Embedder | None = None) 
     from kitune.retrieval.lance_corpus import LanceCorpusStore
 
     return LanceCorpusStore(
-        lance_path(cfg), embedder or create_embedder(cfg.embedder),
-        chunk_chars=cfg.retrieval.snippet_chars, rrf_k=cfg.retrieval.rrf_k,
+        lance_path(cfg),
+        embedder or create_embedder(cfg.embedder),
+        chunk_chars=cfg.retrieval.snippet_chars,
+        rrf_k=cfg.retrieval.rrf_k,
     )

@@ -238,22 +238,30 @@ def bulk_write(
                         retry.append((doc_id, source))
                         last_reason = reason
                     else:
-                        failed.append(WriteFailure(id=doc_id, reason=reason or f"status {status}", status=status))
+                        failed.append(
+                            WriteFailure(id=doc_id, reason=reason or f"status {status}", status=status)
+                        )
             except ApiError as e:
                 if e.meta.status == 429:
                     retry = pending
                     last_reason = f"whole bulk request rejected: {e.message}"
                 else:
-                    failed.extend(WriteFailure(id=d, reason=f"bulk request failed: {e.message}", status=e.meta.status)
-                                  for d, _ in pending)
+                    failed.extend(
+                        WriteFailure(id=d, reason=f"bulk request failed: {e.message}", status=e.meta.status)
+                        for d, _ in pending
+                    )
             except TransportError as e:
-                raise StoreUnavailableError(f"Elasticsearch unreachable during bulk: {e}", backend=BACKEND) from e
+                raise StoreUnavailableError(
+                    f"Elasticsearch unreachable during bulk: {e}", backend=BACKEND
+                ) from e
             if retry and attempt < max_retries:
                 sleep(min(backoff_s * (2**attempt), max_backoff_s))
                 attempt += 1
             elif retry:
-                failed.extend(WriteFailure(id=d, reason=f"429 after {max_retries} retries: {last_reason}", status=429)
-                              for d, _ in retry)
+                failed.extend(
+                    WriteFailure(id=d, reason=f"429 after {max_retries} retries: {last_reason}", status=429)
+                    for d, _ in retry
+                )
                 retry = []
             pending = retry
     return WriteResult(submitted=len(docs), indexed=indexed, failed=failed)
@@ -279,8 +287,9 @@ def compile_esql(plan: QueryPlan, index: str, retrieval: RetrievalConfig) -> Esq
     """
     check_index_name(index)
     if plan.is_empty():
-        raise StoreError("the query plan has no entity tags, lexical or semantic text: nothing to search",
-                         backend=BACKEND)
+        raise StoreError(
+            "the query plan has no entity tags, lexical or semantic text: nothing to search", backend=BACKEND
+        )
     flt = effective_filter(plan, retrieval)
     params: list[dict[str, Any]] = []
     n = int(retrieval.branch_size)
@@ -297,7 +306,11 @@ def compile_esql(plan: QueryPlan, index: str, retrieval: RetrievalConfig) -> Esq
     if plan.semantic.strip():
         params.append({"semantic": plan.semantic})
         branches.append(("semantic", "MATCH(description, ?semantic)"))
-    weights = {"tag": retrieval.tag_weight, "lexical": retrieval.lexical_weight, "semantic": retrieval.semantic_weight}
+    weights = {
+        "tag": retrieval.tag_weight,
+        "lexical": retrieval.lexical_weight,
+        "semantic": retrieval.semantic_weight,
+    }
     if len(branches) == 1:
         lines.append(f"| WHERE {branches[0][1]}")
     else:
@@ -323,6 +336,8 @@ def compile_facets(index: str, filters: Filter | None, by: str = "tags", limit: 
     """The facet query: ``STATS n = COUNT(*) BY <field>`` over KIs passing ``filters``.
 
     Args:
+        index: the KI index.
+        filters: conditions on the counted KIs (None: all).
         by: ``tags``, ``doc``, ``status`` or ``subtype``.
         limit: most groups returned (explicit LIMIT, case S4), 1–10000.
 
@@ -398,7 +413,9 @@ class ElasticsearchStore:
         self._preflight()
 
     @classmethod
-    def from_config(cls, cfg: ElasticsearchStoreConfig, *, retrieval: RetrievalConfig | None = None) -> ElasticsearchStore:
+    def from_config(
+        cls, cfg: ElasticsearchStoreConfig, *, retrieval: RetrievalConfig | None = None
+    ) -> ElasticsearchStore:
         """Connect using the URL (and optional API key) in the env vars ``cfg`` names.
 
         Raises:
@@ -408,11 +425,19 @@ class ElasticsearchStore:
 
         url = os.environ.get(cfg.url_env, "").strip()
         if not url:
-            raise ConfigError(f"store.type=elasticsearch needs a cluster URL: set {cfg.url_env}=http://host:9200")
+            raise ConfigError(
+                f"store.type=elasticsearch needs a cluster URL: set {cfg.url_env}=http://host:9200"
+            )
         api_key = os.environ.get(cfg.api_key_env, "").strip() if cfg.api_key_env else ""
         client = Elasticsearch(url, api_key=api_key or None, request_timeout=30)
-        return cls(client, index=cfg.index, inference_id=cfg.inference_id, retrieval=retrieval,
-                   bulk_chunk_size=cfg.bulk_chunk_size, max_retries=cfg.max_retries)
+        return cls(
+            client,
+            index=cfg.index,
+            inference_id=cfg.inference_id,
+            retrieval=retrieval,
+            bulk_chunk_size=cfg.bulk_chunk_size,
+            max_retries=cfg.max_retries,
+        )
 
     # -- start-up ----------------------------------------------------------------------------
     def _preflight(self) -> None:
@@ -450,8 +475,13 @@ class ElasticsearchStore:
             good[v.id] = v
             copies[v.id] = copies.get(v.id, 0) + 1
         result = bulk_write(
-            self.client, self.index, [(k.id, ki_to_source(k)) for k in good.values()],
-            chunk_size=self.bulk_chunk_size, max_retries=self.max_retries, refresh=self.refresh, sleep=self._sleep,
+            self.client,
+            self.index,
+            [(k.id, ki_to_source(k)) for k in good.values()],
+            chunk_size=self.bulk_chunk_size,
+            max_retries=self.max_retries,
+            refresh=self.refresh,
+            sleep=self._sleep,
         )
         failed_ids = {f.id for f in result.failed}
         indexed = sum(c for i, c in copies.items() if i not in failed_ids)
@@ -471,7 +501,10 @@ class ElasticsearchStore:
         base = to_es_filter(filters) or {"bool": {"filter": []}}
         query = {"bool": {"filter": [base], "must_not": [{"term": {"status": status}}]}}
         resp = self.client.update_by_query(
-            index=self.index, query=query, refresh=True, conflicts="proceed",
+            index=self.index,
+            query=query,
+            refresh=True,
+            conflicts="proceed",
             script={"source": "ctx._source.status = params.status", "params": {"status": status}},
         )
         return int(resp["updated"])
@@ -479,18 +512,31 @@ class ElasticsearchStore:
     def sweep(self, now: datetime, stale_after: timedelta) -> SweepResult:
         """Expire, then mark stale, by ``last_seen``/``expires_at`` ranges (status only moves forward)."""
         iso = now.isoformat()
-        expired_q = {"bool": {
-            "must_not": [{"term": {"status": "expired"}}],
-            "should": [{"range": {"last_seen": {"lt": (now - 2 * stale_after).isoformat()}}},
-                       {"range": {"expires_at": {"lte": iso}}}],
-            "minimum_should_match": 1,
-        }}
-        stale_q = {"bool": {"filter": [{"term": {"status": "active"}},
-                                       {"range": {"last_seen": {"lt": (now - stale_after).isoformat()}}}]}}
+        expired_q = {
+            "bool": {
+                "must_not": [{"term": {"status": "expired"}}],
+                "should": [
+                    {"range": {"last_seen": {"lt": (now - 2 * stale_after).isoformat()}}},
+                    {"range": {"expires_at": {"lte": iso}}},
+                ],
+                "minimum_should_match": 1,
+            }
+        }
+        stale_q = {
+            "bool": {
+                "filter": [
+                    {"term": {"status": "active"}},
+                    {"range": {"last_seen": {"lt": (now - stale_after).isoformat()}}},
+                ]
+            }
+        }
         out = []
         for query, status in ((expired_q, "expired"), (stale_q, "stale")):
             resp = self.client.update_by_query(
-                index=self.index, query=query, refresh=True, conflicts="proceed",
+                index=self.index,
+                query=query,
+                refresh=True,
+                conflicts="proceed",
                 script={"source": "ctx._source.status = params.status", "params": {"status": status}},
             )
             out.append(int(resp["updated"]))
@@ -510,19 +556,28 @@ class ElasticsearchStore:
     def count(self, filters: Filter | None = None) -> int:
         """Count KIs passing ``filters`` (all when None)."""
         query = to_es_filter(filters)
-        resp = self.client.count(index=self.index, query=query) if query else self.client.count(index=self.index)
+        resp = (
+            self.client.count(index=self.index, query=query) if query else self.client.count(index=self.index)
+        )
         return int(resp["count"])
 
     def iter_kis(self, filters: Filter | None = None, *, page_size: int = 1000) -> Iterator[KI]:
-        """Yield KIs by id ascending, paging with a point in time + ``search_after`` (never
-        ``from + size``, case S4)."""
+        """Yield KIs passing ``filters`` (all when None), by id ascending.
+
+        Yield KIs by id ascending, paging with a point in time + ``search_after`` (never
+        ``from + size``, case S4).
+        """
         pit = self.client.open_point_in_time(index=self.index, keep_alive="2m")["id"]
         query = to_es_filter(filters) or {"match_all": {}}
         after: list[Any] | None = None
         try:
             while True:
-                kwargs: dict[str, Any] = {"pit": {"id": pit, "keep_alive": "2m"}, "size": page_size,
-                                          "sort": [{"id": "asc"}], "query": query}
+                kwargs: dict[str, Any] = {
+                    "pit": {"id": pit, "keep_alive": "2m"},
+                    "size": page_size,
+                    "sort": [{"id": "asc"}],
+                    "query": query,
+                }
                 if after is not None:
                     kwargs["search_after"] = after
                 resp = self.client.search(**kwargs)
@@ -553,15 +608,25 @@ class ElasticsearchStore:
         truncated, warnings = parse_warnings(headers)
         cols = [c["name"] for c in body.get("columns", [])]
         rows = [dict(zip(cols, v, strict=False)) for v in body.get("values", [])]
-        scored = sorted(((str(r["_id"]), float(r["_score"] or 0.0)) for r in rows), key=lambda p: (-p[1], p[0]))
+        scored = sorted(
+            ((str(r["_id"]), float(r["_score"] or 0.0)) for r in rows), key=lambda p: (-p[1], p[0])
+        )
         kis: dict[str, KI] = {}
         if scored:
             got = self.client.mget(index=self.index, ids=[i for i, _ in scored])
             kis = {d["_id"]: source_to_ki(d["_source"]) for d in got["docs"] if d.get("found")}
-        hits = [Hit(ki=kis[i], score=s, rank=rank) for rank, (i, s) in enumerate(
-            ((i, s) for i, s in scored if i in kis), start=1)]
-        return SearchResult(hits=hits, aggregations=aggregate(h.ki for h in hits), compiled=q.query,
-                            took_ms=(time.perf_counter() - t0) * 1000, truncated=truncated, warnings=warnings)
+        hits = [
+            Hit(ki=kis[i], score=s, rank=rank)
+            for rank, (i, s) in enumerate(((i, s) for i, s in scored if i in kis), start=1)
+        ]
+        return SearchResult(
+            hits=hits,
+            aggregations=aggregate(h.ki for h in hits),
+            compiled=q.query,
+            took_ms=(time.perf_counter() - t0) * 1000,
+            truncated=truncated,
+            warnings=warnings,
+        )
 
     def facets(self, filters: Filter | None = None, by: str = "tags", limit: int = 100) -> dict[str, int]:
         """Counts per ``by`` value over every KI passing ``filters`` (the STATS query)."""
@@ -572,7 +637,9 @@ class ElasticsearchStore:
         body = self.client.esql.query(**kwargs)
         body = body.body if hasattr(body, "body") else body
         cols = [c["name"] for c in body.get("columns", [])]
-        return {str(r[cols.index(_FACET_FIELDS[by])]): int(r[cols.index("n")]) for r in body.get("values", [])}
+        return {
+            str(r[cols.index(_FACET_FIELDS[by])]): int(r[cols.index("n")]) for r in body.get("values", [])
+        }
 
     def close(self) -> None:
         """Close the client. Idempotent."""

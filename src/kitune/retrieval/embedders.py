@@ -1,4 +1,6 @@
-"""Text embedders: the :class:`Embedder` protocol, a deterministic :class:`HashEmbedder` for tests,
+"""Text embedders (protocol, deterministic hashing, offline WordLlama).
+
+Text embedders: the :class:`Embedder` protocol, a deterministic :class:`HashEmbedder` for tests,
 and :class:`WordLlamaEmbedder`, the offline default (its model ships inside the ``wordllama`` wheel).
 
 Every embedder returns a ``numpy.float32`` array of shape ``(n, dim)`` whose rows are
@@ -120,12 +122,16 @@ class WordLlamaEmbedder:
             import wordllama
             from wordllama import WordLlama
         except ImportError as e:  # pragma: no cover - pinned dependency
-            raise ConfigError("wordllama is not installed: pip install wordllama, or set embedder.type=hash") from e
+            raise ConfigError(
+                "wordllama is not installed: pip install wordllama, or set embedder.type=hash"
+            ) from e
         package_dir = Path(wordllama.__file__).resolve().parent
         load_dim = 256 if dim <= 256 else dim
         try:
             with self._lock:
-                self._model = WordLlama.load(cache_dir=package_dir, disable_download=True, dim=load_dim, trunc_dim=dim)
+                self._model = WordLlama.load(
+                    cache_dir=package_dir, disable_download=True, dim=load_dim, trunc_dim=dim
+                )
         except Exception as e:
             raise ConfigError(
                 f"could not load the WordLlama model (dim={dim}) from {package_dir}: {e}; "

@@ -132,7 +132,9 @@ class BM25:
         n = len(self._tf)
         self._idf = {t: math.log(1 + (n - d + 0.5) / (d + 0.5)) for t, d in df.items()}
 
-    def rank(self, query: str, candidates: Iterable[str] | None = None, limit: int = 50) -> list[tuple[str, float]]:
+    def rank(
+        self, query: str, candidates: Iterable[str] | None = None, limit: int = 50
+    ) -> list[tuple[str, float]]:
         """Score ``candidates`` (default: all) against ``query``.
 
         Returns:
@@ -159,7 +161,9 @@ class BM25:
 
 
 def chunk_text(text: str, max_chars: int = 700) -> list[str]:
-    """Split ``text`` into passages of at most ``max_chars``, cutting at paragraph, sentence or word
+    """Split text into passages of bounded size.
+
+    Split ``text`` into passages of at most ``max_chars``, cutting at paragraph, sentence or word
     boundaries where possible. Whitespace-only text gives ``[]``.
 
     Raises:

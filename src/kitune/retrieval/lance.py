@@ -63,20 +63,22 @@ _ID_COLUMNS = ["id", "json", "status"]
 def ki_schema(dim: int) -> pa.Schema:
     """The KI table schema for embeddings of ``dim`` floats (list fields named ``item``)."""
     strings = pa.list_(pa.field("item", pa.string()))
-    return pa.schema([
-        pa.field("id", pa.string(), nullable=False),
-        pa.field("title", pa.string()),
-        pa.field("description", pa.string()),
-        pa.field("tags", strings),
-        pa.field("docids", strings),
-        pa.field("status", pa.string()),
-        pa.field("confidence", pa.int32()),
-        pa.field("subtype", pa.string()),
-        pa.field("last_seen_us", pa.int64()),
-        pa.field("expires_at_us", pa.int64()),
-        pa.field("json", pa.string()),
-        pa.field("vector", pa.list_(pa.float32(), dim)),
-    ])
+    return pa.schema(
+        [
+            pa.field("id", pa.string(), nullable=False),
+            pa.field("title", pa.string()),
+            pa.field("description", pa.string()),
+            pa.field("tags", strings),
+            pa.field("docids", strings),
+            pa.field("status", pa.string()),
+            pa.field("confidence", pa.int32()),
+            pa.field("subtype", pa.string()),
+            pa.field("last_seen_us", pa.int64()),
+            pa.field("expires_at_us", pa.int64()),
+            pa.field("json", pa.string()),
+            pa.field("vector", pa.list_(pa.float32(), dim)),
+        ]
+    )
 
 
 def sql_quote(value: str) -> str:
@@ -89,7 +91,8 @@ def sql_quote(value: str) -> str:
     if not _SAFE_VALUE_RE.match(value):
         raise StoreError(
             f"refusing to put {value!r} into a LanceDB filter: ids, tags and doc ids may only use "
-            "A-Z a-z 0-9 . _ : / @ + - (at most 256 chars)", backend="lancedb",
+            "A-Z a-z 0-9 . _ : / @ + - (at most 256 chars)",
+            backend="lancedb",
         )
     return "'" + value.replace("'", "''") + "'"
 
@@ -199,7 +202,9 @@ class LanceStore:
             self._db = lancedb.connect(str(self.path))
             names = self._db.table_names()
         except Exception as e:  # lancedb raises plain OSError/RuntimeError here
-            raise StoreUnavailableError(f"cannot open LanceDB at {self.path}: {e}", backend=self.backend) from e
+            raise StoreUnavailableError(
+                f"cannot open LanceDB at {self.path}: {e}", backend=self.backend
+            ) from e
         name = self.config.table
         if name in names:
             self._table = self._db.open_table(name)
@@ -214,15 +219,17 @@ class LanceStore:
             field = schema.field(col).type
             if pa.types.is_list(field) and field.value_field.name != "item":
                 raise StoreError(
-                    f"table {self.config.table!r} at {self.path} stores {col} as list<{field.value_field.name}: "
-                    "string>, which silently disables the label-list index; re-create it (delete the folder "
-                    "and run `kitune index` again)", backend=self.backend,
+                    f"table {self.config.table!r} at {self.path} stores {col} as "
+                    f"list<{field.value_field.name}: string>, which silently disables the label-list "
+                    "index; re-create it (delete the folder and run `kitune index` again)",
+                    backend=self.backend,
                 )
         vec = schema.field("vector").type
         if vec.list_size != self.embedder.dim:
             raise StoreError(
-                f"table {self.config.table!r} at {self.path} holds {vec.list_size}-dim vectors but the embedder "
-                f"makes {self.embedder.dim}-dim ones: set embedder.dim={vec.list_size} or use a new store path",
+                f"table {self.config.table!r} at {self.path} holds {vec.list_size}-dim vectors but the "
+                f"embedder makes {self.embedder.dim}-dim ones: set embedder.dim={vec.list_size} or use a "
+                "new store path",
                 backend=self.backend,
             )
 
@@ -232,7 +239,7 @@ class LanceStore:
         return self.path / f"{self.config.table}.lance"
 
     def _sync_files(self) -> None:
-        """fsync every file under the table folder not synced before, then every folder."""
+        """Fsync every file under the table folder not synced before, then every folder."""
         if not self.fsync:
             return
         root = self.table_dir
@@ -257,7 +264,10 @@ class LanceStore:
 
         existing = {tuple(i.columns): i.index_type for i in self._table.list_indices()}
         wanted = [
-            ("id", BTree()), ("tags", LabelList()), ("docids", LabelList()), ("status", Bitmap()),
+            ("id", BTree()),
+            ("tags", LabelList()),
+            ("docids", LabelList()),
+            ("status", Bitmap()),
             ("title", FTS(with_position=False)),
         ]
         for col, cfg in wanted:
@@ -331,7 +341,8 @@ class LanceStore:
                 except Exception as e:  # one failed commit reports its batch, never aborts the rest
                     failed.extend(
                         WriteFailure(id=k.id, reason=f"LanceDB write failed: {e}")
-                        for k in batch for _ in range(copies[k.id])
+                        for k in batch
+                        for _ in range(copies[k.id])
                     )
                     continue
                 written += sum(copies[k.id] for k in batch)
@@ -366,8 +377,11 @@ class LanceStore:
         return int(result.rows_updated)
 
     def sweep(self, now: datetime, stale_after: timedelta) -> SweepResult:
-        """Expire KIs unseen for twice ``stale_after`` or past ``expires_at``, then mark KIs unseen
-        for ``stale_after`` stale. Status only moves forward."""
+        """Run the lifecycle sweep with two ``update(where=...)`` calls.
+
+        Expire KIs unseen for twice ``stale_after`` or past ``expires_at``, then mark KIs unseen
+        for ``stale_after`` stale. Status only moves forward.
+        """
         now_us = _micros(now)
         stale_us = int(stale_after.total_seconds() * 1_000_000)
         expire_pred = (
@@ -440,7 +454,9 @@ class LanceStore:
         """The plan as this store runs it: per-branch SQL filters and the RRF settings (JSON-able)."""
         r = self.retrieval
         where = filter_to_sql(effective_filter(plan, r))
-        tag_pred = _and(where, f"array_has_any(tags, {_sql_list(plan.entity_tags)})") if plan.entity_tags else None
+        tag_pred = (
+            _and(where, f"array_has_any(tags, {_sql_list(plan.entity_tags)})") if plan.entity_tags else None
+        )
         return {
             "backend": self.backend,
             "table": self.config.table,
@@ -448,9 +464,16 @@ class LanceStore:
             "branches": {
                 "tag": {"where": tag_pred, "limit": r.branch_size} if plan.entity_tags else None,
                 "lexical": {"match": plan.lexical, "column": "title", "limit": r.branch_size}
-                if plan.lexical.strip() else None,
-                "semantic": {"text": plan.semantic, "column": "vector", "metric": "cosine", "limit": r.branch_size}
-                if plan.semantic.strip() else None,
+                if plan.lexical.strip()
+                else None,
+                "semantic": {
+                    "text": plan.semantic,
+                    "column": "vector",
+                    "metric": "cosine",
+                    "limit": r.branch_size,
+                }
+                if plan.semantic.strip()
+                else None,
             },
             "rrf_k": r.rrf_k,
             "weights": branch_weights(r),
@@ -462,9 +485,12 @@ class LanceStore:
 
         pred = _and(where, f"array_has_any(tags, {_sql_list(plan.entity_tags)})")
         rows = (
-            self._table.search().where(pred).select(["id", "tags"])
+            self._table.search()
+            .where(pred)
+            .select(["id", "tags"])
             .order_by([ColumnOrdering(column_name="id", ascending=True)])
-            .limit(max(n * 20, 200)).to_list()
+            .limit(max(n * 20, 200))
+            .to_list()
         )
         wanted = set(plan.entity_tags)
         counted = sorted(((len(wanted & set(r["tags"])), r["id"]) for r in rows), key=lambda c: (-c[0], c[1]))
@@ -473,7 +499,9 @@ class LanceStore:
     def _branch_lexical(self, plan: QueryPlan, where: str | None, n: int) -> list[str]:
         from lancedb.query import MatchQuery
 
-        if self._indexed_rows <= 0 and not any(tuple(i.columns) == ("title",) for i in self._table.list_indices()):
+        if self._indexed_rows <= 0 and not any(
+            tuple(i.columns) == ("title",) for i in self._table.list_indices()
+        ):
             return []
         query = self._table.search(MatchQuery(plan.lexical, "title"), query_type="fts")
         if where:
@@ -484,7 +512,9 @@ class LanceStore:
 
     def _branch_semantic(self, plan: QueryPlan, where: str | None, n: int) -> list[str]:
         vec = self.embedder.embed([plan.semantic])[0]
-        query = self._table.search(vec, vector_column_name="vector", query_type="vector").distance_type("cosine")
+        query = self._table.search(vec, vector_column_name="vector", query_type="vector").distance_type(
+            "cosine"
+        )
         if where:
             query = query.where(where, prefilter=True)
         rows = query.select(["id"]).limit(n).to_list()

@@ -1,4 +1,6 @@
-"""The baseline's corpus store on LanceDB: raw documents, chunked into passages, searched with
+"""The baseline's corpus store on LanceDB.
+
+The baseline's corpus store on LanceDB: raw documents, chunked into passages, searched with
 BM25 (native FTS) + cosine vectors, fused with RRF and grouped per document.
 
 Two tables in one database folder: ``<prefix>docs`` (full documents, for ``get``) and
@@ -26,23 +28,27 @@ from kitune.schema import Document
 
 __all__ = ["LanceCorpusStore"]
 
-_DOC_SCHEMA = pa.schema([
-    pa.field("docid", pa.string(), nullable=False),
-    pa.field("title", pa.string()),
-    pa.field("text", pa.string()),
-    pa.field("url", pa.string()),
-    pa.field("source", pa.string()),
-    pa.field("metadata", pa.string()),
-])
+_DOC_SCHEMA = pa.schema(
+    [
+        pa.field("docid", pa.string(), nullable=False),
+        pa.field("title", pa.string()),
+        pa.field("text", pa.string()),
+        pa.field("url", pa.string()),
+        pa.field("source", pa.string()),
+        pa.field("metadata", pa.string()),
+    ]
+)
 
 
 def _chunk_schema(dim: int) -> pa.Schema:
-    return pa.schema([
-        pa.field("chunk_id", pa.string(), nullable=False),
-        pa.field("docid", pa.string()),
-        pa.field("text", pa.string()),
-        pa.field("vector", pa.list_(pa.float32(), dim)),
-    ])
+    return pa.schema(
+        [
+            pa.field("chunk_id", pa.string(), nullable=False),
+            pa.field("docid", pa.string()),
+            pa.field("text", pa.string()),
+            pa.field("vector", pa.list_(pa.float32(), dim)),
+        ]
+    )
 
 
 class LanceCorpusStore:
@@ -84,18 +90,24 @@ class LanceCorpusStore:
             db = lancedb.connect(str(self.path))
             names = set(db.table_names())
         except Exception as e:
-            raise StoreUnavailableError(f"cannot open LanceDB at {self.path}: {e}", backend=self.backend) from e
+            raise StoreUnavailableError(
+                f"cannot open LanceDB at {self.path}: {e}", backend=self.backend
+            ) from e
         docs_name, chunks_name = f"{prefix}docs", f"{prefix}chunks"
-        self._docs = db.open_table(docs_name) if docs_name in names else db.create_table(docs_name, schema=_DOC_SCHEMA)
+        self._docs = (
+            db.open_table(docs_name) if docs_name in names else db.create_table(docs_name, schema=_DOC_SCHEMA)
+        )
         self._chunks = (
-            db.open_table(chunks_name) if chunks_name in names
+            db.open_table(chunks_name)
+            if chunks_name in names
             else db.create_table(chunks_name, schema=self._chunk_schema)
         )
         dim = self._chunks.schema.field("vector").type.list_size
         if dim != self.embedder.dim:
             raise StoreError(
                 f"corpus store at {self.path} holds {dim}-dim vectors but the embedder makes "
-                f"{self.embedder.dim}-dim ones: set embedder.dim={dim} or use a new path", backend=self.backend,
+                f"{self.embedder.dim}-dim ones: set embedder.dim={dim} or use a new path",
+                backend=self.backend,
             )
         self._has_fts = any(tuple(i.columns) == ("text",) for i in self._chunks.list_indices())
 
@@ -128,7 +140,9 @@ class LanceCorpusStore:
             return WriteResult(submitted=len(docs), indexed=0, failed=failed)
         chunk_rows: dict[str, list[object]] = {n: [] for n in self._chunk_schema.names}
         for d in good.values():
-            passages = chunk_text(f"{d.title}\n\n{d.text}" if d.title else d.text, self.chunk_chars) or [d.title or " "]
+            passages = chunk_text(f"{d.title}\n\n{d.text}" if d.title else d.text, self.chunk_chars) or [
+                d.title or " "
+            ]
             vecs = self.embedder.embed(passages)
             for n, (p, v) in enumerate(zip(passages, vecs, strict=True)):
                 chunk_rows["chunk_id"].append(f"{d.docid}#{n}")
@@ -136,8 +150,17 @@ class LanceCorpusStore:
                 chunk_rows["text"].append(p)
                 chunk_rows["vector"].append(np.asarray(v, dtype=np.float32))
         doc_rows = pa.Table.from_pylist(
-            [{"docid": d.docid, "title": d.title, "text": d.text, "url": d.url, "source": d.source,
-              "metadata": json.dumps(d.metadata, sort_keys=True)} for d in good.values()],
+            [
+                {
+                    "docid": d.docid,
+                    "title": d.title,
+                    "text": d.text,
+                    "url": d.url,
+                    "source": d.source,
+                    "metadata": json.dumps(d.metadata, sort_keys=True),
+                }
+                for d in good.values()
+            ],
             schema=_DOC_SCHEMA,
         )
         ids = "docid IN (" + ", ".join(sql_quote(i) for i in good) + ")"
@@ -145,11 +168,15 @@ class LanceCorpusStore:
             try:
                 self._chunks.delete(ids)
                 self._chunks.add(pa.Table.from_pydict(chunk_rows, schema=self._chunk_schema))
-                self._docs.merge_insert("docid").when_matched_update_all().when_not_matched_insert_all().execute(
-                    doc_rows)
+                self._docs.merge_insert(
+                    "docid"
+                ).when_matched_update_all().when_not_matched_insert_all().execute(doc_rows)
             except Exception as e:
-                failed.extend(WriteFailure(id=i, reason=f"LanceDB write failed: {e}")
-                              for i in good for _ in range(copies[i]))
+                failed.extend(
+                    WriteFailure(id=i, reason=f"LanceDB write failed: {e}")
+                    for i in good
+                    for _ in range(copies[i])
+                )
                 return WriteResult(submitted=len(docs), indexed=0, failed=failed)
             self._ensure_indices()
             self._sync()
@@ -167,9 +194,14 @@ class LanceCorpusStore:
             self._chunks.optimize()
             self._docs.optimize()
 
-    def search(self, query: str, *, k: int = 10, snippets_per_hit: int = 3, snippet_chars: int = 700) -> list[CorpusHit]:
-        """Return at most ``k`` documents, best first, each with up to ``snippets_per_hit`` passages
-        of at most ``snippet_chars`` (BM25 + vector passage rankings fused with RRF)."""
+    def search(
+        self, query: str, *, k: int = 10, snippets_per_hit: int = 3, snippet_chars: int = 700
+    ) -> list[CorpusHit]:
+        """Search passages and group them per document.
+
+        Return at most ``k`` documents, best first, each with up to ``snippets_per_hit`` passages
+        of at most ``snippet_chars`` (BM25 + vector passage rankings fused with RRF).
+        """
         from lancedb.query import MatchQuery
 
         if not query.strip() or self._chunks.count_rows() == 0:
@@ -178,15 +210,22 @@ class LanceCorpusStore:
         chunks: dict[str, tuple[str, str]] = {}
         lexical: list[str] = []
         if self._has_fts:
-            rows = self._chunks.search(MatchQuery(query, "text"), query_type="fts").select(
-                ["chunk_id", "docid", "text"]).limit(n).to_list()
+            rows = (
+                self._chunks.search(MatchQuery(query, "text"), query_type="fts")
+                .select(["chunk_id", "docid", "text"])
+                .limit(n)
+                .to_list()
+            )
             rows.sort(key=lambda r: (-float(r["_score"]), r["chunk_id"]))
             lexical = [r["chunk_id"] for r in rows]
             chunks.update({r["chunk_id"]: (r["docid"], r["text"]) for r in rows})
         vec = self.embedder.embed([query])[0]
         rows = (
-            self._chunks.search(vec, vector_column_name="vector", query_type="vector").distance_type("cosine")
-            .select(["chunk_id", "docid", "text"]).limit(n).to_list()
+            self._chunks.search(vec, vector_column_name="vector", query_type="vector")
+            .distance_type("cosine")
+            .select(["chunk_id", "docid", "text"])
+            .limit(n)
+            .to_list()
         )
         rows.sort(key=lambda r: (round(float(r["_distance"]), 6), r["chunk_id"]))
         semantic = [r["chunk_id"] for r in rows]
@@ -194,8 +233,15 @@ class LanceCorpusStore:
         fused = rrf_fuse({"lexical": lexical, "semantic": semantic}, {}, self.rrf_k)
         docids = list(dict.fromkeys(chunks[f.id][0] for f in fused))[: max(k, 1) * 4]
         titles = self._titles(docids)
-        return group_chunks([(f.id, f.score) for f in fused], chunks, titles, query,
-                            k=k, snippets_per_hit=snippets_per_hit, snippet_chars=snippet_chars)
+        return group_chunks(
+            [(f.id, f.score) for f in fused],
+            chunks,
+            titles,
+            query,
+            k=k,
+            snippets_per_hit=snippets_per_hit,
+            snippet_chars=snippet_chars,
+        )
 
     def _titles(self, docids: Sequence[str]) -> dict[str, str]:
         if not docids:
@@ -214,14 +260,20 @@ class LanceCorpusStore:
         if not rows:
             raise DocumentNotFoundError(docid, backend=self.backend)
         r = rows[0]
-        return Document(docid=r["docid"], text=r["text"] or "", title=r["title"] or "", url=r["url"] or "",
-                        source=r["source"] or "", metadata=json.loads(r["metadata"] or "{}"))
+        return Document(
+            docid=r["docid"],
+            text=r["text"] or "",
+            title=r["title"] or "",
+            url=r["url"] or "",
+            source=r["source"] or "",
+            metadata=json.loads(r["metadata"] or "{}"),
+        )
 
     def count(self) -> int:
         """Number of documents."""
         return int(self._docs.count_rows())
 
     def close(self) -> None:
-        """fsync and release. Idempotent."""
+        """Fsync and release. Idempotent."""
         with self._lock:
             self._sync()

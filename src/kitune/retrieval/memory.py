@@ -1,4 +1,6 @@
-"""Pure-Python, in-process reference stores: :class:`MemoryStore` (KIs) and
+"""Pure-Python, in-process reference stores.
+
+Pure-Python, in-process reference stores: :class:`MemoryStore` (KIs) and
 :class:`MemoryCorpusStore` (raw documents).
 
 They implement the contracts in :mod:`kitune.retrieval.base` with the shared ranking code in
@@ -25,7 +27,14 @@ from kitune.retrieval.embedders import Embedder, HashEmbedder
 from kitune.retrieval.fusion import BM25, aggregate, branch_weights, chunk_text, rrf_fuse, trim_snippet
 from kitune.schema import Document, Filter, QueryPlan
 
-__all__ = ["MemoryCorpusStore", "MemoryStore", "effective_filter", "group_chunks", "sweep_status", "validate_ki"]
+__all__ = [
+    "MemoryCorpusStore",
+    "MemoryStore",
+    "effective_filter",
+    "group_chunks",
+    "sweep_status",
+    "validate_ki",
+]
 
 _STATUS_ORDER = {"active": 0, "stale": 1, "expired": 2}
 
@@ -48,9 +57,14 @@ def effective_filter(plan: QueryPlan, retrieval: RetrievalConfig) -> Filter:
 
 
 def sweep_status(ki: KI, now: datetime, stale_after: timedelta) -> KIStatus | None:
-    """The status a sweep moves ``ki`` to, or None when it stays. Status only moves forward
-    (active → stale → expired); a sweep never revives a KI."""
-    target = lifecycle_status(ki.payload.last_seen, now, stale_after=stale_after, expires_at=ki.payload.expires_at)
+    """Return the status a sweep moves ``ki`` to, or None when it stays.
+
+    The status a sweep moves ``ki`` to, or None when it stays. Status only moves forward
+    (active → stale → expired); a sweep never revives a KI.
+    """
+    target = lifecycle_status(
+        ki.payload.last_seen, now, stale_after=stale_after, expires_at=ki.payload.expires_at
+    )
     if _STATUS_ORDER[target] > _STATUS_ORDER[ki.payload.status]:
         return target
     return None
@@ -80,8 +94,11 @@ class MemoryStore:
 
     # -- writes -------------------------------------------------------------------------------
     def upsert(self, kis: Sequence[KI]) -> WriteResult:
-        """Insert or replace KIs by id; the last duplicate in ``kis`` wins. Invalid KIs are
-        reported in ``failed`` and never abort the rest."""
+        """Insert or replace KIs by id.
+
+        Insert or replace KIs by id; the last duplicate in ``kis`` wins. Invalid KIs are
+        reported in ``failed`` and never abort the rest.
+        """
         good: dict[str, KI] = {}
         failed: list[WriteFailure] = []
         for ki in kis:
@@ -216,7 +233,9 @@ class MemoryStore:
 
 
 class MemoryCorpusStore:
-    """In-process :class:`~kitune.retrieval.base.CorpusStore`: documents cut into passages of at
+    """In-process corpus store.
+
+    In-process :class:`~kitune.retrieval.base.CorpusStore`: documents cut into passages of at
     most ``chunk_chars``, searched by BM25 + cosine, fused with RRF, grouped per document.
 
     Args:
@@ -243,7 +262,9 @@ class MemoryCorpusStore:
         good: dict[str, Document] = {}
         for d in docs:
             if not isinstance(d, Document) or not d.docid:
-                failed.append(WriteFailure(id=str(getattr(d, "docid", "?")), reason="not a Document with a docid"))
+                failed.append(
+                    WriteFailure(id=str(getattr(d, "docid", "?")), reason="not a Document with a docid")
+                )
             else:
                 good[d.docid] = d
         with self._lock:
@@ -252,7 +273,9 @@ class MemoryCorpusStore:
                     del self._chunks[cid]
                     self._vectors.pop(cid, None)
                 self._docs[docid] = d
-                passages = chunk_text(f"{d.title}\n\n{d.text}" if d.title else d.text, self.chunk_chars) or [d.title]
+                passages = chunk_text(f"{d.title}\n\n{d.text}" if d.title else d.text, self.chunk_chars) or [
+                    d.title
+                ]
                 vecs = self.embedder.embed(passages)
                 for n, (p, v) in enumerate(zip(passages, vecs, strict=True)):
                     cid = f"{docid}#{n}"
@@ -261,9 +284,14 @@ class MemoryCorpusStore:
             self._bm25 = None
         return WriteResult(submitted=len(docs), indexed=len(docs) - len(failed), failed=failed)
 
-    def search(self, query: str, *, k: int = 10, snippets_per_hit: int = 3, snippet_chars: int = 700) -> list[CorpusHit]:
-        """Return at most ``k`` documents, best first (ties by docid), each with up to
-        ``snippets_per_hit`` passages of at most ``snippet_chars``."""
+    def search(
+        self, query: str, *, k: int = 10, snippets_per_hit: int = 3, snippet_chars: int = 700
+    ) -> list[CorpusHit]:
+        """Search passages and group them per document.
+
+        Return at most ``k`` documents, best first (ties by docid), each with up to
+        ``snippets_per_hit`` passages of at most ``snippet_chars``.
+        """
         with self._lock:
             if not query.strip() or not self._chunks:
                 return []
@@ -277,8 +305,13 @@ class MemoryCorpusStore:
             fused = rrf_fuse({"lexical": lexical, "semantic": semantic}, {}, self.rrf_k)
             titles = {d: doc.title for d, doc in self._docs.items()}
             return group_chunks(
-                [(f.id, f.score) for f in fused], self._chunks, titles, query,
-                k=k, snippets_per_hit=snippets_per_hit, snippet_chars=snippet_chars,
+                [(f.id, f.score) for f in fused],
+                self._chunks,
+                titles,
+                query,
+                k=k,
+                snippets_per_hit=snippets_per_hit,
+                snippet_chars=snippet_chars,
             )
 
     def get(self, docid: str) -> Document:
@@ -310,6 +343,10 @@ def group_chunks(
         ranked: ``(chunk_id, score)`` best first.
         chunks: chunk id → ``(docid, passage)``.
         titles: docid → title.
+        query: the query, to centre snippets on its first matching term.
+        k: most documents returned.
+        snippets_per_hit: most passages per document.
+        snippet_chars: most characters per passage.
     """
     order: list[str] = []
     best: dict[str, float] = {}
@@ -325,6 +362,4 @@ def group_chunks(
         if len(snippets[docid]) < snippets_per_hit:
             snippets[docid].append(trim_snippet(passage, query, snippet_chars))
     order.sort(key=lambda d: (-best[d], d))
-    return [
-        CorpusHit(docid=d, title=titles.get(d, ""), snippets=snippets[d], score=best[d]) for d in order
-    ]
+    return [CorpusHit(docid=d, title=titles.get(d, ""), snippets=snippets[d], score=best[d]) for d in order]

@@ -1,4 +1,6 @@
-"""The store conformance suite: one pytest class every :class:`~kitune.retrieval.base.Store`
+"""The store conformance suite.
+
+The store conformance suite: one pytest class every :class:`~kitune.retrieval.base.Store`
 backend runs (optuna ``StorageTestCase`` style).
 
 Use it by subclassing and providing a ``store`` fixture that yields a fresh, empty store::
@@ -87,36 +89,74 @@ class StoreContract:
 
     @pytest.fixture
     def store(self) -> Any:  # pragma: no cover - overridden
+        """A fresh, empty store (subclasses override this fixture)."""
         raise NotImplementedError("subclass StoreContract and provide a `store` fixture")
 
     @pytest.fixture
     def corpus(self, store: Store) -> dict[str, KI]:
         """Six KIs over three docs; two share the entity ``entity:marie-curie``."""
         kis = {
-            "curie_born": make_ki("Marie Curie", "Warsaw", docid="d1", predicate="born_in",
-                                  title="Marie Curie was born in Warsaw.",
-                                  description="Marie Curie, the physicist, was born in Warsaw in 1867.",
-                                  tags=["person"], confidence=95),
-            "curie_prize": make_ki("Marie Curie", "Nobel Prize", docid="d1", predicate="received",
-                                   title="Marie Curie received the Nobel Prize in Physics.",
-                                   description="In 1903 Marie Curie shared the Nobel Prize in Physics.",
-                                   tags=["person", "award"], confidence=90),
-            "eiffel": make_ki("Eiffel Tower", "Paris", docid="d2", predicate="located_in",
-                              title="The Eiffel Tower stands in Paris.",
-                              description="The Eiffel Tower is a wrought-iron tower located in Paris, France.",
-                              tags=["landmark"], confidence=70),
-            "louvre": make_ki("Louvre", "Paris", docid="d2", predicate="located_in",
-                              title="The Louvre museum is located in Paris.",
-                              description="The Louvre is the world's most-visited art museum, in Paris.",
-                              tags=["landmark", "museum"], confidence=40),
-            "old": make_ki("Old Bridge", "Mostar", docid="d3", predicate="located_in",
-                           title="The Old Bridge crosses the river in Mostar.",
-                           description="Stari Most, the Old Bridge, spans the Neretva in Mostar.",
-                           tags=["landmark"], status="expired"),
-            "stale": make_ki("Pierre Curie", "Marie Curie", docid="d3", predicate="married_to",
-                             title="Pierre Curie was married to Marie Curie.",
-                             description="Pierre Curie married Marie Curie in 1895 in Sceaux.",
-                             tags=["person"], status="stale", confidence=60),
+            "curie_born": make_ki(
+                "Marie Curie",
+                "Warsaw",
+                docid="d1",
+                predicate="born_in",
+                title="Marie Curie was born in Warsaw.",
+                description="Marie Curie, the physicist, was born in Warsaw in 1867.",
+                tags=["person"],
+                confidence=95,
+            ),
+            "curie_prize": make_ki(
+                "Marie Curie",
+                "Nobel Prize",
+                docid="d1",
+                predicate="received",
+                title="Marie Curie received the Nobel Prize in Physics.",
+                description="In 1903 Marie Curie shared the Nobel Prize in Physics.",
+                tags=["person", "award"],
+                confidence=90,
+            ),
+            "eiffel": make_ki(
+                "Eiffel Tower",
+                "Paris",
+                docid="d2",
+                predicate="located_in",
+                title="The Eiffel Tower stands in Paris.",
+                description="The Eiffel Tower is a wrought-iron tower located in Paris, France.",
+                tags=["landmark"],
+                confidence=70,
+            ),
+            "louvre": make_ki(
+                "Louvre",
+                "Paris",
+                docid="d2",
+                predicate="located_in",
+                title="The Louvre museum is located in Paris.",
+                description="The Louvre is the world's most-visited art museum, in Paris.",
+                tags=["landmark", "museum"],
+                confidence=40,
+            ),
+            "old": make_ki(
+                "Old Bridge",
+                "Mostar",
+                docid="d3",
+                predicate="located_in",
+                title="The Old Bridge crosses the river in Mostar.",
+                description="Stari Most, the Old Bridge, spans the Neretva in Mostar.",
+                tags=["landmark"],
+                status="expired",
+            ),
+            "stale": make_ki(
+                "Pierre Curie",
+                "Marie Curie",
+                docid="d3",
+                predicate="married_to",
+                title="Pierre Curie was married to Marie Curie.",
+                description="Pierre Curie married Marie Curie in 1895 in Sceaux.",
+                tags=["person"],
+                status="stale",
+                confidence=60,
+            ),
         }
         result = store.upsert(list(kis.values()))
         assert result.ok, result
@@ -124,12 +164,14 @@ class StoreContract:
 
     # -- upsert + accounting ------------------------------------------------------------------
     def test_upsert_then_get_roundtrips(self, store: Store, corpus: dict[str, KI]) -> None:
+        """Contract: upsert then get roundtrips."""
         for ki in corpus.values():
             got = store.get(ki.id)
             assert got.model_dump(mode="json") == ki.model_dump(mode="json")
         assert store.count() == 6
 
     def test_upsert_replaces_by_id_and_refreshes_last_seen(self, store: Store, corpus: dict[str, KI]) -> None:
+        """Contract: upsert replaces by id and refreshes last seen."""
         old = corpus["eiffel"]
         newer = old.model_copy(deep=True)
         newer.title = "The Eiffel Tower stands in Paris, France."
@@ -142,6 +184,7 @@ class StoreContract:
         assert store.count() == 6
 
     def test_last_duplicate_in_one_call_wins(self, store: Store) -> None:
+        """Contract: last duplicate in one call wins."""
         a = make_ki("Ada Lovelace", "London", title="Ada Lovelace lived in London.")
         b = a.model_copy(deep=True)
         b.title = "Ada Lovelace was born in London."
@@ -151,9 +194,15 @@ class StoreContract:
         assert store.count() == 1
 
     def test_accounting_with_bad_kis(self, store: Store) -> None:
+        """Contract: accounting with bad kis."""
         good = [make_ki(f"Entity {i}", f"Value {i}") for i in range(5)]
-        bad = KI.model_construct(**{**good[0].model_dump(), "id": "ki-bad", "payload": good[0].payload.model_copy(
-            update={"confidence": 150})})
+        bad = KI.model_construct(
+            **{
+                **good[0].model_dump(),
+                "id": "ki-bad",
+                "payload": good[0].payload.model_copy(update={"confidence": 150}),
+            }
+        )
         result = store.upsert([*good[:3], bad, *good[3:]])
         assert result.submitted == 6
         assert result.indexed == 5
@@ -165,11 +214,13 @@ class StoreContract:
             store.get("ki-bad")
 
     def test_empty_upsert(self, store: Store) -> None:
+        """Contract: empty upsert."""
         result = store.upsert([])
         assert (result.submitted, result.indexed, result.failed) == (0, 0, [])
 
     # -- get / copies / delete ---------------------------------------------------------------
     def test_get_unknown_raises_document_not_found(self, store: Store, corpus: dict[str, KI]) -> None:
+        """Contract: get unknown raises document not found."""
         with pytest.raises(DocumentNotFoundError) as info:
             store.get("ki-000000000000000000000000")
         assert info.value.doc_id == "ki-000000000000000000000000"
@@ -177,6 +228,7 @@ class StoreContract:
             store.get("ki-nope")
 
     def test_returned_kis_are_copies(self, store: Store, corpus: dict[str, KI]) -> None:
+        """Contract: returned kis are copies."""
         ki_id = corpus["louvre"].id
         got = store.get(ki_id)
         got.title = "mutated"
@@ -192,6 +244,7 @@ class StoreContract:
         assert store.get(corpus["eiffel"].id).title == "The Eiffel Tower stands in Paris."
 
     def test_delete(self, store: Store, corpus: dict[str, KI]) -> None:
+        """Contract: delete."""
         assert store.delete([corpus["eiffel"].id, "ki-unknown", corpus["eiffel"].id]) == 1
         assert store.count() == 5
         with pytest.raises(DocumentNotFoundError):
@@ -200,6 +253,7 @@ class StoreContract:
 
     # -- count / iter -----------------------------------------------------------------------
     def test_count_and_iter_with_filters(self, store: Store, corpus: dict[str, KI]) -> None:
+        """Contract: count and iter with filters."""
         assert store.count() == 6
         assert store.count(Filter()) == 5  # default filter excludes expired
         assert store.count(Filter(statuses=("expired",))) == 1
@@ -213,6 +267,7 @@ class StoreContract:
 
     # -- search -----------------------------------------------------------------------------
     def test_search_tag_branch_and_ordering(self, store: Store, corpus: dict[str, KI]) -> None:
+        """Contract: search tag branch and ordering."""
         result = store.search(QueryPlan(entity_tags=("entity:marie-curie", "entity:warsaw"), size=10))
         ids = _ids(result)
         assert ids[0] == corpus["curie_born"].id  # carries both tags
@@ -226,12 +281,14 @@ class StoreContract:
         assert tied == sorted(tied)
 
     def test_search_lexical_branch(self, store: Store, corpus: dict[str, KI]) -> None:
+        """Contract: search lexical branch."""
         result = store.search(QueryPlan(lexical="Louvre museum", size=3))
         assert result.hits[0].ki.id == corpus["louvre"].id
         if self.reports_branch_ranks:
             assert result.hits[0].branches.get("lexical") == 1
 
     def test_search_semantic_branch(self, store: Store, corpus: dict[str, KI]) -> None:
+        """Contract: search semantic branch."""
         result = store.search(QueryPlan(semantic="wrought-iron tower located in Paris France", size=2))
         assert result.hits[0].ki.id == corpus["eiffel"].id
         if self.reports_branch_ranks:
@@ -239,8 +296,13 @@ class StoreContract:
         assert len(result.hits) <= 2
 
     def test_search_hybrid_fuses_all_branches(self, store: Store, corpus: dict[str, KI]) -> None:
-        plan = QueryPlan(entity_tags=("entity:marie-curie",), lexical="Nobel Prize physics",
-                         semantic="shared the Nobel Prize in Physics", size=3)
+        """Contract: search hybrid fuses all branches."""
+        plan = QueryPlan(
+            entity_tags=("entity:marie-curie",),
+            lexical="Nobel Prize physics",
+            semantic="shared the Nobel Prize in Physics",
+            size=3,
+        )
         result = store.search(plan)
         top = result.hits[0]
         assert top.ki.id == corpus["curie_prize"].id
@@ -250,19 +312,24 @@ class StoreContract:
         assert result.compiled == store.compile(plan)
 
     def test_search_is_deterministic(self, store: Store, corpus: dict[str, KI]) -> None:
+        """Contract: search is deterministic."""
         plan = QueryPlan(entity_tags=("entity:paris",), lexical="Paris", semantic="Paris", size=5)
         first = [(h.ki.id, h.score) for h in store.search(plan).hits]
         assert first == [(h.ki.id, h.score) for h in store.search(plan).hits]
 
     def test_search_excludes_expired_by_default(self, store: Store, corpus: dict[str, KI]) -> None:
+        """Contract: search excludes expired by default."""
         plan = QueryPlan(entity_tags=("entity:old-bridge",), lexical="Old Bridge Mostar", size=10)
         assert corpus["old"].id not in _ids(store.search(plan))
         with_expired = plan.model_copy(update={"filters": Filter(statuses=("active", "stale", "expired"))})
         assert _ids(store.search(with_expired))[0] == corpus["old"].id
 
     def test_search_filters(self, store: Store, corpus: dict[str, KI]) -> None:
+        """Contract: search filters."""
         base = dict(lexical="Paris located museum tower Curie", semantic="Paris", size=10)
-        assert set(_ids(store.search(QueryPlan(**base, filters=Filter(statuses=("stale",)))))) == {corpus["stale"].id}
+        assert set(_ids(store.search(QueryPlan(**base, filters=Filter(statuses=("stale",)))))) == {
+            corpus["stale"].id
+        }
         by_tag = store.search(QueryPlan(**base, filters=Filter(tags_any=("museum",))))
         assert _ids(by_tag) == [corpus["louvre"].id]
         by_doc = store.search(QueryPlan(**base, filters=Filter(doc_ids=("d1",))))
@@ -273,6 +340,7 @@ class StoreContract:
         assert sub.hits == []
 
     def test_search_aggregations_over_hits(self, store: Store, corpus: dict[str, KI]) -> None:
+        """Contract: search aggregations over hits."""
         result = store.search(QueryPlan(entity_tags=("entity:paris",), size=10))
         assert set(_ids(result)) == {corpus["eiffel"].id, corpus["louvre"].id}
         aggs = result.aggregations
@@ -281,21 +349,25 @@ class StoreContract:
         assert aggs.by_entity["paris"] == 2 and aggs.by_entity["louvre"] == 1
 
     def test_search_respects_size(self, store: Store, corpus: dict[str, KI]) -> None:
+        """Contract: search respects size."""
         result = store.search(QueryPlan(lexical="Paris Curie Bridge", semantic="Paris", size=1))
         assert len(result.hits) == 1
 
     def test_search_empty_store(self, store: Store) -> None:
+        """Contract: search empty store."""
         result = store.search(QueryPlan(entity_tags=("entity:x",), lexical="x", semantic="x"))
         assert result.hits == [] and result.aggregations.by_tag == {}
 
     # -- lifecycle ---------------------------------------------------------------------------
     def test_set_status_by_filter(self, store: Store, corpus: dict[str, KI]) -> None:
+        """Contract: set status by filter."""
         assert store.set_status(Filter(doc_ids=("d2",)), "stale") == 2
         assert store.get(corpus["louvre"].id).payload.status == "stale"
         assert store.set_status(Filter(doc_ids=("d2",)), "stale") == 0  # already stale: no change
         assert store.count(Filter(statuses=("stale",))) == 3
 
     def test_sweep_marks_stale_then_expired(self, store: Store) -> None:
+        """Contract: sweep marks stale then expired."""
         fresh = make_ki("Fresh", "Fact", last_seen=T0)
         aging = make_ki("Aging", "Fact", last_seen=T0 - timedelta(days=8))
         ancient = make_ki("Ancient", "Fact", last_seen=T0 - timedelta(days=15))
@@ -304,7 +376,11 @@ class StoreContract:
         result = store.sweep(T0, timedelta(days=7))
         assert (result.stale, result.expired) == (1, 2)
         assert [store.get(k.id).payload.status for k in (fresh, aging, ancient, hard)] == [
-            "active", "stale", "expired", "expired"]
+            "active",
+            "stale",
+            "expired",
+            "expired",
+        ]
         again = store.sweep(T0, timedelta(days=7))
         assert (again.stale, again.expired) == (0, 0)
         # re-seeing the KI (upsert with a new last_seen, status active) revives it
@@ -316,13 +392,14 @@ class StoreContract:
 
     # -- concurrency -------------------------------------------------------------------------
     def test_concurrent_reads_with_one_writer(self, store: Store, corpus: dict[str, KI]) -> None:
+        """Contract: concurrent reads with one writer."""
         errors: list[BaseException] = []
 
         def reader() -> None:
             try:
                 for _ in range(5):
                     assert store.search(QueryPlan(lexical="Paris", size=3)).hits
-            except BaseException as e:  # noqa: BLE001 - collected for the assertion below
+            except BaseException as e:
                 errors.append(e)
 
         threads = [threading.Thread(target=reader) for _ in range(3)]

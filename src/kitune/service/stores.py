@@ -1,0 +1,201 @@
+"""Store operations shared by the CLI and the HTTP API.
+
+Store operations the CLI and the HTTP API share: load KIs from JSONL, run the lifecycle sweep,
+count KIs by status, tag and document.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pydantic import ValidationError
+
+from kitune.errors import DataError
+from kitune.ki import KI, utcnow
+from kitune.retrieval.base import Store, SweepResult, WriteFailure, WriteResult
+from kitune.retrieval.fusion import aggregate
+from kitune.schema import Filter
+
+if TYPE_CHECKING:
+    from kitune.config import KituneConfig
+
+__all__ = [
+    "IndexReport",
+    "LineError",
+    "StoreStats",
+    "expire_kis",
+    "index_jsonl",
+    "iter_ki_jsonl",
+    "stale_after_from",
+    "store_stats",
+]
+
+
+@dataclass(frozen=True)
+class LineError:
+    """One JSONL line that could not be read as a KI."""
+
+    line: int
+    """1-based line number."""
+    message: str
+
+
+@dataclass(frozen=True)
+class IndexReport:
+    """Outcome of :func:`index_jsonl`."""
+
+    path: str
+    lines: int
+    """Non-blank lines read."""
+    bad_lines: list[LineError] = field(default_factory=list)
+    """Lines skipped (bad JSON or an invalid KI), with their numbers."""
+    write: WriteResult = field(default_factory=lambda: WriteResult(submitted=0, indexed=0))
+    """What the store accepted of the valid KIs."""
+
+    @property
+    def ok(self) -> bool:
+        """True when every line was a valid KI and every KI was written."""
+        return not self.bad_lines and self.write.ok
+
+
+@dataclass(frozen=True)
+class StoreStats:
+    """Counts over a whole store."""
+
+    total: int
+    by_status: dict[str, int]
+    """active / stale / expired → count."""
+    by_tag: dict[str, int]
+    """Top plain tags (no ``entity:``/``doc:`` prefix) → count, most frequent first."""
+    by_doc: dict[str, int]
+    """Top evidence documents → count."""
+    by_entity: dict[str, int]
+    """Top entity slugs → count."""
+
+
+def _first_error(e: ValidationError) -> str:
+    err = e.errors()[0]
+    loc = ".".join(str(p) for p in err.get("loc", ())) or "KI"
+    return f"{loc}: {err.get('msg', 'invalid')} ({e.error_count()} error(s))"
+
+
+def iter_ki_jsonl(path: str | Path) -> Iterator[KI | LineError]:
+    """Yield a KI or a :class:`LineError` for every non-blank line of a JSONL file.
+
+    Raises:
+        DataError: the file does not exist or is not UTF-8 text.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(
+            f"KI file {p} not found: pass a JSONL file with one KI JSON object per line", path=str(p)
+        )
+    try:
+        with p.open(encoding="utf-8") as fh:
+            for n, raw in enumerate(fh, start=1):
+                if not raw.strip():
+                    continue
+                try:
+                    data = json.loads(raw)
+                except json.JSONDecodeError as e:
+                    yield LineError(n, f"not JSON: {e.msg} at column {e.colno}")
+                    continue
+                if not isinstance(data, dict):
+                    yield LineError(n, f"expected a JSON object, got {type(data).__name__}")
+                    continue
+                try:
+                    yield KI.model_validate(data)
+                except ValidationError as e:
+                    yield LineError(n, _first_error(e))
+    except UnicodeDecodeError as e:
+        raise DataError(f"KI file {p} is not UTF-8 text: {e}", path=str(p)) from e
+
+
+def index_jsonl(store: Store, path: str | Path, *, batch_size: int = 512) -> IndexReport:
+    """Load KIs from JSONL into ``store`` in batches; bad lines are skipped and reported.
+
+    Args:
+        store: any :class:`~kitune.retrieval.base.Store`.
+        path: JSONL file, one KI per line (the published KI shape).
+        batch_size: KIs per ``upsert`` call (≥ 1).
+
+    Returns:
+        :class:`IndexReport` with line counts, bad lines (by number) and the merged write result.
+
+    Raises:
+        DataError: the file is missing or not UTF-8.
+        StoreUnavailableError: the store cannot be reached.
+    """
+    batch: list[KI] = []
+    bad: list[LineError] = []
+    lines = 0
+    submitted = indexed = 0
+    failed: list[WriteFailure] = []
+
+    def flush() -> None:
+        nonlocal submitted, indexed
+        if batch:
+            r = store.upsert(batch)
+            submitted += r.submitted
+            indexed += r.indexed
+            failed.extend(r.failed)
+            batch.clear()
+
+    for item in iter_ki_jsonl(path):
+        lines += 1
+        if isinstance(item, LineError):
+            bad.append(item)
+            continue
+        batch.append(item)
+        if len(batch) >= max(1, batch_size):
+            flush()
+    flush()
+    return IndexReport(
+        path=str(path),
+        lines=lines,
+        bad_lines=bad,
+        write=WriteResult(submitted=submitted, indexed=indexed, failed=failed),
+    )
+
+
+def expire_kis(
+    store: Store, *, now: datetime | None = None, stale_after: timedelta = timedelta(days=7)
+) -> SweepResult:
+    """Run the lifecycle sweep on ``store``.
+
+    Run the lifecycle sweep: unseen for ``stale_after`` → stale, for twice that (or past
+    ``expires_at``) → expired.
+
+    Args:
+        store: the store to sweep.
+        now: the reference time (UTC); default the current time.
+        stale_after: the stale window (expiry is at twice this).
+    """
+    return store.sweep(now or utcnow(), stale_after)
+
+
+def stale_after_from(cfg: KituneConfig) -> timedelta:
+    """The configured stale window (``lifecycle.stale_after_days``)."""
+    return timedelta(days=cfg.lifecycle.stale_after_days)
+
+
+def store_stats(store: Store, *, top: int = 20) -> StoreStats:
+    """Count KIs by status (all of them), and the ``top`` tags, documents and entities.
+
+    Tag/doc/entity counts read every KI once (``iter_kis``), so they cost one pass over the store.
+    """
+    by_status = {s: store.count(Filter(statuses=(s,))) for s in ("active", "stale", "expired")}
+    aggs = aggregate(store.iter_kis())
+    cut = max(0, top)
+    return StoreStats(
+        total=store.count(),
+        by_status=by_status,
+        by_tag=dict(list(aggs.by_tag.items())[:cut]),
+        by_doc=dict(list(aggs.by_doc.items())[:cut]),
+        by_entity=dict(list(aggs.by_entity.items())[:cut]),
+    )

@@ -1,0 +1,114 @@
+"""kitune.service.stores: JSONL indexing with bad lines, the sweep, stats; and the CLI commands."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from kitune.errors import DataError
+from kitune.retrieval.memory import MemoryStore
+from kitune.service.stores import LineError, expire_kis, index_jsonl, iter_ki_jsonl, store_stats
+from kitune.testing.store_contract import T0, make_ki
+
+
+def _write_jsonl(path: Path) -> list[str]:
+    kis = [
+        make_ki("Marie Curie", "Warsaw", docid="d1", tags=["person"]),
+        make_ki("Eiffel Tower", "Paris", docid="d2", tags=["landmark"], last_seen=T0 - timedelta(days=9)),
+        make_ki("Old Bridge", "Mostar", docid="d3", tags=["landmark"], last_seen=T0 - timedelta(days=30)),
+    ]
+    bad_conf = kis[0].model_dump(mode="json")
+    bad_conf["payload"]["confidence"] = "high"
+    lines = [
+        kis[0].model_dump_json(),
+        "",
+        "{not json",
+        kis[1].model_dump_json(),
+        json.dumps(bad_conf),
+        "[1, 2]",
+        kis[2].model_dump_json(),
+    ]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return [k.id for k in kis]
+
+
+def test_iter_jsonl_reports_line_numbers(tmp_path: Path) -> None:
+    path = tmp_path / "kis.jsonl"
+    _write_jsonl(path)
+    items = list(iter_ki_jsonl(path))
+    errors = [i for i in items if isinstance(i, LineError)]
+    assert [e.line for e in errors] == [3, 5, 6]
+    assert "not JSON" in errors[0].message
+    assert errors[1].message.startswith("payload.confidence")
+    assert "expected a JSON object" in errors[2].message
+    with pytest.raises(DataError, match="not found"):
+        list(iter_ki_jsonl(tmp_path / "missing.jsonl"))
+
+
+def test_index_jsonl_counts_and_batches(tmp_path: Path) -> None:
+    path = tmp_path / "kis.jsonl"
+    ids = _write_jsonl(path)
+    store = MemoryStore()
+    report = index_jsonl(store, path, batch_size=2)
+    assert report.lines == 6 and [b.line for b in report.bad_lines] == [3, 5, 6]
+    assert (report.write.submitted, report.write.indexed, report.write.failed) == (3, 3, [])
+    assert not report.ok
+    assert sorted(k.id for k in store.iter_kis()) == sorted(ids)
+
+
+def test_expire_and_stats(tmp_path: Path) -> None:
+    path = tmp_path / "kis.jsonl"
+    _write_jsonl(path)
+    store = MemoryStore()
+    index_jsonl(store, path)
+    result = expire_kis(store, now=T0, stale_after=timedelta(days=7))
+    assert (result.stale, result.expired) == (1, 1)
+    stats = store_stats(store, top=1)
+    assert stats.total == 3
+    assert stats.by_status == {"active": 1, "stale": 1, "expired": 1}
+    assert stats.by_tag == {"landmark": 2}
+    assert len(stats.by_doc) == 1 and len(stats.by_entity) == 1
+
+
+def _config(tmp_path: Path) -> Path:
+    cfg = tmp_path / "kitune.yaml"
+    cfg.write_text(f"workdir: {tmp_path / 'work'}\nembedder:\n  type: hash\n  dim: 32\n", encoding="utf-8")
+    return cfg
+
+
+def test_cli_index_expire_stats(tmp_path: Path) -> None:
+    from kitune.cli import _register, app
+
+    _register()
+    runner = CliRunner()
+    cfg = _config(tmp_path)
+    path = tmp_path / "kis.jsonl"
+    _write_jsonl(path)
+    res = runner.invoke(app, ["index", str(path), "--config", str(cfg)])
+    assert res.exit_code == 1, res.output  # bad lines → exit 1, good KIs still indexed
+    assert "6 lines, 3 bad, 3 submitted, 3 indexed, 0 failed (lancedb store)" in res.output
+    assert "line 3:" in res.output and "line 5:" in res.output
+    res = runner.invoke(app, ["expire", "--config", str(cfg), "--now", "2026-11-01T12:00:00Z"])
+    assert res.exit_code == 0, res.output
+    assert "1 became stale, 1 became expired" in res.output
+    res = runner.invoke(app, ["stats", "--config", str(cfg), "--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    assert data["total"] == 3 and data["by_status"] == {"active": 1, "stale": 1, "expired": 1}
+    res = runner.invoke(app, ["stats", "--config", str(cfg)])
+    assert res.exit_code == 0 and "Top tags" in res.output and "landmark" in res.output
+    res = runner.invoke(app, ["expire", "--config", str(cfg), "--now", "yesterday"])
+    assert res.exit_code == 2 and "not an ISO date" in res.output
+
+
+def test_cli_help_teaches() -> None:
+    from kitune.cli import _register, app
+
+    _register()
+    res = CliRunner().invoke(app, ["expire", "--help"])
+    assert res.exit_code == 0
+    assert "stale_after_days" in res.output and "--now" in res.output
