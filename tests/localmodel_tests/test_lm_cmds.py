@@ -107,6 +107,9 @@ def test_score_facts_counts_verbatim_spans_and_supported_objects() -> None:
         2,
     )
     assert _score_facts(doc, "{not json")["valid_json"] is False
+    fact = {"subject": "a", "predicate": "b", "object": "c", "evidence_span": "Angola"}
+    fenced = f"```json\n{json.dumps({'facts': [fact]})}\n```"
+    assert _score_facts(doc, fenced)["n_span_verbatim"] == 1
     assert _score_facts(doc, '{"facts": "none"}')["n_facts"] == 0
 
 

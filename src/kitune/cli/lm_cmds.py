@@ -174,8 +174,9 @@ def _post_json(url: str, body: dict[str, Any], timeout_s: float) -> dict[str, An
 def _score_facts(text: str, content: str) -> dict[str, Any]:
     from kitune.text import find_span, fold_text
 
+    start, end = content.find("{"), content.rfind("}")  # tolerate ```json fences without a grammar
     try:
-        facts = json.loads(content)["facts"]
+        facts = json.loads(content[start : end + 1] if 0 <= start < end else content)["facts"]
         valid = isinstance(facts, list) and all(isinstance(f, dict) for f in facts)
     except (ValueError, KeyError, TypeError):
         facts, valid = [], False
@@ -203,6 +204,10 @@ def bench(
     min_chars: Annotated[int, typer.Option(help="Skip documents shorter than this.")] = 600,
     n_threads: Annotated[int | None, typer.Option(help="CPU threads (default: all cores).")] = None,
     max_tokens: Annotated[int, typer.Option(help="Max output tokens per document.")] = 1024,
+    grammar: Annotated[
+        bool,
+        typer.Option(help="Constrain output with response_format json_object + schema (a JSON grammar)."),
+    ] = True,
     output: Annotated[
         Path | None, typer.Option(help="Write per-document results (with facts) as JSON.")
     ] = None,
@@ -249,8 +254,9 @@ def bench(
                     {"role": "system", "content": _BENCH_SYSTEM},
                     {"role": "user", "content": f"Title: {doc.get('title', '')}\n\n{doc['text']}"},
                 ],
-                "response_format": {"type": "json_object", "schema": _FACTS_SCHEMA},
             }
+            if grammar:
+                body["response_format"] = {"type": "json_object", "schema": _FACTS_SCHEMA}
             t0 = time.perf_counter()
             resp = _post_json(f"{server.api_base}/chat/completions", body, timeout_s=900)
             wall_s = time.perf_counter() - t0
