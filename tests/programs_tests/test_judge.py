@@ -63,6 +63,13 @@ def test_last_anchored_verdict_wins_and_prose_is_ignored() -> None:
     assert parse_anchored_verdict("The response is incorrect: yes it says Paris, which is no answer") is None
 
 
+def test_echoed_template_is_not_a_verdict() -> None:
+    assert parse_anchored_verdict("correct: yes|no\nconfidence: 0-100") is None
+    assert parse_anchored_verdict("correct: yes / no") is None
+    assert parse_grading("extracted_final_answer: X\ncorrect: yes|no").status == "grader_error"
+    assert parse_anchored_verdict("correct: yes|no\n...\ncorrect: no") == "no"
+
+
 def test_parse_grading_full_report() -> None:
     raw = (
         "extracted_final_answer: O’Neill’s Bakery\n"

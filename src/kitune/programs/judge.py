@@ -55,7 +55,8 @@ def parse_anchored_verdict(
     A match is ``<cue> <connector> <value>`` (markdown ``**``, quotes or brackets around the
     value are tolerated, case-insensitive, whole words only). The **last** match wins, so a
     verdict the judge revises later in its text overrides an earlier one; a value that merely
-    appears in the prose never counts.
+    appears in the prose never counts, and neither does an echoed choice list (``yes|no``,
+    ``yes/no``).
 
     Args:
         text: the judge's reply.
@@ -76,7 +77,7 @@ def parse_anchored_verdict(
     cue = "|".join(re.escape(c) for c in cues)
     val = "|".join(re.escape(v) for v in sorted(values, key=len, reverse=True))
     pattern = re.compile(
-        rf"\b(?:{cue})\b[*_]*\s*(?:{conn})\s*[*_\"'“‘\[(]*\s*({val})(?![\w-])",
+        rf"\b(?:{cue})\b[*_]*\s*(?:{conn})\s*[*_\"'“‘\[(]*\s*({val})(?![\w-]|\s*[|/])",
         re.IGNORECASE,
     )
     matches = list(pattern.finditer(text))
