@@ -56,6 +56,7 @@ __all__ = [
     "ensure_gguf",
     "find_free_port",
     "get_local_server",
+    "guarded_module_command",
     "is_model_installed",
     "read_gguf_info",
     "stop_local_server",
@@ -442,8 +443,36 @@ def _threads(cfg: LocalModelConfig) -> int:
     return cfg.n_threads or os.cpu_count() or 1
 
 
+# Runs a module as __main__ in a child that exits when its parent dies (even by SIGKILL, when
+# atexit cannot run): a daemon thread polls getppid(). Not PR_SET_PDEATHSIG, which fires when the
+# *thread* that started the child exits (a worker thread of a pool would kill the server).
+_ORPHAN_GUARD = (
+    "import os, runpy, sys, threading, time\n"
+    "parent = int(sys.argv[1]); module = sys.argv[2]\n"
+    "def watch():\n"
+    "    while os.getppid() == parent:\n"
+    "        time.sleep(0.5)\n"
+    "    os._exit(0)\n"
+    "threading.Thread(target=watch, daemon=True).start()\n"
+    "sys.argv = [module, *sys.argv[3:]]\n"
+    "runpy.run_module(module, run_name='__main__', alter_sys=True)\n"
+)
+
+
+def guarded_module_command(module: str, args: Sequence[str]) -> list[str]:
+    """Return argv running ``python -m module args`` that also exits when this process dies.
+
+    Args:
+        module: importable module to run as ``__main__``.
+        args: its command-line arguments.
+    """
+    return [sys.executable, "-c", _ORPHAN_GUARD, str(os.getpid()), module, *args]
+
+
 def build_server_command(cfg: LocalModelConfig, gguf: Path, *, port: int, alias: str) -> list[str]:
     """Return the argv that serves ``gguf`` with llama-cpp-python on ``127.0.0.1:port``.
+
+    The server runs under :func:`guarded_module_command`, so it never outlives kitune.
 
     Args:
         cfg: the ``lm.local`` section (``n_ctx``, ``n_threads``; None threads = all cores).
@@ -452,29 +481,18 @@ def build_server_command(cfg: LocalModelConfig, gguf: Path, *, port: int, alias:
         alias: the model name clients send (``openai/<alias>`` in LiteLLM).
     """
     threads = str(_threads(cfg))
-    return [
-        sys.executable,
-        "-m",
-        "llama_cpp.server",
-        "--model",
-        str(gguf),
-        "--model_alias",
-        alias,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--n_ctx",
-        str(cfg.n_ctx),
-        "--n_threads",
-        threads,
-        "--n_threads_batch",
-        threads,
-        "--interrupt_requests",
-        "False",  # concurrent callers must not cut each other off
-        "--verbose",
-        "True",  # per-call timings in the log (prompt and generation tokens/s)
-    ]
+    args = [
+        "--model", str(gguf),
+        "--model_alias", alias,
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--n_ctx", str(cfg.n_ctx),
+        "--n_threads", threads,
+        "--n_threads_batch", threads,
+        "--interrupt_requests", "False",  # concurrent callers must not cut each other off
+        "--verbose", "True",  # per-call timings in the log (prompt and generation tokens/s)
+    ]  # fmt: skip
+    return guarded_module_command("llama_cpp.server", args)
 
 
 def build_server_env(base: Mapping[str, str] | None = None) -> dict[str, str]:

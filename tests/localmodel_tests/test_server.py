@@ -33,8 +33,8 @@ def test_find_free_port_is_bindable() -> None:
 def test_server_command_and_env_from_config(tmp_path: Path) -> None:
     cfg = LocalModelConfig(n_ctx=4096, n_threads=2)
     argv = build_server_command(cfg, tmp_path / "m.gguf", port=12345, alias="qwen2.5-coder-1.5b")
-    assert argv[1:3] == ["-m", "llama_cpp.server"]
-    pairs = dict(zip(argv[3::2], argv[4::2], strict=True))
+    assert argv[1] == "-c" and argv[3:5] == [str(os.getpid()), "llama_cpp.server"]
+    pairs = dict(zip(argv[5::2], argv[6::2], strict=True))
     assert pairs == {
         "--model": str(tmp_path / "m.gguf"),
         "--model_alias": "qwen2.5-coder-1.5b",
@@ -168,3 +168,36 @@ def test_get_local_server_is_a_thread_safe_lazy_singleton(fake_server_script: Pa
     stop_local_server()
     assert not built[0].is_running()
     assert get_local_server(LocalModelConfig(n_threads=2), factory=factory) is built[1]
+
+
+def test_guarded_server_exits_when_its_parent_is_killed(fake_server_script: Path, tmp_path: Path) -> None:
+    """A parent killed with SIGKILL (no atexit) must not leave the server behind."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    (tmp_path / "kitune_fake_srv.py").write_text(fake_server_script.read_text())
+    port = find_free_port()
+    pid_file = tmp_path / "child.pid"
+    parent_code = (
+        "import subprocess, sys, time\n"
+        "from kitune.localmodel import guarded_module_command\n"
+        f"argv = guarded_module_command('kitune_fake_srv', ['--port', '{port}'])\n"
+        f"p = subprocess.Popen(argv, cwd={str(tmp_path)!r})\n"
+        f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
+        "time.sleep(60)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", parent_code], cwd=tmp_path)
+    server = LocalModelServer(["true"], port=port, model_alias="x", log_path=tmp_path / "unused.log")
+    deadline = time.monotonic() + 20
+    while not (pid_file.exists() and pid_file.read_text() and server._ready()):
+        assert time.monotonic() < deadline, "guarded fake server never became ready"
+        time.sleep(0.1)
+    child = int(pid_file.read_text())
+    parent.send_signal(signal.SIGKILL)
+    parent.wait(timeout=5)
+    deadline = time.monotonic() + 5
+    while not _gone(child):
+        assert time.monotonic() < deadline, "server outlived its killed parent"
+        time.sleep(0.1)
