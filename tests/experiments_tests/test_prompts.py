@@ -17,7 +17,9 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> PromptRegistry:
     name = prompt_name("fixture", "extractor")
     reg.register(name, "Extract facts.\nOne per line.\n", tags={"run_id": "r1"}, commit_message="seed")
     reg.register(name, "Extract facts.\nOne per line, with dates.\n", commit_message="gepa round 1")
-    reg.register(name, "Extract facts {{doc}}.\nOne per line, with dates and places.\n", commit_message="round 2")
+    reg.register(
+        name, "Extract facts {{doc}}.\nOne per line, with dates and places.\n", commit_message="round 2"
+    )
     return reg
 
 
@@ -40,7 +42,7 @@ def test_register_and_get(registry: PromptRegistry) -> None:
 
 
 def test_unknown_name_version_alias_have_clear_errors(registry: PromptRegistry) -> None:
-    with pytest.raises(PromptNotFoundError, match="no prompt named 'kitune-nope'.*kitune-fixture-extractor"):
+    with pytest.raises(PromptNotFoundError, match=r"no prompt named 'kitune-nope'.*kitune-fixture-extractor"):
         registry.get("kitune-nope", 1)
     with pytest.raises(PromptNotFoundError, match=r"no version 9; versions: \[1, 2, 3\]"):
         registry.get("kitune-fixture-extractor", 9)

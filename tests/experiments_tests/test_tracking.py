@@ -64,7 +64,10 @@ def test_recording_tracker_m1_rules_and_name_map_once() -> None:
     assert run.artifacts["params/optimized_instruction.txt"] == "y" * 7000
     assert run.history("recall_at_10") == [(1, 0.41), (2, 0.5)]
     assert run.metrics["acc_k_5"] == 0.7
-    assert json.loads(run.artifacts["tracking/name_map.json"]) == {"acc[k=5]": "acc_k_5", "recall@10": "recall_at_10"}
+    assert json.loads(run.artifacts["tracking/name_map.json"]) == {
+        "acc[k=5]": "acc_k_5",
+        "recall@10": "recall_at_10",
+    }
     assert tracker.failures == ()
 
 
@@ -100,7 +103,7 @@ def test_create_run_failure_does_not_abort() -> None:
     with tracker.run("r", {"a": 1}) as handle:
         tracker.log_metrics({"m": 1.0})
     assert handle.run_id is None
-    assert [f.operation for f in tracker.failures][0] == "create_run"
+    assert next(f.operation for f in tracker.failures) == "create_run"
 
 
 def test_nested_runs_and_null_tracker() -> None:
@@ -135,7 +138,9 @@ def mlflow_tracker(tmp_path_factory: pytest.TempPathFactory) -> MlflowTracker:
 
 
 def test_mlflow_m1_long_params_and_odd_names(mlflow_tracker: MlflowTracker) -> None:
-    with mlflow_tracker.run("m1", {"optimized_instruction": "x" * 7000, "judge:model": "m-large", "max_iters": 8}) as h:
+    with mlflow_tracker.run(
+        "m1", {"optimized_instruction": "x" * 7000, "judge:model": "m-large", "max_iters": 8}
+    ) as h:
         mlflow_tracker.log_metrics({"recall@10": 0.41, "acc[k=5]": 0.70}, step=0)
     assert h.run_id is not None
     client = mlflow_tracker.client
@@ -190,7 +195,9 @@ def test_mlflow_program_state_is_json(mlflow_tracker: MlflowTracker) -> None:
         log_program_state(mlflow_tracker, program, "program/extractor.json")
     assert h.run_id
     run = mlflow_tracker.client.get_run(h.run_id)
-    data = json.loads((Path(run.info.artifact_uri.removeprefix("file://")) / "program" / "extractor.json").read_text())
+    data = json.loads(
+        (Path(run.info.artifact_uri.removeprefix("file://")) / "program" / "extractor.json").read_text()
+    )
     assert data["signature"]["instructions"] == "Answer in one word."
     with pytest.raises(ValueError, match="json"):
         log_program_state(mlflow_tracker, program, "program/extractor.pkl")
@@ -208,3 +215,33 @@ def test_mlflow_bad_uri_fails_fast_on_check_but_never_in_run(tmp_path: Path) -> 
     assert [f.operation for f in tracker.failures][:1] == ["create_run"]
     with pytest.raises(TrackingError, match="tracking_uri"):
         MlflowTracker("")
+
+
+def test_telemetry_is_off_even_if_mlflow_was_imported_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    import mlflow  # noqa: F401 - imported before kitune turns telemetry off
+    from mlflow.telemetry import get_telemetry_client
+
+    from kitune.experiments.tracking import disable_mlflow_telemetry
+
+    monkeypatch.delenv("MLFLOW_DISABLE_TELEMETRY", raising=False)
+    monkeypatch.delenv("DO_NOT_TRACK", raising=False)
+    disable_mlflow_telemetry()
+    import os
+
+    assert os.environ["MLFLOW_DISABLE_TELEMETRY"] == "true" and os.environ["DO_NOT_TRACK"] == "true"
+    assert get_telemetry_client() is None
+
+
+def test_log_candidate_writes_one_file_per_predictor() -> None:
+    from kitune.experiments.tracking import log_candidate
+
+    tracker = RecordingTracker()
+    with tracker.run("iter-1"):
+        files = log_candidate(tracker, {"extract.predict": "Extract facts.", "rewrite/plan": "Plan."})
+    run = tracker.by_name("iter-1")
+    assert files == {
+        "extract.predict": "prompts/extract.predict.txt",
+        "rewrite/plan": "prompts/rewrite_plan.txt",
+    }
+    assert run.artifacts["prompts/rewrite_plan.txt"] == "Plan."
+    assert json.loads(run.artifacts["prompts/candidate.json"])["extract.predict"] == "Extract facts."

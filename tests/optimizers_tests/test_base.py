@@ -36,8 +36,13 @@ def test_result_record_and_protocol() -> None:
         def compile(self, program, *, trainset, valset):  # type: ignore[no-untyped-def]
             cand = get_candidate(program)
             return OptimizationResult(
-                program=program, best_candidate=cand, best_score=0.5, baseline_candidate=cand,
-                baseline_score=0.5, metric_calls=len(valset), history=(CandidateScore(cand, 0.5, len(valset)),),
+                program=program,
+                best_candidate=cand,
+                best_score=0.5,
+                baseline_candidate=cand,
+                baseline_score=0.5,
+                metric_calls=len(valset),
+                history=(CandidateScore(cand, 0.5, len(valset)),),
             )
 
     opt = Identity()

@@ -11,12 +11,16 @@ from kitune.config import KituneConfig, load_config
 from kitune.errors import OptimizationError
 from kitune.optimizers.knobs import DEFAULT_KNOBS, FloatKnob, IntKnob, KnobSpace, KnobStudy
 
-SMALL = KnobSpace((IntKnob("retrieval.rrf_k", 10, 120, step=10), FloatKnob("retrieval.semantic_weight", 0.0, 2.0)))
+SMALL = KnobSpace(
+    (IntKnob("retrieval.rrf_k", 10, 120, step=10), FloatKnob("retrieval.semantic_weight", 0.0, 2.0))
+)
 
 
 def quadratic(params: dict[str, int | float]) -> float:
     """Deterministic objective, best at rrf_k=60, semantic_weight=2 (module-level: picklable)."""
-    return -((float(params["retrieval.rrf_k"]) - 60.0) ** 2) / 1000.0 + float(params["retrieval.semantic_weight"])
+    return -((float(params["retrieval.rrf_k"]) - 60.0) ** 2) / 1000.0 + float(
+        params["retrieval.semantic_weight"]
+    )
 
 
 def always_fails(params: dict[str, int | float]) -> float:
@@ -31,20 +35,49 @@ def test_default_space_fits_the_config_and_loads_as_overrides() -> None:
     space = KnobSpace()
     assert space.keys == tuple(k.key for k in DEFAULT_KNOBS)
     assert set(space.keys) == {
-        "extraction.max_facts_per_doc", "retrieval.branch_size", "retrieval.rrf_k", "retrieval.tag_weight",
-        "retrieval.lexical_weight", "retrieval.semantic_weight", "retrieval.confidence_floor", "agent.max_steps",
+        "extraction.max_facts_per_doc",
+        "retrieval.branch_size",
+        "retrieval.rrf_k",
+        "retrieval.tag_weight",
+        "retrieval.lexical_weight",
+        "retrieval.semantic_weight",
+        "retrieval.confidence_floor",
+        "agent.max_steps",
     }
     cfg = KituneConfig()
     space.check_against(cfg)
-    trial = optuna.trial.FixedTrial({
-        "extraction.max_facts_per_doc": 7, "retrieval.branch_size": 30, "retrieval.rrf_k": 40,
-        "retrieval.tag_weight": 0.5, "retrieval.lexical_weight": 1.5, "retrieval.semantic_weight": 1.0,
-        "retrieval.confidence_floor": 20, "agent.max_steps": 12,
-    })
+    trial = optuna.trial.FixedTrial(
+        {
+            "extraction.max_facts_per_doc": 7,
+            "retrieval.branch_size": 30,
+            "retrieval.rrf_k": 40,
+            "retrieval.tag_weight": 0.5,
+            "retrieval.lexical_weight": 1.5,
+            "retrieval.semantic_weight": 1.0,
+            "retrieval.confidence_floor": 20,
+            "agent.max_steps": 12,
+        }
+    )
     params = space.suggest(trial)
     loaded = load_config(None, params)
-    assert (loaded.retrieval.rrf_k, loaded.extraction.max_facts_per_doc, loaded.agent.max_steps) == (40, 7, 12)
+    assert (loaded.retrieval.rrf_k, loaded.extraction.max_facts_per_doc, loaded.agent.max_steps) == (
+        40,
+        7,
+        12,
+    )
     assert loaded.retrieval.lexical_weight == 1.5
+
+
+def test_enqueue_current_config_scores_the_baseline_first(tmp_path: Path) -> None:
+    cfg = load_config(None, {"retrieval.rrf_k": 60, "retrieval.semantic_weight": 1.25})
+    study = KnobStudy(tmp_path / "base.journal", "knobs", space=SMALL)
+    assert SMALL.current(cfg) == {"retrieval.rrf_k": 60, "retrieval.semantic_weight": 1.25}
+    study.enqueue(SMALL.current(cfg))
+    first = study.optimize(quadratic, n_trials=1)[0]
+    assert dict(first.params) == {"retrieval.rrf_k": 60, "retrieval.semantic_weight": 1.25}
+    assert first.value == pytest.approx(1.25)
+    study.enqueue(SMALL.current(cfg))  # already tried: skipped on resume
+    assert dict(study.optimize(quadratic, n_trials=1)[0].params) != dict(first.params)
 
 
 def test_space_validation_errors() -> None:
@@ -76,9 +109,11 @@ def test_optimize_and_resume_after_reopening(tmp_path: Path, filename: str) -> N
 
 def test_all_trials_failing_gives_a_clear_error(tmp_path: Path) -> None:
     study = KnobStudy(tmp_path / "fail.journal", "knobs", space=SMALL)
-    with pytest.raises(OptimizationError, match="all 3 knob trials .* failed: RuntimeError: LLM gateway down"):
+    with pytest.raises(
+        OptimizationError, match=r"all 3 knob trials .* failed: RuntimeError: LLM gateway down"
+    ):
         study.optimize(always_fails, n_trials=3)
-    with pytest.raises(OptimizationError, match="no completed trial .*3 failed"):
+    with pytest.raises(OptimizationError, match=r"no completed trial .*3 failed"):
         study.best()
     with pytest.raises(OptimizationError, match="not a number"):
         study.optimize(returns_nan, n_trials=1)
@@ -100,4 +135,6 @@ def test_parallel_processes_on_the_journal(tmp_path: Path) -> None:
 
 def test_parallel_refuses_sqlite(tmp_path: Path) -> None:
     with pytest.raises(OptimizationError, match="single-process"):
-        KnobStudy(tmp_path / "k.db", "knobs", space=SMALL).optimize_parallel(quadratic, n_workers=2, trials_per_worker=1)
+        KnobStudy(tmp_path / "k.db", "knobs", space=SMALL).optimize_parallel(
+            quadratic, n_workers=2, trials_per_worker=1
+        )

@@ -22,8 +22,14 @@ def test_budget_stoppers() -> None:
     assert MaxMetricCalls(200)(p) and not MaxMetricCalls(201)(p)
     assert MaxCostUsd(0.5)(p) and not MaxCostUsd(0.51)(p)
     assert MaxInputTokens(10_000)(p) and not MaxInputTokens(10_001)(p)
-    for bad in (lambda: MaxMetricCalls(0), lambda: MaxCostUsd(0), lambda: MaxInputTokens(-1),
-                lambda: NoImprovement(0), lambda: Timeout(0), lambda: AnyOf()):
+    for bad in (
+        lambda: MaxMetricCalls(0),
+        lambda: MaxCostUsd(0),
+        lambda: MaxInputTokens(-1),
+        lambda: NoImprovement(0),
+        lambda: Timeout(0),
+        lambda: AnyOf(),
+    ):
         with pytest.raises(ValueError):
             bad()
 
@@ -67,3 +73,24 @@ def test_any_of_flattens_and_names_the_stopper_that_fired() -> None:
     assert combo.describe() == "metric calls >= 100 or cost >= $2 or no improvement for 2 iterations"
     prog = OptimizationProgress(scores=(0.2, 0.4, 0.3))
     assert prog.iteration == 3 and prog.best_score == 0.4
+
+
+def test_gepa_adapter_reads_gepa_state() -> None:
+    from types import SimpleNamespace
+
+    from gepa.utils.stop_condition import StopperProtocol
+
+    from kitune.optimizers.stopping import as_gepa_stopper
+
+    spent = [0.0]
+    stopper = as_gepa_stopper(
+        MaxMetricCalls(50) | MaxCostUsd(1.0) | NoImprovement(2), cost_usd=lambda: spent[0]
+    )
+    assert isinstance(stopper, StopperProtocol)
+    state = SimpleNamespace(total_num_evals=10, program_full_scores_val_set=[0.3, 0.5])
+    assert not stopper(state) and stopper.reason is None
+    state.program_full_scores_val_set = [0.3, 0.5, 0.4, 0.5]
+    assert stopper(state) and stopper.reason == "no improvement for 2 iterations"
+    spent[0] = 1.5
+    assert stopper(SimpleNamespace(total_num_evals=1)) and stopper.reason == "cost >= $1"
+    assert stopper(SimpleNamespace(total_num_evals=50, program_full_scores_val_set=[]))

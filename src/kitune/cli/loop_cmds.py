@@ -53,8 +53,10 @@ def list_cmd(config: ConfigOption = None) -> None:
     table.add_column("candidate", justify="right")
     for row in rows:
         table.add_row(
-            row.name, str(row.latest_version),
-            str(row.aliases.get("production", "-")), str(row.aliases.get("candidate", "-")),
+            row.name,
+            str(row.latest_version),
+            str(row.aliases.get("production", "-")),
+            str(row.aliases.get("candidate", "-")),
         )
     out.print(table)
 
@@ -63,8 +65,12 @@ def list_cmd(config: ConfigOption = None) -> None:
 def show_cmd(
     name: Annotated[str, typer.Argument(help="Prompt name, e.g. kitune-fixture-extractor.")],
     version: Annotated[str | None, typer.Option("--version", "-v", help="Version number.")] = None,
-    alias: Annotated[str | None, typer.Option("--alias", "-a", help="Alias: production or candidate.")] = None,
-    history: Annotated[bool, typer.Option("--versions", help="List every version instead of one text.")] = False,
+    alias: Annotated[
+        str | None, typer.Option("--alias", "-a", help="Alias: production or candidate.")
+    ] = None,
+    history: Annotated[
+        bool, typer.Option("--versions", help="List every version instead of one text.")
+    ] = False,
     config: ConfigOption = None,
 ) -> None:
     """Print one version's text (default: production, else latest), or --versions for all."""
@@ -77,8 +83,13 @@ def show_cmd(
             for col in ("version", "aliases", "created (UTC)", "commit message", "chars"):
                 table.add_column(col)
             for v in prompt_versions(cfg, name):
-                table.add_row(str(v.version), ", ".join(v.aliases) or "-", _when(v.created_ms),
-                              v.commit_message or "-", str(len(v.text)))
+                table.add_row(
+                    str(v.version),
+                    ", ".join(v.aliases) or "-",
+                    _when(v.created_ms),
+                    v.commit_message or "-",
+                    str(len(v.text)),
+                )
             out.print(table)
             return
         pv = show_prompt(cfg, name, version=version, alias=alias)

@@ -121,7 +121,7 @@ class PromptRegistry:
                 if self.tracking_uri.startswith("sqlite:///"):
                     from pathlib import Path
 
-                    Path(self.tracking_uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+                    Path(self.tracking_uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
                 self._client = MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.tracking_uri)
             return self._client
 
@@ -152,12 +152,16 @@ class PromptRegistry:
         if not text.strip():
             raise ValueError(f"prompt {name!r}: refusing to register an empty text")
         if _NAME_BAD.search(name) or not name:
-            raise ValueError(f"prompt name {name!r} may only contain [A-Za-z0-9_.-]; build it with prompt_name()")
+            raise ValueError(
+                f"prompt name {name!r} may only contain [A-Za-z0-9_.-]; build it with prompt_name()"
+            )
         str_tags = {str(k): str(v) for k, v in (tags or {}).items()}
         try:
             pv = self.client.register_prompt(name, text, commit_message=commit_message, tags=str_tags or None)
         except Exception as e:
-            raise TrackingError(f"could not register a version of prompt {name!r} at {self.tracking_uri}: {e}") from e
+            raise TrackingError(
+                f"could not register a version of prompt {name!r} at {self.tracking_uri}: {e}"
+            ) from e
         return self._convert(pv)
 
     def set_alias(self, name: str, alias: str, version: int | str) -> PromptVersion:
@@ -190,7 +194,9 @@ class PromptRegistry:
         seq = max((self._seq(v) or 0 for v in self.versions(name)), default=0) + 1
         client = self.client
         client.set_prompt_version_tag(name, pv.version, _SEQ_TAG, str(seq))
-        client.set_prompt_version_tag(name, pv.version, _AT_TAG, datetime.now(UTC).isoformat(timespec="seconds"))
+        client.set_prompt_version_tag(
+            name, pv.version, _AT_TAG, datetime.now(UTC).isoformat(timespec="seconds")
+        )
         client.set_prompt_version_tag(name, pv.version, _ROLLED_BACK_TAG, "false")
         client.set_prompt_alias(name, "production", pv.version)
         return self._get_version(name, pv.version)
@@ -211,14 +217,16 @@ class PromptRegistry:
         current = self.get(name, "production")
         cur_seq = self._seq(current) or 0
         earlier = [
-            v for v in self.versions(name)
+            v
+            for v in self.versions(name)
             if (s := self._seq(v)) is not None and s < cur_seq and v.tags.get(_ROLLED_BACK_TAG) != "true"
         ]
         if not earlier:
             raise PromptNotFoundError(
                 f"prompt {name!r}: version {current.version} is the first production version; "
                 "there is nothing to roll back to (promote a version instead)",
-                name=name, version="production",
+                name=name,
+                version="production",
             )
         target = max(earlier, key=lambda v: self._seq(v) or 0)
         client = self.client
@@ -257,7 +265,8 @@ class PromptRegistry:
             raise PromptNotFoundError(
                 f"prompt {name!r} has no alias {key!r}; set one with "
                 f"`kitune prompts promote {name} VERSION` (aliases: {', '.join(ALIASES)})",
-                name=name, version=key,
+                name=name,
+                version=key,
             ) from e
         return self._convert(pv)
 
@@ -282,8 +291,15 @@ class PromptRegistry:
         for alias, v in aliases.items():
             by_version.setdefault(v, []).append(alias)
         out = [
-            PromptVersion(v.name, v.version, v.text, v.tags, tuple(sorted(by_version.get(v.version, []))),
-                          v.commit_message, v.created_ms)
+            PromptVersion(
+                v.name,
+                v.version,
+                v.text,
+                v.tags,
+                tuple(sorted(by_version.get(v.version, []))),
+                v.commit_message,
+                v.created_ms,
+            )
             for v in out
         ]
         return sorted(out, key=lambda v: v.version)
@@ -314,14 +330,19 @@ class PromptRegistry:
         """
         a, b = self.get(name, v1), self.get(name, v2)
         lines = difflib.unified_diff(
-            a.text.splitlines(keepends=True), b.text.splitlines(keepends=True),
-            fromfile=f"{name}@v{a.version}", tofile=f"{name}@v{b.version}", n=context_lines,
+            a.text.splitlines(keepends=True),
+            b.text.splitlines(keepends=True),
+            fromfile=f"{name}@v{a.version}",
+            tofile=f"{name}@v{b.version}",
+            n=context_lines,
         )
         return "".join(line if line.endswith("\n") else line + "\n" for line in lines)
 
     def history(self, name: str) -> builtins.list[PromptVersion]:
         """Versions that have been in production, in promotion order (oldest first)."""
-        return sorted((v for v in self.versions(name) if self._seq(v) is not None), key=lambda v: self._seq(v) or 0)
+        return sorted(
+            (v for v in self.versions(name) if self._seq(v) is not None), key=lambda v: self._seq(v) or 0
+        )
 
     # -- internals --------------------------------------------------------------------------
     def _require_prompt(self, name: str) -> None:
@@ -356,7 +377,7 @@ class PromptRegistry:
         for alias in ALIASES:
             try:
                 out[alias] = int(self.client.get_prompt_version_by_alias(name, alias).version)
-            except Exception:  # noqa: BLE001 - alias not set
+            except Exception:
                 continue
         return out
 

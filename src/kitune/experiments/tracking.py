@@ -1,4 +1,4 @@
-"""Experiment tracking: the :class:`Tracker` protocol, :class:`NullTracker` and :class:`MlflowTracker`.
+r"""Experiment tracking: the :class:`Tracker` protocol, :class:`NullTracker` and :class:`MlflowTracker`.
 
 Rules every tracker follows (failure cases M1 and M2):
 
@@ -31,6 +31,7 @@ import logging
 import math
 import os
 import re
+import sys
 import tempfile
 import threading
 import time
@@ -53,6 +54,7 @@ __all__ = [
     "TrackingFailure",
     "artifact_dir_for_uri",
     "disable_mlflow_telemetry",
+    "log_candidate",
     "log_program_state",
     "prepare_params",
     "sanitize_name",
@@ -73,14 +75,22 @@ def disable_mlflow_telemetry() -> None:
     """Turn MLflow's usage telemetry off for this process (it would try the network).
 
     mlflow 3.17 checks ``MLFLOW_DISABLE_TELEMETRY`` and ``DO_NOT_TRACK``
-    (``mlflow/telemetry/utils.py``). Values already set by the user are kept.
+    (``mlflow/telemetry/utils.py``) when ``import mlflow`` creates its telemetry client; if
+    mlflow was imported already, the client is re-initialised so the setting takes effect.
+    Values already set by the user are kept.
     """
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     os.environ.setdefault("DO_NOT_TRACK", "true")
+    telemetry = sys.modules.get("mlflow.telemetry")
+    if telemetry is not None:
+        try:
+            telemetry.set_telemetry_client()
+        except Exception as e:
+            logger.debug("could not re-initialise MLflow telemetry: %s", e)
 
 
 def sanitize_name(name: str) -> str:
-    """Map a param/metric name onto MLflow's safe charset ``[A-Za-z0-9_\\-. /]``.
+    r"""Map a param/metric name onto MLflow's safe charset ``[A-Za-z0-9_\\-. /]``.
 
     ``@`` becomes ``_at_``; every other run of disallowed characters becomes one ``_``;
     leading/trailing ``_`` from replacements are trimmed. Names over 250 chars are cut and given
@@ -228,7 +238,9 @@ class Tracker(Protocol):
         """Log params (long values → artifacts, see :func:`prepare_params`)."""
         ...
 
-    def log_artifact(self, path: Path | str, artifact_path: str | None = None, *, run_id: str | None = None) -> None:
+    def log_artifact(
+        self, path: Path | str, artifact_path: str | None = None, *, run_id: str | None = None
+    ) -> None:
         """Copy a local file into the run's artifacts under folder ``artifact_path``."""
         ...
 
@@ -241,8 +253,8 @@ class Tracker(Protocol):
         ...
 
 
-_current_run: contextvars.ContextVar[Mapping[int, RunHandle]] = contextvars.ContextVar(
-    "kitune_tracking_current_run", default={}
+_current_run: contextvars.ContextVar[Mapping[int, RunHandle] | None] = contextvars.ContextVar(
+    "kitune_tracking_current_run", default=None
 )
 """Per-context current run of each tracker (keyed by ``id(tracker)``); values are never mutated."""
 
@@ -282,13 +294,13 @@ class BaseTracker:
         run_id: str | None = None
         try:
             run_id = self._backend_create_run(name, parent_id, dict(tags or {}))
-        except Exception as e:  # noqa: BLE001 - tracking never aborts the caller
+        except Exception as e:
             self._record("create_run", name, e, None)
         handle = RunHandle(run_id=run_id, name=name, parent_run_id=parent_id)
         if run_id is not None:
             with self._lock:
                 self._open[run_id] = handle
-        token = _current_run.set({**_current_run.get(), id(self): handle})
+        token = _current_run.set({**(_current_run.get() or {}), id(self): handle})
         status = "FAILED"
         try:
             if params:
@@ -307,14 +319,16 @@ class BaseTracker:
             return
         try:
             prepared = prepare_params(params)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             self._record("log_params", ",".join(map(str, params)), e, rid)
             return
         self._note_names(rid, prepared.renamed)
         for file, text in prepared.long_values.items():
             self._call("log_text", file, rid, self._backend_log_text, rid, text, file)
         if prepared.params:
-            self._call("log_params", ",".join(prepared.params), rid, self._backend_log_params, rid, prepared.params)
+            self._call(
+                "log_params", ",".join(prepared.params), rid, self._backend_log_params, rid, prepared.params
+            )
 
     def log_metrics(
         self, metrics: Mapping[str, float], *, step: int | None = None, run_id: str | None = None
@@ -341,7 +355,9 @@ class BaseTracker:
         if clean:
             self._call("log_metrics", ",".join(clean), rid, self._backend_log_metrics, rid, clean, step)
 
-    def log_artifact(self, path: Path | str, artifact_path: str | None = None, *, run_id: str | None = None) -> None:
+    def log_artifact(
+        self, path: Path | str, artifact_path: str | None = None, *, run_id: str | None = None
+    ) -> None:
         """Copy a local file into the run's artifacts; never raises."""
         rid = self._resolve("log_artifact", run_id, str(path))
         if rid is None:
@@ -388,7 +404,7 @@ class BaseTracker:
 
     # -- internals --------------------------------------------------------------------------
     def _context_run(self) -> RunHandle | None:
-        return _current_run.get().get(id(self))
+        return (_current_run.get() or {}).get(id(self))
 
     def _resolve(self, operation: str, run_id: str | None, target: str) -> str | None:
         if run_id is not None:
@@ -404,8 +420,10 @@ class BaseTracker:
             return open_ids[0]
         why = "no run is open" if not open_ids else f"{len(open_ids)} runs are open"
         self._record(
-            operation, target,
-            TrackingError(f"{why}; log inside `with tracker.run(...)` or pass run_id=handle.run_id"), None,
+            operation,
+            target,
+            TrackingError(f"{why}; log inside `with tracker.run(...)` or pass run_id=handle.run_id"),
+            None,
         )
         return None
 
@@ -417,7 +435,7 @@ class BaseTracker:
     def _call(self, operation: str, target: str, run_id: str, fn: Any, *args: Any) -> None:
         try:
             fn(*args)
-        except Exception as e:  # noqa: BLE001 - tracking never aborts the caller
+        except Exception as e:
             self._record(operation, target, e, run_id)
 
     def _record(self, operation: str, target: str, error: BaseException, run_id: str | None) -> None:
@@ -432,13 +450,27 @@ class BaseTracker:
         with self._lock:
             name_map = self._name_maps.pop(run_id, None)
         if name_map:
-            self._call("log_dict", "tracking/name_map.json", run_id, self._backend_log_dict, run_id,
-                       dict(sorted(name_map.items())), "tracking/name_map.json")
+            self._call(
+                "log_dict",
+                "tracking/name_map.json",
+                run_id,
+                self._backend_log_dict,
+                run_id,
+                dict(sorted(name_map.items())),
+                "tracking/name_map.json",
+            )
         with self._lock:
             n_failed = self._run_failures.pop(run_id, 0)
         if n_failed:
-            self._call("log_metrics", "kitune.tracking_failures", run_id, self._backend_log_metrics, run_id,
-                       {"kitune.tracking_failures": float(n_failed)}, None)
+            self._call(
+                "log_metrics",
+                "kitune.tracking_failures",
+                run_id,
+                self._backend_log_metrics,
+                run_id,
+                {"kitune.tracking_failures": float(n_failed)},
+                None,
+            )
         self._call("end_run", run_id, run_id, self._backend_end_run, run_id, status)
         with self._lock:
             self._open.pop(run_id, None)
@@ -485,7 +517,7 @@ def artifact_dir_for_uri(tracking_uri: str) -> Path | None:
         The folder for ``sqlite:///`` URIs, else None (the server/backend decides).
     """
     if tracking_uri.startswith("sqlite:///"):
-        db = Path(tracking_uri[len("sqlite:///"):])
+        db = Path(tracking_uri[len("sqlite:///") :])
         return db.parent / "mlartifacts"
     return None
 
@@ -528,8 +560,10 @@ class MlflowTracker(BaseTracker):
                 except ImportError as e:  # pragma: no cover - mlflow is a pinned dependency
                     raise TrackingError("mlflow is not installed: pip install 'mlflow==3.17.2'") from e
                 if self.tracking_uri.startswith("sqlite:///"):
-                    Path(self.tracking_uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
-                self._state.client = MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.tracking_uri)
+                    Path(self.tracking_uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
+                self._state.client = MlflowClient(
+                    tracking_uri=self.tracking_uri, registry_uri=self.tracking_uri
+                )
             return self._state.client
 
     @property
@@ -627,10 +661,33 @@ def log_program_state(
         path = Path(tmp) / filename
         try:
             program.save(str(path), save_program=False)
-        except Exception as e:  # noqa: BLE001 - tracking never aborts the caller
+        except Exception as e:
             if isinstance(tracker, BaseTracker):
                 tracker._record("log_program_state", artifact_file, e, run_id)
             else:
                 logger.warning("saving program state for %s failed: %s", artifact_file, e)
             return
         tracker.log_artifact(path, folder or None, run_id=run_id)
+
+
+def log_candidate(
+    tracker: Tracker, candidate: Mapping[str, str], prefix: str = "prompts", *, run_id: str | None = None
+) -> dict[str, str]:
+    """Log each instruction of a candidate as ``<prefix>/<predictor>.txt`` plus ``<prefix>/candidate.json``.
+
+    Args:
+        tracker: where to log.
+        candidate: predictor name → instruction text (see ``kitune.optimizers.base.Candidate``).
+        prefix: artifact folder.
+        run_id: explicit run (else the current one).
+
+    Returns:
+        Predictor name → artifact file it was written to (names made file-safe).
+    """
+    files: dict[str, str] = {}
+    for predictor, text in candidate.items():
+        safe = re.sub(r"[^A-Za-z0-9_.\-]+", "_", predictor).strip("_.") or "predictor"
+        files[predictor] = f"{prefix}/{safe}.txt"
+        tracker.log_text(text, files[predictor], run_id=run_id)
+    tracker.log_dict(dict(candidate), f"{prefix}/candidate.json", run_id=run_id)
+    return files

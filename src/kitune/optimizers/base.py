@@ -128,7 +128,9 @@ def apply_candidate(program: Any, candidate: Mapping[str, str]) -> Any:
     predictors = dict(new.named_predictors())
     unknown = sorted(set(candidate) - set(predictors))
     if unknown:
-        raise ValueError(f"candidate names unknown predictors {unknown}; the program has {sorted(predictors)}")
+        raise ValueError(
+            f"candidate names unknown predictors {unknown}; the program has {sorted(predictors)}"
+        )
     for name, text in candidate.items():
         pred = predictors[name]
         pred.signature = pred.signature.with_instructions(text)

@@ -57,7 +57,9 @@ class IntKnob:
 
     def __post_init__(self) -> None:
         if self.low > self.high or self.step < 1 or (self.log and (self.step != 1 or self.low < 1)):
-            raise ValueError(f"invalid IntKnob {self.key}: low={self.low} high={self.high} step={self.step} log={self.log}")
+            raise ValueError(
+                f"invalid IntKnob {self.key}: low={self.low} high={self.high} step={self.step} log={self.log}"
+            )
 
     def suggest(self, trial: optuna.trial.BaseTrial) -> int:
         """Ask ``trial`` for a value (the Optuna param name is :attr:`key`)."""
@@ -125,6 +127,21 @@ class KnobSpace:
             ``{dotted config key: value}``, usable as ``load_config(path, overrides=...)``.
         """
         return {k.key: k.suggest(trial) for k in self.knobs}
+
+    def current(self, cfg: Any) -> dict[str, int | float]:
+        """The values ``cfg`` (a ``KituneConfig``) has now for every knob, ``{dotted key: value}``.
+
+        Raises:
+            ValueError: a key is not a config field.
+        """
+        out: dict[str, int | float] = {}
+        for knob in self.knobs:
+            section_name, _, field_name = knob.key.partition(".")
+            section = getattr(cfg, section_name, None)
+            if section is None or not hasattr(section, field_name):
+                raise ValueError(f"knob {knob.key!r} is not a config field (expected e.g. 'retrieval.rrf_k')")
+            out[knob.key] = getattr(section, field_name)
+        return out
 
     def check_against(self, cfg: Any) -> None:
         """Check every key exists on ``cfg`` (a ``KituneConfig``) and every range is valid for it.
@@ -247,11 +264,16 @@ class KnobStudy:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         try:
             self._study = optuna.create_study(
-                storage=self._storage(), study_name=self.study_name, direction=self.direction,
-                sampler=self._sampler(), load_if_exists=True,
+                storage=self._storage(),
+                study_name=self.study_name,
+                direction=self.direction,
+                sampler=self._sampler(),
+                load_if_exists=True,
             )
         except Exception as e:
-            raise OptimizationError(f"cannot open Optuna study {self.study_name!r} at {self.path}: {e}") from e
+            raise OptimizationError(
+                f"cannot open Optuna study {self.study_name!r} at {self.path}: {e}"
+            ) from e
         return self._study
 
     @property
@@ -276,7 +298,7 @@ class KnobStudy:
         if n_trials < 1 or n_jobs < 1:
             raise ValueError(f"n_trials and n_jobs must be >= 1, got {n_trials}, {n_jobs}")
         study = self.study
-        before = {t.number for t in study.get_trials(deepcopy=False)}
+        before = _finished_numbers(study)
         study.optimize(_wrap(self.space, objective), n_trials=n_trials, n_jobs=n_jobs, catch=(Exception,))
         mine = [t for t in self.trials() if t.number not in before]
         if mine and all(t.state == "FAIL" for t in mine):
@@ -300,15 +322,25 @@ class KnobStudy:
             ValueError: non-positive counts.
         """
         if n_workers < 1 or trials_per_worker < 1:
-            raise ValueError(f"n_workers and trials_per_worker must be >= 1, got {n_workers}, {trials_per_worker}")
+            raise ValueError(
+                f"n_workers and trials_per_worker must be >= 1, got {n_workers}, {trials_per_worker}"
+            )
         if self.is_sqlite:
             raise OptimizationError(
                 f"{self.path} is SQLite, which is single-process only; use a journal file "
                 "(e.g. knobs.journal) for parallel workers"
             )
-        before = {t.number for t in self.study.get_trials(deepcopy=False)}
-        ctx = multiprocessing.get_context(start_method)
-        args = (str(self.path), self.study_name, self.space, self.direction, self.seed, objective, trials_per_worker)
+        before = _finished_numbers(self.study)
+        ctx: Any = multiprocessing.get_context(start_method)
+        args = (
+            str(self.path),
+            self.study_name,
+            self.space,
+            self.direction,
+            self.seed,
+            objective,
+            trials_per_worker,
+        )
         procs = [ctx.Process(target=_worker, args=(*args, i)) for i in range(n_workers)]
         for p in procs:
             p.start()
@@ -324,14 +356,27 @@ class KnobStudy:
             )
         return mine
 
+    def enqueue(self, params: Mapping[str, int | float]) -> None:
+        """Queue ``params`` as the next trial (e.g. ``space.current(cfg)`` to score the baseline first).
+
+        Skipped when a trial with the same params already exists, so a resumed run does not
+        repeat it.
+        """
+        self.study.enqueue_trial(dict(params), skip_if_exists=True)
+
     def trials(self) -> list[KnobTrial]:
         """Every trial in the study, by number."""
         out = []
         for t in self.study.get_trials(deepcopy=False):
-            out.append(KnobTrial(
-                number=t.number, params=dict(t.params), value=t.value if t.state.name == "COMPLETE" else None,
-                state=t.state.name, fail_reason=t.user_attrs.get(_FAIL_ATTR),
-            ))
+            out.append(
+                KnobTrial(
+                    number=t.number,
+                    params=dict(t.params),
+                    value=t.value if t.state.name == "COMPLETE" else None,
+                    state=t.state.name,
+                    fail_reason=t.user_attrs.get(_FAIL_ATTR),
+                )
+            )
         return sorted(out, key=lambda t: t.number)
 
     def best(self) -> KnobTrial:
@@ -355,9 +400,20 @@ class KnobStudy:
         return pick(done, key=lambda t: t.value or 0.0)
 
 
+def _finished_numbers(study: optuna.Study) -> set[int]:
+    """Numbers of trials already finished (queued WAITING trials are not: this call will run them)."""
+    return {t.number for t in study.get_trials(deepcopy=False) if t.state.is_finished()}
+
+
 def _worker(
-    path: str, study_name: str, space: KnobSpace, direction: Literal["maximize", "minimize"], seed: int,
-    objective: KnobObjective, n_trials: int, index: int,
+    path: str,
+    study_name: str,
+    space: KnobSpace,
+    direction: Literal["maximize", "minimize"],
+    seed: int,
+    objective: KnobObjective,
+    n_trials: int,
+    index: int,
 ) -> None:
     """One worker process: load (never create) the study and run ``n_trials`` trials."""
     import optuna
@@ -366,5 +422,3 @@ def _worker(
     ks = KnobStudy(path, study_name, space=space, direction=direction, seed=seed + 1000 * (index + 1))
     study = optuna.load_study(study_name=study_name, storage=ks._storage(), sampler=ks._sampler())
     study.optimize(_wrap(space, objective), n_trials=n_trials, catch=(Exception,))
-
-

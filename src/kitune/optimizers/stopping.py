@@ -16,6 +16,7 @@ from typing import Protocol, runtime_checkable
 
 __all__ = [
     "AnyOf",
+    "GepaStopper",
     "MaxCostUsd",
     "MaxInputTokens",
     "MaxMetricCalls",
@@ -23,6 +24,7 @@ __all__ = [
     "OptimizationProgress",
     "Stopper",
     "Timeout",
+    "as_gepa_stopper",
     "stop_reason",
 ]
 
@@ -220,3 +222,51 @@ def stop_reason(stopper: Stopper, progress: OptimizationProgress) -> str | None:
                 return reason
         return None
     return stopper.describe() if stopper(progress) else None
+
+
+class GepaStopper:
+    """Adapts a kitune :class:`Stopper` to gepa's ``StopperProtocol`` (``stop_callbacks=``).
+
+    gepa calls it with its ``GEPAState``; the progress snapshot is built from
+    ``state.total_num_evals`` (metric calls) and ``state.program_full_scores_val_set`` (the
+    validation score of each candidate so far, used as ``scores``). Cost and tokens come from
+    the callables given (e.g. a usage ledger), 0 by default. :attr:`reason` holds the
+    description of the stopper that fired.
+    """
+
+    def __init__(
+        self,
+        stopper: Stopper,
+        *,
+        cost_usd: Callable[[], float] = lambda: 0.0,
+        input_tokens: Callable[[], int] = lambda: 0,
+    ) -> None:
+        self.stopper = stopper
+        self._cost_usd = cost_usd
+        self._input_tokens = input_tokens
+        self.reason: str | None = None
+
+    def progress(self, gepa_state: object) -> OptimizationProgress:
+        """The snapshot for ``gepa_state`` (missing attributes read as 0 / no scores)."""
+        scores = getattr(gepa_state, "program_full_scores_val_set", None) or []
+        return OptimizationProgress(
+            metric_calls=int(getattr(gepa_state, "total_num_evals", 0) or 0),
+            cost_usd=float(self._cost_usd()),
+            input_tokens=int(self._input_tokens()),
+            scores=tuple(float(x) for x in scores),
+        )
+
+    def __call__(self, gepa_state: object) -> bool:
+        """True when the wrapped stopper fires; sets :attr:`reason`."""
+        self.reason = stop_reason(self.stopper, self.progress(gepa_state))
+        return self.reason is not None
+
+
+def as_gepa_stopper(
+    stopper: Stopper,
+    *,
+    cost_usd: Callable[[], float] = lambda: 0.0,
+    input_tokens: Callable[[], int] = lambda: 0,
+) -> GepaStopper:
+    """Wrap ``stopper`` for ``dspy.GEPA(gepa_kwargs={"stop_callbacks": [...]})``; see :class:`GepaStopper`."""
+    return GepaStopper(stopper, cost_usd=cost_usd, input_tokens=input_tokens)

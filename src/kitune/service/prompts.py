@@ -13,8 +13,8 @@ __all__ = [
     "diff_prompt_versions",
     "list_prompts",
     "open_registry",
-    "prompt_versions",
     "promote_prompt",
+    "prompt_versions",
     "rollback_prompt",
     "show_prompt",
 ]
