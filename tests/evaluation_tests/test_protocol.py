@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from kitune.errors import ParseError
@@ -54,3 +56,13 @@ def test_parse_confidence() -> None:
         50,
         50,
     ]
+
+
+def test_template_placeholders_are_rejected() -> None:
+    # seen with a 270M local model: it copied the format template verbatim
+    reply = json.dumps({"answer": {"exact_answer": "<the answer only, as short as possible>", "confidence": 5}})
+    with pytest.raises(ParseError, match="template placeholder"):
+        parse_action(reply)
+    assert (
+        parse_action('{"answer": {"exact_answer": "<3 hearts", "confidence": 5}}').exact_answer == "<3 hearts"
+    )

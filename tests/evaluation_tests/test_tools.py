@@ -83,3 +83,9 @@ def test_build_toolbox_uses_config_and_checks_deps() -> None:
 def test_canonical_call_sorts_args() -> None:
     assert canonical_call("search", {"b": 1, "a": "x"}) == canonical_call("search ", {"a": "x", "b": 1})
     assert canonical_call("search", {"a": "x"}) != canonical_call("search", {"a": "y"})
+
+
+def test_placeholder_arguments_are_refused() -> None:
+    store = FakeCorpusStore(DOCS)
+    obs = baseline_toolbox(store).call("search", {"query": "<keywords>"})
+    assert obs.error and "placeholder" in obs.error and store.searches == []

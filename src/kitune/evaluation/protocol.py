@@ -28,8 +28,12 @@ __all__ = [
 
 ANSWER_FORMAT = (
     '{"answer": {"explanation": "<short reasoning that cites the supporting documents as [docid]>", '
-    '"exact_answer": "<the answer only, as short as possible>", "confidence": <integer 0-100>}}'
+    '"exact_answer": "<the answer only, as short as possible>", "confidence": <integer 0-100>}}, '
+    'for example {"answer": {"explanation": "Document [123] says the bridge opened in 1932.", '
+    '"exact_answer": "1932", "confidence": 80}}'
 )
+
+_PLACEHOLDER = re.compile(r"^\s*<[^<>]*>\s*$")
 
 _SKILL_RULES = {
     "baseline": "Search the document collection, read the documents you need, then answer.",
@@ -140,6 +144,10 @@ def _as_action(obj: dict[str, Any]) -> ToolAction | AnswerAction | None:
         exact = src.get("exact_answer", src.get("answer"))
         if exact is None or isinstance(exact, dict | list):
             return None
+        if _PLACEHOLDER.match(str(exact)):
+            raise ParseError(
+                f"exact_answer {exact!r} is the template placeholder: write the actual answer", raw=str(exact)
+            )
         return AnswerAction(
             explanation=str(src.get("explanation", src.get("reasoning", "")) or ""),
             exact_answer=str(exact).strip(),
@@ -174,10 +182,17 @@ def parse_action(text: str) -> ToolAction | AnswerAction:
             "reply held no JSON object: reply with exactly one JSON object (a tool call or the answer)",
             raw=text,
         )
+    placeholder: ParseError | None = None
     for obj in reversed(objects):
-        action = _as_action(obj)
+        try:
+            action = _as_action(obj)
+        except ParseError as e:
+            placeholder = placeholder or e
+            continue
         if action is not None:
             return action
+    if placeholder is not None:
+        raise ParseError(str(placeholder), raw=text)
     raise ParseError(
         'reply JSON is neither a tool call {"tool": ..., "args": {...}} nor {"answer": {...}}',
         raw=text,

@@ -19,6 +19,7 @@ raise for a model mistake or a backend failure; the error is in the observation.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
@@ -150,6 +151,11 @@ class Toolbox:
         bad = [a for a in tool.args if not isinstance(args[a], str | int) or str(args[a]).strip() == ""]
         if bad:
             return self._error(f"{name}: argument(s) {bad} must be non-empty strings")
+        templated = [a for a in tool.args if re.fullmatch(r"\s*<[^<>]*>\s*", str(args[a]))]
+        if templated:
+            return self._error(
+                f"{name}: argument(s) {templated} still hold the <placeholder>: write real values"
+            )
         try:
             obs = tool.fn(**{a: str(args[a]).strip() for a in tool.args})
         except DocumentNotFoundError as e:
