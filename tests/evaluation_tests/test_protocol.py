@@ -60,7 +60,9 @@ def test_parse_confidence() -> None:
 
 def test_template_placeholders_are_rejected() -> None:
     # seen with a 270M local model: it copied the format template verbatim
-    reply = json.dumps({"answer": {"exact_answer": "<the answer only, as short as possible>", "confidence": 5}})
+    reply = json.dumps(
+        {"answer": {"exact_answer": "<the answer only, as short as possible>", "confidence": 5}}
+    )
     with pytest.raises(ParseError, match="template placeholder"):
         parse_action(reply)
     assert (
