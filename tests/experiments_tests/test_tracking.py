@@ -245,3 +245,29 @@ def test_log_candidate_writes_one_file_per_predictor() -> None:
     }
     assert run.artifacts["prompts/rewrite_plan.txt"] == "Plan."
     assert json.loads(run.artifacts["prompts/candidate.json"])["extract.predict"] == "Extract facts."
+
+
+def test_mlflow_missing_is_a_tracking_error_not_a_crash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "mlflow", None)  # as if mlflow were not installed
+    tracker = MlflowTracker(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    with pytest.raises(TrackingError, match="pip install"):
+        tracker.check()
+    with tracker.run("r") as handle:
+        tracker.log_metrics({"m": 1.0})
+    assert handle.run_id is None and tracker.failures[0].operation == "create_run"
+
+
+def test_create_tracker_from_config(tmp_path: Path) -> None:
+    from kitune.config import load_config
+    from kitune.experiments.tracking import create_tracker
+
+    cfg = load_config(None, {"workdir": str(tmp_path), "tracking.experiment": "exp-a"})
+    tracker = create_tracker(cfg)
+    assert isinstance(tracker, MlflowTracker)
+    assert tracker.tracking_uri == f"sqlite:///{tmp_path.resolve() / 'mlflow.db'}"
+    assert tracker.experiment == "exp-a"
+    assert isinstance(create_tracker(cfg, enabled=False), NullTracker)

@@ -53,6 +53,7 @@ __all__ = [
     "Tracker",
     "TrackingFailure",
     "artifact_dir_for_uri",
+    "create_tracker",
     "disable_mlflow_telemetry",
     "log_candidate",
     "log_program_state",
@@ -81,6 +82,12 @@ def disable_mlflow_telemetry() -> None:
     """
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     os.environ.setdefault("DO_NOT_TRACK", "true")
+    # Database creation/migration chatter ("Creating initial MLflow database tables...") is
+    # noise on a CLI; keep warnings. Only loggers nobody configured are touched.
+    for name in ("mlflow.store.db.utils", "alembic.runtime.migration"):
+        db_logger = logging.getLogger(name)
+        if db_logger.level == logging.NOTSET:
+            db_logger.setLevel(logging.WARNING)
     telemetry = sys.modules.get("mlflow.telemetry")
     if telemetry is not None:
         try:
@@ -557,7 +564,7 @@ class MlflowTracker(BaseTracker):
                 disable_mlflow_telemetry()
                 try:
                     from mlflow import MlflowClient
-                except ImportError as e:  # pragma: no cover - mlflow is a pinned dependency
+                except ImportError as e:
                     raise TrackingError("mlflow is not installed: pip install 'mlflow==3.17.2'") from e
                 if self.tracking_uri.startswith("sqlite:///"):
                     Path(self.tracking_uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
@@ -691,3 +698,19 @@ def log_candidate(
         tracker.log_text(text, files[predictor], run_id=run_id)
     tracker.log_dict(dict(candidate), f"{prefix}/candidate.json", run_id=run_id)
     return files
+
+
+def create_tracker(cfg: Any, *, enabled: bool = True) -> Tracker:
+    """The tracker a ``KituneConfig`` asks for: MLflow at ``cfg.mlflow_uri`` (or none when disabled).
+
+    Args:
+        cfg: a :class:`~kitune.config.KituneConfig`.
+        enabled: False gives a :class:`NullTracker` (e.g. ``--no-track``).
+
+    Returns:
+        An :class:`MlflowTracker` (not yet connected; call ``check()`` to fail fast) or a
+        :class:`NullTracker`.
+    """
+    if not enabled:
+        return NullTracker()
+    return MlflowTracker(cfg.mlflow_uri, experiment=cfg.tracking.experiment)
