@@ -42,7 +42,7 @@ import dspy
 from dspy.adapters.json_adapter import _get_structured_outputs_response_format
 
 from kitune.chat import ChatMessage, ChatResponse
-from kitune.config import KituneConfig, Role
+from kitune.config import KituneConfig, LMRoleConfig, Role
 from kitune.errors import (
     ConfigError,
     EmptyCompletionError,
@@ -74,18 +74,32 @@ logger = logging.getLogger(__name__)
 # KituneLM overrides forward()/aforward() to own timeouts, retries and the ledger; dspy 3.4 warns
 # on every such call that the interface goes away in 3.5. Silence exactly that message (the
 # migration to a dspy engine is tracked for the dspy 3.5 upgrade).
-warnings.filterwarnings("ignore", message="Implementing custom LMs through BaseLM.forward", category=DeprecationWarning)
+warnings.filterwarnings(
+    "ignore", message="Implementing custom LMs through BaseLM.forward", category=DeprecationWarning
+)
 
 FORMAT_LEVELS: tuple[str, ...] = ("json_schema", "json_object", "text")
 """The response_format ladder, strongest first; ``text`` means prompt-only JSON."""
 
 # Model prefixes that already mean "an OpenAI-compatible endpoint at api_base"; any other model
 # string sent through a gateway is the gateway's own model name and gets ``openai/`` in front.
-_GATEWAY_PREFIXES = ("openai/", "litellm_proxy/", "hosted_vllm/", "openrouter/", "azure/", "openai_like/",
-                     "ollama/", "ollama_chat/", "lm_studio/", "llamafile/")
+_GATEWAY_PREFIXES = (
+    "openai/",
+    "litellm_proxy/",
+    "hosted_vllm/",
+    "openrouter/",
+    "azure/",
+    "openai_like/",
+    "ollama/",
+    "ollama_chat/",
+    "lm_studio/",
+    "llamafile/",
+)
 _NO_KEY_PLACEHOLDER = "sk-no-key"
 _LOCAL_KEY = "sk-local"
-_RETRY_HINT = re.compile(r"try again in\s+(?:(\d+(?:\.\d+)?)m(?!s))?\s*(\d+(?:\.\d+)?)\s*(ms|s)\b", re.IGNORECASE)
+_RETRY_HINT = re.compile(
+    r"try again in\s+(?:(\d+(?:\.\d+)?)m(?!s))?\s*(\d+(?:\.\d+)?)\s*(ms|s)\b", re.IGNORECASE
+)
 _FORMAT_WORDS = ("response_format", "json_schema", "response format")
 _HTML_MARKERS = ("<!doctype html", "<html")
 
@@ -151,6 +165,16 @@ def _route_through_gateway(model: str) -> str:
     return model if model.startswith(_GATEWAY_PREFIXES) else f"openai/{model}"
 
 
+def _role_settings(rc: LMRoleConfig, role: Role) -> dict[str, Any]:
+    return {
+        "role": role,
+        "temperature": rc.temperature,
+        "max_tokens": rc.max_tokens,
+        "timeout_s": rc.timeout_s,
+        "num_retries": rc.num_retries,
+    }
+
+
 def resolve_role(cfg: KituneConfig, role: Role) -> ResolvedLM:
     """Resolve ``role``'s model, base URL and key from the config and the environment.
 
@@ -182,16 +206,28 @@ def resolve_role(cfg: KituneConfig, role: Role) -> ResolvedLM:
     api_base = _env_value(base_env, base_setting, "base URL").rstrip("/") if base_env else None
     api_key = _env_value(key_env, key_setting, "API key") if key_env else None
     model = rc.model or gw.default_model
-    common = dict(role=role, temperature=rc.temperature, max_tokens=rc.max_tokens, timeout_s=rc.timeout_s,
-                  num_retries=rc.num_retries)
     if model is None:
-        return ResolvedLM(model=f"openai/{cfg.lm.local.model}", api_base=None, api_key=_LOCAL_KEY, key_env=None,
-                          base_env=None, is_local=True, **common)  # type: ignore[arg-type]
+        return ResolvedLM(
+            model=f"openai/{cfg.lm.local.model}",
+            api_base=None,
+            api_key=_LOCAL_KEY,
+            key_env=None,
+            base_env=None,
+            is_local=True,
+            **_role_settings(rc, role),
+        )
     if api_base is not None:
         model = _route_through_gateway(model)
         api_key = api_key or _NO_KEY_PLACEHOLDER
-    return ResolvedLM(model=model, api_base=api_base, api_key=api_key, key_env=key_env, base_env=base_env,
-                      is_local=False, **common)  # type: ignore[arg-type]
+    return ResolvedLM(
+        model=model,
+        api_base=api_base,
+        api_key=api_key,
+        key_env=key_env,
+        base_env=base_env,
+        is_local=False,
+        **_role_settings(rc, role),
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -199,10 +235,15 @@ def resolve_role(cfg: KituneConfig, role: Role) -> ResolvedLM:
 
 
 def parse_retry_after(exc: BaseException) -> float | None:
-    """The wait a 429 asks for, in seconds: ``Retry-After`` header first, then a
-    ``"try again in 4.2s"`` / ``"300ms"`` / ``"1m30s"`` hint in the message; None if neither."""
-    for headers in (getattr(getattr(exc, "response", None), "headers", None),
-                    getattr(exc, "litellm_response_headers", None)):
+    """The wait a 429 asks for, in seconds, or None when it gives no hint.
+
+    The ``Retry-After`` header wins (seconds or an HTTP date); else a ``"try again in 4.2s"`` /
+    ``"300ms"`` / ``"1m30s"`` hint in the message.
+    """
+    for headers in (
+        getattr(getattr(exc, "response", None), "headers", None),
+        getattr(exc, "litellm_response_headers", None),
+    ):
         if not headers:
             continue
         try:
@@ -259,47 +300,81 @@ def classify_error(exc: BaseException, resolved: ResolvedLM, *, format_sent: boo
         An :class:`LMError` subclass with ``retryable`` set: True for timeouts, 429, 5xx and
         dropped connections; False for auth, proxies, format rejections and bad requests.
     """
-    import litellm
+    import litellm.exceptions as lx
 
     model, base = resolved.model, resolved.api_base
     text = str(exc)
     low = text.lower()
     status = _status(exc)
-    if isinstance(exc, litellm.ContextWindowExceededError):
-        return LMContextWindowError(f"the prompt does not fit {model}'s context window: {text}",
-                                    model=model, api_base=base)
-    if format_sent and (isinstance(exc, litellm.UnsupportedParamsError)
-                        or (status in (400, 422, 500) and any(w in low for w in _FORMAT_WORDS))):
-        return ResponseFormatError(f"{model} at {resolved.where} rejected response_format: {text}",
-                                   model=model, api_base=base)
-    if isinstance(exc, (litellm.AuthenticationError, litellm.PermissionDeniedError)) or status in (401, 403):
-        key_hint = (f"the key in ${resolved.key_env} ({resolved.masked_key})" if resolved.key_env
-                    else "no key env var is configured (set lm.gateway.api_key_env or lm.<role>.api_key_env)")
+    if isinstance(exc, lx.ContextWindowExceededError):
+        return LMContextWindowError(
+            f"the prompt does not fit {model}'s context window: {text}", model=model, api_base=base
+        )
+    if format_sent and (
+        isinstance(exc, lx.UnsupportedParamsError)
+        or (status in (400, 422, 500) and any(w in low for w in _FORMAT_WORDS))
+    ):
+        return ResponseFormatError(
+            f"{model} at {resolved.where} rejected response_format: {text}", model=model, api_base=base
+        )
+    if isinstance(exc, (lx.AuthenticationError, lx.PermissionDeniedError)) or status in (401, 403):
+        key_hint = (
+            f"the key in ${resolved.key_env} ({resolved.masked_key})"
+            if resolved.key_env
+            else "no key env var is configured (set lm.gateway.api_key_env or lm.<role>.api_key_env)"
+        )
         return LMAuthError(
             f"HTTP {status or 401} from {resolved.where} for model {model}: {key_hint} was rejected. "
             f"Check the key and that {resolved.where} is the host you meant. Not retried.",
-            model=model, api_base=base, retryable=False)
+            model=model,
+            api_base=base,
+            retryable=False,
+        )
     if status == 407 or any(m in low for m in _HTML_MARKERS):
         return LMConnectionError(
-            f"a proxy answered instead of the model server at {resolved.where} (HTTP {status}, an HTML page or "
-            f"407 Proxy Authentication Required) for {model}: set NO_PROXY=127.0.0.1,localhost or configure the "
-            "proxy credentials (HTTPS_PROXY).", model=model, api_base=base, retryable=False)
-    if isinstance(exc, litellm.Timeout) or status == 408:
+            f"a proxy answered instead of the model server at {resolved.where} (HTTP {status}, an HTML "
+            f"page or 407 Proxy Authentication Required) for {model}: set NO_PROXY=127.0.0.1,localhost "
+            "or configure the proxy credentials (HTTPS_PROXY).",
+            model=model,
+            api_base=base,
+            retryable=False,
+        )
+    if isinstance(exc, lx.Timeout) or status == 408:
         return LMTimeoutError(
             f"{model} at {resolved.where} did not answer within timeout_s={resolved.timeout_s:g} "
             f"(lm.{resolved.role}.timeout_s); raise it or check the server.",
-            timeout_s=resolved.timeout_s, model=model, api_base=base)
-    if isinstance(exc, litellm.RateLimitError) or status == 429:
-        return LMRateLimitError(f"rate limited by {resolved.where} for {model}: {text}",
-                                retry_after_s=parse_retry_after(exc), model=model, api_base=base)
-    if isinstance(exc, litellm.APIConnectionError) or (status in (None, 500) and _is_connection_failure(exc)):
-        return LMConnectionError(f"cannot reach {resolved.where} for {model}: {text}. Is the server running "
-                                 "and the base URL right?", model=model, api_base=base, retryable=True)
+            timeout_s=resolved.timeout_s,
+            model=model,
+            api_base=base,
+        )
+    if isinstance(exc, lx.RateLimitError) or status == 429:
+        return LMRateLimitError(
+            f"rate limited by {resolved.where} for {model}: {text}",
+            retry_after_s=parse_retry_after(exc),
+            model=model,
+            api_base=base,
+        )
+    if isinstance(exc, lx.APIConnectionError) or (status in (None, 500) and _is_connection_failure(exc)):
+        return LMConnectionError(
+            f"cannot reach {resolved.where} for {model}: {text}. Is the server running "
+            "and the base URL right?",
+            model=model,
+            api_base=base,
+            retryable=True,
+        )
     if status is not None and status >= 500:
-        return LMError(f"server error {status} from {resolved.where} for {model}: {text}",
-                       model=model, api_base=base, retryable=True)
-    return LMError(f"{model} at {resolved.where} failed ({type(exc).__name__}): {text}",
-                   model=model, api_base=base, retryable=False)
+        return LMError(
+            f"server error {status} from {resolved.where} for {model}: {text}",
+            model=model,
+            api_base=base,
+            retryable=True,
+        )
+    return LMError(
+        f"{model} at {resolved.where} failed ({type(exc).__name__}): {text}",
+        model=model,
+        api_base=base,
+        retryable=False,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -311,16 +386,16 @@ def _format_level(rf: Any) -> int | None:
         return None
     if isinstance(rf, dict):
         kind = rf.get("type")
-        return {"json_schema": 0, "json_object": 1, "text": 2}.get(kind)
+        return {"json_schema": 0, "json_object": 1, "text": 2}.get(kind) if isinstance(kind, str) else None
     return 0  # a pydantic model class: LiteLLM sends it as json_schema
 
 
 def _normalise_format(rf: Any) -> Any:
     if rf is None or isinstance(rf, dict):
         return rf
-    from litellm.utils import type_to_response_format_param
+    import litellm.utils
 
-    return type_to_response_format_param(rf)
+    return litellm.utils.type_to_response_format_param(rf)  # type: ignore[attr-defined]
 
 
 def _schema_of(rf: dict[str, Any]) -> dict[str, Any] | None:
@@ -363,9 +438,10 @@ def _content_of(response: Any) -> str:
         return ""
 
 
-class KituneLM(dspy.LM):
-    """A ``dspy.LM`` that owns timeouts, retries, error classification, the format ladder,
-    the response cache and the token ledger. Build it with :func:`build_lm`.
+class KituneLM(dspy.LM):  # type: ignore[misc]
+    """A ``dspy.LM`` that owns timeouts, retries, errors, the format ladder, cache and ledger.
+
+    Build it with :func:`build_lm`.
 
     Thread-safe for concurrent calls (the ledger and the capability memory are locked).
 
@@ -378,9 +454,17 @@ class KituneLM(dspy.LM):
         max_wait_s: cap on any single retry wait, in seconds.
     """
 
-    def __init__(self, resolved: ResolvedLM, *, ledger: TokenLedger | None = None, cache: bool = False,
-                 backoff_base_s: float = 1.0, max_wait_s: float = 60.0, seed: int | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        resolved: ResolvedLM,
+        *,
+        ledger: TokenLedger | None = None,
+        cache: bool = False,
+        backoff_base_s: float = 1.0,
+        max_wait_s: float = 60.0,
+        seed: int | None = None,
+        **kwargs: Any,
+    ) -> None:
         self.resolved = resolved
         self.role = resolved.role
         self.ledger = ledger
@@ -389,8 +473,14 @@ class KituneLM(dspy.LM):
         self.max_wait_s = max_wait_s
         self._rng = random.Random(seed)
         self._counts_lock = threading.Lock()
-        super().__init__(model=resolved.model, temperature=resolved.temperature, max_tokens=resolved.max_tokens,
-                         cache=cache, num_retries=0, **kwargs)
+        super().__init__(
+            model=resolved.model,
+            temperature=resolved.temperature,
+            max_tokens=resolved.max_tokens,
+            cache=cache,
+            num_retries=0,
+            **kwargs,
+        )
         if resolved.is_local:
             with _FORMAT_LOCK:  # llama.cpp's server rejects OpenAI-style json_schema (HTTP 500)
                 _FORMAT_LEVEL.setdefault(self._capability_key, 1)
@@ -416,8 +506,13 @@ class KituneLM(dspy.LM):
         name = f"{FORMAT_LEVELS[sent_level]}->{FORMAT_LEVELS[new]}"
         with self._counts_lock:
             self.fallback_counts[name] = self.fallback_counts.get(name, 0) + 1
-        logger.warning("%s at %s rejected response_format %s; using %s from now on",
-                       self.resolved.model, self.resolved.where, FORMAT_LEVELS[sent_level], FORMAT_LEVELS[new])
+        logger.warning(
+            "%s at %s rejected response_format %s; using %s from now on",
+            self.resolved.model,
+            self.resolved.where,
+            FORMAT_LEVELS[sent_level],
+            FORMAT_LEVELS[new],
+        )
         return True
 
     @property
@@ -440,14 +535,31 @@ class KituneLM(dspy.LM):
 
     # -- the call ---------------------------------------------------------------------------
 
-    def _record(self, *, input_tokens: int, output_tokens: int, latency_s: float, estimated: bool = False,
-                failed: bool = False, cache_hit: bool = False) -> None:
+    def _record(
+        self,
+        *,
+        input_tokens: int,
+        output_tokens: int,
+        latency_s: float,
+        estimated: bool = False,
+        failed: bool = False,
+        cache_hit: bool = False,
+    ) -> None:
         if self.ledger is None:
             return
-        self.ledger.record(CallRecord(role=self.role, stage=current_stage(), model=self.resolved.model,
-                                      input_tokens=input_tokens, output_tokens=output_tokens,
-                                      cache_hit=cache_hit, estimated=estimated, failed=failed,
-                                      latency_s=latency_s))
+        self.ledger.record(
+            CallRecord(
+                role=self.role,
+                stage=current_stage(),
+                model=self.resolved.model,
+                input_tokens=input_tokens,
+                output_tokens=output_tokens,
+                cache_hit=cache_hit,
+                estimated=estimated,
+                failed=failed,
+                latency_s=latency_s,
+            )
+        )
 
     def _usage(self, response: Any, messages: Sequence[dict[str, Any]]) -> tuple[int, int, bool]:
         usage = getattr(response, "usage", None)
@@ -460,9 +572,9 @@ class KituneLM(dspy.LM):
     def _wait_for(self, err: LMError, attempt: int) -> float:
         hint = err.retry_after_s if isinstance(err, LMRateLimitError) else None
         if hint is not None:
-            return min(hint, self.max_wait_s)
+            return min(float(hint), self.max_wait_s)
         step = self.backoff_base_s * (2 ** min(attempt, 10))
-        return min(step * self._rng.uniform(0.5, 1.0), self.max_wait_s)
+        return float(min(step * self._rng.uniform(0.5, 1.0), self.max_wait_s))
 
     def _check_completion(self, response: Any) -> None:
         r = self.resolved
@@ -472,11 +584,19 @@ class KituneLM(dspy.LM):
             reason = "content_filter" if filtered else "no_choices"
             raise EmptyCompletionError(
                 f"{r.model} at {r.where} returned HTTP 200 with no choices ({reason}); the prompt was not "
-                "answered. Not retried with the same prompt.", reason=reason, model=r.model, api_base=r.api_base)
+                "answered. Not retried with the same prompt.",
+                reason=reason,
+                model=r.model,
+                api_base=r.api_base,
+            )
         first = choices[0]
         if getattr(first, "finish_reason", None) == "content_filter":
-            raise EmptyCompletionError(f"{r.model} filtered the completion (content_filter)",
-                                       reason="content_filter", model=r.model, api_base=r.api_base)
+            raise EmptyCompletionError(
+                f"{r.model} filtered the completion (content_filter)",
+                reason="content_filter",
+                model=r.model,
+                api_base=r.api_base,
+            )
         message = getattr(first, "message", None)
         if message is None or (message.content or "").strip() or getattr(message, "tool_calls", None):
             return
@@ -484,10 +604,17 @@ class KituneLM(dspy.LM):
             raise EmptyCompletionError(
                 f"{r.model} put its whole reply in reasoning_content and left content empty (finish_reason="
                 f"{first.finish_reason}): raise lm.{r.role}.max_tokens (now {r.max_tokens}) or disable the "
-                "model's reasoning/thinking mode.", reason="answer_in_reasoning_field",
-                model=r.model, api_base=r.api_base)
-        raise EmptyCompletionError(f"{r.model} returned an empty completion (finish_reason={first.finish_reason})",
-                                   reason="empty_content", model=r.model, api_base=r.api_base)
+                "model's reasoning/thinking mode.",
+                reason="answer_in_reasoning_field",
+                model=r.model,
+                api_base=r.api_base,
+            )
+        raise EmptyCompletionError(
+            f"{r.model} returned an empty completion (finish_reason={first.finish_reason})",
+            reason="empty_content",
+            model=r.model,
+            api_base=r.api_base,
+        )
 
     def _send(self, messages: list[dict[str, Any]], request: dict[str, Any]) -> Any:
         import litellm
@@ -505,13 +632,25 @@ class KituneLM(dspy.LM):
                 body["response_format"] = rf
             started = time.monotonic()
             try:
-                response = litellm.completion(model=r.model, messages=messages, api_base=r.api_base,
-                                              api_key=r.api_key, timeout=r.timeout_s, num_retries=0,
-                                              max_retries=0, **body)
+                response = litellm.completion(
+                    model=r.model,
+                    messages=messages,
+                    api_base=r.api_base,
+                    api_key=r.api_key,
+                    timeout=r.timeout_s,
+                    num_retries=0,
+                    max_retries=0,
+                    **body,
+                )
             except Exception as exc:
                 latency = time.monotonic() - started
-                self._record(input_tokens=estimate_tokens(_messages_text(messages)), output_tokens=0,
-                             latency_s=latency, estimated=True, failed=True)
+                self._record(
+                    input_tokens=estimate_tokens(_messages_text(messages)),
+                    output_tokens=0,
+                    latency_s=latency,
+                    estimated=True,
+                    failed=True,
+                )
                 err = classify_error(exc, r, format_sent=rf is not None)
                 if isinstance(err, ResponseFormatError):
                     sent_level = _format_level(rf)
@@ -521,8 +660,14 @@ class KituneLM(dspy.LM):
                 if err.retryable and retries_used < r.num_retries:
                     wait = self._wait_for(err, retries_used)
                     retries_used += 1
-                    logger.info("%s: %s; retry %d/%d in %.2fs", r.model, type(err).__name__, retries_used,
-                                r.num_retries, wait)
+                    logger.info(
+                        "%s: %s; retry %d/%d in %.2fs",
+                        r.model,
+                        type(err).__name__,
+                        retries_used,
+                        r.num_retries,
+                        wait,
+                    )
                     time.sleep(wait)
                     continue
                 raise err from exc
@@ -532,14 +677,26 @@ class KituneLM(dspy.LM):
                 self._check_completion(response)
             except EmptyCompletionError:
                 has_usage = not estimated
-                self._record(input_tokens=prompt_toks, output_tokens=completion_toks if has_usage else 0,
-                             latency_s=latency, estimated=not has_usage, failed=True)
+                self._record(
+                    input_tokens=prompt_toks,
+                    output_tokens=completion_toks if has_usage else 0,
+                    latency_s=latency,
+                    estimated=not has_usage,
+                    failed=True,
+                )
                 raise
-            self._record(input_tokens=prompt_toks, output_tokens=completion_toks, latency_s=latency,
-                         estimated=estimated)
-            response._hidden_params["kitune_usage"] = {"input_tokens": prompt_toks,
-                                                       "output_tokens": completion_toks,
-                                                       "estimated": estimated, "cache_hit": False}
+            self._record(
+                input_tokens=prompt_toks,
+                output_tokens=completion_toks,
+                latency_s=latency,
+                estimated=estimated,
+            )
+            response._hidden_params["kitune_usage"] = {
+                "input_tokens": prompt_toks,
+                "output_tokens": completion_toks,
+                "estimated": estimated,
+                "cache_hit": False,
+            }
             return response
 
     def _cache_key(self, messages: list[dict[str, Any]], request: dict[str, Any]) -> dict[str, Any]:
@@ -547,8 +704,9 @@ class KituneLM(dspy.LM):
         key.update({k: v for k, v in request.items() if not k.startswith("api_")})
         return key
 
-    def forward(self, prompt: str | None = None, messages: list[dict[str, Any]] | None = None,
-                **kwargs: Any) -> Any:
+    def forward(
+        self, prompt: str | None = None, messages: list[dict[str, Any]] | None = None, **kwargs: Any
+    ) -> Any:
         """Run one chat completion with kitune's policies; returns LiteLLM's ``ModelResponse``.
 
         Keyword args override the LM's defaults (``temperature``, ``max_tokens``,
@@ -576,8 +734,13 @@ class KituneLM(dspy.LM):
             if isinstance(hit, dict) and "kitune_response" in hit:
                 response = litellm.ModelResponse(**hit["kitune_response"])
                 usage = hit["kitune_usage"]
-                self._record(input_tokens=usage["input_tokens"], output_tokens=usage["output_tokens"],
-                             latency_s=0.0, estimated=usage["estimated"], cache_hit=True)
+                self._record(
+                    input_tokens=usage["input_tokens"],
+                    output_tokens=usage["output_tokens"],
+                    latency_s=0.0,
+                    estimated=usage["estimated"],
+                    cache_hit=True,
+                )
                 response._hidden_params["kitune_usage"] = {**usage, "cache_hit": True}
                 return response
         response = self._send(msgs, dict(request))
@@ -586,24 +749,29 @@ class KituneLM(dspy.LM):
             dspy.cache.put(key, {"kitune_response": response.model_dump(), "kitune_usage": usage})
         return response
 
-    async def aforward(self, prompt: str | None = None, messages: list[dict[str, Any]] | None = None,
-                       **kwargs: Any) -> Any:
+    async def aforward(
+        self, prompt: str | None = None, messages: list[dict[str, Any]] | None = None, **kwargs: Any
+    ) -> Any:
         """Async :meth:`forward` (runs it in a worker thread; the ledger stage is kept)."""
         return await asyncio.to_thread(self.forward, prompt, messages, **kwargs)
 
-    def call_uncached(self, prompt: str | None = None, *, messages: list[dict[str, Any]] | None = None,
-                      **kwargs: Any) -> list[Any]:
+    def call_uncached(
+        self, prompt: str | None = None, *, messages: list[dict[str, Any]] | None = None, **kwargs: Any
+    ) -> list[Any]:
         """Call like ``lm(...)`` but never serve from the cache; the fresh reply replaces any cached one.
 
         Use it for a retry after a ParseError or truncated output (case D2).
         """
-        return self(prompt, messages=messages, _kitune_refresh=True, **kwargs)
+        outputs: list[Any] = self(prompt, messages=messages, _kitune_refresh=True, **kwargs)
+        return outputs
 
 
-class LocalJSONAdapter(dspy.JSONAdapter):
-    """JSONAdapter for llama.cpp's server: sends the output schema as
-    ``{"type": "json_object", "schema": {...}}`` (its grammar-constrained JSON mode), which it
-    accepts, instead of OpenAI's ``json_schema`` form, which it rejects with HTTP 500."""
+class LocalJSONAdapter(dspy.JSONAdapter):  # type: ignore[misc]
+    """JSONAdapter for llama.cpp's server: the schema goes as ``{"type": "json_object", "schema": ...}``.
+
+    That is llama.cpp's grammar-constrained JSON mode, which it accepts; OpenAI's ``json_schema``
+    form it rejects with HTTP 500.
+    """
 
     def _prepare_response_format(self, lm: Any, lm_kwargs: dict[str, Any], signature: Any) -> None:
         try:
@@ -616,12 +784,16 @@ class LocalJSONAdapter(dspy.JSONAdapter):
 
 
 def adapter_for(lm: KituneLM) -> dspy.Adapter:
-    """The adapter to scope with ``dspy.context(lm=lm, adapter=adapter_for(lm))``:
-    :class:`LocalJSONAdapter` for the local model, ``dspy.JSONAdapter`` otherwise."""
+    """The adapter to use with ``lm``: :class:`LocalJSONAdapter` for the local model, else JSONAdapter.
+
+    Scope it with ``dspy.context(lm=lm, adapter=adapter_for(lm))``.
+    """
     return LocalJSONAdapter() if lm.resolved.is_local else dspy.JSONAdapter()
 
 
-def build_lm(cfg: KituneConfig, role: Role, *, ledger: TokenLedger | None = None, **lm_kwargs: Any) -> KituneLM:
+def build_lm(
+    cfg: KituneConfig, role: Role, *, ledger: TokenLedger | None = None, **lm_kwargs: Any
+) -> KituneLM:
     """Build the :class:`KituneLM` for ``role``.
 
     For the embedded local model this starts (or reuses) the llama.cpp server via
@@ -642,8 +814,9 @@ def build_lm(cfg: KituneConfig, role: Role, *, ledger: TokenLedger | None = None
         from kitune.localmodel import get_local_server
 
         server = get_local_server(cfg.lm.local)
-        resolved = replace(resolved, model=f"openai/{server.model_alias}", api_base=server.api_base,
-                           api_key=_LOCAL_KEY)
+        resolved = replace(
+            resolved, model=f"openai/{server.model_alias}", api_base=server.api_base, api_key=_LOCAL_KEY
+        )
     return KituneLM(resolved, ledger=ledger, cache=cfg.lm.cache, **lm_kwargs)
 
 
@@ -657,16 +830,25 @@ class LiteLLMChatModel:
         lm: use this LM instead of building one (tests, shared LMs).
     """
 
-    def __init__(self, cfg: KituneConfig | None = None, role: Role = "agent", *, ledger: TokenLedger | None = None,
-                 lm: KituneLM | None = None) -> None:
+    def __init__(
+        self,
+        cfg: KituneConfig | None = None,
+        role: Role = "agent",
+        *,
+        ledger: TokenLedger | None = None,
+        lm: KituneLM | None = None,
+    ) -> None:
         if lm is None:
             if cfg is None:
-                raise ConfigError("LiteLLMChatModel needs a config or an lm: pass cfg=load_config(...) or lm=...")
+                raise ConfigError(
+                    "LiteLLMChatModel needs a config or an lm: pass cfg=load_config(...) or lm=..."
+                )
             lm = build_lm(cfg, role, ledger=ledger)
         self.lm = lm
 
-    def complete(self, messages: Sequence[ChatMessage], *, json_mode: bool = False,
-                 max_tokens: int | None = None) -> ChatResponse:
+    def complete(
+        self, messages: Sequence[ChatMessage], *, json_mode: bool = False, max_tokens: int | None = None
+    ) -> ChatResponse:
         """Complete ``messages``; see :meth:`kitune.chat.ChatModel.complete`.
 
         Raises:
@@ -681,6 +863,11 @@ class LiteLLMChatModel:
         response = self.lm.forward(messages=[dict(m) for m in messages], **kwargs)
         usage = response._hidden_params["kitune_usage"]
         choice = response.choices[0]
-        return ChatResponse(text=choice.message.content or "", input_tokens=usage["input_tokens"],
-                            output_tokens=usage["output_tokens"], estimated=usage["estimated"],
-                            finish_reason=choice.finish_reason, model=getattr(response, "model", "") or "")
+        return ChatResponse(
+            text=choice.message.content or "",
+            input_tokens=usage["input_tokens"],
+            output_tokens=usage["output_tokens"],
+            estimated=usage["estimated"],
+            finish_reason=choice.finish_reason,
+            model=getattr(response, "model", "") or "",
+        )

@@ -58,12 +58,18 @@ def _lm(cfg: KituneConfig, role: str = "extract", **kw: Any) -> tuple[KituneLM, 
 # ----------------------------------------------------------------------------- resolve_role (L3)
 
 
-def test_unset_base_url_env_fails_before_any_request(stub: StubServer, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unset_base_url_env_fails_before_any_request(
+    stub: StubServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("KI_PROXY_HOST", raising=False)
     monkeypatch.delenv("KI_PROXY_KEY", raising=False)
-    cfg = load_config(overrides={"lm.extract.model": "litellm_proxy/ki-extractor",
-                                 "lm.extract.api_base_env": "KI_PROXY_HOST",
-                                 "lm.extract.api_key_env": "KI_PROXY_KEY"})
+    cfg = load_config(
+        overrides={
+            "lm.extract.model": "litellm_proxy/ki-extractor",
+            "lm.extract.api_base_env": "KI_PROXY_HOST",
+            "lm.extract.api_key_env": "KI_PROXY_KEY",
+        }
+    )
     with pytest.raises(ConfigError, match=r"^KI_PROXY_HOST is not set") as info:
         build_lm(cfg, "extract")
     assert "lm.extract.api_base_env" in str(info.value)
@@ -73,8 +79,13 @@ def test_unset_base_url_env_fails_before_any_request(stub: StubServer, monkeypat
 def test_unset_key_env_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KI_PROXY_HOST", "http://127.0.0.1:9/v1")
     monkeypatch.delenv("KI_PROXY_KEY", raising=False)
-    cfg = load_config(overrides={"lm.gateway.base_url_env": "KI_PROXY_HOST", "lm.gateway.api_key_env": "KI_PROXY_KEY",
-                                 "lm.gateway.default_model": "m"})
+    cfg = load_config(
+        overrides={
+            "lm.gateway.base_url_env": "KI_PROXY_HOST",
+            "lm.gateway.api_key_env": "KI_PROXY_KEY",
+            "lm.gateway.default_model": "m",
+        }
+    )
     with pytest.raises(ConfigError, match=r"^KI_PROXY_KEY is not set.*lm.gateway.api_key_env"):
         resolve_role(cfg, "judge")
 
@@ -93,12 +104,22 @@ def test_model_precedence_and_gateway_routing(gateway_cfg: CfgFactory, stub: Stu
 def test_role_env_overrides_gateway_and_no_gateway_keeps_provider(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ROLE_URL", "http://127.0.0.1:1234/v1/")
     monkeypatch.setenv("GW_URL", "http://127.0.0.1:5678/v1")
-    cfg = load_config(overrides={"lm.gateway.base_url_env": "GW_URL", "lm.extract.api_base_env": "ROLE_URL",
-                                 "lm.extract.model": "hosted_vllm/qwen"})
+    cfg = load_config(
+        overrides={
+            "lm.gateway.base_url_env": "GW_URL",
+            "lm.extract.api_base_env": "ROLE_URL",
+            "lm.extract.model": "hosted_vllm/qwen",
+        }
+    )
     r = resolve_role(cfg, "extract")
     assert (r.api_base, r.model, r.base_env) == ("http://127.0.0.1:1234/v1", "hosted_vllm/qwen", "ROLE_URL")
     plain = resolve_role(load_config(overrides={"lm.judge.model": "openai/gpt-4o-mini"}), "judge")
-    assert (plain.model, plain.api_base, plain.api_key, plain.is_local) == ("openai/gpt-4o-mini", None, None, False)
+    assert (plain.model, plain.api_base, plain.api_key, plain.is_local) == (
+        "openai/gpt-4o-mini",
+        None,
+        None,
+        False,
+    )
     local = resolve_role(load_config(), "agent")
     assert local.is_local and local.api_base is None
 
@@ -166,7 +187,9 @@ def test_401_names_env_var_and_base_url_and_is_not_retried(gateway_cfg: CfgFacto
 
 
 @pytest.mark.parametrize("reply", [Reply.proxy_page(407), Reply.proxy_page(200)], ids=["407", "html200"])
-def test_proxy_in_the_way_is_a_connection_error(gateway_cfg: CfgFactory, stub: StubServer, reply: Reply) -> None:
+def test_proxy_in_the_way_is_a_connection_error(
+    gateway_cfg: CfgFactory, stub: StubServer, reply: Reply
+) -> None:
     stub.push(reply)
     lm, _ = _lm(gateway_cfg(**{"lm.extract.num_retries": 2}))
     with pytest.raises(LMConnectionError, match="proxy") as info:
@@ -180,8 +203,13 @@ def test_connection_refused_is_a_connection_error(monkeypatch: pytest.MonkeyPatc
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     monkeypatch.setenv("DEAD_URL", f"http://127.0.0.1:{port}/v1")
-    cfg = load_config(overrides={"lm.gateway.base_url_env": "DEAD_URL", "lm.gateway.default_model": "m",
-                                 "lm.extract.num_retries": 1})
+    cfg = load_config(
+        overrides={
+            "lm.gateway.base_url_env": "DEAD_URL",
+            "lm.gateway.default_model": "m",
+            "lm.extract.num_retries": 1,
+        }
+    )
     lm, ledger = _lm(cfg)
     with pytest.raises(LMConnectionError, match=f"127.0.0.1:{port}"):
         lm(messages=MSG)
@@ -191,8 +219,11 @@ def test_connection_refused_is_a_connection_error(monkeypatch: pytest.MonkeyPatc
 # ----------------------------------------------------------------------------- L5: 429 and timeouts
 
 
-@pytest.mark.parametrize("reply", [Reply.rate_limited(body_hint="0.3s"), Reply.rate_limited(retry_after_s=0.3)],
-                         ids=["body_hint", "retry_after_header"])
+@pytest.mark.parametrize(
+    "reply",
+    [Reply.rate_limited(body_hint="0.3s"), Reply.rate_limited(retry_after_s=0.3)],
+    ids=["body_hint", "retry_after_header"],
+)
 def test_429_waits_at_least_the_hinted_time(gateway_cfg: CfgFactory, stub: StubServer, reply: Reply) -> None:
     stub.push(reply, Reply.ok("done"))
     lm, ledger = _lm(gateway_cfg(), backoff_base_s=0.0)
@@ -242,15 +273,20 @@ def test_5xx_retried_then_succeeds(gateway_cfg: CfgFactory, stub: StubServer) ->
 def test_bad_request_is_not_retried(gateway_cfg: CfgFactory, stub: StubServer) -> None:
     stub.push(Reply.error(400, "messages[0].role is invalid"))
     lm, _ = _lm(gateway_cfg(**{"lm.extract.num_retries": 3}))
-    with pytest.raises(LMError, match="messages\\[0\\].role is invalid") as info:
+    with pytest.raises(LMError, match=r"messages\[0\]\.role is invalid") as info:
         lm(messages=MSG)
     assert not info.value.retryable and len(stub.chat_requests) == 1
 
 
-@pytest.mark.parametrize(("text", "seconds"), [
-    ("Please try again in 4.2s.", 4.2), ("Please try again in 300ms.", 0.3), ("try again in 1m30s", 90.0),
-    ("slow down", None),
-])
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("Please try again in 4.2s.", 4.2),
+        ("Please try again in 300ms.", 0.3),
+        ("try again in 1m30s", 90.0),
+        ("slow down", None),
+    ],
+)
 def test_parse_retry_after_body_hints(text: str, seconds: float | None) -> None:
     got = parse_retry_after(Exception(text))
     assert got == (pytest.approx(seconds) if seconds is not None else None)
@@ -292,9 +328,14 @@ def test_answer_in_reasoning_field(gateway_cfg: CfgFactory, stub: StubServer) ->
 
 
 @pytest.mark.parametrize("status", [400, 500])
-def test_rejected_json_schema_downgrades_exactly_once(gateway_cfg: CfgFactory, stub: StubServer, status: int) -> None:
-    stub.push(Reply.reject_response_format(status), Reply.ok('{"answer": "Springfield"}'),
-              Reply.ok('{"answer": "Paris"}'))
+def test_rejected_json_schema_downgrades_exactly_once(
+    gateway_cfg: CfgFactory, stub: StubServer, status: int
+) -> None:
+    stub.push(
+        Reply.reject_response_format(status),
+        Reply.ok('{"answer": "Springfield"}'),
+        Reply.ok('{"answer": "Paris"}'),
+    )
     lm, ledger = _lm(gateway_cfg(**{"lm.extract.num_retries": 3}))
     with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
         assert dspy.Predict(QA)(question="Where is Acme?").answer == "Springfield"
@@ -307,16 +348,20 @@ def test_rejected_json_schema_downgrades_exactly_once(gateway_cfg: CfgFactory, s
     assert ledger.totals()["calls"] == 3 and ledger.totals()["failed_calls"] == 1
 
 
-def test_client_side_unsupported_params_downgrades(gateway_cfg: CfgFactory, stub: StubServer,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_client_side_unsupported_params_downgrades(
+    gateway_cfg: CfgFactory, stub: StubServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     real = litellm.completion
     seen: list[Any] = []
 
     def picky(**kw: Any) -> Any:
         seen.append(kw.get("response_format"))
         if kw.get("response_format", {}).get("type") == "json_schema":
-            raise litellm.UnsupportedParamsError(message="openai does not support parameters: ['response_format']",
-                                                 model=kw["model"], llm_provider="openai")
+            raise litellm.UnsupportedParamsError(
+                message="openai does not support parameters: ['response_format']",
+                model=kw["model"],
+                llm_provider="openai",
+            )
         return real(**kw)
 
     monkeypatch.setattr(litellm, "completion", picky)
@@ -354,7 +399,9 @@ def memory_cache() -> Any:
     dspy.configure_cache(enable_disk_cache=False, enable_memory_cache=False)
 
 
-def test_cache_hit_keeps_usage_and_bills_zero(gateway_cfg: CfgFactory, stub: StubServer, memory_cache: Any) -> None:
+def test_cache_hit_keeps_usage_and_bills_zero(
+    gateway_cfg: CfgFactory, stub: StubServer, memory_cache: Any
+) -> None:
     stub.push(Reply.ok('{"answer": "Springfield"}', usage=(120, 8)))
     lm, ledger = _lm(gateway_cfg(**{"lm.cache": True}))
     with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
@@ -366,10 +413,16 @@ def test_cache_hit_keeps_usage_and_bills_zero(gateway_cfg: CfgFactory, stub: Stu
     assert (miss.cache_hit, hit.cache_hit) == (False, True)
     assert (hit.input_tokens, hit.output_tokens) == (120, 8)  # original usage kept for reporting
     totals = ledger.totals()
-    assert (totals["billed_input_tokens"], totals["billed_output_tokens"], totals["cache_hits"]) == (120, 8, 1)
+    assert (totals["billed_input_tokens"], totals["billed_output_tokens"], totals["cache_hits"]) == (
+        120,
+        8,
+        1,
+    )
 
 
-def test_cache_key_covers_sampling_params(gateway_cfg: CfgFactory, stub: StubServer, memory_cache: Any) -> None:
+def test_cache_key_covers_sampling_params(
+    gateway_cfg: CfgFactory, stub: StubServer, memory_cache: Any
+) -> None:
     stub.push(Reply.ok("cold"), Reply.ok("hot"), Reply.ok("rollout"))
     lm, ledger = _lm(gateway_cfg(**{"lm.cache": True}))
     assert lm(messages=MSG, temperature=0.0) == ["cold"]
@@ -381,8 +434,9 @@ def test_cache_key_covers_sampling_params(gateway_cfg: CfgFactory, stub: StubSer
     assert ledger.totals()["cache_hits"] == 1
 
 
-def test_retry_after_parse_error_bypasses_and_replaces_cache(gateway_cfg: CfgFactory, stub: StubServer,
-                                                             memory_cache: Any) -> None:
+def test_retry_after_parse_error_bypasses_and_replaces_cache(
+    gateway_cfg: CfgFactory, stub: StubServer, memory_cache: Any
+) -> None:
     stub.push(Reply.ok("Let me analyze the document step by step"), Reply.ok('{"answer": "x"}'))
     lm, _ = _lm(gateway_cfg(**{"lm.cache": True}))
     assert lm(messages=MSG) == ["Let me analyze the document step by step"]
@@ -402,12 +456,18 @@ def test_cache_false_reaches_the_server(gateway_cfg: CfgFactory, stub: StubServe
 
 
 def test_chat_model_returns_text_usage_and_finish_reason(gateway_cfg: CfgFactory, stub: StubServer) -> None:
-    stub.push(Reply.ok('{"tool": "search"}', usage=(40, 6)), Reply.truncated('{"answer": "Spr', usage=(41, 5)))
+    stub.push(
+        Reply.ok('{"tool": "search"}', usage=(40, 6)), Reply.truncated('{"answer": "Spr', usage=(41, 5))
+    )
     ledger = TokenLedger()
     chat = LiteLLMChatModel(gateway_cfg(), "agent", ledger=ledger)
     first = chat.complete(MSG, json_mode=True, max_tokens=32)
-    assert (first.text, first.input_tokens, first.output_tokens, first.estimated) == ('{"tool": "search"}', 40, 6,
-                                                                                      False)
+    assert (first.text, first.input_tokens, first.output_tokens, first.estimated) == (
+        '{"tool": "search"}',
+        40,
+        6,
+        False,
+    )
     assert first.finish_reason == "stop"
     assert stub.chat_requests[0].body["response_format"] == {"type": "json_object"}
     assert stub.chat_requests[0].body["max_tokens"] == 32
@@ -445,8 +505,13 @@ def test_local_model_uses_json_object_with_schema(stub: StubServer, monkeypatch:
         assert dspy.Predict(QA)(question="Where?").answer == "Springfield"
     with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):  # plain adapter: never json_schema for llama.cpp
         assert dspy.Predict(QA)(question="Capital?").answer == "Paris"
-    schema = {"type": "json_schema", "json_schema": {"name": "qa", "schema": {"type": "object", "properties": {
-        "answer": {"type": "string"}}}}}
+    schema = {
+        "type": "json_schema",
+        "json_schema": {
+            "name": "qa",
+            "schema": {"type": "object", "properties": {"answer": {"type": "string"}}},
+        },
+    }
     lm(messages=MSG, response_format=schema)  # the ladder rewrites json_schema into llama.cpp's form
     first, second, third = (r.body["response_format"] for r in stub.chat_requests)
     assert first["type"] == "json_object" and first["schema"]["properties"]["answer"]["type"] == "string"

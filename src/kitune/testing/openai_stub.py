@@ -107,29 +107,55 @@ class Reply:
         return cls._json(200, data, label="truncated")
 
     @classmethod
-    def error(cls, status: int, message: str, *, type_: str = "invalid_request_error", code: str | None = None,
-              param: str | None = None, headers: Iterable[tuple[str, str]] = ()) -> Reply:
+    def error(
+        cls,
+        status: int,
+        message: str,
+        *,
+        type_: str = "invalid_request_error",
+        code: str | None = None,
+        param: str | None = None,
+        headers: Iterable[tuple[str, str]] = (),
+    ) -> Reply:
         """An OpenAI-style error body with ``status``."""
-        return cls._json(status, _error(message, type_=type_, code=code, param=param),
-                         label=f"http_{status}", extra_headers=headers)
+        return cls._json(
+            status,
+            _error(message, type_=type_, code=code, param=param),
+            label=f"http_{status}",
+            extra_headers=headers,
+        )
 
     @classmethod
     def unauthorized(cls) -> Reply:
         """401 with an invalid-key message."""
-        return cls.error(401, "Incorrect API key provided: sk-****. You can find your API key at your provider.",
-                         type_="invalid_request_error", code="invalid_api_key")
+        return cls.error(
+            401,
+            "Incorrect API key provided: sk-****. You can find your API key at your provider.",
+            type_="invalid_request_error",
+            code="invalid_api_key",
+        )
 
     @classmethod
     def proxy_page(cls, status: int = 407) -> Reply:
         """An HTML page from a proxy in the way (407 by default; pass 200 for a captive portal)."""
-        return Reply(status=status, body=_PROXY_HTML.encode(), headers=(("Content-Type", "text/html"),),
-                     label=f"proxy_{status}")
+        return Reply(
+            status=status,
+            body=_PROXY_HTML.encode(),
+            headers=(("Content-Type", "text/html"),),
+            label=f"proxy_{status}",
+        )
 
     @classmethod
     def rate_limited(cls, *, retry_after_s: float | None = None, body_hint: str | None = None) -> Reply:
-        """429; with a ``Retry-After`` header when ``retry_after_s`` is given, and/or the body
-        message ``"... Please try again in <body_hint>."`` (e.g. ``"0.3s"`` or ``"300ms"``)."""
-        message = "Rate limit reached for model m-small on tokens per minute: limit 10000, used 9100, requested 2500."
+        """429 with a ``Retry-After`` header and/or a body hint.
+
+        ``retry_after_s`` sets the header; ``body_hint`` (e.g. ``"0.3s"`` or ``"300ms"``) appends
+        ``"Please try again in <body_hint>."`` to the message.
+        """
+        message = (
+            "Rate limit reached for model m-small on tokens per minute: limit 10000, used 9100, "
+            "requested 2500."
+        )
         if body_hint is not None:
             message += f" Please try again in {body_hint}."
         headers = [("Retry-After", f"{retry_after_s:g}")] if retry_after_s is not None else []
@@ -138,29 +164,46 @@ class Reply:
     @classmethod
     def server_error(cls, status: int = 500) -> Reply:
         """A 5xx error."""
-        return cls.error(status, "The server had an error while processing your request.", type_="server_error")
+        return cls.error(
+            status, "The server had an error while processing your request.", type_="server_error"
+        )
 
     @classmethod
     def slow(cls, delay_s: float, then: Reply | None = None) -> Reply:
         """Wait ``delay_s`` seconds, then answer with ``then`` (a normal reply by default)."""
         inner = then or cls.ok()
-        return Reply(status=inner.status, body=inner.body, headers=inner.headers, delay_s=delay_s,
-                     label=f"slow_{delay_s:g}s")
+        return Reply(
+            status=inner.status,
+            body=inner.body,
+            headers=inner.headers,
+            delay_s=delay_s,
+            label=f"slow_{delay_s:g}s",
+        )
 
     @classmethod
     def empty_choices(cls, *, content_filter: bool = True) -> Reply:
         """HTTP 200 with ``choices: []`` and ``usage: null`` (Azure's content filter, case L1)."""
-        data: dict[str, Any] = {"id": "", "object": "", "created": 0, "model": "", "choices": [], "usage": None}
+        data: dict[str, Any] = {
+            "id": "",
+            "object": "",
+            "created": 0,
+            "model": "",
+            "choices": [],
+            "usage": None,
+        }
         if content_filter:
             data["prompt_filter_results"] = [
-                {"prompt_index": 0,
-                 "content_filter_results": {"violence": {"filtered": True, "severity": "medium"}}}
+                {
+                    "prompt_index": 0,
+                    "content_filter_results": {"violence": {"filtered": True, "severity": "medium"}},
+                }
             ]
         return cls._json(200, data, label="empty_choices")
 
     @classmethod
-    def reasoning_only(cls, reasoning: str = "The answer is Springfield.",
-                       *, usage: tuple[int, int] = (11, 64)) -> Reply:
+    def reasoning_only(
+        cls, reasoning: str = "The answer is Springfield.", *, usage: tuple[int, int] = (11, 64)
+    ) -> Reply:
         """Empty ``content`` with the text in ``reasoning_content`` (a reasoning model out of tokens)."""
         data = _completion("", usage=usage, finish_reason="length", reasoning_content=reasoning)
         return cls._json(200, data, label="reasoning_only")
@@ -168,9 +211,13 @@ class Reply:
     @classmethod
     def context_overflow(cls) -> Reply:
         """400 saying the prompt exceeds the context window (OpenAI's wording)."""
-        return cls.error(400, "This model's maximum context length is 8192 tokens. However, your messages "
-                         "resulted in 9000 tokens. Please reduce the length of the messages.",
-                         code="context_length_exceeded", param="messages")
+        return cls.error(
+            400,
+            "This model's maximum context length is 8192 tokens. However, your messages "
+            "resulted in 9000 tokens. Please reduce the length of the messages.",
+            code="context_length_exceeded",
+            param="messages",
+        )
 
     @classmethod
     def reject_response_format(cls, status: int = 400) -> Reply:
@@ -178,7 +225,9 @@ class Reply:
         return cls.error(
             status,
             "Invalid value for response_format.type: only json_object and text are supported.",
-            type_="invalid_request_error", code="InvalidParameter", param="response_format.type",
+            type_="invalid_request_error",
+            code="InvalidParameter",
+            param="response_format.type",
         )
 
 
@@ -248,7 +297,7 @@ class StubServer:
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+            def log_message(self, format: str, *args: Any) -> None:
                 return
 
             def _read_body(self) -> dict[str, Any]:
@@ -273,21 +322,40 @@ class StubServer:
                 except (BrokenPipeError, ConnectionResetError):  # the client gave up (timeout)
                     pass
 
-            def do_POST(self) -> None:  # noqa: N802 - stdlib naming
+            def do_POST(self) -> None:
                 body = self._read_body()
-                stub._record(RecordedRequest("POST", self.path, {k.lower(): v for k, v in self.headers.items()},
-                                             body, time.monotonic()))
+                stub._record(
+                    RecordedRequest(
+                        "POST",
+                        self.path,
+                        {k.lower(): v for k, v in self.headers.items()},
+                        body,
+                        time.monotonic(),
+                    )
+                )
                 if not self.path.endswith("/chat/completions"):
                     self._send(Reply.error(404, f"stub serves /v1/chat/completions only, not {self.path}"))
                     return
                 self._send(stub._next_reply())
 
-            def do_GET(self) -> None:  # noqa: N802 - stdlib naming
-                stub._record(RecordedRequest("GET", self.path, {k.lower(): v for k, v in self.headers.items()},
-                                             {}, time.monotonic()))
+            def do_GET(self) -> None:
+                stub._record(
+                    RecordedRequest(
+                        "GET",
+                        self.path,
+                        {k.lower(): v for k, v in self.headers.items()},
+                        {},
+                        time.monotonic(),
+                    )
+                )
                 if self.path.endswith("/models"):
-                    self._send(Reply._json(200, {"object": "list", "data": [{"id": "stub-model",
-                                                                              "object": "model"}]}, label="models"))
+                    self._send(
+                        Reply._json(
+                            200,
+                            {"object": "list", "data": [{"id": "stub-model", "object": "model"}]},
+                            label="models",
+                        )
+                    )
                 else:
                     self._send(Reply.error(404, f"no such path {self.path}"))
 
