@@ -65,12 +65,34 @@ def test_title_missing_prediction_is_rejected() -> None:
     assert res.rejected_reason is not None and res.rejected_reason.startswith("title_missing_prediction:")
 
 
-def test_paraphrased_evidence_is_rejected() -> None:
+def test_quoted_evidence_is_found_verbatim() -> None:
+    title = "Tom O'Neill opened the Harwick bakery; Tomas O'Neil did not."
+    res = Disambiguator().disambiguate(
+        QUESTION, GOLD, WRONG, DOC, "d42",
+        lm=_lm(title, evidence='"...opened by Tom O\u2019Neill in 1921..."'),
+    )
+    assert res.ki is not None and res.evidence_source == "model"
+    assert res.ki.payload.evidence == ["opened by Tom O\u2019Neill in 1921"]
+
+
+def test_paraphrased_evidence_falls_back_to_the_gold_sentence() -> None:
     title = "Tom O'Neill opened the Harwick bakery; Tomas O'Neil did not."
     res = Disambiguator().disambiguate(
         QUESTION, GOLD, WRONG, DOC, "d42", lm=_lm(title, evidence="Tom O'Neill founded it in 1921")
     )
-    assert res.rejected_reason == "evidence_not_in_document: the evidence span is not verbatim"
+    assert res.ki is not None and res.evidence_source == "gold_sentence"
+    sentence = "The Old Mill Bakery in Harwick was opened by Tom O\u2019Neill in 1921."
+    assert res.ki.payload.evidence == [sentence]
+
+
+def test_evidence_rejected_when_gold_is_not_in_the_document() -> None:
+    title = "Tom O'Neill opened the Harwick bakery; Tomas O'Neil did not."
+    res = Disambiguator().disambiguate(
+        QUESTION, GOLD, WRONG, "Tomas O'Neil ran a bakery in Dunmore.", "d42",
+        lm=_lm(title, evidence="Tom O'Neill founded it in 1921"),
+    )
+    assert res.ki is None
+    assert res.rejected_reason is not None and res.rejected_reason.startswith("evidence_not_in_document:")
 
 
 def test_overlong_title_is_rejected_as_invalid_ki() -> None:

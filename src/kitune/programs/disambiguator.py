@@ -11,8 +11,11 @@ Guardrails, applied after generation (each rejection carries a reason):
 * ``title_missing_gold`` / ``title_missing_prediction`` — the containment check, compared after
   :func:`kitune.text.fold_text` + ``casefold`` on both sides (so curly vs straight quotes and
   case never cause a rejection, but a paraphrase does);
-* ``evidence_not_in_document`` — the evidence span is not verbatim in the gold document (after
-  the same folding); the stored span is cut from the original text;
+* evidence: the model's span is looked up verbatim in the gold document (after the same folding,
+  surrounding quotes and ellipses removed) and the stored span is cut from the original text.
+  When it is not found, the first sentence of the document that contains the gold answer is used
+  instead (``DisambiguationResult.evidence_source == "gold_sentence"``);
+  ``evidence_not_in_document`` is the rejection when neither exists;
 * ``invalid_ki: …`` — length or tag rules of :class:`kitune.ki.KI` are broken;
 * ``lm_error: …`` — the LM call failed.
 
@@ -22,6 +25,7 @@ question returns it in the top results.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -56,6 +60,28 @@ def contains_folded(haystack: str, needle: str) -> bool:
     return bool(n) and n in fold_text(haystack).casefold()
 
 
+def _strip_quote_marks(span: str) -> str:
+    """Drop quotes and ellipses a model puts around a quoted span."""
+    s = fold_text(span).strip()
+    for _ in range(3):
+        s = s.strip().strip('"').strip("'").strip()
+        s = s.removeprefix("...").removesuffix("...")
+    return s.strip()
+
+
+_SENTENCE_RE = re.compile(r"[^.!?\n]+(?:[.!?]+|$)")
+
+
+def _gold_sentence(document: str, gold_answer: str) -> tuple[int, int] | None:
+    """``(start, end)`` of the first sentence of ``document`` containing ``gold_answer`` (folded)."""
+    for m in _SENTENCE_RE.finditer(document):
+        sentence = m.group(0).strip()
+        if sentence and contains_folded(sentence, gold_answer):
+            start = m.start() + (len(m.group(0)) - len(m.group(0).lstrip()))
+            return start, start + len(sentence)
+    return None
+
+
 class Disambiguate(dspy.Signature):  # type: ignore[misc]
     """Write one fact that tells the correct answer from the wrong one (instructions replaced)."""
 
@@ -76,6 +102,8 @@ class DisambiguationResult:
     """The disambiguation KI, or None when rejected."""
     rejected_reason: str | None
     """Why it was rejected (see the module docstring for the codes), None when accepted."""
+    evidence_source: str | None = None
+    """``"model"`` (the model's span was verbatim) or ``"gold_sentence"`` (fallback); None if rejected."""
 
     @property
     def accepted(self) -> bool:
@@ -170,9 +198,15 @@ class Disambiguator(dspy.Module):  # type: ignore[misc]
             return DisambiguationResult(
                 None, f"title_missing_prediction: {wrong_prediction!r} not in title {title!r}"
             )
-        span = find_span(gold_document, evidence)
+        span = find_span(gold_document, _strip_quote_marks(evidence))
+        source = "model"
         if span is None:
-            return DisambiguationResult(None, "evidence_not_in_document: the evidence span is not verbatim")
+            span, source = _gold_sentence(gold_document, gold_answer), "gold_sentence"
+        if span is None:
+            return DisambiguationResult(
+                None, "evidence_not_in_document: the evidence span is not verbatim and no sentence "
+                "of the document contains the gold answer"
+            )
         try:
             ki = KI.from_fact(
                 docid=gold_docid,
@@ -193,7 +227,7 @@ class Disambiguator(dspy.Module):  # type: ignore[misc]
                 f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()
             )
             return DisambiguationResult(None, f"invalid_ki: {problems}")
-        return DisambiguationResult(ki, None)
+        return DisambiguationResult(ki, None, evidence_source=source)
 
 
 def accept_if_retrieved(
