@@ -86,7 +86,9 @@ def test_extracts_verified_kis_and_counts_drops() -> None:
 
 
 def test_malformed_reply_is_retried_once_bypassing_the_cache_then_succeeds() -> None:
-    lm = DummyLM([{"facts_json": "Let me analyze the document step by step"}, {"facts_json": json.dumps([FOUNDED])}])
+    lm = DummyLM(
+        [{"facts_json": "Let me analyze the document step by step"}, {"facts_json": json.dumps([FOUNDED])}]
+    )
     with dspy.context(lm=lm):
         result = FactExtractor().extract_document(DOC, now=NOW)
     assert result.status == "ok"
@@ -167,7 +169,9 @@ def test_long_document_is_chunked_and_evidence_checked_per_chunk() -> None:
 def test_evidence_outside_its_chunk_is_dropped() -> None:
     filler = "Filler words about nothing in particular. " * 20
     text = TEXT + "\n\n" + filler
-    lm = DummyLM({"Acme Corp was founded": {"facts_json": "[]"}, "Filler words": {"facts_json": json.dumps([HQ])}})
+    lm = DummyLM(
+        {"Acme Corp was founded": {"facts_json": "[]"}, "Filler words": {"facts_json": json.dumps([HQ])}}
+    )
     with dspy.context(lm=lm):
         result = FactExtractor(chunk_chars=500).extract_document(Document(docid="d8", text=text), now=NOW)
     assert result.chunks == 2
@@ -182,8 +186,9 @@ def test_max_facts_caps_the_document() -> None:
 
 
 def test_from_config_uses_extraction_settings() -> None:
-    cfg = load_config(overrides={"extraction.max_facts_per_doc": 3, "extraction.chunk_chars": 800,
-                                 "corpus_name": "dev"})
+    cfg = load_config(
+        overrides={"extraction.max_facts_per_doc": 3, "extraction.chunk_chars": 800, "corpus_name": "dev"}
+    )
     ex = FactExtractor.from_config(cfg)
     assert (ex.max_facts, ex.chunk_chars, ex.corpus) == (3, 800, "dev")
 
@@ -199,3 +204,10 @@ def test_forward_returns_prediction_with_kis() -> None:
 def test_split_text_rejects_bad_size() -> None:
     with pytest.raises(ValueError, match="chunk_chars"):
         split_text("abc", 0)
+
+
+def test_blank_document_makes_no_call() -> None:
+    lm = DummyLM([])
+    with dspy.context(lm=lm):
+        result = FactExtractor().extract_document(Document(docid="e", text="  \n "))
+    assert (result.status, result.kis, result.chunks, len(lm.history)) == ("ok", (), 0, 0)

@@ -22,7 +22,10 @@ E1_DOC = (
     "The COVID\u201119 trial (n\u2009=\u2009412) reported a \u22123.5% change\u2026 \u201cpreliminary\u201d"
     " per the board\u2019s note; effective\u00a01 May."
 )
-Q_OK = 'The COVID-19 trial (n = 412) reported a -3.5% change... "preliminary" per the board\'s note; effective 1 May.'
+Q_OK = (
+    "The COVID-19 trial (n = 412) reported a -3.5% change... "
+    '"preliminary" per the board\'s note; effective 1 May.'
+)
 Q_PARA = "The COVID-19 study (n = 412) reported a -3.5% change"
 DOC = "Acme Corp was founded in 1999 by Jane Roe. Acme Corp is headquartered in Springfield."
 
@@ -134,7 +137,7 @@ def test_apply_guardrails_counts_drops_caps_and_dedupes() -> None:
 
 
 def test_evidence_checked_against_the_given_chunk_text() -> None:
-    chunk = DOC[DOC.index("Acme Corp is"):]
+    chunk = DOC[DOC.index("Acme Corp is") :]
     result = apply_guardrails([(BASE, chunk)], docid="d1", max_facts=5, now=NOW)
     assert result.kis == ()
     assert result.drop_counts == {"evidence_not_found": 1}

@@ -24,7 +24,7 @@ def test_load_extractor_is_stable_and_stripped() -> None:
 
 
 def test_unknown_prompt_names_the_available_ones() -> None:
-    with pytest.raises(ConfigError, match="no packaged prompt 'nope'.*extractor"):
+    with pytest.raises(ConfigError, match=r"no packaged prompt 'nope'.*extractor"):
         load_instruction("nope")
 
 

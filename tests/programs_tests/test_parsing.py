@@ -44,14 +44,26 @@ P3_C = json.dumps({"json": "{" + _TSPOE + "}"})
 P3_D = '{"result": {"title": "T"}, "subject": "S"}'
 
 EXPECTED_TSPOE = FactCandidate(
-    title="T", description="D", subject="S", predicate="p", object="O", evidence_span="E", confidence=60, tags=()
+    title="T",
+    description="D",
+    subject="S",
+    predicate="p",
+    object="O",
+    evidence_span="E",
+    confidence=60,
+    tags=(),
 )
 
 
 def _g1_record(obj: object, confidence: object) -> dict[str, object]:
     return {
-        "title": "t", "description": "d", "subject": "Acme", "predicate": "p",
-        "object": obj, "evidence_span": "e", "confidence": confidence,
+        "title": "t",
+        "description": "d",
+        "subject": "Acme",
+        "predicate": "p",
+        "object": obj,
+        "evidence_span": "e",
+        "confidence": confidence,
     }
 
 
@@ -125,14 +137,32 @@ def test_alias_table_is_explicit() -> None:
     assert FIELD_ALIASES["evidence"] == "evidence_span"
     # An unknown key is never renamed: "entity_name" does not become the subject.
     with pytest.raises(ParseError) as info:
-        coerce_record({"entity_name": "Acme", "title": "t", "description": "d", "predicate": "p",
-                       "object": "o", "evidence_span": "e"})
+        coerce_record(
+            {
+                "entity_name": "Acme",
+                "title": "t",
+                "description": "d",
+                "predicate": "p",
+                "object": "o",
+                "evidence_span": "e",
+            }
+        )
     assert info.value.missing_fields == ("subject",)
 
 
 def test_canonical_key_wins_over_alias() -> None:
-    rec = coerce_record({"title": "t", "description": "d", "subject": "Real", "subj": "Alias",
-                         "predicate": "p", "object": "o", "evidence_span": "e", "confidence": 10})
+    rec = coerce_record(
+        {
+            "title": "t",
+            "description": "d",
+            "subject": "Real",
+            "subj": "Alias",
+            "predicate": "p",
+            "object": "o",
+            "evidence_span": "e",
+            "confidence": 10,
+        }
+    )
     assert rec.subject == "Real"
 
 
@@ -162,13 +192,15 @@ def test_envelope_around_a_facts_list_is_unwrapped() -> None:
 
 
 def test_g1_confidence_policy_keeps_valid_siblings() -> None:
-    raw = json.dumps([
-        _g1_record(1999, 0.85),
-        _g1_record("Beta", "85%"),
-        _g1_record("Gamma", 140),
-        _g1_record("Delta", "high"),
-        _g1_record("Eps", 72),
-    ])
+    raw = json.dumps(
+        [
+            _g1_record(1999, 0.85),
+            _g1_record("Beta", "85%"),
+            _g1_record("Gamma", 140),
+            _g1_record("Delta", "high"),
+            _g1_record("Eps", 72),
+        ]
+    )
     parsed = parse_facts(raw)
     assert [(r.object, r.confidence) for r in parsed.records] == [("1999", 85), ("Beta", 85), ("Eps", 72)]
     assert [(e.index, e.reason) for e in parsed.errors] == [(2, "bad_confidence"), (3, "bad_confidence")]
@@ -196,8 +228,17 @@ def test_missing_confidence_defaults_and_is_counted() -> None:
     from collections import Counter
 
     c: Counter[str] = Counter()
-    rec = coerce_record({"title": "t", "description": "d", "subject": "s", "predicate": "p",
-                         "object": "o", "evidence_span": "e"}, c)
+    rec = coerce_record(
+        {
+            "title": "t",
+            "description": "d",
+            "subject": "s",
+            "predicate": "p",
+            "object": "o",
+            "evidence_span": "e",
+        },
+        c,
+    )
     counts.update(c)
     assert rec.confidence == DEFAULT_CONFIDENCE
     assert counts == {"confidence_defaulted": 1}
@@ -231,3 +272,16 @@ def test_non_object_items_are_errors_not_crashes() -> None:
     parsed = parse_facts('{"facts": ["just a string", {' + _TSPOE + "}]}")
     assert parsed.records == (EXPECTED_TSPOE,)
     assert [(e.index, e.reason) for e in parsed.errors] == [(0, "not_an_object")]
+
+
+def test_array_cut_off_at_the_token_limit_keeps_its_complete_records() -> None:
+    one = "{" + _TSPOE + "}"
+    raw = '```json\n{"facts": [' + one + ", " + one.replace('"O"', '"O2"') + ', {"title": "cut off here'
+    parsed = parse_facts(raw)
+    assert [r.object for r in parsed.records] == ["O", "O2"]
+    assert parsed.counters["truncated_salvaged"] == 1
+
+
+def test_cut_off_inside_the_first_record_is_still_no_json() -> None:
+    with pytest.raises(ParseError, match="no JSON object found"):
+        parse_facts('[{"title": "T", "description": "half')

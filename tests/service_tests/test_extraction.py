@@ -28,13 +28,19 @@ def _fact(subject: str, predicate: str, obj: str, evidence: str) -> dict[str, ob
     return {
         "title": f"{subject} {predicate.replace('_', ' ')} {obj}",
         "description": f"{subject} {predicate.replace('_', ' ')} {obj}.",
-        "subject": subject, "predicate": predicate, "object": obj,
-        "evidence_span": evidence, "confidence": 0.9, "tags": ["org"],
+        "subject": subject,
+        "predicate": predicate,
+        "object": obj,
+        "evidence_span": evidence,
+        "confidence": 0.9,
+        "tags": ["org"],
     }
 
 
 DOCS = [
-    Document(docid=f"d{i}", text=f"Company{i} was founded in {1990 + i} in Town{i}. Company{i} makes widgets.")
+    Document(
+        docid=f"d{i}", text=f"Company{i} was founded in {1990 + i} in Town{i}. Company{i} makes widgets."
+    )
     for i in range(6)
 ]
 
@@ -80,8 +86,16 @@ class DownStore(MemoryStore):
 
 def _run(lm: dspy.BaseLM, store: MemoryStore, cfg: KituneConfig, state: Path | None, docs=DOCS, **kw):
     with dspy.context(lm=lm):
-        return extract_corpus(docs, store, FactExtractor.from_config(cfg), cfg=cfg, state_path=state,
-                              progress=False, now=NOW, **kw)
+        return extract_corpus(
+            docs,
+            store,
+            FactExtractor.from_config(cfg),
+            cfg=cfg,
+            state_path=state,
+            progress=False,
+            now=NOW,
+            **kw,
+        )
 
 
 def test_writes_verified_kis_in_batches_and_reports_counts(tmp_path: Path) -> None:
@@ -170,6 +184,7 @@ def test_load_documents_reads_the_fixture_with_limit(fixture_dir: Path) -> None:
 
 # -- through the real LM layer and an OpenAI-compatible stub on 127.0.0.1 -----------------------
 
+
 def _stub_cfg(stub_url: str, monkeypatch: pytest.MonkeyPatch, **overrides: object) -> KituneConfig:
     monkeypatch.setenv("KI_GW_URL", stub_url)
     monkeypatch.setenv("KI_GW_KEY", "sk-test-secret-9876")
@@ -199,8 +214,15 @@ def test_raw_reasoning_reply_through_build_lm_records_tokens_under_extract_stage
         lm = build_lm(cfg, "extract", ledger=ledger)
         store = MemoryStore()
         with dspy.context(lm=lm):
-            report = extract_corpus([doc, DOCS[1]], store, FactExtractor.from_config(cfg), cfg=cfg,
-                                    ledger=ledger, progress=False, now=NOW)
+            report = extract_corpus(
+                [doc, DOCS[1]],
+                store,
+                FactExtractor.from_config(cfg),
+                cfg=cfg,
+                ledger=ledger,
+                progress=False,
+                now=NOW,
+            )
     # the reply has no ChatAdapter field markers: our parser reads the raw completion
     assert report.docs_done == 2 and report.docs_failed == 0
     assert store.count() == 1
@@ -220,12 +242,19 @@ def test_auth_error_aborts_the_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
         cfg = _stub_cfg(stub.base_url, monkeypatch)
         lm = build_lm(cfg, "extract")
         with dspy.context(lm=lm), pytest.raises(LMAuthError):
-            extract_corpus(DOCS[:3], MemoryStore(), FactExtractor.from_config(cfg), cfg=cfg,
-                           state_path=tmp_path / "s.jsonl", progress=False)
+            extract_corpus(
+                DOCS[:3],
+                MemoryStore(),
+                FactExtractor.from_config(cfg),
+                cfg=cfg,
+                state_path=tmp_path / "s.jsonl",
+                progress=False,
+            )
     assert "ok" not in read_state(tmp_path / "s.jsonl").values()
 
 
 # -- the `kitune extract` command (thin wrapper over extract_corpus) -----------------------------
+
 
 def test_cli_extract_on_fixture_with_stub_lm_and_resume(
     fixture_dir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
@@ -236,8 +265,12 @@ def test_cli_extract_on_fixture_with_stub_lm_and_resume(
     from kitune.cli import _register, app
     from kitune.testing.openai_stub import Reply, StubServer
 
-    fact = _fact("Abshir Ata Waterfall", "located_in", "Nookat District",
-                 "Abshir Ata Waterfall is a geological reserve at Abshir Say River in Nookat District")
+    fact = _fact(
+        "Abshir Ata Waterfall",
+        "located_in",
+        "Nookat District",
+        "Abshir Ata Waterfall is a geological reserve at Abshir Say River in Nookat District",
+    )
     store = MemoryStore()
     store.close = lambda: None  # type: ignore[method-assign]
     monkeypatch.setattr(kitune.retrieval, "create_store", lambda cfg: store)
@@ -271,3 +304,21 @@ def test_cli_extract_missing_data_is_a_clean_error(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["extract", "--data", str(tmp_path / "nowhere"), "--no-progress"])
     assert result.exit_code == 2
     assert "nowhere" in result.output
+
+
+def test_progress_bar_run_gives_the_same_report(capsys: pytest.CaptureFixture[str]) -> None:
+    store = MemoryStore()
+    seen: list[str] = []
+    with dspy.context(lm=DummyLM(_answers())):
+        report = extract_corpus(
+            DOCS[:2],
+            store,
+            FactExtractor(),
+            cfg=_cfg(),
+            progress=True,
+            now=NOW,
+            on_result=lambda r: seen.append(r.docid),
+        )
+    assert (report.docs_done, report.kis_written) == (2, 4)
+    assert sorted(seen) == ["d0", "d1"]
+    assert "extract" in capsys.readouterr().err

@@ -25,14 +25,17 @@ def extract(
     data: Annotated[
         Path,
         typer.Option(
-            "--data", "-d",
+            "--data",
+            "-d",
             help="Corpus: a folder in the BrowseComp-Plus layout (corpus.jsonl with docid/title/text/source "
             "per line) or a .jsonl file.",
             show_default=False,
         ),
     ],
     config: ConfigOption = None,
-    limit: Annotated[int | None, typer.Option("--limit", "-n", min=1, help="Only the first N documents.")] = None,
+    limit: Annotated[
+        int | None, typer.Option("--limit", "-n", min=1, help="Only the first N documents.")
+    ] = None,
     state: Annotated[
         Path | None,
         typer.Option(
@@ -41,11 +44,15 @@ def extract(
             show_default=False,
         ),
     ] = None,
-    restart: Annotated[bool, typer.Option("--restart", help="Forget the resume file and extract everything.")] = False,
+    restart: Annotated[
+        bool, typer.Option("--restart", help="Forget the resume file and extract everything.")
+    ] = False,
     instructions: Annotated[
         Path | None,
-        typer.Option(help="Use this extractor instruction text (e.g. an optimised prompt) instead of the packaged one.",
-                     show_default=False),
+        typer.Option(
+            help="Use this extractor instruction text (e.g. an optimised prompt), not the packaged one.",
+            show_default=False,
+        ),
     ] = None,
     concurrency: Annotated[
         int | None, typer.Option(min=1, help="Documents in parallel (default: extraction.concurrency).")

@@ -45,7 +45,7 @@ RETRY_TEMPERATURE = 0.7
 """Temperature of the retry call, so a cache-bypassing retry can produce different text."""
 
 
-class ExtractFacts(dspy.Signature):
+class ExtractFacts(dspy.Signature):  # type: ignore[misc]
     """Extract self-contained, evidence-backed facts from one document as a JSON array."""
 
     docid: str = dspy.InputField(desc="Identifier of the document.")
@@ -127,7 +127,7 @@ def split_text(text: str, chunk_chars: int) -> list[tuple[int, str]]:
     return chunks
 
 
-class FactExtractor(dspy.Module):
+class FactExtractor(dspy.Module):  # type: ignore[misc]
     """Extract verified KIs from documents (see the module docstring for the steps).
 
     Args:
@@ -231,7 +231,12 @@ class FactExtractor(dspy.Module):
             parsed, error, raw = self._extract_chunk(doc, chunk, counts)
             if parsed is None:
                 return DocExtraction(
-                    docid=doc.docid, status="failed", counters=dict(counts), chunks=len(chunks), error=error, raw=raw
+                    docid=doc.docid,
+                    status="failed",
+                    counters=dict(counts),
+                    chunks=len(chunks),
+                    error=error,
+                    raw=raw,
                 )
             facts.extend((fact, chunk) for fact in parsed.records)
         result = apply_guardrails(

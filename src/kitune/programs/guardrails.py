@@ -149,16 +149,24 @@ def check_fact(
         The :class:`KI` (evidence cut from ``text``), or a :class:`Drop` saying why not.
     """
     counts: Counter[str] = counters if counters is not None else Counter()
-    empty = [n for n in ("title", "description", "subject", "object", "evidence_span") if not getattr(fact, n).strip()]
+    empty = [
+        n
+        for n in ("title", "description", "subject", "object", "evidence_span")
+        if not getattr(fact, n).strip()
+    ]
     if empty:
         return Drop("empty_field", fact.title, f"empty {', '.join(empty)}")
     if len(fact.title) > TITLE_MAX_CHARS:
         return Drop("title_too_long", fact.title, f"{len(fact.title)} > {TITLE_MAX_CHARS} chars")
     if len(fact.description) > DESCRIPTION_MAX_CHARS:
-        return Drop("description_too_long", fact.title, f"{len(fact.description)} > {DESCRIPTION_MAX_CHARS} chars")
+        return Drop(
+            "description_too_long", fact.title, f"{len(fact.description)} > {DESCRIPTION_MAX_CHARS} chars"
+        )
     predicate = normalize_predicate(fact.predicate)
     if not _PREDICATE_RE.match(predicate) or len(predicate) > PREDICATE_MAX_CHARS:
-        return Drop("bad_predicate", fact.title, f"predicate {fact.predicate!r} is not snake_case <= 32 chars")
+        return Drop(
+            "bad_predicate", fact.title, f"predicate {fact.predicate!r} is not snake_case <= 32 chars"
+        )
     if predicate != fact.predicate:
         counts["predicate_normalised"] += 1
     for name in ("title", "description", "subject", "object"):
@@ -176,7 +184,9 @@ def check_fact(
         counts["tags_normalised"] += 1
     span = find_span(text, fact.evidence_span)
     if span is None:
-        return Drop("evidence_not_found", fact.title, f"evidence {fact.evidence_span[:80]!r} is not in the text")
+        return Drop(
+            "evidence_not_found", fact.title, f"evidence {fact.evidence_span[:80]!r} is not in the text"
+        )
     evidence = text[span[0] : span[1]]
     try:
         return KI.from_fact(

@@ -141,8 +141,8 @@ class ParsedFacts:
     records: tuple[FactCandidate, ...]
     errors: tuple[RecordError, ...] = ()
     counters: dict[str, int] = field(default_factory=dict)
-    """Event counts: ``think_stripped``, ``fence_stripped``, ``bare_list``, ``envelope_unwrapped``,
-    ``aliased_keys``, ``confidence_defaulted``, ``records_rejected``."""
+    """Event counts: ``think_stripped``, ``fence_stripped``, ``truncated_salvaged``, ``bare_list``,
+    ``envelope_unwrapped``, ``aliased_keys``, ``confidence_defaulted``, ``records_rejected``."""
 
     @property
     def is_malformed(self) -> bool:
@@ -168,16 +168,48 @@ def _is_facts_shape(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(v, dict) for v in value)
 
 
-def _scan_json(text: str) -> Any:
+def _scan_json(text: str, counts: Counter[str]) -> Any:
     decoder = json.JSONDecoder()
     for match in re.finditer(r"[\[{]", text):
         try:
             value, _end = decoder.raw_decode(text, match.start())
         except json.JSONDecodeError:
+            if match.group(0) == "[":
+                salvaged = _salvage_array(text, match.start())
+                if salvaged:
+                    counts["truncated_salvaged"] += 1
+                    return salvaged
             continue
         if _is_facts_shape(value):
             return value
     raise LookupError
+
+
+def _salvage_array(text: str, start: int) -> list[Any] | None:
+    """Return the complete leading objects of a cut-off array (a reply that hit its token limit).
+
+    ``text[start]`` is the array's ``[``. None when not even one object is complete.
+    """
+    decoder = json.JSONDecoder()
+    pos = start + 1
+    items: list[Any] = []
+    while True:
+        while pos < len(text) and text[pos].isspace():
+            pos += 1
+        if pos >= len(text) or text[pos] != "{":
+            break
+        try:
+            obj, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            break
+        items.append(obj)
+        while pos < len(text) and text[pos].isspace():
+            pos += 1
+        if pos < len(text) and text[pos] == ",":
+            pos += 1
+        else:
+            break
+    return items or None
 
 
 def extract_json(raw: str, counters: Counter[str] | None = None) -> Any:
@@ -185,7 +217,9 @@ def extract_json(raw: str, counters: Counter[str] | None = None) -> Any:
 
     Strips reasoning blocks, then tries each fenced block, then scans the text for the first
     ``{``/``[`` that decodes to an object or to a list of objects (prose like ``[1]`` is skipped).
-    A JSON *string* holding JSON (``"[{...}]"``) is decoded once more.
+    A JSON *string* holding JSON (``"[{...}]"``) is decoded once more. When nothing decodes but
+    an array of objects was cut off (the reply hit its token limit), its complete leading objects
+    are returned as the array and ``truncated_salvaged`` is counted; the cut-off object is lost.
 
     Args:
         raw: the raw completion text.
@@ -211,13 +245,13 @@ def extract_json(raw: str, counters: Counter[str] | None = None) -> Any:
             pass
     for fence in _FENCE_RE.findall(text):
         try:
-            value = _scan_json(fence)
+            value = _scan_json(fence, counts)
         except LookupError:
             continue
         counts["fence_stripped"] += 1
         return value
     try:
-        return _scan_json(text)
+        return _scan_json(text, counts)
     except LookupError:
         raise ParseError(
             "no JSON object found: the reply holds no JSON object or array of objects; "
@@ -443,7 +477,9 @@ def parse_facts(raw: str) -> ParsedFacts:
         try:
             records.append(coerce_record(item, counts))
         except ParseError as e:
-            errors.append(RecordError(index=index, reason=_reason(e), message=str(e), missing_fields=e.missing_fields))
+            errors.append(
+                RecordError(index=index, reason=_reason(e), message=str(e), missing_fields=e.missing_fields)
+            )
     if errors:
         counts["records_rejected"] += len(errors)
     return ParsedFacts(records=tuple(records), errors=tuple(errors), counters=dict(counts))

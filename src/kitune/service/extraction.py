@@ -173,8 +173,14 @@ class _StateWriter:
     def write(self, docid: str, status: str, kis: int, error: str = "") -> None:
         if self._fh is None:
             return
-        rec = {"docid": docid, "status": status, "kis": kis, "error": error[:500],
-               "prompt_version": self.prompt_version, "at": utcnow().isoformat()}
+        rec = {
+            "docid": docid,
+            "status": status,
+            "kis": kis,
+            "error": error[:500],
+            "prompt_version": self.prompt_version,
+            "at": utcnow().isoformat(),
+        }
         self._fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
 
     def sync(self) -> None:
@@ -202,10 +208,16 @@ class _Progress:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
             self._bar = Progress(
-                TextColumn("[bold]extract"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                TextColumn("{task.fields[rate]:.2f} docs/s · {task.fields[kpd]:.1f} KIs/doc · "
-                           "{task.fields[tokens]} tok · {task.fields[failed]} failed"),
-                console=Console(stderr=True), transient=False,
+                TextColumn("[bold]extract"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn(
+                    "{task.fields[rate]:.2f} docs/s · {task.fields[kpd]:.1f} KIs/doc · "
+                    "{task.fields[tokens]} tok · {task.fields[failed]} failed"
+                ),
+                console=Console(stderr=True),
+                transient=False,
             )
             self._task = self._bar.add_task("extract", total=total, rate=0.0, kpd=0.0, tokens=0, failed=0)
             self._bar.start()
@@ -218,8 +230,14 @@ class _Progress:
         if self.ledger is not None:
             tokens = sum(r.input_tokens + r.output_tokens for r in self.ledger.since(self.marker))
         ok = max(finished - failed, 0)
-        self._bar.update(self._task, completed=finished, rate=finished / elapsed,
-                         kpd=kis / ok if ok else 0.0, tokens=tokens, failed=failed)
+        self._bar.update(
+            self._task,
+            completed=finished,
+            rate=finished / elapsed,
+            kpd=kis / ok if ok else 0.0,
+            tokens=tokens,
+            failed=failed,
+        )
 
     def close(self) -> None:
         if self._bar is not None:
@@ -227,8 +245,16 @@ class _Progress:
 
 
 def _ledger_totals(ledger: TokenLedger | None, marker: int) -> dict[str, int]:
-    keys = ("calls", "input_tokens", "output_tokens", "billed_input_tokens", "billed_output_tokens",
-            "cache_hits", "estimated_calls", "failed_calls")
+    keys = (
+        "calls",
+        "input_tokens",
+        "output_tokens",
+        "billed_input_tokens",
+        "billed_output_tokens",
+        "cache_hits",
+        "estimated_calls",
+        "failed_calls",
+    )
     totals = dict.fromkeys(keys, 0)
     if ledger is None:
         return totals
@@ -354,8 +380,12 @@ def extract_corpus(
         ledger.stage("extract") if ledger is not None else contextlib.nullcontext()
     )
     try:
-        with stage, ThreadPoolExecutor(max_workers=cfg.extraction.concurrency,
-                                       thread_name_prefix="kitune-extract") as pool:
+        with (
+            stage,
+            ThreadPoolExecutor(
+                max_workers=cfg.extraction.concurrency, thread_name_prefix="kitune-extract"
+            ) as pool,
+        ):
             futures: set[Future[DocExtraction]] = set()
             docs_iter: Iterator[Document] = iter(todo)
             window = cfg.extraction.concurrency * 2
