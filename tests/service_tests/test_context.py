@@ -127,3 +127,18 @@ def test_render_context_and_json_round_trip(store: MemoryStore, cfg: KituneConfi
 def test_context_ids_feeds_accept_if_retrieved(store: MemoryStore, cfg: KituneConfig) -> None:
     ids = context_ids(store=store, cfg=cfg, size=2)("Where is Acme Corp headquartered?")
     assert ids[0] == KIS[0].id and len(ids) == 2
+
+
+def test_rewriter_filters_that_match_nothing_are_relaxed_once(store: MemoryStore, cfg: KituneConfig) -> None:
+    rw = QueryRewriter()
+    rw.set_lm(DummyLM([
+        {"plan_json": '{"lexical": "Acme Corp headquartered", "filters": {"tags_any": ["finance"]}}'},
+        {"plan_json": '{"lexical": "Globex headquartered", "filters": {"tags_any": ["rival"]}}'},
+    ]))
+    resp = get_context("Where is Acme Corp headquartered?", store=store, rewriter=rw, cfg=cfg)
+    assert resp.filters_relaxed is True
+    assert resp.plan.filters.tags_any == () and resp.plan.filters.statuses == ("active", "stale")
+    assert resp.kis[0].title == "Acme Corp is headquartered in Springfield."
+    kept = get_context("Where is the rival?", store=store, rewriter=rw, cfg=cfg)
+    assert kept.filters_relaxed is False and kept.plan.filters.tags_any == ("rival",)
+    assert [k.title for k in kept.kis] == ["Globex is headquartered in Shelbyville."]

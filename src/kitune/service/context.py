@@ -85,6 +85,10 @@ class ContextResponse(BaseModel):
     )
     rewrite_reason: str | None = Field(default=None, description="Why the rewrite fell back, if it did.")
     rewrite_tokens: RewriteTokenCount = Field(description="Tokens the rewrite cost.")
+    filters_relaxed: bool = Field(
+        default=False,
+        description="True when the rewriter's tag/doc/subtype filters matched nothing and were dropped.",
+    )
     took_ms: float = Field(ge=0, description="Wall time of the whole call, milliseconds.")
 
 
@@ -112,7 +116,9 @@ def get_context(
         ledger: where the rewriter's LM records tokens (used when the LM reports none).
 
     Returns:
-        The response; ``len(kis) <= min(size, cfg.retrieval.max_size)``.
+        The response; ``len(kis) <= min(size, cfg.retrieval.max_size)``. When the rewriter's
+        tag/doc/subtype filters match nothing, the search is re-run once without them
+        (``filters_relaxed=True``; the status and confidence rules always stay).
 
     Raises:
         ValueError: ``query`` is blank or ``size`` < 1.
@@ -137,8 +143,17 @@ def get_context(
     )
     kis: list[ContextKI] = []
     aggs = ContextAggregations()
+    relaxed = False
     if execute:
         found = store.search(plan)
+        narrowing = plan.filters.model_copy(
+            update={"tags_all": (), "tags_any": (), "doc_ids": (), "subtypes": ()}
+        )
+        if not found.hits and rewriter is not None and narrowing != plan.filters:
+            # The LM's narrowing filters matched nothing: retry with the status/confidence rules only.
+            plan = plan.model_copy(update={"filters": narrowing})
+            found = store.search(plan)
+            relaxed = True
         compiled = found.compiled
         kis = [
             ContextKI(
@@ -166,6 +181,7 @@ def get_context(
         rewrite_reason=reason,
         rewrite_tokens=RewriteTokenCount(input=tokens.input, output=tokens.output),
         took_ms=(time.perf_counter() - t0) * 1000,
+        filters_relaxed=relaxed,
     )
 
 
