@@ -271,3 +271,42 @@ def test_create_tracker_from_config(tmp_path: Path) -> None:
     assert tracker.tracking_uri == f"sqlite:///{tmp_path.resolve() / 'mlflow.db'}"
     assert tracker.experiment == "exp-a"
     assert isinstance(create_tracker(cfg, enabled=False), NullTracker)
+
+
+def test_worker_thread_resolves_innermost_of_one_chain_but_not_siblings() -> None:
+    tracker = RecordingTracker()
+    with tracker.run("loop") as loop_run, tracker.run("iteration-1") as it:
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            pool.submit(tracker.log_metrics, {"q_latency": 0.5}).result()
+
+            def child_from_worker() -> str | None:
+                with tracker.run("question-1", parent_run_id=it.run_id) as q:
+                    tracker.log_metrics({"steps": 3.0})
+                return q.parent_run_id
+
+            assert pool.submit(child_from_worker).result() == it.run_id
+    assert tracker.by_name("iteration-1").metrics == {"q_latency": 0.5}
+    assert tracker.by_name("question-1").metrics == {"steps": 3.0}
+    assert tracker.by_name("loop").metrics == {} and loop_run.run_id
+
+    # A worker thread started while two sibling runs are open cannot guess: recorded, not misfiled.
+    started = []
+
+    async def siblings_with_worker() -> None:
+        async def one(name: str) -> None:
+            with tracker.run(name):
+                started.append(name)
+                await asyncio.sleep(0.1)
+
+        async def worker() -> None:
+            while len(started) < 2:
+                await asyncio.sleep(0.01)
+            # run_in_executor does not carry the task's context into the thread.
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, lambda: tracker.log_metrics({"orphan": 1.0}))
+
+        await asyncio.gather(one("s3"), one("s4"), worker())
+
+    asyncio.run(siblings_with_worker())
+    assert "orphan" not in tracker.by_name("s3").metrics and "orphan" not in tracker.by_name("s4").metrics
+    assert "2 sibling runs are open" in tracker.failures[-1].error

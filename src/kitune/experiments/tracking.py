@@ -15,9 +15,10 @@ Rules every tracker follows (failure cases M1 and M2):
   ``params/<name>.txt`` and a param ``<name>.artifact`` points to it.
 * **Explicit run ids.** Log calls go to, in order: the ``run_id`` argument; the run opened by the
   innermost :meth:`Tracker.run` in the *current context* (a :class:`contextvars.ContextVar`, so
-  concurrent asyncio tasks each see their own run); else, when exactly one run is open in the
-  tracker, that run (so a worker thread with no context logs into its parent run). Otherwise the
-  call is recorded as a failure: no run is ever created implicitly. :class:`MlflowTracker` uses
+  concurrent asyncio tasks each see their own run); else, when the open runs of the tracker form
+  one chain (one run, or a parent with its nested child …), the innermost of them (so a worker
+  thread with no context logs into the run that started it). Otherwise (sibling runs open at
+  once) the call is recorded as a failure: no run is ever created implicitly. :class:`MlflowTracker` uses
   ``MlflowClient`` with the run id and never the fluent active-run API.
 """
 
@@ -226,9 +227,17 @@ class Tracker(Protocol):
         ...
 
     def run(
-        self, name: str, params: Mapping[str, Any] | None = None, *, tags: Mapping[str, str] | None = None
+        self,
+        name: str,
+        params: Mapping[str, Any] | None = None,
+        *,
+        tags: Mapping[str, str] | None = None,
+        parent_run_id: str | None = None,
     ) -> AbstractContextManager[RunHandle]:
-        """Open a run (nested under the current context's run, if any) and make it current.
+        """Open a run and make it current in this context.
+
+        It is nested under ``parent_run_id`` if given, else under the current context's run, if
+        any (pass ``parent_run_id`` when opening a child run from a worker thread).
 
         On exit the run is closed as FINISHED, or FAILED if the block raised (the exception
         propagates). Params are logged with the M1 rules.
@@ -293,11 +302,16 @@ class BaseTracker:
 
     @contextlib.contextmanager
     def run(
-        self, name: str, params: Mapping[str, Any] | None = None, *, tags: Mapping[str, str] | None = None
+        self,
+        name: str,
+        params: Mapping[str, Any] | None = None,
+        *,
+        tags: Mapping[str, str] | None = None,
+        parent_run_id: str | None = None,
     ) -> Iterator[RunHandle]:
         """Open a run, make it current in this context, close it on exit. See :class:`Tracker`."""
         parent = self._context_run()
-        parent_id = parent.run_id if parent else None
+        parent_id = parent_run_id or (parent.run_id if parent else None)
         run_id: str | None = None
         try:
             run_id = self._backend_create_run(name, parent_id, dict(tags or {}))
@@ -422,10 +436,12 @@ class BaseTracker:
                 self._record(operation, target, TrackingError("the run could not be created"), None)
             return handle.run_id
         with self._lock:
-            open_ids = list(self._open)
-        if len(open_ids) == 1:
-            return open_ids[0]
-        why = "no run is open" if not open_ids else f"{len(open_ids)} runs are open"
+            open_runs = list(self._open.values())
+        parents = {h.parent_run_id for h in open_runs}
+        leaves = [h.run_id for h in open_runs if h.run_id not in parents]
+        if len(leaves) == 1 and leaves[0] is not None:
+            return leaves[0]
+        why = "no run is open" if not open_runs else f"{len(leaves)} sibling runs are open"
         self._record(
             operation,
             target,
