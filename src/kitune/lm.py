@@ -254,9 +254,11 @@ def parse_retry_after(exc: BaseException) -> float | None:
             try:
                 return max(0.0, float(raw))
             except ValueError:
-                when = email.utils.parsedate_to_datetime(raw) if raw else None
-                if when is not None:
-                    return max(0.0, when.timestamp() - time.time())
+                try:
+                    when = email.utils.parsedate_to_datetime(str(raw))
+                except (TypeError, ValueError):  # neither seconds nor an HTTP date: ignore it
+                    continue
+                return max(0.0, when.timestamp() - time.time())
     match = _RETRY_HINT.search(str(exc))
     if match:
         minutes = float(match.group(1) or 0)
@@ -724,6 +726,10 @@ class KituneLM(dspy.LM):  # type: ignore[misc]
         use_cache = bool(kwargs.pop("cache", self.cache)) or refresh
         request = {**self.kwargs, **kwargs}
         request.pop("num_retries", None)
+        # Calls are never streamed: a streamed reply carries no usage unless asked (case D1), and
+        # the retry/classification logic needs the whole response.
+        request.pop("stream", None)
+        request.pop("stream_options", None)
         rollout_id = request.pop("rollout_id", None)
         if "response_format" in request:
             request["response_format"] = _normalise_format(request["response_format"])

@@ -519,3 +519,35 @@ def test_local_model_uses_json_object_with_schema(stub: StubServer, monkeypatch:
     assert third == {"type": "json_object", "schema": schema["json_schema"]["schema"]}
     assert lm.fallback_counts == {}
     assert stub.chat_requests[0].headers["authorization"] == "Bearer sk-local"
+
+
+# ----------------------------------------------------------------------------- through dspy programs
+
+
+def test_predict_surfaces_classified_errors_unchanged(gateway_cfg: CfgFactory, stub: StubServer) -> None:
+    stub.push(Reply.slow(5.0))
+    lm, _ = _lm(gateway_cfg(**{"lm.extract.timeout_s": 0.5, "lm.extract.num_retries": 0}))
+    with dspy.context(lm=lm, adapter=dspy.JSONAdapter()), pytest.raises(LMTimeoutError) as info:
+        dspy.Predict(QA)(question="Where?")
+    assert info.value.timeout_s == 0.5
+
+
+def test_stream_requests_are_sent_unstreamed_so_usage_is_kept(
+    gateway_cfg: CfgFactory, stub: StubServer
+) -> None:
+    stub.push(Reply.ok("x", usage=(12, 3)))
+    lm, ledger = _lm(gateway_cfg())
+    assert lm(messages=MSG, stream=True) == ["x"]
+    assert "stream" not in stub.chat_requests[0].body
+    assert (ledger.records[0].input_tokens, ledger.records[0].estimated) == (12, False)
+
+
+def test_retry_after_http_date_and_garbage() -> None:
+    class HintError(Exception):
+        def __init__(self, value: str) -> None:
+            super().__init__("rate limited")
+            self.response = types.SimpleNamespace(headers={"retry-after": value})
+
+    future = time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(time.time() + 30))
+    assert 25.0 <= (parse_retry_after(HintError(future)) or 0.0) <= 31.0
+    assert parse_retry_after(HintError("soon")) is None
