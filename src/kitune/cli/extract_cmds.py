@@ -122,11 +122,13 @@ def extract(
     out.print(table)
     rows = ledger.to_rows()
     if rows:
+        cols = ("role", "stage", "calls", "input_tokens", "output_tokens", "cache_hits", "failed_calls")
         ledger_table = Table(title="token ledger")
-        for col in rows[0]:
-            ledger_table.add_column(str(col))
+        for col in cols:
+            justify = "left" if col in ("role", "stage") else "right"
+            ledger_table.add_column(col.replace("_", " "), justify=justify)
         for row in rows:
-            ledger_table.add_row(*(str(v) for v in row.values()))
+            ledger_table.add_row(*(str(row.get(c, 0)) for c in cols))
         out.print(ledger_table)
     if report.failed:
         shown = list(report.failed.items())[:5]
