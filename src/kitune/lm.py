@@ -66,6 +66,7 @@ __all__ = [
     "build_lm",
     "classify_error",
     "parse_retry_after",
+    "reset_format_memory",
     "resolve_role",
 ]
 
@@ -106,6 +107,12 @@ _HTML_MARKERS = ("<!doctype html", "<html")
 # Capability memory shared by every KituneLM: (model, api_base) -> index into FORMAT_LEVELS.
 _FORMAT_LEVEL: dict[tuple[str, str | None], int] = {}
 _FORMAT_LOCK = threading.Lock()
+
+
+def reset_format_memory() -> None:
+    """Forget every remembered response_format downgrade (tests; after a server upgrade)."""
+    with _FORMAT_LOCK:
+        _FORMAT_LEVEL.clear()
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,16 @@ from kitune.testing.openai_stub import StubServer
 StubFactory = Callable[..., StubServer]
 
 
+@pytest.fixture(autouse=True)
+def _fresh_format_memory() -> Iterator[None]:
+    """A stub port reused later in the run must not inherit an earlier downgrade."""
+    from kitune.lm import reset_format_memory
+
+    reset_format_memory()
+    yield
+    reset_format_memory()
+
+
 @pytest.fixture
 def stub() -> Iterator[StubServer]:
     """A running stub with an empty script (answers normally until replies are pushed)."""
