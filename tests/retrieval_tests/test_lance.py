@@ -197,8 +197,38 @@ def test_killed_writer_loses_no_committed_batch(tmp_path: Path) -> None:
     assert total % 25 == 0 and total >= 25 * len(committed)  # no half-written batch is visible
     probe = make_ki(f"Person {committed[-1]}-7", "City 7", docid=f"b{committed[-1]}")
     assert store.get(probe.id).title == probe.title
-    hits = store.search(
-        QueryPlan(entity_tags=(f"entity:person-{committed[-1]}-7",), lexical="Person", size=5)
-    ).hits
-    assert hits[0].ki.id == probe.id
+    tag_plan = QueryPlan(entity_tags=(f"entity:person-{committed[-1]}-7",), size=5)
+    assert [h.ki.id for h in store.search(tag_plan).hits] == [probe.id]
+    semantic = store.search(QueryPlan(semantic=probe.description, size=5)).hits
+    assert len(semantic) == 5 and semantic[0].ki.id == probe.id  # identical text: cosine 1.0
+    assert len(store.search(QueryPlan(lexical="Person City", size=5)).hits) == 5
     assert store.upsert([make_ki("After", "Crash")]).ok  # the store is writable after the crash
+
+
+def test_ann_index_is_built_past_the_threshold_and_used(tmp_path: Path) -> None:
+    from kitune.schema import QueryPlan
+
+    class SmallAnn(LanceStore):
+        ann_min_rows = 300
+
+    s = SmallAnn(tmp_path, HashEmbedder(dim=16), config=LanceStoreConfig(write_batch_size=400))
+    kis = [
+        make_ki(f"Person {i}", f"Town {i % 37}", description=f"Person {i} lives in town {i % 37}.")
+        for i in range(320)
+    ]
+    assert s.upsert(kis).ok
+    kinds = {tuple(i.columns): i.index_type for i in s._table.list_indices()}
+    assert "vector" in {c[0] for c in kinds}
+    hits = s.search(QueryPlan(semantic="Person 123 lives in town 12.", size=3)).hits
+    assert len(hits) == 3 and hits[0].branches.get("semantic") == 1
+
+
+def test_second_process_view_sees_new_commits(tmp_path: Path) -> None:
+    from datetime import timedelta
+
+    writer = _store(tmp_path)
+    reader = LanceStore(tmp_path, HashEmbedder(dim=32), read_consistency=timedelta(0))
+    writer.upsert([make_ki("First", "Fact")])
+    assert reader.count() == 1
+    writer.upsert([make_ki("Second", "Fact")])
+    assert reader.count() == 2 and reader.get(make_ki("Second", "Fact").id).title

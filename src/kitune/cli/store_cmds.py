@@ -9,17 +9,21 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from kitune.cli.common import ConfigOption, console, fail, get_config
 from kitune.errors import KituneError
 
+if TYPE_CHECKING:
+    from kitune.config import KituneConfig
+    from kitune.retrieval.base import Store
+
 __all__ = ["register"]
 
 
-def _open_store(config: Path | None):
+def _open_store(config: Path | None) -> tuple[KituneConfig, Store]:
     from kitune.retrieval import create_store
 
     cfg = get_config(config)

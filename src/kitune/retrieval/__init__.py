@@ -74,17 +74,20 @@ def create_store(cfg: KituneConfig, *, embedder: Embedder | None = None) -> Stor
         ConfigError: unknown store type, or the ``elasticsearch`` extra is not installed.
         StoreUnavailableError: the backend cannot be opened or reached.
     """
-    store_type = cfg.store.type
-    if store_type == "lancedb":
+    from kitune.config import ElasticsearchStoreConfig, LanceStoreConfig
+
+    store_cfg = cfg.store
+    store_type = store_cfg.type
+    if isinstance(store_cfg, LanceStoreConfig):
         from kitune.retrieval.lance import LanceStore
 
         return LanceStore(
             lance_path(cfg),
             embedder or create_embedder(cfg.embedder),
-            config=cfg.store,
+            config=store_cfg,
             retrieval=cfg.retrieval,
         )
-    if store_type == "elasticsearch":
+    if isinstance(store_cfg, ElasticsearchStoreConfig):
         try:
             import elasticsearch  # noqa: F401
         except ImportError as e:
@@ -93,7 +96,7 @@ def create_store(cfg: KituneConfig, *, embedder: Embedder | None = None) -> Stor
             ) from e
         from kitune.retrieval.elasticsearch import ElasticsearchStore
 
-        return ElasticsearchStore.from_config(cfg.store, retrieval=cfg.retrieval)
+        return ElasticsearchStore.from_config(store_cfg, retrieval=cfg.retrieval)
     raise ConfigError(f"unknown store.type {store_type!r}: use lancedb or elasticsearch")
 
 

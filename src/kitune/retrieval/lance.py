@@ -168,6 +168,8 @@ class LanceStore:
         config: table name, write batch size, compaction threshold.
         retrieval: RRF constant, branch weights, branch size, confidence floor.
         fsync: fsync new files after each committed batch (default True).
+        read_consistency: how often reads check for commits made by other processes (None: never;
+            writes made through this instance are always visible at once).
 
     Raises:
         StoreUnavailableError: the folder cannot be opened as a LanceDB database.
@@ -176,6 +178,9 @@ class LanceStore:
     """
 
     backend = "lancedb"
+    ann_min_rows = 10_000
+    """Build an ANN (IVF_HNSW_SQ, cosine) index once the table has this many rows; below it,
+    vector search is exact (brute force), which is faster at that size."""
 
     def __init__(
         self,
@@ -185,6 +190,7 @@ class LanceStore:
         config: LanceStoreConfig | None = None,
         retrieval: RetrievalConfig | None = None,
         fsync: bool = True,
+        read_consistency: timedelta | None = timedelta(seconds=5),
     ) -> None:
         import lancedb
 
@@ -197,9 +203,10 @@ class LanceStore:
         self._write_lock = threading.RLock()
         self._synced: set[str] = set()
         self._indexed_rows = -1
+        self._has_fts = False
         try:
             self.path.mkdir(parents=True, exist_ok=True)
-            self._db = lancedb.connect(str(self.path))
+            self._db = lancedb.connect(str(self.path), read_consistency_interval=read_consistency)
             names = self._db.table_names()
         except Exception as e:  # lancedb raises plain OSError/RuntimeError here
             raise StoreUnavailableError(
@@ -209,6 +216,7 @@ class LanceStore:
         if name in names:
             self._table = self._db.open_table(name)
             self._check_schema(self._table.schema)
+            self._has_fts = any(tuple(i.columns) == ("title",) for i in self._table.list_indices())
         else:
             self._table = self._db.create_table(name, schema=self.schema)
             self._sync_files()
@@ -254,7 +262,8 @@ class LanceStore:
 
     def fragment_count(self) -> int:
         """Number of data fragments (grows by one per commit until compaction)."""
-        return int(self._table.stats()["fragment_stats"]["num_fragments"])
+        stats: Any = self._table.stats()
+        return int(stats["fragment_stats"]["num_fragments"])
 
     def _ensure_indices(self) -> None:
         rows = self._table.count_rows()
@@ -263,7 +272,7 @@ class LanceStore:
         from lancedb.index import FTS, Bitmap, BTree, LabelList
 
         existing = {tuple(i.columns): i.index_type for i in self._table.list_indices()}
-        wanted = [
+        wanted: list[tuple[str, Any]] = [
             ("id", BTree()),
             ("tags", LabelList()),
             ("docids", LabelList()),
@@ -273,9 +282,10 @@ class LanceStore:
         for col, cfg in wanted:
             if (col,) not in existing:
                 self._table.create_index(col, config=cfg, replace=True)
-        if rows >= 10_000 and ("vector",) not in existing:
+        if rows >= self.ann_min_rows and ("vector",) not in existing:
             self._table.create_index(metric="cosine", vector_column_name="vector", index_type="IVF_HNSW_SQ")
         self._indexed_rows = rows
+        self._has_fts = True
 
     def optimize(self) -> None:
         """Compact fragments and fold new rows into the indices (LanceDB ``optimize()``)."""
@@ -484,6 +494,7 @@ class LanceStore:
         from lancedb.query import ColumnOrdering
 
         pred = _and(where, f"array_has_any(tags, {_sql_list(plan.entity_tags)})")
+        assert pred is not None
         rows = (
             self._table.search()
             .where(pred)
@@ -499,11 +510,12 @@ class LanceStore:
     def _branch_lexical(self, plan: QueryPlan, where: str | None, n: int) -> list[str]:
         from lancedb.query import MatchQuery
 
-        if self._indexed_rows <= 0 and not any(
-            tuple(i.columns) == ("title",) for i in self._table.list_indices()
-        ):
-            return []
-        query = self._table.search(MatchQuery(plan.lexical, "title"), query_type="fts")
+        if not self._has_fts:  # another process may have built it since we opened the table
+            self._has_fts = any(tuple(i.columns) == ("title",) for i in self._table.list_indices())
+            if not self._has_fts:
+                return []
+        match = MatchQuery(plan.lexical, "title")  # type: ignore[call-arg]  # pydantic defaults
+        query = self._table.search(match, query_type="fts")
         if where:
             query = query.where(where, prefilter=True)
         rows = query.select(["id"]).limit(n).to_list()
@@ -512,9 +524,8 @@ class LanceStore:
 
     def _branch_semantic(self, plan: QueryPlan, where: str | None, n: int) -> list[str]:
         vec = self.embedder.embed([plan.semantic])[0]
-        query = self._table.search(vec, vector_column_name="vector", query_type="vector").distance_type(
-            "cosine"
-        )
+        search: Any = self._table.search(vec, vector_column_name="vector", query_type="vector")
+        query = search.distance_type("cosine")
         if where:
             query = query.where(where, prefilter=True)
         rows = query.select(["id"]).limit(n).to_list()

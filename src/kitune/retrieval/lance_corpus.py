@@ -14,6 +14,7 @@ import json
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -190,7 +191,7 @@ class LanceCorpusStore:
             self._chunks.create_index("docid", config=BTree(), replace=True)
             self._docs.create_index("docid", config=BTree(), replace=True)
             self._has_fts = True
-        elif self._chunks.stats()["fragment_stats"]["num_fragments"] >= 32:
+        elif cast(Any, self._chunks.stats())["fragment_stats"]["num_fragments"] >= 32:
             self._chunks.optimize()
             self._docs.optimize()
 
@@ -209,9 +210,10 @@ class LanceCorpusStore:
         n = max(50, k * snippets_per_hit * 3)
         chunks: dict[str, tuple[str, str]] = {}
         lexical: list[str] = []
+        match = MatchQuery(query, "text")  # type: ignore[call-arg]  # pydantic defaults
         if self._has_fts:
             rows = (
-                self._chunks.search(MatchQuery(query, "text"), query_type="fts")
+                self._chunks.search(match, query_type="fts")
                 .select(["chunk_id", "docid", "text"])
                 .limit(n)
                 .to_list()
@@ -220,13 +222,8 @@ class LanceCorpusStore:
             lexical = [r["chunk_id"] for r in rows]
             chunks.update({r["chunk_id"]: (r["docid"], r["text"]) for r in rows})
         vec = self.embedder.embed([query])[0]
-        rows = (
-            self._chunks.search(vec, vector_column_name="vector", query_type="vector")
-            .distance_type("cosine")
-            .select(["chunk_id", "docid", "text"])
-            .limit(n)
-            .to_list()
-        )
+        search: Any = self._chunks.search(vec, vector_column_name="vector", query_type="vector")
+        rows = search.distance_type("cosine").select(["chunk_id", "docid", "text"]).limit(n).to_list()
         rows.sort(key=lambda r: (round(float(r["_distance"]), 6), r["chunk_id"]))
         semantic = [r["chunk_id"] for r in rows]
         chunks.update({r["chunk_id"]: (r["docid"], r["text"]) for r in rows})
