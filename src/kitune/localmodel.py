@@ -490,6 +490,7 @@ def build_server_command(cfg: LocalModelConfig, gguf: Path, *, port: int, alias:
         "--n_threads", threads,
         "--n_threads_batch", threads,
         "--interrupt_requests", "False",  # concurrent callers must not cut each other off
+        "--logits_all", "False",  # default True keeps n_ctx x vocab logits and copies them per token
         "--verbose", "True",  # per-call timings in the log (prompt and generation tokens/s)
     ]  # fmt: skip
     return guarded_module_command("llama_cpp.server", args)

@@ -113,16 +113,11 @@ def test_score_facts_counts_verbatim_spans_and_supported_objects() -> None:
     assert _score_facts(doc, '{"facts": "none"}')["n_facts"] == 0
 
 
-def test_timings_parses_llama_perf_lines() -> None:
+def test_timings_parses_llama_log_lines() -> None:
     log = (
-        "llama_perf_context_print: prompt eval time =    1810.20 ms /   185 tokens (9.78 ms per token)\n"
-        "llama_perf_context_print:        eval time =   36615.16 ms /  1023 runs   (35.79 ms per token)\n"
-        "llama_perf_context_print:       total time =  136510.83 ms /  1208 tokens\n"
+        "Llama.generate: 111 prefix-match hit, remaining 195 prompt tokens to eval\n"
+        "llama_perf_context_print: prompt eval time =       0.09 ms /   195 tokens\n"
+        "llama_perf_context_print:        eval time =   20189.74 ms /   289 runs   (69.86 ms per token)\n"
     )
-    assert _timings(log) == {
-        "prompt_eval_tokens": 185,
-        "prompt_tps": 102.2,
-        "decode_tps": 27.94,
-        "other_s": 98.09,
-    }
-    assert _timings("nothing")["decode_tps"] is None
+    assert _timings(log) == {"prompt_eval_tokens": 195, "decode_tps": 14.31}
+    assert _timings("nothing") == {"prompt_eval_tokens": None, "decode_tps": None}

@@ -44,6 +44,7 @@ def test_server_command_and_env_from_config(tmp_path: Path) -> None:
         "--n_threads": "2",
         "--n_threads_batch": "2",
         "--interrupt_requests": "False",
+        "--logits_all": "False",
         "--verbose": "True",
     }
     default_threads = build_server_command(LocalModelConfig(), tmp_path / "m.gguf", port=1, alias="a")
