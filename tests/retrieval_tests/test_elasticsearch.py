@@ -169,6 +169,13 @@ def test_case_s1_partial_failures_and_429_retry() -> None:
     assert client.calls[2] == ["d700"] and sleeps == [0.5]
 
 
+def test_case_s2_inference_errors_at_ingest_are_all_reported_failed() -> None:
+    client = FakeBulkClient({"a": [400], "b": [400], "c": [400]})
+    result = bulk_write(client, "ki-index", [("a", {}), ("b", {}), ("c", {})], sleep=lambda s: None)
+    assert (result.submitted, result.indexed, len(result.failed)) == (3, 0, 3)
+    assert not result.ok and len(client.calls) == 1  # 4xx: never retried
+
+
 def test_429_retries_are_bounded_with_exponential_backoff() -> None:
     client = FakeBulkClient({"a": [429] * 10})
     sleeps: list[float] = []
@@ -255,6 +262,14 @@ def test_case_s4_warning_header_marks_result_truncated_and_ties_break_by_id() ->
     assert [h.ki.id for h in result.hits] == sorted(k.id for k in kis)  # equal scores → id order
     assert result.compiled == client.esql_calls[0]["query"] and "| LIMIT 5" in result.compiled
     assert client.esql_calls[0]["params"][-1] == {"semantic": "X"}
+
+
+def test_empty_plan_searches_nothing() -> None:
+    client = FakeES()
+    store = ElasticsearchStore(client, index="kitune-kis", inference_id="e")
+    empty = QueryPlan.model_construct(entity_tags=(), lexical=" ", semantic="", filters=Filter(), size=3)
+    assert store.search(empty).hits == [] and store.compile(empty) == ""
+    assert client.esql_calls == []
 
 
 def test_parse_warnings() -> None:

@@ -592,12 +592,19 @@ class ElasticsearchStore:
             self.client.close_point_in_time(id=pit)
 
     def compile(self, plan: QueryPlan) -> str:
-        """The ES|QL text ``search`` runs for ``plan`` (parameters shown by :func:`compile_esql`)."""
+        """The ES|QL text ``search`` runs for ``plan`` (parameters shown by :func:`compile_esql`).
+
+        Returns ``""`` for a plan with no branch input (nothing would run).
+        """
+        if plan.is_empty():
+            return ""
         return compile_esql(plan, self.index, self.retrieval).query
 
     def search(self, plan: QueryPlan) -> SearchResult:
         """Run the one ES|QL hybrid query, then fetch the KIs with ``mget``; ties break by id."""
         t0 = time.perf_counter()
+        if plan.is_empty():
+            return SearchResult(hits=[], aggregations=aggregate([]), compiled="")
         q = compile_esql(plan, self.index, self.retrieval)
         kwargs: dict[str, Any] = {"query": q.query, "params": q.params, "format": "json"}
         if q.filter is not None:
