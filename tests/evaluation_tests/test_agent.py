@@ -197,3 +197,10 @@ def test_closed_book_and_timeout() -> None:
     assert len(model.calls) == 4  # 3 calls reach 30 s > 25 s, then the force-commit
     assert ep.exhausted_by == "timeout" and ep.force_committed and ep.exact_answer == "Rome"
     assert ep.wall_time_s == 40.0
+
+
+def test_steps_keep_the_raw_reply_capped() -> None:
+    model = ScriptedChatModel(["x" * 900, answer("Paris")])
+    ep = _agent(model).run("q")
+    assert ep.steps[0].reply == "x" * 500 and ep.steps[1].reply.startswith('{"answer"')
+    assert ep.steps[0].to_dict()["reply"] == "x" * 500

@@ -43,6 +43,9 @@ __all__ = ["Agent", "Episode", "EpisodeStatus", "Step", "StepKind"]
 EpisodeStatus = Literal["answered", "budget_exhausted", "context_overflow", "failed"]
 StepKind = Literal["tool", "answer", "invalid", "force_commit", "lm_error"]
 
+REPLY_KEEP_CHARS = 500
+"""How much of each raw model reply a Step keeps."""
+
 BLOCK_AFTER_IDENTICAL = 3
 """The n-th identical back-to-back call is blocked (case A2)."""
 
@@ -78,6 +81,8 @@ class Step:
     """LLM input tokens the tool spent (e.g. the query rewrite inside get_context)."""
     tool_output_tokens: int = 0
     """LLM output tokens the tool spent."""
+    reply: str = ""
+    """The model's raw reply, first 500 characters (for debugging and optimiser feedback)."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict."""
@@ -97,6 +102,7 @@ class Step:
             "latency_s": round(self.latency_s, 4),
             "tool_input_tokens": self.tool_input_tokens,
             "tool_output_tokens": self.tool_output_tokens,
+            "reply": self.reply,
         }
 
 
@@ -250,6 +256,7 @@ class _Run:
                 input_tokens=resp.input_tokens if resp else 0,
                 output_tokens=resp.output_tokens if resp else 0,
                 latency_s=latency,
+                reply=(resp.text[:REPLY_KEEP_CHARS] if resp else ""),
                 **kw,
             )
         )
