@@ -518,7 +518,7 @@ class LanceStore:
         query = self._table.search(match, query_type="fts")
         if where:
             query = query.where(where, prefilter=True)
-        rows = query.select(["id"]).limit(n).to_list()
+        rows = query.select(["id", "_score"]).limit(n).to_list()
         rows.sort(key=lambda r: (-float(r["_score"]), r["id"]))
         return [r["id"] for r in rows]
 
@@ -528,7 +528,7 @@ class LanceStore:
         query = search.distance_type("cosine")
         if where:
             query = query.where(where, prefilter=True)
-        rows = query.select(["id"]).limit(n).to_list()
+        rows = query.select(["id", "_distance"]).limit(n).to_list()
         rows.sort(key=lambda r: (round(float(r["_distance"]), 6), r["id"]))
         return [r["id"] for r in rows]
 

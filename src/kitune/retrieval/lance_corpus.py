@@ -214,7 +214,7 @@ class LanceCorpusStore:
         if self._has_fts:
             rows = (
                 self._chunks.search(match, query_type="fts")
-                .select(["chunk_id", "docid", "text"])
+                .select(["chunk_id", "docid", "text", "_score"])
                 .limit(n)
                 .to_list()
             )
@@ -223,7 +223,12 @@ class LanceCorpusStore:
             chunks.update({r["chunk_id"]: (r["docid"], r["text"]) for r in rows})
         vec = self.embedder.embed([query])[0]
         search: Any = self._chunks.search(vec, vector_column_name="vector", query_type="vector")
-        rows = search.distance_type("cosine").select(["chunk_id", "docid", "text"]).limit(n).to_list()
+        rows = (
+            search.distance_type("cosine")
+            .select(["chunk_id", "docid", "text", "_distance"])
+            .limit(n)
+            .to_list()
+        )
         rows.sort(key=lambda r: (round(float(r["_distance"]), 6), r["chunk_id"]))
         semantic = [r["chunk_id"] for r in rows]
         chunks.update({r["chunk_id"]: (r["docid"], r["text"]) for r in rows})
