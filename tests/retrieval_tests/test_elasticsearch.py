@@ -277,3 +277,64 @@ def test_parse_warnings() -> None:
     assert parse_warnings({"warning": '299 Elasticsearch "Line 1: evaluation of [x] failed"'})[0] is False
     truncated, warnings = parse_warnings({"Warning": '299 ES "a limit", 299 ES "b"'})
     assert truncated and len(warnings) == 2
+
+
+class RecordingES(FakeES):
+    """Records the bodies of the lifecycle and paging calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+
+    def update_by_query(self, **kwargs: Any) -> dict[str, Any]:
+        self.calls.append(("update_by_query", kwargs))
+        return {"updated": 2}
+
+    def delete_by_query(self, **kwargs: Any) -> dict[str, Any]:
+        self.calls.append(("delete_by_query", kwargs))
+        return {"deleted": 1}
+
+    def open_point_in_time(self, **kwargs: Any) -> dict[str, Any]:
+        return {"id": "pit-1"}
+
+    def close_point_in_time(self, **kwargs: Any) -> dict[str, Any]:
+        self.calls.append(("close_point_in_time", kwargs))
+        return {}
+
+    def search(self, **kwargs: Any) -> dict[str, Any]:
+        self.calls.append(("search", kwargs))
+        ids = sorted(self.docs)
+        after = kwargs.get("search_after")
+        start = ids.index(after[0]) + 1 if after else 0
+        page = ids[start : start + kwargs["size"]]
+        hits = [{"_id": i, "_source": self.docs[i], "sort": [i]} for i in page]
+        return {"hits": {"hits": hits}, "pit_id": "pit-1"}
+
+
+def test_lifecycle_and_paging_requests() -> None:
+    from datetime import timedelta
+
+    from kitune.testing.store_contract import T0
+
+    client = RecordingES()
+    store = ElasticsearchStore(client, index="kitune-kis", inference_id="e")
+    kis = [make_ki(f"Person {i}", "X") for i in range(5)]
+    store.upsert(kis)
+    assert store.set_status(Filter(doc_ids=("d1",)), "stale") == 2
+    name, body = client.calls[-1]
+    assert name == "update_by_query" and body["script"]["params"] == {"status": "stale"}
+    assert body["query"]["bool"]["must_not"] == [{"term": {"status": "stale"}}]
+    result = store.sweep(T0, timedelta(days=7))
+    assert (result.stale, result.expired) == (2, 2)
+    expired_q = client.calls[-2][1]["query"]["bool"]
+    assert expired_q["should"][0] == {"range": {"last_seen": {"lt": "2026-10-18T12:00:00+00:00"}}}
+    assert expired_q["should"][1] == {"range": {"expires_at": {"lte": "2026-11-01T12:00:00+00:00"}}}
+    stale_q = client.calls[-1][1]["query"]["bool"]["filter"]
+    assert stale_q[1] == {"range": {"last_seen": {"lt": "2026-10-25T12:00:00+00:00"}}}
+    assert store.delete([kis[0].id, kis[0].id]) == 1
+    assert client.calls[-1][1]["query"] == {"ids": {"values": [kis[0].id]}}
+    got = [k.id for k in store.iter_kis(page_size=2)]
+    assert got == sorted(k.id for k in kis)
+    searches = [c for c in client.calls if c[0] == "search"]
+    assert len(searches) == 3 and "from" not in searches[1][1] and searches[1][1]["search_after"]
+    assert client.calls[-1][0] == "close_point_in_time"

@@ -232,3 +232,11 @@ def test_second_process_view_sees_new_commits(tmp_path: Path) -> None:
     assert reader.count() == 1
     writer.upsert([make_ki("Second", "Fact")])
     assert reader.count() == 2 and reader.get(make_ki("Second", "Fact").id).title
+
+
+def test_lance_stores_satisfy_the_protocols(tmp_path: Path) -> None:
+    from kitune.retrieval.base import CorpusStore, Store
+    from kitune.retrieval.lance_corpus import LanceCorpusStore
+
+    assert isinstance(_store(tmp_path / "a"), Store)
+    assert isinstance(LanceCorpusStore(tmp_path / "b", HashEmbedder(dim=8)), CorpusStore)

@@ -374,6 +374,10 @@ def parse_warnings(headers: Mapping[str, str] | None) -> tuple[bool, tuple[str, 
 class ElasticsearchStore:
     """Elasticsearch 9.x :class:`~kitune.retrieval.base.Store`.
 
+    Fusion runs server-side (``FUSE``), so ``Hit.branches`` is empty; ``SearchResult.compiled`` is
+    the ES|QL text; aggregations are computed over the returned hits (as on every backend), and
+    :meth:`facets` runs the ``STATS … BY`` query over every matching KI.
+
     Args:
         client: an ``elasticsearch.Elasticsearch`` (or any object with the same methods).
         index: KI index name (created with :func:`es_mapping` if missing).
