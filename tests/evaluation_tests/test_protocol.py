@@ -30,6 +30,10 @@ from kitune.evaluation.protocol import AnswerAction, ToolAction, parse_action, p
             AnswerAction("[1]", "Paris", 85),
         ),
         ('{"answer": "Rome", "confidence": 0.7}', AnswerAction("", "Rome", 70)),
+        (
+            '{"answer": {"explanation": "e"}, "exact_answer": "Oslo", "confidence": 80}',
+            AnswerAction("e", "Oslo", 80),
+        ),
         ('{"exact_answer": 1793, "explanation": "e", "confidence": 101}', AnswerAction("e", "1793", 100)),
     ],
 )

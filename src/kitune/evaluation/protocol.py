@@ -133,7 +133,8 @@ def _as_action(obj: dict[str, Any]) -> ToolAction | AnswerAction | None:
     obj = _unwrap(obj)
     answer = obj.get("answer", obj.get("final_answer"))
     if isinstance(answer, dict):
-        src = answer
+        # Fields that drifted out of the wrapper ({"answer": {"explanation"}, "exact_answer": …}).
+        src = {**{k: v for k, v in obj.items() if k != "answer"}, **answer}
     elif "exact_answer" in obj:
         src = obj
     elif isinstance(answer, str | int | float) and not isinstance(answer, bool) and "tool" not in obj:
