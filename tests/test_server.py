@@ -207,7 +207,7 @@ def test_rewriter_runs_behind_the_endpoint(cfg: KituneConfig, store: MemoryStore
         {"plan_json": "no plan today"},
     ]))
     client = TestClient(create_app(cfg, store=store, rewriter=rw), raise_server_exceptions=False)
-    body = client.post("/api/_get_context", json={"query": "Where does the rival firm sit?"}).json()
+    body = client.post("/api/_get_context", json={"query": "Where does the rival firm Globex sit?"}).json()
     assert body["plan"]["entity_tags"] == ["entity:globex"] and body["rewrite_fell_back"] is False
     assert body["kis"][0]["title"] == "Globex is headquartered in Shelbyville."
     body2 = client.post("/api/_get_context", json={"query": "Where is Acme Corp headquartered?"}).json()

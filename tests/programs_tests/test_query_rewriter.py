@@ -38,7 +38,7 @@ def test_valid_plan_with_fence_and_think_block() -> None:
         '"lexical": "Acme Corp  headquarters", "semantic": "Acme Corp is headquartered in a city.", '
         '"filters": {"tags_any": ["org"], "statuses": ["expired"]}, "size": 999}\n```'
     )
-    res = QueryRewriter().rewrite(Q, size=7, lm=_lm(raw))
+    res = QueryRewriter(ground_tags=False).rewrite(Q, size=7, lm=_lm(raw))
     assert res.fell_back is False and res.reason is None
     assert res.plan == QueryPlan(
         entity_tags=("entity:acme-corp", "entity:springfield"),
@@ -148,3 +148,18 @@ def test_adapter_is_scoped_around_the_call() -> None:
     res = rw.rewrite(Q, lm=lm)
     assert res.fell_back is False and res.plan.lexical == "acme hq"
     assert '"plan_json"' in lm.history[-1]["messages"][0]["content"]
+
+
+def test_entity_tags_not_in_the_question_are_dropped_and_reported() -> None:
+    q = "What district is LaHave, the birthplace of David Morse, in?"
+    raw = json.dumps({
+        "entity_tags": ["entity:la-have", "David Morse", "entity:country", "entity:topic-districts"],
+        "lexical": "LaHave district", "semantic": "LaHave is located in a district.",
+    })
+    res = QueryRewriter().rewrite(q, lm=_lm(raw))
+    assert res.fell_back is False
+    assert res.plan.entity_tags == ("entity:la-have", "entity:david-morse")
+    assert res.dropped_tags == ("entity:country", "entity:topic-districts")
+    # with grounding off the LM's bridge entities are kept
+    kept = QueryRewriter(ground_tags=False).rewrite(q, lm=_lm(raw))
+    assert len(kept.plan.entity_tags) == 4 and kept.dropped_tags == ()

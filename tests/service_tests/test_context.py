@@ -85,7 +85,8 @@ def test_rewriter_plan_is_used_and_tokens_reported(store: MemoryStore, cfg: Kitu
     rw = QueryRewriter()
     rw.set_lm(DummyLM([{"plan_json": '{"entity_tags": ["Springfield"], "lexical": "Springfield located", '
                                      '"semantic": "Springfield is located in a state."}'}]))
-    resp = get_context("Which state is the HQ city of Acme in?", store=store, rewriter=rw, cfg=cfg)
+    q = "Which state is Springfield, the HQ city of Acme, in?"
+    resp = get_context(q, store=store, rewriter=rw, cfg=cfg)
     assert resp.rewrite_fell_back is False
     assert resp.plan.entity_tags == ("entity:springfield",)
     assert resp.kis[0].title == "Springfield is located in Oregon."

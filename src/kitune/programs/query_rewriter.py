@@ -10,6 +10,9 @@ Policies (tested):
 
 * an entity tag given as a bare name (``"Acme Corp"``) is slugified to ``entity:acme-corp``;
   a tag that already carries the ``entity:`` prefix must be well formed or the plan is invalid;
+* with the question given, an entity tag whose slug (hyphens removed) does not occur in the
+  question's slug is dropped and reported (``RewriteResult.dropped_tags``): small models add
+  common nouns (``entity:country``) or invented topics as entities;
 * ``filters`` may only narrow retrieval: ``statuses`` is ignored (expired KIs stay excluded),
   unknown filter keys make the plan invalid;
 * ``size`` always comes from the caller, never from the LM (an LM ``size`` key is ignored).
@@ -28,7 +31,7 @@ import dspy
 from pydantic import ValidationError
 
 from kitune.errors import ParseError
-from kitune.ki import entity_tag
+from kitune.ki import entity_tag, slugify
 from kitune.programs.instructions import instruction_version, load_instruction
 from kitune.schema import Filter, QueryPlan
 from kitune.usage import TokenLedger
@@ -94,12 +97,26 @@ def _normalise_tags(raw: Any) -> list[str]:
     return tags
 
 
-def plan_from_output(raw: str, *, size: int = 10) -> QueryPlan:
+_WELL_FORMED_ENTITY = re.compile(r"^entity:[a-z0-9][a-z0-9-]*$")
+
+
+def _grounded(tag: str, question_key: str) -> bool:
+    if not _WELL_FORMED_ENTITY.match(tag):
+        return True  # malformed tags are left for validation to reject
+    key = tag.removeprefix("entity:").replace("-", "")
+    return bool(key) and key in question_key
+
+
+def plan_from_output(
+    raw: str, *, size: int = 10, question: str | None = None, dropped: list[str] | None = None
+) -> QueryPlan:
     """Validate the rewriter's raw ``plan_json`` output into a :class:`QueryPlan`.
 
     Args:
         raw: the LM's output text (may carry code fences, a ``<think>`` block or prose).
         size: the plan's size, 1–1000 (the caller's choice; an LM ``size`` is ignored).
+        question: when given, entity tags not grounded in it are dropped (see the module doc).
+        dropped: when given, the dropped tags are appended to it.
 
     Returns:
         A validated, non-empty plan.
@@ -116,6 +133,12 @@ def plan_from_output(raw: str, *, size: int = 10) -> QueryPlan:
         obj = obj["plan"]
     try:
         tags = _normalise_tags(obj.get("entity_tags"))
+        if question is not None:
+            question_key = slugify(question, max_chars=10_000).replace("-", "")
+            ungrounded = [t for t in tags if not _grounded(t, question_key)]
+            if dropped is not None:
+                dropped.extend(ungrounded)
+            tags = [t for t in tags if t not in ungrounded]
         lexical = obj.get("lexical") or ""
         semantic = obj.get("semantic") or ""
         if not isinstance(lexical, str) or not isinstance(semantic, str):
@@ -178,6 +201,8 @@ class RewriteResult:
     """Tokens the rewrite cost."""
     raw: str = ""
     """The LM's raw ``plan_json`` output (empty on an LM error)."""
+    dropped_tags: tuple[str, ...] = ()
+    """Entity tags the LM gave that do not occur in the question (removed from the plan)."""
 
 
 def _usage_tokens(usage: dict[str, dict[str, Any]]) -> RewriteTokens:
@@ -195,6 +220,8 @@ class QueryRewriter(dspy.Module):  # type: ignore[misc]
         instructions: starting instruction text; None loads the packaged ``rewriter`` prompt.
         adapter: DSPy adapter scoped around each :meth:`rewrite` call (e.g.
             ``kitune.lm.adapter_for(lm)``); None uses the context's adapter.
+        ground_tags: drop entity tags that do not occur in the question (default). Turn off for
+            a strong model trusted to add bridge entities from its own knowledge.
 
     Attributes:
         prompt_version: ``rewriter@<sha8>`` of the starting instructions.
@@ -202,9 +229,12 @@ class QueryRewriter(dspy.Module):  # type: ignore[misc]
             how many rewrites fell back, over this instance's lifetime.
     """
 
-    def __init__(self, instructions: str | None = None, *, adapter: Any = None) -> None:
+    def __init__(
+        self, instructions: str | None = None, *, adapter: Any = None, ground_tags: bool = True
+    ) -> None:
         super().__init__()
         self.adapter = adapter
+        self.ground_tags = ground_tags
         if instructions is None:
             loaded = load_instruction("rewriter")
             instructions, self.prompt_version = loaded.text, loaded.version
@@ -218,19 +248,24 @@ class QueryRewriter(dspy.Module):  # type: ignore[misc]
 
         Returns:
             A prediction with ``plan_json`` (raw), ``plan`` (a QueryPlan, the fallback when
-            invalid), ``fell_back`` (bool) and ``reason`` (str | None).
+            invalid), ``fell_back`` (bool), ``reason`` (str | None) and ``dropped_tags``.
 
         Raises:
             Whatever the LM raises (transport errors are not swallowed here; see :meth:`rewrite`).
         """
         pred = self.planner(question=question)
         raw = str(pred.plan_json or "")
+        dropped: list[str] = []
         try:
-            plan = plan_from_output(raw, size=size)
-            return dspy.Prediction(plan_json=raw, plan=plan, fell_back=False, reason=None)
+            grounding = question if self.ground_tags else None
+            plan = plan_from_output(raw, size=size, question=grounding, dropped=dropped)
+            return dspy.Prediction(
+                plan_json=raw, plan=plan, fell_back=False, reason=None, dropped_tags=tuple(dropped)
+            )
         except ParseError as e:
             return dspy.Prediction(
-                plan_json=raw, plan=QueryPlan.plain(question, size=size), fell_back=True, reason=str(e)
+                plan_json=raw, plan=QueryPlan.plain(question, size=size), fell_back=True, reason=str(e),
+                dropped_tags=tuple(dropped),
             )
 
     def rewrite(
@@ -257,6 +292,7 @@ class QueryRewriter(dspy.Module):  # type: ignore[misc]
             raise ValueError(f"size={size} is outside 1–1000")
         marker = ledger.snapshot() if ledger is not None else 0
         raw = ""
+        dropped: tuple[str, ...] = ()
         with dspy.track_usage() as tracker:
             try:
                 scoped: dict[str, Any] = {}
@@ -267,6 +303,7 @@ class QueryRewriter(dspy.Module):  # type: ignore[misc]
                 with dspy.context(**scoped):
                     pred = self(question, size=size)
                 plan, fell_back, reason, raw = pred.plan, pred.fell_back, pred.reason, pred.plan_json
+                dropped = pred.dropped_tags
             except Exception as e:  # a transport or adapter failure must not break retrieval
                 plan = QueryPlan.plain(question, size=size)
                 fell_back, reason = True, f"lm_error: {type(e).__name__}: {e}"[:500]
@@ -276,4 +313,6 @@ class QueryRewriter(dspy.Module):  # type: ignore[misc]
             tokens = RewriteTokens(sum(r.input_tokens for r in recs), sum(r.output_tokens for r in recs))
         if fell_back:
             self.fallbacks[(reason or "unknown").split(":", 1)[0]] += 1
-        return RewriteResult(plan=plan, fell_back=fell_back, reason=reason, tokens=tokens, raw=raw)
+        return RewriteResult(
+            plan=plan, fell_back=fell_back, reason=reason, tokens=tokens, raw=raw, dropped_tags=dropped
+        )
