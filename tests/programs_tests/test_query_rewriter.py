@@ -163,3 +163,15 @@ def test_entity_tags_not_in_the_question_are_dropped_and_reported() -> None:
     # with grounding off the LM's bridge entities are kept
     kept = QueryRewriter(ground_tags=False).rewrite(q, lm=_lm(raw))
     assert len(kept.plan.entity_tags) == 4 and kept.dropped_tags == ()
+
+
+def test_common_nouns_from_the_question_are_not_entities() -> None:
+    q = "What country was the author of Brand a citizen of?"
+    raw = json.dumps({"entity_tags": ["author", "Brand", "citizen", "country"], "lexical": "author Brand"})
+    res = QueryRewriter().rewrite(q, lm=_lm(raw))
+    assert res.plan.entity_tags == ("entity:brand",)
+    assert res.dropped_tags == ("entity:author", "entity:citizen", "entity:country")
+    # an all-lowercase question keeps every tag grounded in its words
+    lm = _lm(json.dumps({"entity_tags": ["brand"], "lexical": "x"}))
+    low = QueryRewriter().rewrite("who wrote brand", lm=lm)
+    assert low.plan.entity_tags == ("entity:brand",) and low.dropped_tags == ()

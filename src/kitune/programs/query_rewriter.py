@@ -11,8 +11,10 @@ Policies (tested):
 * an entity tag given as a bare name (``"Acme Corp"``) is slugified to ``entity:acme-corp``;
   a tag that already carries the ``entity:`` prefix must be well formed or the plan is invalid;
 * with the question given, an entity tag whose slug (hyphens removed) does not occur in the
-  question's slug is dropped and reported (``RewriteResult.dropped_tags``): small models add
-  common nouns (``entity:country``) or invented topics as entities;
+  slug of the question's name-like words (words with a capital letter or a digit; the whole
+  question when it has none after its first word) is dropped and reported
+  (``RewriteResult.dropped_tags``): small models tag common nouns (``entity:country``,
+  ``entity:of``) or invented topics as entities;
 * ``filters`` may only narrow retrieval: ``statuses`` is ignored (expired KIs stay excluded),
   unknown filter keys make the plan invalid;
 * ``size`` always comes from the caller, never from the LM (an LM ``size`` key is ignored).
@@ -107,6 +109,18 @@ def _grounded(tag: str, question_key: str) -> bool:
     return bool(key) and key in question_key
 
 
+_WORD_RE = re.compile(r"[\w'’.-]+")
+
+
+def _names_key(question: str) -> str:
+    """Slug (no hyphens) of the name-like words of ``question``, or of all of it if none."""
+    words = _WORD_RE.findall(question)
+    names = [w for w in words if any(c.isupper() or c.isdigit() for c in w)]
+    if not [w for w in names if w is not words[0]]:
+        names = words
+    return slugify(" ".join(names), max_chars=10_000).replace("-", "")
+
+
 def plan_from_output(
     raw: str, *, size: int = 10, question: str | None = None, dropped: list[str] | None = None
 ) -> QueryPlan:
@@ -134,7 +148,7 @@ def plan_from_output(
     try:
         tags = _normalise_tags(obj.get("entity_tags"))
         if question is not None:
-            question_key = slugify(question, max_chars=10_000).replace("-", "")
+            question_key = _names_key(question)
             ungrounded = [t for t in tags if not _grounded(t, question_key)]
             if dropped is not None:
                 dropped.extend(ungrounded)
