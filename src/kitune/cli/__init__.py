@@ -30,6 +30,7 @@ def _register() -> None:
     if _REGISTERED:
         return
     from kitune.cli import (
+        bootstrap_cmds,
         config_cmds,
         eval_cmds,
         extract_cmds,
@@ -39,7 +40,16 @@ def _register() -> None:
         store_cmds,
     )
 
-    for module in (config_cmds, lm_cmds, store_cmds, extract_cmds, context_cmds, eval_cmds, loop_cmds):
+    for module in (
+        config_cmds,
+        lm_cmds,
+        bootstrap_cmds,
+        store_cmds,
+        extract_cmds,
+        context_cmds,
+        eval_cmds,
+        loop_cmds,
+    ):
         module.register(app)
     _REGISTERED = True
 

@@ -1,0 +1,10 @@
+"""CLI commands (placeholder module: commands are added by the owning area)."""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Add this module's commands to ``app``."""
+    return None
