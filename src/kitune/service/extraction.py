@@ -86,6 +86,10 @@ class ExtractionReport:
     ``failed_calls`` (zeros when no ledger is given)."""
     failed: dict[str, str] = field(default_factory=dict)
     """Failed docid → reason."""
+    truncated: tuple[str, ...] = ()
+    """Docids (sorted) done from a reply cut off at its token limit (``finish_reason=length``):
+    only the complete, verified records before the cut were kept, so the document may be missing
+    facts. Raise ``lm.extract.max_tokens`` or lower ``extraction.chunk_chars`` and re-extract them."""
     prompt_version: str = ""
     """The extractor's prompt version."""
     wall_s: float = 0.0
@@ -109,6 +113,7 @@ class ExtractionReport:
             ("parse failures", str(self.parse_failures)),
             ("retries", str(self.counters.get("retries", 0))),
             ("envelope_unwrapped", str(self.envelope_unwrapped)),
+            ("truncated replies (partial)", str(len(self.truncated))),
         ]
         rows += [(f"dropped: {reason}", str(n)) for reason, n in sorted(self.drops.items())]
         rows += [
@@ -332,6 +337,7 @@ def extract_corpus(
     counters: Counter[str] = Counter()
     drops: Counter[str] = Counter()
     failed: dict[str, str] = {}
+    truncated: set[str] = set()
     buffer: list[KI] = []
     pending: list[DocExtraction] = []  # ok docs whose KIs are in ``buffer``
     written = write_failures = done = finished = 0
@@ -364,6 +370,8 @@ def extract_corpus(
         counters.update(res.counters)
         drops.update(res.drops)
         if res.status == "ok":
+            if res.counters.get("truncated_salvaged"):
+                truncated.add(res.docid)
             buffer.extend(res.kis)
             pending.append(res)
             if len(buffer) >= batch_size:
@@ -425,6 +433,7 @@ def extract_corpus(
         counters=dict(counters),
         tokens=_ledger_totals(ledger, marker),
         failed=failed,
+        truncated=tuple(sorted(truncated)),
         prompt_version=extractor.prompt_version,
         wall_s=time.monotonic() - started,
     )

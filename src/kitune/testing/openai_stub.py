@@ -18,7 +18,7 @@ import json
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -255,15 +255,26 @@ class StubServer:
     Args:
         replies: the scripted replies, one per request, in order.
         default: the reply once the queue is empty (a normal reply with usage when None).
+        responder: called with each chat request once the queue is empty; its reply wins over
+            ``default`` (None: use ``default``). Lets a test answer from the request's content,
+            e.g. per-document replies or seeded faults under concurrency. Runs in the server's
+            handler threads, so it must be thread-safe.
 
     Attributes:
         base_url: ``http://127.0.0.1:<port>/v1`` (valid after :meth:`start`).
         requests: every request received, in arrival order.
     """
 
-    def __init__(self, replies: Iterable[Reply] = (), *, default: Reply | None = None) -> None:
+    def __init__(
+        self,
+        replies: Iterable[Reply] = (),
+        *,
+        default: Reply | None = None,
+        responder: Callable[[RecordedRequest], Reply] | None = None,
+    ) -> None:
         self._queue: deque[Reply] = deque(replies)
         self.default = default or Reply.ok()
+        self.responder = responder
         self.requests: list[RecordedRequest] = []
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -276,9 +287,13 @@ class StubServer:
         with self._lock:
             self._queue.extend(replies)
 
-    def _next_reply(self) -> Reply:
+    def _next_reply(self, request: RecordedRequest | None = None) -> Reply:
         with self._lock:
-            return self._queue.popleft() if self._queue else self.default
+            if self._queue:
+                return self._queue.popleft()
+        if self.responder is not None and request is not None:
+            return self.responder(request)
+        return self.default
 
     def _record(self, req: RecordedRequest) -> None:
         with self._lock:
@@ -324,19 +339,18 @@ class StubServer:
 
             def do_POST(self) -> None:
                 body = self._read_body()
-                stub._record(
-                    RecordedRequest(
-                        "POST",
-                        self.path,
-                        {k.lower(): v for k, v in self.headers.items()},
-                        body,
-                        time.monotonic(),
-                    )
+                request = RecordedRequest(
+                    "POST",
+                    self.path,
+                    {k.lower(): v for k, v in self.headers.items()},
+                    body,
+                    time.monotonic(),
                 )
+                stub._record(request)
                 if not self.path.endswith("/chat/completions"):
                     self._send(Reply.error(404, f"stub serves /v1/chat/completions only, not {self.path}"))
                     return
-                self._send(stub._next_reply())
+                self._send(stub._next_reply(request))
 
             def do_GET(self) -> None:
                 stub._record(

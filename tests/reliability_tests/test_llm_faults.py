@@ -1,0 +1,227 @@
+"""Faults in the LLM path (issue 8 item 1): extraction and eval through the real LM layer.
+
+A :class:`StubServer` on 127.0.0.1 answers per document / question and injects a scripted fault
+sequence (429 with Retry-After, 500/503, timeouts, truncated JSON with finish_reason=length, empty
+choices, prose). Every unit of work must end accounted for: done, retried-then-done, or failed
+with a reason; nothing is fabricated from a cut-off reply.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dspy
+import pytest
+from reliability_helpers import (
+    NOW,
+    agent_reply,
+    extraction_reply,
+    facts_for,
+    fixture_slice,
+    question_key,
+    stub_config,
+)
+
+from kitune.data.loaders import Question
+from kitune.evaluation.agent import Agent
+from kitune.evaluation.budget import Budget
+from kitune.evaluation.harness import evaluate, read_traces
+from kitune.evaluation.tools import closed_book_toolbox
+from kitune.ki import ki_id
+from kitune.lm import LiteLLMChatModel, build_lm, reset_format_memory
+from kitune.programs.fact_extractor import FactExtractor
+from kitune.retrieval.memory import MemoryStore
+from kitune.service.extraction import extract_corpus, read_state
+from kitune.testing.faults import FaultPlan, FaultyProvider, dspy_docid, scripted
+from kitune.testing.openai_stub import StubServer
+from kitune.usage import TokenLedger
+
+# What each of the first nine fixture documents gets, attempt by attempt (None: a good reply).
+EXTRACT_SCRIPT: list[list[str | None]] = [
+    [],  # 0: clean
+    ["rate_limited"],  # 1: 429 + Retry-After, retried by the LM layer
+    ["server_500", "server_503"],  # 2: two 5xx, then ok
+    ["timeout"],  # 3: hangs past timeout_s, retried
+    ["truncated"],  # 4: cut-off array: the complete first record is kept, doc counted truncated
+    ["empty_choices"],  # 5: content filter: failed, not retried with the same prompt
+    ["prose"],  # 6: no JSON: the extractor retries once (cache bypassed), then ok
+    ["prose", "prose"],  # 7: no JSON twice: failed with the parse reason
+    ["server_500"] * 3,  # 8: 5xx past num_retries=2: failed with the transport reason
+]
+
+
+@pytest.fixture(autouse=True)
+def _gateway_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KI_GW_KEY", "sk-test-secret-9876")
+    reset_format_memory()
+
+
+def _extract(stub: StubServer, docs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **overrides):
+    monkeypatch.setenv("KI_GW_URL", stub.base_url)
+    cfg = stub_config(
+        stub.base_url, tmp_path, **{"lm.extract.num_retries": 2, "lm.extract.timeout_s": 0.5, **overrides}
+    )
+    ledger = TokenLedger()
+    lm = build_lm(cfg, "extract", ledger=ledger, backoff_base_s=0.01, max_wait_s=0.2)
+    store = MemoryStore()
+    state = tmp_path / "state.jsonl"
+    with dspy.context(lm=lm):
+        report = extract_corpus(
+            docs,
+            store,
+            FactExtractor.from_config(cfg),
+            cfg=cfg,
+            ledger=ledger,
+            state_path=state,
+            progress=False,
+            now=NOW,
+        )
+    return report, store, state, ledger
+
+
+def test_extraction_under_scripted_faults_accounts_for_every_document(
+    fixture_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    docs = fixture_slice(fixture_dir, len(EXTRACT_SCRIPT))
+    by_id = {d.docid: d for d in docs}
+    script = {d.docid: EXTRACT_SCRIPT[i] for i, d in enumerate(docs)}
+    provider = FaultyProvider(good=extraction_reply(by_id), key=dspy_docid, plan=scripted(script))
+    with StubServer(responder=provider) as stub:
+        report, store, state_path, _ledger = _extract(stub, docs, tmp_path, monkeypatch)
+
+    ids = [d.docid for d in docs]
+    # every document accounted for, exactly once
+    assert report.docs_total == 9
+    assert report.docs_done + report.docs_failed == 9
+    assert report.docs_done == 6 and report.docs_failed == 3
+    assert set(report.failed) == {ids[5], ids[7], ids[8]}
+    assert "content_filter" in report.failed[ids[5]]
+    assert "no JSON object found" in report.failed[ids[7]]
+    assert "LMServerError" in report.failed[ids[8]] or "500" in report.failed[ids[8]]
+    state = read_state(state_path)
+    assert state == {i: ("failed" if i in report.failed else "ok") for i in ids}
+    # retries happened where scripted: 1 + 1 + 2 + 1 transport retries, 2 parse retries (docs 6, 7)
+    assert [provider.attempts[i] for i in ids] == [1, 2, 3, 2, 1, 1, 2, 2, 3]
+    assert report.counters["retries"] == 2 and report.parse_failures == 3
+    assert report.tokens["failed_calls"] == 1 + 2 + 1 + 1 + 3  # 429, 2x5xx, timeout, empty, 3x5xx
+    # the truncated reply: its complete first record kept, the cut-off one never fabricated
+    truncated = ids[4]
+    assert report.counters["truncated_salvaged"] == 1
+    assert report.truncated == (truncated,)
+    first, second = facts_for(by_id[truncated])
+    assert store.get(ki_id(truncated, first["subject"], first["predicate"], first["object"])).title
+    stored = {k.id for k in store.iter_kis()}
+    assert ki_id(truncated, second["subject"], second["predicate"], second["object"]) not in stored
+    # every other ok document has both facts; failed ones have none
+    for docid in ids:
+        facts = facts_for(by_id[docid])
+        expected = 0 if docid in report.failed else (1 if docid == truncated else len(facts))
+        present = sum(ki_id(docid, f["subject"], f["predicate"], f["object"]) in stored for f in facts)
+        assert present == expected, docid
+    assert report.kis_written == store.count() == len(stored)
+
+
+def test_rerun_after_faults_retries_only_the_failed_documents(
+    fixture_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    docs = fixture_slice(fixture_dir, len(EXTRACT_SCRIPT))
+    by_id = {d.docid: d for d in docs}
+    script = {d.docid: EXTRACT_SCRIPT[i] for i, d in enumerate(docs)}
+    provider = FaultyProvider(good=extraction_reply(by_id), key=dspy_docid, plan=scripted(script))
+    with StubServer(responder=provider) as stub:
+        first, _, state_path, _ = _extract(stub, docs, tmp_path, monkeypatch)
+        before = dict(provider.attempts)
+        second, _, _, _ = _extract(stub, docs, tmp_path, monkeypatch)  # provider now answers well
+    assert second.docs_skipped == 6 and second.docs_done == 3 and second.docs_failed == 0
+    retried = {k for k in provider.attempts if provider.attempts[k] > before.get(k, 0)}
+    assert retried == set(first.failed)
+    assert set(read_state(state_path).values()) == {"ok"}
+
+
+def test_seeded_random_faults_extraction_every_doc_accounted(
+    fixture_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    docs = fixture_slice(fixture_dir, 20)
+    by_id = {d.docid: d for d in docs}
+    plan = FaultPlan(seed=7, rate=0.35, timeout_delay_s=1.0)
+    provider = FaultyProvider(good=extraction_reply(by_id), key=dspy_docid, plan=plan)
+    with StubServer(responder=provider) as stub:
+        report, store, state_path, _ = _extract(stub, docs, tmp_path, monkeypatch)
+    assert sum(provider.injected.values()) > 0
+    assert report.docs_done + report.docs_failed == 20
+    assert set(read_state(state_path)) == set(by_id)
+    for docid, reason in report.failed.items():
+        assert reason, docid
+        kinds = provider.kinds_for(docid)
+        assert any(
+            k in ("empty_choices", "prose", "server_500", "server_503", "timeout", "rate_limited")
+            for k in kinds
+        ), (docid, kinds)
+    # a document that only ever got good replies is done with both facts
+    for docid in by_id:
+        if set(provider.kinds_for(docid)) == {"ok"}:
+            assert docid not in report.failed
+    assert report.truncated == tuple(sorted(report.truncated))
+    assert report.kis_written == store.count()
+
+
+# -- eval: the agent on LiteLLMChatModel over the same stub ----------------------------------------
+
+EVAL_SCRIPT: list[list[str | None]] = [
+    [],
+    ["rate_limited"],
+    ["server_503", "server_500"],
+    ["timeout"],
+    ["truncated"],  # cut-off answer JSON: an invalid step, then the good answer (never "Spring")
+    ["empty_choices"],  # the call raises EmptyCompletionError: failed with the reason
+    ["prose"],  # prose: an invalid step, then the answer
+    ["server_500"] * 3,  # past num_retries: failed
+]
+
+
+def _questions(n: int) -> list[Question]:
+    return [
+        Question(query_id=f"q{i}", query=f"Which town is number {i}?", answer=f"Town {i}", evidence_docids=())
+        for i in range(n)
+    ]
+
+
+def test_eval_under_scripted_faults_accounts_for_every_question(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    qs = _questions(len(EVAL_SCRIPT))
+    script = {q.query: EVAL_SCRIPT[i] for i, q in enumerate(qs)}
+    provider = FaultyProvider(good=agent_reply(qs), key=question_key, plan=scripted(script))
+    with StubServer(responder=provider) as stub:
+        monkeypatch.setenv("KI_GW_URL", stub.base_url)
+        cfg = stub_config(stub.base_url, tmp_path, **{"lm.agent.num_retries": 2, "lm.agent.timeout_s": 0.5})
+        ledger = TokenLedger()
+        lm = build_lm(cfg, "agent", ledger=ledger, backoff_base_s=0.01, max_wait_s=0.2)
+
+        def factory(q: Question) -> Agent:
+            return Agent(LiteLLMChatModel(lm=lm), closed_book_toolbox(), budget=Budget(max_steps=4))
+
+        path = tmp_path / "traces.jsonl"
+        traces = evaluate(qs, factory, skill="closed-book", concurrency=2, traces_path=path, progress=False)
+
+    assert [t.query_id for t in traces] == [q.query_id for q in qs]
+    status = {t.query_id: t.status for t in traces}
+    assert status == {
+        "q0": "answered",
+        "q1": "answered",
+        "q2": "answered",
+        "q3": "answered",
+        "q4": "answered",
+        "q5": "failed",
+        "q6": "answered",
+        "q7": "failed",
+    }
+    answers = {t.query_id: t.exact_answer for t in traces if t.status == "answered"}
+    assert answers == {q.query_id: q.answer for q in qs if q.query_id in answers}  # none fabricated
+    by_id = {t.query_id: t for t in traces}
+    assert any("EmptyCompletionError" in e for e in by_id["q5"].errors)
+    assert any("content_filter" in e for e in by_id["q5"].errors)
+    assert any("LMServerError" in e or "500" in e for e in by_id["q7"].errors)
+    assert by_id["q4"].n_steps == 2 and by_id["q6"].n_steps == 2  # one invalid step each
+    assert len(read_traces(path)) == len(qs)
+    assert [provider.attempts[q.query] for q in qs] == [1, 2, 3, 2, 2, 1, 2, 3]
