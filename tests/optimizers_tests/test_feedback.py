@@ -1,0 +1,117 @@
+"""Tests for kitune.optimizers.feedback: failures → disambiguation KIs, and flip counting."""
+
+from __future__ import annotations
+
+from dspy.utils import DummyLM
+
+from kitune.config import KituneConfig
+from kitune.data.loaders import Question
+from kitune.errors import DocumentNotFoundError
+from kitune.evaluation.metrics import Trace
+from kitune.optimizers.feedback import collect_failures, count_flips, write_disambiguation_kis
+from kitune.programs.disambiguator import Disambiguator
+from kitune.retrieval.memory import MemoryStore
+from kitune.schema import Document, Filter
+from kitune.service.context import context_ids
+
+DOCS = {
+    "d1": Document(
+        docid="d1", title="Bakery", text="The Old Mill Bakery in Harwick was opened by Tom O'Neill in 1921."
+    ),
+    "d2": Document(docid="d2", title="Bridge", text="The Harwick bridge was finished in 1932."),
+}
+
+
+def _get(docid: str) -> Document:
+    if docid not in DOCS:
+        raise DocumentNotFoundError(docid)
+    return DOCS[docid]
+
+
+def _t(qid: str, answer: str, correct: bool | None, em: bool = False) -> Trace:
+    return Trace(
+        query_id=qid,
+        skill="in-context",
+        question=f"q{qid}",
+        gold_answer="g",
+        status="answered",
+        exact_answer=answer,
+        judge_correct=correct,
+        judge_status="graded" if correct is not None else "not_run",
+        em=em,
+    )
+
+
+def test_count_flips_hand_made_case() -> None:
+    before = [
+        _t("1", "a", False),
+        _t("2", "b", False),
+        _t("3", "c", True),
+        _t("4", "d", True),
+        _t("5", "e", None),
+    ]
+    after = [
+        _t("1", "g", True),
+        _t("2", "b", False),
+        _t("3", "x", False),
+        _t("4", "d", True),
+        _t("5", "g", None, em=True),
+        _t("9", "g", True),
+    ]
+    flips = count_flips(before, after)
+    assert flips.fixed == ("1", "5")  # 5: ungraded, exact match flipped
+    assert flips.still_wrong == ("2",)
+    assert flips.newly_wrong == ("3",)
+    assert flips.still_right == ("4",)
+    assert flips.to_metrics()["flips_newly_wrong"] == 1.0
+
+
+def test_collect_failures_skips_right_blank_and_docless() -> None:
+    qs = [
+        Question("1", "Who opened the Old Mill Bakery?", "Tom O'Neill", gold_docids=("d1",)),
+        Question("2", "When?", "1932", evidence_docids=("d2",)),
+        Question("3", "Blank?", "x", gold_docids=("d1",)),
+        Question("4", "No docs?", "y"),
+    ]
+    traces = [_t("1", "Tomas O'Neil", False), _t("2", "1932", True), _t("3", " ", False), _t("4", "z", False)]
+    failures = collect_failures(traces, qs)
+    assert [(f.query_id, f.prediction, f.gold_docids) for f in failures] == [("1", "Tomas O'Neil", ("d1",))]
+
+
+def test_write_disambiguation_kis_keeps_retrieved_and_counts_rejections() -> None:
+    cfg = KituneConfig()
+    store = MemoryStore(retrieval=cfg.retrieval)
+    qs = [
+        Question("1", "Who opened the Old Mill Bakery in Harwick?", "Tom O'Neill", gold_docids=("d1",)),
+        Question("2", "When was the Harwick bridge finished?", "1932", gold_docids=("d2",)),
+        Question("3", "Missing doc?", "x", gold_docids=("nope",)),
+    ]
+    traces = [_t("1", "Tomas O'Neil", False), _t("2", "1931", False), _t("3", "y", False)]
+    failures = collect_failures(traces, qs)
+    lm = DummyLM(
+        [
+            {
+                "title": "The Old Mill Bakery in Harwick was opened by Tom O'Neill, not Tomas O'Neil.",
+                "description": "Tom O'Neill opened it in 1921.",
+                "evidence": "opened by Tom O'Neill in 1921",
+            },
+            {"title": "The bridge was finished in 1932.", "description": "d", "evidence": "finished in 1932"},
+        ]
+    )
+    seen: list[tuple[int, int]] = []
+    report = write_disambiguation_kis(
+        failures,
+        store=store,
+        disambiguator=Disambiguator(corpus="t"),
+        get_document=_get,
+        context_fn=context_ids(store=store, cfg=cfg),
+        lm=lm,
+        on_progress=lambda i, n: seen.append((i, n)),
+    )
+    assert report.attempted == 3 and report.written == 1
+    assert report.rejected == {"title_missing_prediction": 1, "no_gold_document": 1}
+    stored = list(store.iter_kis(Filter(subtypes=("disambiguation",))))
+    assert [k.id for k in stored] == list(report.ki_ids)
+    assert "disambiguation" in stored[0].tags
+    assert seen[-1] == (3, 3)
+    assert report.to_metrics()["feedback_written"] == 1.0
