@@ -66,3 +66,14 @@ def test_stop_interrupts_a_sleeping_reply() -> None:
     stub.stop()
     assert time.monotonic() - started < 5.0
     stub.stop()  # idempotent
+
+
+def test_backlog_accepts_a_burst_of_connections() -> None:
+    import concurrent.futures
+
+    with StubServer(default=Reply.slow(0.2)) as stub:
+        url = stub.base_url + "/chat/completions"
+        with concurrent.futures.ThreadPoolExecutor(40) as pool:
+            statuses = list(pool.map(lambda _: _post(url, {}, timeout=10)[0], range(40)))
+        assert statuses == [200] * 40
+        assert len(stub.chat_requests) == 40
