@@ -62,3 +62,28 @@ def test_create_embedder_dispatches() -> None:
     assert isinstance(create_embedder(EmbedderConfig(type="hash", dim=32)), HashEmbedder)
     assert create_embedder(EmbedderConfig(type="hash", dim=32)).dim == 32
     assert isinstance(create_embedder(EmbedderConfig(type="wordllama", dim=128)), WordLlamaEmbedder)
+
+
+def test_wordllama_import_leaves_the_root_logger_alone() -> None:
+    """wordllama calls logging.basicConfig(level=INFO) at import; that made LiteLLM log every call."""
+    import importlib
+    import logging
+    import sys
+
+    from kitune.retrieval.embedders import WordLlamaEmbedder
+
+    root = logging.getLogger()
+    saved = (root.level, list(root.handlers))
+    for h in saved[1]:  # basicConfig only acts on a root logger without handlers (as in a CLI run)
+        root.removeHandler(h)
+    root.setLevel(logging.WARNING)
+    try:
+        for mod in [m for m in sys.modules if m == "wordllama" or m.startswith("wordllama.")]:
+            del sys.modules[mod]  # force the import-time basicConfig to run again
+        importlib.invalidate_caches()
+        WordLlamaEmbedder(dim=64)
+        assert (root.level, root.handlers) == (logging.WARNING, [])
+    finally:
+        root.setLevel(saved[0])
+        for h in saved[1]:
+            root.addHandler(h)

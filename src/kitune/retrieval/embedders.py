@@ -11,6 +11,7 @@ product.
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 import threading
 from collections.abc import Sequence
@@ -119,6 +120,8 @@ class WordLlamaEmbedder:
     _lock = threading.Lock()
 
     def __init__(self, dim: int = 256) -> None:
+        root = logging.getLogger()
+        level, handlers = root.level, list(root.handlers)
         try:
             import wordllama
             from wordllama import WordLlama
@@ -126,6 +129,13 @@ class WordLlamaEmbedder:
             raise ConfigError(
                 "wordllama is not installed: pip install wordllama, or set embedder.type=hash"
             ) from e
+        finally:
+            # wordllama calls logging.basicConfig(level=INFO) at import: that turns on every
+            # library's INFO logs (LiteLLM logs each call twice), so undo it.
+            root.setLevel(level)
+            for h in root.handlers[:]:
+                if h not in handlers:
+                    root.removeHandler(h)
         package_dir = Path(wordllama.__file__).resolve().parent
         load_dim = 256 if dim <= 256 else dim
         try:
