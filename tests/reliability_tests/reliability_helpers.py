@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import random
 import re
+import signal
+import subprocess
+import sys
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -99,3 +105,80 @@ def fixture_slice(fixture_dir: Path, n: int) -> list[Document]:
     from kitune.data.loaders import load_corpus
 
     return load_corpus(fixture_dir)[:n]
+
+
+WORKER = Path(__file__).with_name("crash_worker.py")
+
+
+def run_with_kills(
+    cmd: list[str], *, kills: int, rng: random.Random, max_delay_s: float, log: Path
+) -> list[str]:
+    """Start ``cmd`` up to ``kills`` times, SIGKILL it a random time after ``READY``, then finish it.
+
+    Returns:
+        One outcome per start: ``"killed@<s>"``, ``"exit <rc>"`` (it finished before the kill),
+        and last the uninterrupted finishing run's ``"final exit <rc>"``.
+    """
+    outcomes: list[str] = []
+    with log.open("a", encoding="utf-8") as err:
+        for _ in range(kills):
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
+            assert proc.stdout is not None
+            first = proc.stdout.readline()
+            if not first.startswith("READY"):
+                proc.wait()
+                outcomes.append(f"exit {proc.returncode} before READY")
+                continue
+            delay = rng.uniform(0.0, max_delay_s)
+            time.sleep(delay)
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait()
+                outcomes.append(f"killed@{delay:.2f}s")
+            else:
+                outcomes.append(f"exit {proc.returncode}")
+            proc.stdout.close()
+        final = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True, check=False)
+    outcomes.append(f"final exit {final.returncode}")
+    return outcomes
+
+
+def worker_cmd(
+    job: str, workdir: Path, n: int, corpus: Path | None = None, *, base_url: str = "", pace: float = 0.1
+) -> list[str]:
+    """The command line of one :mod:`crash_worker` job (``base_url`` given: through the stub)."""
+    cmd = [sys.executable, str(WORKER), job, "--workdir", str(workdir), "--n", str(n), "--pace", str(pace)]
+    if base_url:
+        cmd += ["--lm", "stub", "--base-url", base_url]
+    if corpus is not None:
+        cmd += ["--corpus", str(corpus)]
+    return cmd
+
+
+def store_snapshot(path: Path) -> dict[str, dict[str, Any]]:
+    """KI id → its JSON dump, read from the LanceStore at ``path``."""
+    from kitune.retrieval.lance import LanceStore
+
+    store = LanceStore(path)
+    try:
+        return {ki.id: ki.model_dump(mode="json") for ki in store.iter_kis()}
+    finally:
+        store.close()
+
+
+def trace_rows(path: Path) -> list[tuple[Any, ...]]:
+    """The deterministic part of each trace line (wall times and latencies left out), sorted."""
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        t = json.loads(line)
+        rows.append(
+            (
+                t["query_id"],
+                t["status"],
+                t["exact_answer"],
+                t["n_steps"],
+                t["input_tokens"],
+                t["output_tokens"],
+            )
+        )
+    return sorted(rows)

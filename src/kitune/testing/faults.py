@@ -174,6 +174,7 @@ class FaultyProvider:
         plan: a :class:`FaultPlan`, or a ``(key, attempt) -> kind | None`` callable
             (e.g. :func:`scripted`).
         timeout_delay_s: delay of ``timeout`` replies when ``plan`` is a callable.
+        delay_s: seconds every good reply waits (to stretch a run so a kill lands inside it).
 
     Attributes:
         attempts: key → requests received so far.
@@ -185,6 +186,7 @@ class FaultyProvider:
     key: Callable[[RecordedRequest], str]
     plan: FaultPlan | Callable[[str, int], str | None]
     timeout_delay_s: float = 2.0
+    delay_s: float = 0.0
     attempts: Counter[str] = field(default_factory=Counter)
     injected: Counter[str] = field(default_factory=Counter)
     log: list[tuple[str, int, str]] = field(default_factory=list)
@@ -208,7 +210,8 @@ class FaultyProvider:
                 self.injected[kind] += 1
         content = self.good(request)
         if kind is None:
-            return Reply.ok(content, usage=(100, 20))
+            ok = Reply.ok(content, usage=(100, 20))
+            return Reply.slow(self.delay_s, ok) if self.delay_s > 0 else ok
         return fault_reply(kind, content, timeout_delay_s=delay, retry_after_s=retry_after)
 
     def kinds_for(self, key: str) -> list[str]:
