@@ -34,8 +34,10 @@ __all__ = [
     "enable_tiktoken",
     "machine_info",
     "markdown_table",
+    "ndcg_at_k",
     "package_versions",
     "percentile",
+    "recall_at_k",
     "summarize",
     "time_calls",
     "write_results",
@@ -344,3 +346,43 @@ def write_results(
     tail = ["", "## Notes", "", *[f"- {n}" for n in notes]] if notes else []
     md_path.write_text("\n".join(header) + "\n" + body + ("\n".join(tail) + "\n" if tail else ""), "utf-8")
     return json_path, md_path
+
+
+def recall_at_k(ranked: Sequence[str], relevant: Iterable[str], k: int) -> float:
+    """Share of ``relevant`` ids found in the first ``k`` of ``ranked`` (0.0–1.0).
+
+    Duplicates in ``ranked`` count once. Returns 0.0 when ``relevant`` is empty.
+
+    Raises:
+        ValueError: ``k`` < 1.
+    """
+    if k < 1:
+        raise ValueError(f"k={k}: use k >= 1")
+    rel = set(relevant)
+    if not rel:
+        return 0.0
+    return len(rel & set(ranked[:k])) / len(rel)
+
+
+def ndcg_at_k(ranked: Sequence[str], relevant: Iterable[str], k: int = 10) -> float:
+    """Binary-relevance nDCG@k (0.0–1.0): DCG of ``ranked[:k]`` over the ideal DCG.
+
+    Gain 1 for a relevant id at its first occurrence, discount ``1/log2(rank + 1)``; the ideal
+    ranking puts ``min(len(relevant), k)`` relevant ids first. 0.0 when ``relevant`` is empty.
+
+    Raises:
+        ValueError: ``k`` < 1.
+    """
+    if k < 1:
+        raise ValueError(f"k={k}: use k >= 1")
+    rel = set(relevant)
+    if not rel:
+        return 0.0
+    seen: set[str] = set()
+    dcg = 0.0
+    for i, doc in enumerate(ranked[:k], start=1):
+        if doc in rel and doc not in seen:
+            dcg += 1.0 / math.log2(i + 1)
+        seen.add(doc)
+    ideal = sum(1.0 / math.log2(i + 1) for i in range(1, min(len(rel), k) + 1))
+    return dcg / ideal

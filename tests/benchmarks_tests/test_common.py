@@ -7,7 +7,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _common import Machine, markdown_table, percentile, summarize, time_calls, write_results
+from _common import (
+    Machine,
+    markdown_table,
+    ndcg_at_k,
+    percentile,
+    recall_at_k,
+    summarize,
+    time_calls,
+    write_results,
+)
 
 
 @pytest.mark.parametrize("q", [0, 5, 25, 50, 90, 95, 99, 100])
@@ -97,3 +106,23 @@ def test_write_results_shape(tmp_path: Path) -> None:
     assert "command: `python benchmarks/demo.py --quick`" in md
     assert "Test CPU, 2 cores" in md
     assert "- synthetic data" in md
+
+
+def test_recall_at_k() -> None:
+    ranked = ["a", "x", "b", "y", "a"]
+    assert recall_at_k(ranked, ["a", "b"], 1) == 0.5
+    assert recall_at_k(ranked, ["a", "b"], 3) == 1.0
+    assert recall_at_k(ranked, ["c"], 5) == 0.0
+    assert recall_at_k(ranked, [], 5) == 0.0
+    with pytest.raises(ValueError):
+        recall_at_k(ranked, ["a"], 0)
+
+
+def test_ndcg_at_k() -> None:
+    assert ndcg_at_k(["a", "b", "x"], ["a", "b"], 10) == pytest.approx(1.0)
+    # one relevant doc at rank 2 of two relevant: (1/log2 3) / (1 + 1/log2 3)
+    expected = (1 / np.log2(3)) / (1 + 1 / np.log2(3))
+    assert ndcg_at_k(["x", "a", "y"], ["a", "b"], 10) == pytest.approx(expected)
+    assert ndcg_at_k(["a", "a"], ["a"], 10) == pytest.approx(1.0)  # duplicates gain once
+    assert ndcg_at_k(["x", "y", "a"], ["a"], 2) == 0.0
+    assert ndcg_at_k(["a"], [], 10) == 0.0
