@@ -111,7 +111,8 @@ def test_source_description_kis_are_stored_and_found(cfg: KituneConfig, prose_co
     assert preds == ["holds_documents_about", "covers_entity_types", "spans_dates", "is_queried_by"]
     first = store.get(res.kis[0].id)
     assert first.title == (
-        "The toy collection holds encyclopedia paragraph about Encyclopedia paragraphs about films, rivers and chemists"
+        "The toy collection holds encyclopedia paragraph about "
+        "Encyclopedia paragraphs about films, rivers and chemists"
     )
     assert first.description == (
         "Short reference paragraphs. It has 30 documents. Main entity types: film, river, person."
@@ -132,14 +133,14 @@ def test_records_corpus_gets_a_fields_ki(cfg: KituneConfig, records_file: Path) 
         "entity_types": ["customer", "payment"],
         "fields": {"amount_eur": "amount paid in euros", "status": "settled or refunded"},
     }
-    res, store, _ = _run(cfg, records_file, reply, register=False, pin_types=[])
+    res, _store, _ = _run(cfg, records_file, reply, register=False, pin_types=[])
     assert res.kind == "records" and res.n_documents == 12 and res.questions_path == ""
     assert [s.reason for s in res.sample] == ["cluster"] * 4
     fields_ki = next(k for k in res.kis if k.payload.properties.predicate == "has_fields")
     assert fields_ki.title == "The toy records have the fields amount_eur, status"
     assert (
-        fields_ki.description
-        == "Each toy record has these fields: amount_eur = amount paid in euros; status = settled or refunded."
+        fields_ki.description == "Each toy record has these fields: amount_eur = amount paid in euros; "
+        "status = settled or refunded."
     )
     assert "amount_eur = amount paid in euros" in res.draft.text
 

@@ -62,7 +62,7 @@ def test_duplicate_record_ids_raise_naming_both_lines(tmp_path: Path) -> None:
 def test_missing_corpus_names_the_path(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="does not exist"):
         load_bootstrap_corpus(tmp_path / "nope.jsonl")
-    with pytest.raises(DataError, match="no corpus.jsonl"):
+    with pytest.raises(DataError, match=r"no corpus\.jsonl"):
         load_bootstrap_corpus(tmp_path)
 
 
