@@ -1,0 +1,27 @@
+"""Pure helpers of the context-cost benchmark: answer containment, item split, tokens to answer."""
+
+from __future__ import annotations
+
+from context_cost import contains_answer, split_items, tokens_to_answer
+
+
+def test_contains_answer_is_normalised_and_whole_word() -> None:
+    assert contains_answer("It opened on 1,200 seats — The Globe", ["the globe"]) is True
+    assert contains_answer("O’Neill’s team won.", ["O'Neill's"]) is True
+    assert contains_answer("Parisian cafés", ["Paris"]) is False
+    assert contains_answer("nothing here", ["", "x"]) is False
+
+
+def test_split_items_keeps_text_and_rank_order() -> None:
+    text = "1. [a] first\n  … snippet\n2. [b] second\nfacets: tags: x 1"
+    items = split_items(text)
+    assert items == ["1. [a] first\n  … snippet\n", "2. [b] second\nfacets: tags: x 1"]
+    assert "".join(items) == text
+    assert split_items("No documents matched 'q'.") == ["No documents matched 'q'."]
+    assert split_items("") == []
+
+
+def test_tokens_to_answer_counts_the_prefix() -> None:
+    items = ["1. alpha beta\n", "2. gamma Paris\n", "3. Paris again\n"]
+    assert tokens_to_answer(items, ["Paris"], lambda s: len(s.split())) == 3 + 3
+    assert tokens_to_answer(items, ["London"], lambda s: len(s.split())) is None
