@@ -180,6 +180,12 @@ class ExtractionConfig(_Section):
     concurrency: int = Field(default=4, ge=1, le=256, description="Documents extracted in parallel.")
     chunk_chars: int = Field(default=6000, ge=500, description="Split documents longer than this.")
     write_batch_size: int = Field(default=256, ge=1, description="KIs buffered before a store write.")
+    max_doc_chars: int = Field(
+        default=2_000_000,
+        ge=1,
+        description="Documents longer than this are recorded failed without any LM call "
+        "(a 10 MB page would cost ~1,700 chunk calls); raise it to extract them.",
+    )
 
 
 class AgentConfig(_Section):

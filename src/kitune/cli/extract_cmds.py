@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kitune.cli.common import ConfigOption, fail, get_config
+from kitune.config import KituneConfig
 from kitune.errors import KituneError
 
 __all__ = ["extract", "register"]
@@ -54,6 +55,15 @@ def extract(
             show_default=False,
         ),
     ] = None,
+    prompt_alias: Annotated[
+        str | None,
+        typer.Option(
+            "--prompt-alias",
+            help="Use the registered extractor prompt kitune-<corpus>-extractor at this alias or version "
+            "(production, candidate, latest, 3), e.g. the draft written by `kitune bootstrap`.",
+            show_default=False,
+        ),
+    ] = None,
     concurrency: Annotated[
         int | None, typer.Option(min=1, help="Documents in parallel (default: extraction.concurrency).")
     ] = None,
@@ -69,17 +79,24 @@ def extract(
     retry them), 2 on a configuration or data error.
     """
     from kitune.programs.fact_extractor import FactExtractor
-    from kitune.service.extraction import default_state_path, extract_corpus, load_documents
+    from kitune.service.extraction import default_state_path, extract_corpus
     from kitune.usage import TokenLedger
 
     overrides: dict[str, object] = {}
     if concurrency is not None:
         overrides["extraction.concurrency"] = concurrency
     cfg = get_config(config, overrides or None)
+    from kitune.data.loaders import load_corpus_with_report
+
     try:
-        docs = load_documents(data, limit=limit)
+        all_docs, load_report = load_corpus_with_report(data)
     except KituneError as e:
         fail(str(e))
+    docs = all_docs[:limit] if limit is not None else all_docs
+    for skipped in load_report.skipped[:20]:  # bad corpus lines are skipped, never silently
+        typer.echo(f"skipped {skipped.path}:{skipped.line}: {skipped.reason}", err=True)
+    if load_report.n_skipped > 20:
+        typer.echo(f"… and {load_report.n_skipped - 20} more skipped lines", err=True)
     if not docs:
         fail(f"no documents found in {data}: expected corpus.jsonl lines with docid and text")
     text = None
@@ -89,6 +106,10 @@ def extract(
         text = instructions.read_text(encoding="utf-8").strip()
         if not text:
             fail(f"--instructions {instructions} is empty")
+    if prompt_alias is not None:
+        if text is not None:
+            fail("give either --instructions or --prompt-alias, not both")
+        text = _registered_instruction(cfg, prompt_alias)
     extractor = FactExtractor.from_config(cfg, text)
     state_path = state or default_state_path(cfg, extractor.prompt_version)
     if restart and state_path.exists():
@@ -136,6 +157,19 @@ def extract(
             out.print(f"[yellow]failed[/] {docid}: {reason[:200]}")
         out.print(f"resume file: {state_path} (rerun to retry {len(report.failed)} failed document(s))")
         raise typer.Exit(1)
+
+
+def _registered_instruction(cfg: KituneConfig, alias: str) -> str:
+    """The extractor text registered for ``cfg.corpus_name`` at ``alias`` (exit 2 when missing)."""
+    from kitune.experiments.prompts import PromptRegistry, prompt_name
+
+    name = prompt_name(cfg.corpus_name, "extractor")
+    try:
+        version = PromptRegistry(cfg.mlflow_uri).get(name, alias)
+    except KituneError as e:
+        fail(f"--prompt-alias {alias}: {e} (run `kitune bootstrap` or `kitune optimize` first)")
+    out.print(f"extractor prompt: {name} v{version.version} ({alias})")
+    return version.text
 
 
 def register(app: typer.Typer) -> None:

@@ -136,9 +136,24 @@ def _require_file(path: Path, what: str, fix: str) -> None:
         raise DataError(f"{what} {path} does not exist: {fix}", path=str(path))
 
 
-def _iter_lines(path: Path) -> Iterator[tuple[int, str]]:
-    with path.open(encoding="utf-8") as fh:
-        for lineno, raw in enumerate(fh, start=1):
+def _iter_lines(path: Path, skipped: list[SkippedLine] | None = None) -> Iterator[tuple[int, str]]:
+    """Yield ``(1-based line number, stripped line)`` for each non-blank line.
+
+    Lines are decoded one by one, so one line of non-UTF-8 bytes is reported with its number:
+    appended to ``skipped`` when given, else raised as :class:`DataError`.
+    """
+    with path.open("rb") as fh:
+        for lineno, raw_bytes in enumerate(fh, start=1):
+            try:
+                raw = raw_bytes.decode("utf-8")
+            except UnicodeDecodeError as e:
+                reason = f"not valid UTF-8 ({e.reason} at byte {e.start})"
+                if skipped is None:
+                    raise DataError(
+                        f"{path}:{lineno}: {reason}: re-encode the file as UTF-8", path=str(path), line=lineno
+                    ) from e
+                skipped.append(SkippedLine(str(path), lineno, reason))
+                continue
             line = raw.strip()
             if line:
                 yield lineno, line
@@ -174,8 +189,8 @@ def load_corpus_with_report(path: Path | str) -> tuple[list[Document], LoadRepor
 
     Returns:
         ``(documents, report)``: documents in file order; ``report.loaded == len(documents)``.
-        Lines that are not JSON objects or lack an id/text are skipped and listed in
-        ``report.skipped`` with their 1-based line numbers.
+        Lines that are not UTF-8, not JSON objects, lack an id/text, or whose text is empty or
+        whitespace are skipped and listed in ``report.skipped`` with their 1-based line numbers.
 
     Raises:
         DataError: the file is missing, or two lines share a doc id (names both lines).
@@ -184,7 +199,7 @@ def load_corpus_with_report(path: Path | str) -> tuple[list[Document], LoadRepor
     docs: list[Document] = []
     skipped: list[SkippedLine] = []
     seen: dict[str, int] = {}
-    for lineno, line in _iter_lines(file):
+    for lineno, line in _iter_lines(file, skipped):
         try:
             record = json.loads(line)
         except json.JSONDecodeError as e:
@@ -200,6 +215,9 @@ def load_corpus_with_report(path: Path | str) -> tuple[list[Document], LoadRepor
             continue
         if not isinstance(text, str):
             skipped.append(SkippedLine(str(file), lineno, "no text/contents string field"))
+            continue
+        if not text.strip():
+            skipped.append(SkippedLine(str(file), lineno, f"empty text (docid {str(docid).strip()!r})"))
             continue
         docid = str(docid).strip()
         if docid in seen:

@@ -14,8 +14,9 @@
   ``cfg.extraction.write_batch_size``; a document is marked ``ok`` only after the batch holding
   its KIs is committed and none of its KIs failed to write. A crash loses no committed work and
   never marks uncommitted work done.
-* **Isolation** — a document whose output stays malformed, or whose LM call raises, is recorded
-  ``failed``; the run goes on. Only errors no other document could survive abort the run:
+* **Isolation** — a document whose output stays malformed, or whose LM call raises, or whose
+  text exceeds ``cfg.extraction.max_doc_chars`` (no call is made), is recorded ``failed``; the
+  run goes on. Only errors no other document could survive abort the run:
   :class:`kitune.errors.LMAuthError`, :class:`kitune.errors.ConfigError` and
   :class:`kitune.errors.StoreUnavailableError` (finished work is committed first).
 """
@@ -275,7 +276,16 @@ def _ledger_totals(ledger: TokenLedger | None, marker: int) -> dict[str, int]:
     return totals
 
 
-def _run_one(extractor: FactExtractor, doc: Document, now: datetime) -> DocExtraction:
+def _run_one(
+    extractor: FactExtractor, doc: Document, now: datetime, max_chars: int | None = None
+) -> DocExtraction:
+    if max_chars is not None and len(doc.text) > max_chars:
+        return DocExtraction(
+            docid=doc.docid,
+            status="failed",
+            error=f"document too large: {len(doc.text)} characters > extraction.max_doc_chars={max_chars}; "
+            "split the document or raise extraction.max_doc_chars",
+        )
     try:
         return extractor.extract_document(doc, now=now)
     except _FATAL:
@@ -404,7 +414,11 @@ def extract_corpus(
                         if doc is None:
                             break
                         ctx = contextvars.copy_context()  # one copy per task: stage + dspy.context
-                        futures.add(pool.submit(ctx.run, _run_one, extractor, doc, run_now))
+                        futures.add(
+                            pool.submit(
+                                ctx.run, _run_one, extractor, doc, run_now, cfg.extraction.max_doc_chars
+                            )
+                        )
                     if not futures:
                         break
                     finished_now, futures = wait(futures, return_when=FIRST_COMPLETED)

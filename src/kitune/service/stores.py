@@ -87,33 +87,37 @@ def _first_error(e: ValidationError) -> str:
 def iter_ki_jsonl(path: str | Path) -> Iterator[KI | LineError]:
     """Yield a KI or a :class:`LineError` for every non-blank line of a JSONL file.
 
+    A line that is not UTF-8, not JSON or not a valid KI becomes a :class:`LineError`.
+
     Raises:
-        DataError: the file does not exist or is not UTF-8 text.
+        DataError: the file does not exist.
     """
     p = Path(path)
     if not p.is_file():
         raise DataError(
             f"KI file {p} not found: pass a JSONL file with one KI JSON object per line", path=str(p)
         )
-    try:
-        with p.open(encoding="utf-8") as fh:
-            for n, raw in enumerate(fh, start=1):
-                if not raw.strip():
-                    continue
-                try:
-                    data = json.loads(raw)
-                except json.JSONDecodeError as e:
-                    yield LineError(n, f"not JSON: {e.msg} at column {e.colno}")
-                    continue
-                if not isinstance(data, dict):
-                    yield LineError(n, f"expected a JSON object, got {type(data).__name__}")
-                    continue
-                try:
-                    yield KI.model_validate(data)
-                except ValidationError as e:
-                    yield LineError(n, _first_error(e))
-    except UnicodeDecodeError as e:
-        raise DataError(f"KI file {p} is not UTF-8 text: {e}", path=str(p)) from e
+    with p.open("rb") as fh:
+        for n, raw_bytes in enumerate(fh, start=1):
+            try:  # decoded line by line: one bad line is reported, the rest still load
+                raw = raw_bytes.decode("utf-8")
+            except UnicodeDecodeError as e:
+                yield LineError(n, f"not valid UTF-8 ({e.reason} at byte {e.start})")
+                continue
+            if not raw.strip():
+                continue
+            try:
+                data = json.loads(raw)
+            except json.JSONDecodeError as e:
+                yield LineError(n, f"not JSON: {e.msg} at column {e.colno}")
+                continue
+            if not isinstance(data, dict):
+                yield LineError(n, f"expected a JSON object, got {type(data).__name__}")
+                continue
+            try:
+                yield KI.model_validate(data)
+            except ValidationError as e:
+                yield LineError(n, _first_error(e))
 
 
 def index_jsonl(store: Store, path: str | Path, *, batch_size: int = 512) -> IndexReport:
@@ -128,7 +132,7 @@ def index_jsonl(store: Store, path: str | Path, *, batch_size: int = 512) -> Ind
         :class:`IndexReport` with line counts, bad lines (by number) and the merged write result.
 
     Raises:
-        DataError: the file is missing or not UTF-8.
+        DataError: the file is missing.
         StoreUnavailableError: the store cannot be reached.
     """
     batch: list[KI] = []
