@@ -46,6 +46,7 @@ __all__ = [
     "extractor_feedback",
     "ki_contains_answer",
     "loop_score",
+    "text_contains_answer",
     "trace_feedback",
 ]
 
@@ -170,7 +171,12 @@ def ki_contains_answer(ki: KI, golds: Iterable[str]) -> bool:
     Normalisation is :func:`kitune.text.normalize_answer` (case, punctuation, articles) on both
     sides, compared as a whole-word substring.
     """
-    hay = f" {normalize_answer(ki.title + ' ' + ki.description)} "
+    return text_contains_answer(ki.title + " " + ki.description, golds)
+
+
+def text_contains_answer(text: str, golds: Iterable[str]) -> bool:
+    """True when ``text`` contains a gold answer as whole words, after answer normalisation."""
+    hay = f" {normalize_answer(text)} "
     for g in golds:
         n = normalize_answer(g)
         if n and f" {n} " in hay:

@@ -1,0 +1,128 @@
+"""``run_experiment``: wire a loop environment to the tracker, the prompt registry and the optimiser choice.
+
+:func:`make_optimizer` builds the selected optimiser (``gepa`` by default, ``mipro``) with its
+budget; :func:`run_experiment` resolves the tracker (``create_tracker(cfg)``: MLflow at
+``cfg.mlflow_uri``), the prompt registry (``PromptRegistry(cfg.mlflow_uri)``), the starting
+setting (the registry's ``production`` prompts, else the packaged instructions; a saved loop
+state wins over both) and runs :func:`kitune.optimizers.loop.run_loop` (one tracking run per iteration).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kitune.errors import ConfigError, TrackingError
+from kitune.optimizers.loop import LoopEnv, LoopResult, Setting, initial_prompts, run_loop
+from kitune.optimizers.objective import LoopWeights
+from kitune.optimizers.stopping import Timeout
+
+if TYPE_CHECKING:
+    from kitune.config import KituneConfig
+    from kitune.experiments.prompts import PromptRegistry
+    from kitune.experiments.tracking import Tracker
+
+__all__ = ["make_optimizer", "run_experiment"]
+
+
+def make_optimizer(
+    name: str,
+    metric: Callable[..., Any],
+    *,
+    reflection_lm: Any,
+    budget: int,
+    rng: random.Random,
+    budget_minutes: float | None = None,
+) -> Any:
+    """Build the optimiser ``name`` (``gepa`` or ``mipro``).
+
+    Args:
+        name: ``gepa`` (GEPA, ``budget`` = max metric calls) or ``mipro`` (MIPROv2, ``budget`` =
+            trials, 3 candidates).
+        metric: a feedback metric (see :mod:`kitune.optimizers.tasks`).
+        reflection_lm: the proposer LM (``reflection`` role).
+        budget: metric calls (GEPA) or trials (MIPROv2), ≥ 1.
+        rng: the seed source.
+        budget_minutes: GEPA only: stop after this many minutes (a Timeout stopper).
+
+    Raises:
+        ConfigError: unknown ``name``.
+    """
+    if name == "gepa":
+        from kitune.optimizers.gepa import GepaOptimizer
+
+        stopper = Timeout(budget_minutes * 60) if budget_minutes else None
+        return GepaOptimizer(
+            metric, reflection_lm=reflection_lm, max_metric_calls=budget, rng=rng, stopper=stopper
+        )
+    if name == "mipro":
+        from kitune.optimizers.mipro import MiproOptimizer
+
+        return MiproOptimizer(metric, prompt_lm=reflection_lm, num_trials=budget, rng=rng)
+    raise ConfigError(f"unknown optimizer {name!r}: use gepa or mipro")
+
+
+def run_experiment(
+    cfg: KituneConfig,
+    env: LoopEnv,
+    *,
+    programs: Sequence[str],
+    iterations: int,
+    state_dir: Path,
+    tracker: Tracker | None = None,
+    registry: PromptRegistry | None = None,
+    params: Mapping[str, Any] | None = None,
+    log: Callable[[str], None] = lambda _m: None,
+) -> LoopResult:
+    """Run (or resume) the loop with tracking and the prompt registry.
+
+    Args:
+        cfg: configuration (``optimize`` weights/margin, ``corpus_name``, MLflow URI).
+        env: the loop environment.
+        programs: programs whose prompts start from the registry (or packaged) and are tuned.
+        iterations: total iterations (finished ones count).
+        state_dir: loop state and curves.
+        tracker: None: ``create_tracker(cfg)``.
+        registry: None: ``PromptRegistry(cfg.mlflow_uri)`` (skipped for a non-database URI).
+        params: logged on every iteration run.
+        log: progress lines.
+
+    Raises:
+        TrackingError: an accepted prompt could not be registered.
+    """
+    from kitune.experiments.tracking import create_tracker
+
+    if tracker is None:
+        tracker = create_tracker(cfg)
+    if registry is None:
+        from kitune.experiments.prompts import PromptRegistry
+
+        try:
+            registry = PromptRegistry(cfg.mlflow_uri)
+        except TrackingError as e:
+            log(f"[yellow]prompt registry unavailable ({e}); accepted prompts are not registered[/]")
+    start = Setting(initial_prompts(programs, corpus=cfg.corpus_name, registry=registry))
+    log(f"starting from {start.key}: " + ", ".join(f"{p} ({len(t)} chars)" for p, t in start.prompts.items()))
+
+    def report(rec: Any) -> None:
+        verdict = "[green]accepted[/]" if rec.accepted else "rejected"
+        log(
+            f"iteration {rec.iteration}: tune {rec.tune_score:.3f}, validation {rec.val_score:.3f} → "
+            f"candidate {rec.candidate_val_score:.3f} {verdict}"
+        )
+
+    return run_loop(
+        env,
+        start,
+        iterations=iterations,
+        state_dir=state_dir,
+        tracker=tracker,
+        registry=registry,
+        corpus=cfg.corpus_name,
+        weights=LoopWeights.from_config(cfg),
+        accept_margin=cfg.optimize.accept_margin,
+        params=params,
+        on_iteration=report,
+    )

@@ -1,0 +1,694 @@
+"""``run_optimize``: the function behind ``kitune optimize`` (and the demo's optimisation round).
+
+:class:`ServiceLoopEnv` is the real :class:`kitune.optimizers.loop.LoopEnv`:
+
+* **extract only what changed** — KIs live in one store table per extractor prompt version
+  (``<table>-<sha8>``) with a resume file per version
+  (:func:`kitune.service.extraction.default_state_path`), so a setting's extraction only
+  touches documents without KIs for its extractor version; disambiguation KIs are copied into a
+  new version's table so feedback is never lost;
+* **evaluate** — the in-context agent (disambiguation KIs visible, the query rewriter with the
+  setting's instruction when ``rewriter`` is tuned) on the questions of a split; traces go to
+  ``<state>/evals/<setting key>.jsonl``, so a rerun, or another split of the same setting,
+  reuses finished questions;
+* **improve** — (a) prompt optimisation (GEPA or MIPROv2) of each selected program, (b) Optuna
+  knobs with an LLM-free objective (answer-bearing recall of the KIs ``get_context`` returns
+  for the tuning questions, plain plans), its study on disk at ``<state>/knobs.journal``, and
+  (c) feedback KIs from the tuning failures, with the flips they cause on the tuning questions.
+
+Every dependency (LMs, agent model, judge, store factory, corpus store) can be injected through
+:class:`LoopDeps`, so the whole loop runs in tests with scripted models.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from kitune.config import KituneConfig
+from kitune.data.examples import split_questions
+from kitune.data.loaders import Question
+from kitune.errors import ConfigError, DataError, DocumentNotFoundError, OptimizationError
+from kitune.evaluation.report import summarize
+from kitune.optimizers.feedback import collect_failures, count_flips, write_disambiguation_kis
+from kitune.optimizers.loop import Evaluation, LoopResult, Proposal, Setting
+from kitune.optimizers.objective import answer_coverage, text_contains_answer
+from kitune.schema import Document, Filter
+
+if TYPE_CHECKING:
+    from kitune.chat import ChatModel
+    from kitune.evaluation.metrics import JudgeFn, Trace
+    from kitune.experiments.prompts import PromptRegistry
+    from kitune.experiments.tracking import Tracker
+    from kitune.ki import KI
+    from kitune.retrieval.base import CorpusStore, Store
+    from kitune.usage import TokenLedger
+
+__all__ = [
+    "PROGRAMS",
+    "LoopDeps",
+    "OptimizeOptions",
+    "ServiceLoopEnv",
+    "default_deps",
+    "run_optimize",
+    "select_documents",
+]
+
+PROGRAMS: tuple[str, ...] = ("extractor", "rewriter", "disambiguator")
+"""Programs the loop can tune, by name."""
+
+_PREDICTOR = {"extractor": "extract", "rewriter": "rewriter.planner", "disambiguator": "program.writer"}
+"""Program → the predictor name its optimisation task exposes."""
+
+RETRIEVAL_KNOBS = (
+    "retrieval.branch_size",
+    "retrieval.rrf_k",
+    "retrieval.tag_weight",
+    "retrieval.lexical_weight",
+    "retrieval.semantic_weight",
+    "retrieval.confidence_floor",
+)
+"""Knobs the LLM-free objective can measure (no re-extraction or agent run needed)."""
+
+
+@dataclass(frozen=True)
+class OptimizeOptions:
+    """What ``kitune optimize`` was asked to do."""
+
+    data_dir: Path
+    """Dataset folder (BrowseComp-Plus layout or documents/questions JSONL)."""
+    questions: int | None = None
+    """First N questions of the dataset (None: all); split into tune/validation."""
+    iterations: int = 2
+    optimizer: Literal["gepa", "mipro"] = "gepa"
+    programs: tuple[str, ...] = PROGRAMS
+    knob_trials: int = 0
+    """Optuna trials per iteration (0: no knob tuning)."""
+    max_metric_calls: int = 8
+    """GEPA budget per program per iteration (MIPROv2: trials)."""
+    budget_minutes: float | None = None
+    """Wall-clock cap per program optimisation (a Timeout stopper); None: none."""
+    distractors: int = 4
+    """Extra corpus documents (not evidence of any selected question) extracted and indexed."""
+    feedback: bool = True
+    """Write disambiguation KIs from the tuning failures."""
+    run_name: str = "optimize"
+    """Folder under ``<workdir>/optimize`` holding the loop state (rerun the same name to resume)."""
+    progress: bool = True
+
+
+@dataclass
+class LoopDeps:
+    """Everything the environment calls out to (inject stand-ins in tests)."""
+
+    lms: Mapping[str, Any]
+    """Role → ``dspy.LM`` for ``extract``, ``rewrite`` and ``reflection`` (the disambiguator
+    uses ``extract``)."""
+    chat_model: ChatModel
+    """The agent model."""
+    judge: JudgeFn | None
+    """The grader (None: exact match decides)."""
+    store_factory: Callable[[KituneConfig], Store]
+    """Opens the KI store ``cfg.store`` names."""
+    corpus_store: CorpusStore | None = None
+    """Raw-search fallback for the in-context skill and the baseline."""
+    ledger: TokenLedger | None = None
+
+
+def default_deps(
+    cfg: KituneConfig, ledger: TokenLedger, *, corpus_store: CorpusStore | None = None
+) -> LoopDeps:
+    """Real LMs (``build_lm`` per role), the agent chat model, the judge and ``create_store``.
+
+    Raises:
+        ConfigError: an LM role cannot be resolved.
+    """
+    from kitune.lm import LiteLLMChatModel, build_lm
+    from kitune.retrieval import create_store
+    from kitune.service.evaluation import make_judge
+
+    lms = {role: build_lm(cfg, role, ledger=ledger) for role in ("extract", "rewrite", "reflection")}
+    return LoopDeps(
+        lms=lms,
+        chat_model=LiteLLMChatModel(cfg, "agent", ledger=ledger),
+        judge=make_judge(cfg, ledger),
+        store_factory=lambda c: create_store(c),
+        corpus_store=corpus_store,
+        ledger=ledger,
+    )
+
+
+def select_documents(
+    questions: Sequence[Question], corpus: Sequence[Document], *, distractors: int, seed: int
+) -> tuple[list[Document], list[Document]]:
+    """The documents a slice needs: every evidence/gold doc of ``questions`` plus distractors.
+
+    Distractors are drawn with ``random.Random(seed)`` from the other documents (sorted by id
+    first, so the draw depends only on the corpus and the seed).
+
+    Returns:
+        ``(evidence documents in question order, distractors)``; ids unknown to the corpus are
+        skipped.
+    """
+    by_id = {d.docid: d for d in corpus}
+    wanted = dict.fromkeys(d for q in questions for d in (*q.evidence_docids, *q.gold_docids))
+    evidence = [by_id[d] for d in wanted if d in by_id]
+    others = sorted((d for d in corpus if d.docid not in wanted), key=lambda d: d.docid)
+    picked = random.Random(seed).sample(others, min(max(distractors, 0), len(others)))
+    return evidence, picked
+
+
+def _with_overrides(cfg: KituneConfig, overrides: Mapping[str, Any]) -> KituneConfig:
+    if not overrides:
+        return cfg
+    data = cfg.model_dump(mode="python")
+    for dotted, value in overrides.items():
+        node = data
+        parts = dotted.split(".")
+        for part in parts[:-1]:
+            node = node[part]
+        node[parts[-1]] = value
+    return KituneConfig.model_validate(data)
+
+
+def _versioned_store_cfg(cfg: KituneConfig, extractor_version: str) -> KituneConfig:
+    suffix = extractor_version.split("@", 1)[-1]
+    if cfg.store.type == "lancedb":
+        return _with_overrides(cfg, {"store.table": f"{cfg.store.table}-{suffix}"})
+    return _with_overrides(cfg, {"store.index": f"{cfg.store.index}-{suffix}"})
+
+
+class ServiceLoopEnv:
+    """The real loop environment (see the module docstring).
+
+    Args:
+        cfg: configuration (knob overrides of a setting are applied on top).
+        opts: the command's options.
+        deps: LMs, models, stores.
+        questions: the selected questions (split into tune/validation with ``cfg.optimize``).
+        documents: evidence documents of the questions plus distractors (all get extracted).
+        state_dir: ``<workdir>/optimize/<run name>``.
+        log: progress lines go here (e.g. ``console.print``).
+    """
+
+    def __init__(
+        self,
+        cfg: KituneConfig,
+        opts: OptimizeOptions,
+        deps: LoopDeps,
+        *,
+        questions: Sequence[Question],
+        documents: Sequence[Document],
+        state_dir: Path,
+        log: Callable[[str], None] = lambda _m: None,
+    ) -> None:
+        self.cfg = cfg
+        self.opts = opts
+        self.deps = deps
+        self.questions = list(questions)
+        self.documents = {d.docid: d for d in documents}
+        self.state_dir = state_dir
+        self.log = log
+        self.tune, self.validation = split_questions(
+            self.questions, validation_fraction=cfg.optimize.validation_fraction, seed=cfg.optimize.seed
+        )
+        self._stores: dict[str, Store] = {}
+        self._extracted: set[tuple[str, frozenset[str]]] = set()
+        self._lock = threading.RLock()
+        self.rng = random.Random(cfg.optimize.seed)
+
+    # -- helpers ------------------------------------------------------------------------------
+    def get_document(self, docid: str) -> Document:
+        """A document of the slice. Raises DocumentNotFoundError for others."""
+        if docid not in self.documents:
+            raise DocumentNotFoundError(docid)
+        return self.documents[docid]
+
+    def questions_for(self, split: str) -> list[Question]:
+        """``tune``, ``validation`` or ``all`` questions."""
+        if split == "tune":
+            return list(self.tune)
+        if split == "validation":
+            return list(self.validation)
+        return list(self.questions)
+
+    def setting_cfg(self, setting: Setting) -> KituneConfig:
+        """``cfg`` with the setting's knobs applied."""
+        return _with_overrides(self.cfg, setting.knobs)
+
+    def extractor(self, setting: Setting) -> Any:
+        """A ``FactExtractor`` with the setting's instruction and limits."""
+        from kitune.programs.fact_extractor import FactExtractor
+
+        return FactExtractor.from_config(self.setting_cfg(setting), setting.prompts.get("extractor"))
+
+    def store_for(self, setting: Setting) -> Store:
+        """The KI store of the setting's extractor version (opened once, disambiguation KIs carried over)."""
+        version = self.extractor(setting).prompt_version
+        with self._lock:
+            if version in self._stores:
+                return self._stores[version]
+            store = self.deps.store_factory(_versioned_store_cfg(self.setting_cfg(setting), version))
+            carried: dict[str, KI] = {}
+            for other in self._stores.values():
+                for ki in other.iter_kis(Filter(statuses=(), subtypes=("disambiguation",))):
+                    carried[ki.id] = ki
+            if carried:
+                store.upsert(list(carried.values()))
+            self._stores[version] = store
+            return store
+
+    def rewriter(self, setting: Setting) -> Any:
+        """The query rewriter with the setting's instruction, or None when ``rewriter`` is not tuned."""
+        if "rewriter" not in self.opts.programs or "rewriter" not in setting.prompts:
+            return None
+        from kitune.lm import adapter_for
+        from kitune.programs.query_rewriter import QueryRewriter
+
+        lm = self.deps.lms["rewrite"]
+        rw = QueryRewriter(setting.prompts["rewriter"], adapter=adapter_for(lm))
+        rw.set_lm(lm)
+        return rw
+
+    def context_fn(self, setting: Setting, rewriter: Any = None, *, disambiguation: bool = True) -> Any:
+        """The agent's ``get_context`` tool for ``setting`` (rewriter None: the setting's own)."""
+        from kitune.service.evaluation import make_context_fn
+
+        rw = rewriter if rewriter is not None else self.rewriter(setting)
+        return make_context_fn(
+            self.setting_cfg(setting),
+            self.store_for(setting),
+            disambiguation=disambiguation,
+            ledger=self.deps.ledger,
+            rewriter=rw,
+        )
+
+    def ensure_extracted(self, setting: Setting, questions: Sequence[Question]) -> dict[str, float]:
+        """Extract the documents ``questions`` need (plus distractors) not yet done for this version.
+
+        Returns:
+            Extraction metrics (``extract_*``) of this call; ``{}`` when nothing was extracted.
+        """
+        import dspy
+
+        from kitune.service.extraction import default_state_path, extract_corpus
+
+        extractor = self.extractor(setting)
+        wanted = {d for q in questions for d in (*q.evidence_docids, *q.gold_docids)}
+        evidence = {d for q in self.questions for d in (*q.evidence_docids, *q.gold_docids)}
+        # the split's own documents plus every distractor (documents no selected question needs)
+        docs = [d for i, d in self.documents.items() if i in wanted or i not in evidence]
+        key = (extractor.prompt_version, frozenset(d.docid for d in docs))
+        if key in self._extracted:
+            return {}
+        cfg = self.setting_cfg(setting)
+        store = self.store_for(setting)
+        self.log(f"extract {len(docs)} documents with {extractor.prompt_version}")
+        with dspy.context(lm=self.deps.lms["extract"]):
+            report = extract_corpus(
+                docs,
+                store,
+                extractor,
+                cfg=cfg,
+                ledger=self.deps.ledger,
+                state_path=default_state_path(cfg, extractor.prompt_version),
+                progress=self.opts.progress,
+            )
+        self._extracted.add(key)
+        metrics = {
+            "extract_docs_done": float(report.docs_done),
+            "extract_docs_failed": float(report.docs_failed),
+            "extract_docs_skipped": float(report.docs_skipped),
+            "extract_kis_written": float(report.kis_written),
+            "extract_facts_dropped": float(sum(report.drops.values())),
+            "extract_parse_failures": float(report.parse_failures),
+        }
+        metrics.update({f"extract_dropped_{k}": float(v) for k, v in report.drops.items()})
+        return metrics
+
+    def kis_by_doc(self, setting: Setting) -> dict[str, list[KI]]:
+        """Extracted (non-disambiguation) KIs of the setting's store, by evidence document."""
+        out: dict[str, list[KI]] = {}
+        for ki in self.store_for(setting).iter_kis():
+            if ki.payload.subtype == "disambiguation":
+                continue
+            for d in ki.evidence_doc_ids:
+                out.setdefault(d, []).append(ki)
+        return out
+
+    def run_agent(
+        self,
+        setting: Setting,
+        questions: Sequence[Question],
+        *,
+        traces_path: Path,
+        disambiguation: bool = True,
+    ) -> list[Trace]:
+        """Run the in-context agent on ``questions`` (resuming from ``traces_path``)."""
+        from kitune.evaluation.agent import Agent
+        from kitune.evaluation.budget import Budget
+        from kitune.evaluation.harness import evaluate
+        from kitune.evaluation.tools import build_toolbox
+
+        cfg = self.setting_cfg(setting)
+        context_fn = self.context_fn(setting, disambiguation=disambiguation)
+        budget = Budget.from_config(cfg.agent)
+        model = self.deps.chat_model
+
+        def factory(q: Question) -> Agent:
+            box = build_toolbox(
+                "in-context", cfg, corpus_store=self.deps.corpus_store, get_context=context_fn
+            )
+            return Agent(model, box, budget=budget, max_output_tokens=cfg.lm.agent.max_tokens)
+
+        return evaluate(
+            questions,
+            factory,
+            skill="in-context",
+            concurrency=cfg.agent.concurrency,
+            traces_path=traces_path,
+            judge=self.deps.judge,
+            progress=self.opts.progress,
+        )
+
+    # -- LoopEnv ------------------------------------------------------------------------------
+    def evaluate(self, setting: Setting, split: str) -> Evaluation:
+        """Extract what is missing, then run the agent on ``split`` (``tune``, ``validation``, ``all``)."""
+        questions = self.questions_for(split)
+        metrics = self.ensure_extracted(setting, questions)
+        coverage = answer_coverage(questions, self.kis_by_doc(setting))
+        if coverage is not None:
+            metrics["extract_answer_coverage"] = coverage
+        self.log(f"evaluate setting {setting.key} on {split} ({len(questions)} questions)")
+        path = self.state_dir / "evals" / f"{setting.key}.jsonl"
+        traces = self.run_agent(setting, questions, traces_path=path)
+        return Evaluation(summarize(traces, f"{split}-{setting.key}"), tuple(traces), metrics)
+
+    def improve(self, setting: Setting, tune: Evaluation, iteration: int) -> Proposal:
+        """Prompt optimisation of each selected program, Optuna knobs, then feedback KIs."""
+        prompts = dict(setting.prompts)
+        knobs: dict[str, int | float] = dict(setting.knobs)
+        metrics: dict[str, float] = {}
+        notes: dict[str, Any] = {}
+        programs: dict[str, Any] = {}
+        failures = collect_failures(tune.traces, self.tune)
+        for program in self.opts.programs:
+            if program not in prompts:
+                continue
+            try:
+                result = self.optimize_program(program, setting, failures, iteration)
+            except OptimizationError as e:  # one program's failure never sinks the iteration
+                notes[f"{program}_error"] = str(e)[:1000]
+                metrics[f"{program}_failed"] = 1.0
+                self.log(f"[yellow]{program}: optimisation skipped: {e}[/]")
+                continue
+            if result is None:
+                continue
+            new_text = result.best_candidate.get(_PREDICTOR[program], prompts[program])
+            metrics[f"{program}_metric_calls"] = float(result.metric_calls)
+            metrics[f"{program}_best_score"] = result.best_score
+            if result.baseline_score is not None:
+                metrics[f"{program}_baseline_score"] = result.baseline_score
+            notes[f"{program}_stop_reason"] = result.stop_reason
+            if result.improved and new_text.strip():
+                prompts[program] = new_text
+                programs[program] = result.program
+        if self.opts.knob_trials > 0:
+            knobs.update(self.tune_knobs(setting, iteration, notes, metrics))
+        if self.opts.feedback and failures:
+            metrics.update(self.feedback(setting, tune, failures, iteration))
+        return Proposal(Setting(prompts, knobs), metrics=metrics, programs=programs, notes=notes)
+
+    # -- improvements -------------------------------------------------------------------------
+    def _optimizer(self, metric: Callable[..., Any]) -> Any:
+        from kitune.experiments.runner import make_optimizer
+
+        return make_optimizer(
+            self.opts.optimizer,
+            metric,
+            reflection_lm=self.deps.lms["reflection"],
+            budget=self.opts.max_metric_calls,
+            rng=random.Random(self.rng.randrange(2**31)),
+            budget_minutes=self.opts.budget_minutes,
+        )
+
+    def optimize_program(
+        self, program: str, setting: Setting, failures: Sequence[Any], iteration: int
+    ) -> Any:
+        """Run the optimiser on one program's task; None when it has no examples.
+
+        Raises:
+            OptimizationError: the optimiser failed.
+        """
+        import dspy
+
+        from kitune.optimizers import tasks
+        from kitune.optimizers.objective import LoopWeights
+
+        self.log(f"optimise {program} with {self.opts.optimizer} (iteration {iteration})")
+        if program == "extractor":
+            examples = tasks.extractor_examples(self.tune, self.get_document)
+            module: Any = self.extractor(setting)
+            metric: Callable[..., Any] = tasks.extractor_metric
+            lm = self.deps.lms["extract"]
+        elif program == "rewriter":
+            from kitune.programs.query_rewriter import QueryRewriter
+
+            examples = tasks.qa_examples(self.tune)
+            lm = self.deps.lms["rewrite"]
+            env = self
+
+            def factory(rw: Any) -> Any:
+                return env.context_fn(setting, rewriter=rw)
+
+            module = tasks.InContextQA(
+                QueryRewriter(setting.prompts["rewriter"]),
+                context_factory=factory,
+                chat_model=self.deps.chat_model,
+                cfg=self.setting_cfg(setting),
+                judge=self.deps.judge,
+                corpus_store=self.deps.corpus_store,
+            )
+            metric = tasks.make_rewriter_metric(LoopWeights.from_config(self.cfg))
+        elif program == "disambiguator":
+            from kitune.programs.disambiguator import Disambiguator
+            from kitune.service.context import context_ids
+
+            examples = tasks.disambiguator_examples(failures, self.get_document)
+            module = tasks.CheckedDisambiguator(
+                Disambiguator(setting.prompts["disambiguator"], corpus=self.cfg.corpus_name)
+            )
+            store = self.store_for(setting)
+            metric = tasks.disambiguator_metric(
+                store, context_ids(store=store, cfg=self.setting_cfg(setting))
+            )
+            lm = self.deps.lms["extract"]
+        else:
+            raise ConfigError(f"unknown program {program!r}: use {', '.join(PROGRAMS)}")
+        if not examples:
+            self.log(f"{program}: no examples this iteration, skipped")
+            return None
+        # the loop's own validation split guards over-fitting; inside, small sets are used whole
+        half = len(examples) // 2
+        train, val = (examples[:half], examples[half:]) if len(examples) >= 4 else (examples, examples)
+        with dspy.context(lm=lm):
+            return self._optimizer(metric).compile(module, trainset=train, valset=val)
+
+    def knob_objective(self, setting: Setting) -> Callable[[dict[str, int | float]], float]:
+        """LLM-free knob objective: share of tuning questions whose top KIs (plain plan) state the answer."""
+        from kitune.config import RetrievalConfig
+        from kitune.service.context import get_context
+
+        store = self.store_for(setting)
+        base = self.setting_cfg(setting)
+
+        def objective(params: dict[str, int | float]) -> float:
+            cfg = _with_overrides(base, params)
+            with self._lock:
+                old = getattr(store, "retrieval", None)
+                if old is not None:
+                    store.retrieval = RetrievalConfig.model_validate(cfg.retrieval.model_dump())  # type: ignore[attr-defined]
+                try:
+                    hits = 0
+                    for q in self.tune:
+                        resp = get_context(q.query, store=store, size=cfg.retrieval.default_size, cfg=cfg)
+                        hits += any(
+                            text_contains_answer(f"{k.title} {k.description}", q.golds) for k in resp.kis
+                        )
+                finally:
+                    if old is not None:
+                        store.retrieval = old  # type: ignore[attr-defined]
+            return hits / len(self.tune) if self.tune else 0.0
+
+        return objective
+
+    def tune_knobs(
+        self, setting: Setting, iteration: int, notes: dict[str, Any], metrics: dict[str, float]
+    ) -> dict[str, int | float]:
+        """Run the Optuna study (on disk, resumes) and return knob overrides if they beat the current ones."""
+        from kitune.optimizers.knobs import DEFAULT_KNOBS, KnobSpace, KnobStudy
+
+        space = KnobSpace(tuple(k for k in DEFAULT_KNOBS if k.key in RETRIEVAL_KNOBS))
+        objective = self.knob_objective(setting)
+        current = {k: v for k, v in space.current(self.setting_cfg(setting)).items()}
+        baseline = objective(dict(current))
+        study = KnobStudy(
+            self.state_dir / "knobs.journal",
+            f"{self.opts.run_name}-{setting.key}",
+            space=space,
+            seed=self.cfg.optimize.seed,
+        )
+        if not study.trials():
+            study.enqueue(current)
+        done = study.optimize(objective, self.opts.knob_trials)
+        best = study.best()
+        metrics.update(
+            {
+                "knob_trials": float(len(done)),
+                "knob_baseline": baseline,
+                "knob_best": float(best.value or 0.0),
+            }
+        )
+        notes["knob_best_params"] = dict(best.params)
+        if best.value is not None and best.value > baseline:
+            return dict(best.params)
+        return {}
+
+    def feedback(
+        self, setting: Setting, tune: Evaluation, failures: Sequence[Any], iteration: int
+    ) -> dict[str, float]:
+        """Write disambiguation KIs from ``failures`` and count flips on the tuning questions."""
+        from kitune.programs.disambiguator import Disambiguator
+        from kitune.service.context import context_ids
+
+        store = self.store_for(setting)
+        cfg = self.setting_cfg(setting)
+        self.log(f"feedback: {len(failures)} failure(s) → disambiguation KIs")
+        report = write_disambiguation_kis(
+            failures,
+            store=store,
+            disambiguator=Disambiguator(setting.prompts.get("disambiguator"), corpus=cfg.corpus_name),
+            get_document=self.get_document,
+            context_fn=context_ids(store=store, cfg=cfg, size=cfg.retrieval.default_size),
+            lm=self.deps.lms["extract"],
+            top_k=cfg.retrieval.default_size,
+        )
+        metrics = report.to_metrics()
+        if report.written:
+            path = self.state_dir / "evals" / f"{setting.key}-feedback-{iteration}.jsonl"
+            after = self.run_agent(setting, self.tune, traces_path=path)
+            metrics.update(count_flips(tune.traces, after).to_metrics())
+        return metrics
+
+    def close(self) -> None:
+        """Close every store opened."""
+        for store in self._stores.values():
+            store.close()
+        self._stores.clear()
+
+
+@dataclass(frozen=True)
+class OptimizeResult:
+    """What :func:`run_optimize` returns."""
+
+    loop: LoopResult
+    state_dir: Path
+    tune_ids: tuple[str, ...]
+    validation_ids: tuple[str, ...]
+    mlflow_uri: str
+    usage: dict[str, dict[str, int]] = field(default_factory=dict)
+
+
+def load_slice(cfg: KituneConfig, opts: OptimizeOptions) -> tuple[list[Question], list[Document]]:
+    """The first ``opts.questions`` questions and the documents they need plus distractors.
+
+    Raises:
+        DataError: the data folder is missing or has no questions.
+    """
+    from kitune.data.loaders import load_corpus, load_questions
+
+    data = Path(opts.data_dir)
+    if not data.exists():
+        raise DataError(f"data path {data} does not exist: pass --data DIR", path=str(data))
+    questions = load_questions(data)
+    if opts.questions is not None:
+        questions = questions[: opts.questions]
+    if len(questions) < 2:
+        raise DataError(
+            f"{data} gives {len(questions)} question(s); the loop needs at least 2 (tune + validation)",
+            path=str(data),
+        )
+    evidence, distractors = select_documents(
+        questions, load_corpus(data), distractors=opts.distractors, seed=cfg.optimize.seed
+    )
+    return questions, [*evidence, *distractors]
+
+
+def run_optimize(
+    cfg: KituneConfig,
+    opts: OptimizeOptions,
+    *,
+    deps: LoopDeps | None = None,
+    tracker: Tracker | None = None,
+    registry: PromptRegistry | None = None,
+    log: Callable[[str], None] = lambda _m: None,
+) -> OptimizeResult:
+    """Run (or resume) the optimisation loop on a dataset slice.
+
+    Raises:
+        ConfigError: unknown programs/optimizer. DataError: bad data. TrackingError: the registry
+        cannot be written.
+    """
+    from kitune.experiments.runner import run_experiment
+    from kitune.usage import TokenLedger
+
+    unknown = sorted(set(opts.programs) - set(PROGRAMS))
+    if unknown or not opts.programs:
+        raise ConfigError(f"unknown program(s) {unknown or '(none)'}: choose from {', '.join(PROGRAMS)}")
+    questions, documents = load_slice(cfg, opts)
+    ledger = deps.ledger if deps is not None and deps.ledger is not None else TokenLedger()
+    if deps is None:
+        from kitune.retrieval import create_corpus_store
+
+        corpus = create_corpus_store(cfg)
+        if corpus.count() < len(documents):
+            corpus.add_documents(documents)
+        deps = default_deps(cfg, ledger, corpus_store=corpus)
+    state_dir = Path(cfg.workdir) / "optimize" / opts.run_name
+    env = ServiceLoopEnv(
+        cfg, opts, deps, questions=questions, documents=documents, state_dir=state_dir, log=log
+    )
+    try:
+        loop = run_experiment(
+            cfg,
+            env,
+            programs=opts.programs,
+            iterations=opts.iterations,
+            state_dir=state_dir,
+            tracker=tracker,
+            registry=registry,
+            params={
+                "optimizer": opts.optimizer,
+                "programs": ",".join(opts.programs),
+                "questions": len(questions),
+                "data": str(Path(opts.data_dir).resolve()),
+                "knob_trials": opts.knob_trials,
+                "max_metric_calls": opts.max_metric_calls,
+            },
+            log=log,
+        )
+    finally:
+        env.close()
+    usage = {f"{r}/{s}": t for (r, s), t in ledger.by_role_stage().items()}
+    return OptimizeResult(
+        loop=loop,
+        state_dir=state_dir,
+        tune_ids=tuple(q.query_id for q in env.tune),
+        validation_ids=tuple(q.query_id for q in env.validation),
+        mlflow_uri=cfg.mlflow_uri,
+        usage=usage,
+    )

@@ -1,0 +1,102 @@
+"""kitune optimize end to end with scripted models, MemoryStore and MLflow on SQLite."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1] / "optimizers_tests"))
+
+from loop_fakes import disambiguator_rule, extractor_rule, make_deps, reflection_rule, write_dataset
+from opt_fakes import RuleLM
+
+from kitune.config import KituneConfig
+from kitune.experiments.prompts import PromptRegistry, prompt_name
+from kitune.experiments.tracking import MlflowTracker
+from kitune.service.optimize import OptimizeOptions, run_optimize, select_documents
+
+
+def _task_rule(system: str, user: str) -> dict[str, object]:
+    if "[[ ## correct_answer ## ]]" in user:
+        return disambiguator_rule(system, user)
+    return extractor_rule(system, user)
+
+
+def _cfg(tmp_path: Path) -> KituneConfig:
+    return KituneConfig(
+        workdir=tmp_path / "w",
+        corpus_name="tiny",
+        agent={"max_steps": 4, "concurrency": 1},
+        optimize={"validation_fraction": 0.5, "seed": 0, "iterations": 2},
+        extraction={"concurrency": 1},
+    )
+
+
+def test_optimize_extractor_accepts_a_better_prompt_and_registers_it(tmp_path: Path) -> None:
+    data = write_dataset(tmp_path / "data")
+    cfg = _cfg(tmp_path)
+    deps = make_deps(RuleLM(_task_rule), RuleLM(reflection_rule, json=True))
+    tracker = MlflowTracker(cfg.mlflow_uri, experiment="opt")
+    registry = PromptRegistry(cfg.mlflow_uri)
+    opts = OptimizeOptions(
+        data_dir=data,
+        iterations=2,
+        programs=("extractor",),
+        max_metric_calls=6,
+        distractors=1,
+        progress=False,
+        knob_trials=2,
+    )
+    res = run_optimize(cfg, opts, deps=deps, tracker=tracker, registry=registry)
+    hist = res.loop.history
+    assert len(hist) == 2
+    assert hist[0].accepted and hist[0].changed == ("extractor",)
+    assert not hist[1].accepted  # nothing left to gain
+    assert hist[0].candidate_val_score > hist[0].val_score
+    assert "DATES" in res.loop.setting.prompts["extractor"]
+    prod = registry.get(prompt_name("tiny", "extractor"), "production")
+    assert "DATES" in prod.text and prod.version == 1
+    runs = {r.info.run_name: r for r in tracker.client.search_runs([tracker.experiment_id])}
+    m0 = runs["iteration-0"].data.metrics
+    assert m0["accepted"] == 1.0
+    assert m0["candidate_val_accuracy"] > m0["val_accuracy"]
+    assert m0["improve_extractor_best_score"] > m0["improve_extractor_baseline_score"]
+    assert "tune_extract_answer_coverage" in m0 and "improve_knob_trials" in m0
+    assert (res.state_dir / "curves.md").is_file() and (res.state_dir / "knobs.journal").is_file()
+    assert set(res.tune_ids).isdisjoint(res.validation_ids)
+
+    # rerun with one more iteration: resumes, starts from the accepted prompt, nothing re-extracted
+    calls_before = deps.lms["extract"].calls
+    opts3 = OptimizeOptions(
+        data_dir=data,
+        iterations=3,
+        programs=("extractor",),
+        max_metric_calls=6,
+        distractors=1,
+        progress=False,
+    )
+    res3 = run_optimize(cfg, opts3, deps=deps, tracker=tracker, registry=registry)
+    assert len(res3.loop.history) == 3 and res3.loop.history[:2] == hist
+    assert deps.lms["extract"].calls - calls_before < 20  # only GEPA's metric calls, no re-extraction
+
+
+def test_select_documents_is_seeded() -> None:
+    from kitune.data.loaders import Question
+    from kitune.schema import Document
+
+    corpus = [Document(docid=f"d{i}", text="t") for i in range(10)]
+    qs = [Question("1", "q", "a", evidence_docids=("d3", "d1"), gold_docids=("d1",))]
+    ev, dis = select_documents(qs, corpus, distractors=3, seed=1)
+    assert [d.docid for d in ev] == ["d3", "d1"]
+    assert len(dis) == 3 and not {"d1", "d3"} & {d.docid for d in dis}
+    assert [d.docid for d in dis] == [d.docid for d in select_documents(qs, corpus, distractors=3, seed=1)[1]]
+
+
+def test_unknown_program_is_a_config_error(tmp_path: Path) -> None:
+    from kitune.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="unknown program"):
+        run_optimize(_cfg(tmp_path), OptimizeOptions(data_dir=tmp_path, programs=("nope",)))
