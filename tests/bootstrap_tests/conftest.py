@@ -70,5 +70,5 @@ def records_file(tmp_path: Path) -> Path:
             row["meta"] = {"channel": "web"}
         rows.append(row)
     path = tmp_path / "payments.jsonl"
-    path.write_text("\n".join(json.dumps(r) for r in rows) + "\nnot json\n", encoding="utf-8")
+    path.write_bytes(("\n".join(json.dumps(r) for r in rows) + "\nnot json\n").encode() + b"\xff\xfe bad\n")
     return path

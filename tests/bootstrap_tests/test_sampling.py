@@ -27,7 +27,7 @@ def test_records_become_field_value_documents(records_file: Path) -> None:
     loaded = load_bootstrap_corpus(records_file)
     assert loaded.kind == "records"
     assert len(loaded.documents) == 12
-    assert [s.line for s in loaded.skipped] == [13]
+    assert [(s.line, s.reason[:12]) for s in loaded.skipped] == [(13, "invalid JSON"), (14, "not valid UT")]
     first = loaded.documents[0]
     assert first.docid == "payments-1"  # no docid/id field: file stem + line
     assert first.text.splitlines() == [

@@ -125,7 +125,8 @@ def bootstrap(
     if result.prompt_version is not None:
         out.print(
             f"draft {result.draft.version} → {result.prompt_name} v{result.prompt_version} "
-            f"({', '.join(result.prompt_aliases)})" + (" [reused]" if result.prompt_reused else "")
+            f"({', '.join(result.prompt_aliases)})"
+            + (" (same text already registered)" if result.prompt_reused else "")
         )
     out.print(f"source-description KIs written: {result.kis_written}/{len(result.kis)}")
     for row in result.tokens:

@@ -172,7 +172,7 @@ def _resolve(path: Path) -> Path:
 def _detect_kind(path: Path) -> CorpusKind:
     """``prose`` when most of the first 50 object lines carry a string text field."""
     with_text = objects = 0
-    with path.open(encoding="utf-8") as fh:
+    with path.open(encoding="utf-8", errors="replace") as fh:
         for raw in fh:
             line = raw.strip()
             if not line:
@@ -200,9 +200,15 @@ def _load_records(path: Path) -> LoadedCorpus:
     seen: dict[str, int] = {}
     counts: Counter[str] = Counter()
     examples: dict[str, list[str]] = {}
-    with path.open(encoding="utf-8") as fh:
-        for lineno, raw in enumerate(fh, start=1):
-            line = raw.strip()
+    with path.open("rb") as fh:
+        for lineno, raw_bytes in enumerate(fh, start=1):
+            try:
+                line = raw_bytes.decode("utf-8").strip()
+            except UnicodeDecodeError as e:
+                skipped.append(
+                    SkippedLine(str(path), lineno, f"not valid UTF-8 ({e.reason} at byte {e.start})")
+                )
+                continue
             if not line:
                 continue
             try:

@@ -278,7 +278,7 @@ def register_draft(
     A version with exactly this text already present is reused (no duplicate version).
 
     Returns:
-        ``(version, aliases set by this call, reused)``.
+        ``(version, kitune aliases now pointing at it, reused)``.
 
     Raises:
         TrackingError: the registry could not be read or written.
@@ -298,7 +298,8 @@ def register_draft(
     aliases = ["candidate"]
     registry.set_alias(name, "candidate", version)
     try:
-        registry.get(name, "production")
+        if registry.get(name, "production").version == version:
+            aliases.append("production")
     except PromptNotFoundError:
         registry.promote(name, version)
         aliases.append("production")
