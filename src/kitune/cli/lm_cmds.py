@@ -329,7 +329,8 @@ def bench(
                     "results": results,
                 },
                 indent=2,
-            )
+            ),
+            encoding="utf-8",
         )
 
 
