@@ -32,7 +32,7 @@ from kitune.lm import LiteLLMChatModel, build_lm, reset_format_memory
 from kitune.programs.fact_extractor import FactExtractor
 from kitune.retrieval.memory import MemoryStore
 from kitune.service.extraction import extract_corpus, read_state
-from kitune.testing.faults import FaultPlan, FaultyProvider, dspy_docid, scripted
+from kitune.testing.faults import FaultPlan, FaultyProvider, dspy_docid, fault_reply, scripted
 from kitune.testing.openai_stub import StubServer
 from kitune.usage import TokenLedger
 
@@ -225,3 +225,25 @@ def test_eval_under_scripted_faults_accounts_for_every_question(
     assert by_id["q4"].n_steps == 2 and by_id["q6"].n_steps == 2  # one invalid step each
     assert len(read_traces(path)) == len(qs)
     assert [provider.attempts[q.query] for q in qs] == [1, 2, 3, 2, 2, 1, 2, 3]
+
+
+def test_rate_limit_wait_is_charged_to_the_agents_wall_clock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Case L5-A: the Retry-After wait happens inside the model call, so the episode's wall time
+    (what ``Budget.timeout_s`` is checked against) includes it."""
+    qs = _questions(1)
+    provider = FaultyProvider(good=agent_reply(qs), key=question_key, plan=scripted({}))
+    with StubServer(responder=provider) as stub:
+        monkeypatch.setenv("KI_GW_URL", stub.base_url)
+        cfg = stub_config(stub.base_url, tmp_path, **{"lm.agent.num_retries": 1})
+        lm = build_lm(cfg, "agent", max_wait_s=5.0)
+        stub.push(fault_reply("rate_limited", "", retry_after_s=0.4))  # answered before the responder
+        episode = Agent(LiteLLMChatModel(lm=lm), closed_book_toolbox(), budget=Budget(max_steps=3)).run(
+            qs[0].query
+        )
+    assert episode.status == "answered" and episode.exact_answer == "Town 0"
+    assert len(stub.chat_requests) == 2
+    waited = stub.chat_requests[1].received_at - stub.chat_requests[0].received_at
+    assert waited >= 0.4  # the hinted wait was honoured ...
+    assert episode.wall_time_s >= 0.4 and episode.steps[0].latency_s >= 0.4  # ... and charged to the episode
