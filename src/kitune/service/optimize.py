@@ -683,6 +683,9 @@ def run_optimize(
         )
     finally:
         env.close()
+    from kitune.service.drift import write_fingerprint
+
+    write_fingerprint(state_dir, questions, documents, opts)
     usage = {f"{r}/{s}": t for (r, s), t in ledger.by_role_stage().items()}
     return OptimizeResult(
         loop=loop,
