@@ -7,9 +7,11 @@ and measures, with medians and p95 over ``--queries`` seeded queries:
 * ``get_context`` execution without the LLM rewrite (plain plan: entity tags + BM25 + vectors,
   RRF, aggregations, response model) and ``store.search(plan)`` alone;
 * each branch alone (tag, lexical, semantic);
-* in three states: after the bulk load, after churn (many small commits → many fragments, with
-  automatic compaction off so the damage shows) and after ``optimize()`` (compaction + index
-  folding);
+* in three states: after the bulk load (large commits, then one ``optimize()``), after churn
+  (many small commits → many fragments and unindexed rows, with automatic compaction off so the
+  damage shows) and after ``optimize()`` again (compaction + index folding). A short sample is
+  also taken right after the bulk load, *before* its ``optimize()``: rows committed after an
+  index was built are searched without it until ``optimize()`` folds them in;
 * upserts of 512 KIs (half new, half re-seen), and the lifecycle sweep.
 
 Usage::
@@ -32,7 +34,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from _common import Timer, machine_info, markdown_table, summarize, time_calls, write_results
+from _common import Timer, machine_info, markdown_table, summarize, write_results
 from _synthetic import RandomVectorEmbedder, synthetic_kis
 
 from kitune.config import KituneConfig, LanceStoreConfig, RetrievalConfig
@@ -86,16 +88,51 @@ def plans_for(question: str, size: int) -> dict[str, QueryPlan]:
 
 
 def measure_queries(
-    store: LanceStore, cfg: KituneConfig, questions: Sequence[str], size: int
+    store: LanceStore,
+    cfg: KituneConfig,
+    questions: Sequence[str],
+    size: int,
+    *,
+    variants: Sequence[str] = VARIANTS,
+    budget_s: float | None = None,
 ) -> dict[str, Any]:
+    """Time each variant over ``questions`` (warm-up: the first 3, untimed).
+
+    With ``budget_s``, each variant stops once it has spent that many seconds (at least 3
+    timed queries), so a pathological state cannot stall the run.
+    """
     out: dict[str, Any] = {}
-    lat, results = time_calls(lambda q: get_context(q, store=store, cfg=cfg, size=size), questions, warmup=5)
-    out["get_context"] = {**summarize(lat).to_dict(), "mean_hits": _mean(len(r.kis) for r in results)}  # type: ignore[attr-defined]
     per_q = [plans_for(q, size) for q in questions]
-    for variant in VARIANTS[1:]:
-        plans = [p[variant] for p in per_q if variant in p]
-        lat, results = time_calls(store.search, plans, warmup=5)
-        out[variant] = {**summarize(lat).to_dict(), "mean_hits": _mean(len(r.hits) for r in results)}  # type: ignore[attr-defined]
+    for variant in variants:
+        if variant == "get_context":
+            args: list[Any] = list(questions)
+
+            def call(q: Any) -> Any:
+                return get_context(q, store=store, cfg=cfg, size=size)
+
+            def n_hits(r: Any) -> int:
+                return len(r.kis)
+        else:
+            args = [p[variant] for p in per_q if variant in p]
+
+            def call(q: Any) -> Any:
+                return store.search(q)
+
+            def n_hits(r: Any) -> int:
+                return len(r.hits)
+
+        for a in args[:3]:
+            call(a)
+        lat: list[float] = []
+        hits: list[int] = []
+        started = time.perf_counter()
+        for a in args:
+            ms, res = timed(partial(call, a))
+            lat.append(ms)
+            hits.append(n_hits(res))
+            if budget_s is not None and len(lat) >= 3 and time.perf_counter() - started > budget_s:
+                break
+        out[variant] = {**summarize(lat).to_dict(), "mean_hits": _mean(iter(hits))}
     return out
 
 
@@ -114,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=250_000, help="KIs to load (default 250000)")
     ap.add_argument("--quick", action="store_true", help="20k KIs, 60 queries")
-    ap.add_argument("--queries", type=int, default=200, help="queries per variant and phase")
+    ap.add_argument("--queries", type=int, default=100, help="queries per variant and phase")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--embedder", default="wordllama", choices=("wordllama", "random"))
     ap.add_argument("--bulk-batch", type=int, default=8192, help="KIs per commit in the bulk load")
@@ -166,6 +203,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             random.Random(args.seed + 2).sample(sample, min(args.queries, len(sample))), args.seed
         )
         phases: dict[str, Any] = {}
+        unindexed = measure_queries(
+            store, cfg, questions[:20], args.size, variants=("search_hybrid", "lexical_only"), budget_s=30
+        )
+        results["bulk_load_before_optimize"] = {"fragments": store.fragment_count(), **unindexed}
+        print(f"  bulk load, before optimize: {_headline(unindexed)}", flush=True)
+        ms, _ = timed(store.optimize)
+        results["bulk_load"]["optimize_ms"] = round(ms, 1)
         phases["after_bulk_load"] = {
             "fragments": store.fragment_count(),
             **measure_queries(store, cfg, questions, args.size),
@@ -288,11 +332,20 @@ def _phase_table(phases: dict[str, Any]) -> str:
 
 def _other_table(results: dict[str, Any]) -> str:
     b, u, c, s = results["bulk_load"], results["upsert_512"], results["churn_commit"], results["sweep"]
+    u0 = results["bulk_load_before_optimize"]
     rows = [
         ["bulk load", f"{b['kis']} KIs in {b['wall_s']} s ({b['kis_per_s']} KIs/s, {b['cpu_s']} CPU s)"],
         ["upsert 512 KIs", f"p50 {u['median']:.0f} ms, p95 {u['p95']:.0f} ms"],
         [f"small commit ({c['kis_per_commit']} KIs)", f"p50 {c['median']:.0f} ms, p95 {c['p95']:.0f} ms"],
-        ["optimize()", f"{results['optimize_ms']:.0f} ms"],
+        ["optimize() after bulk load", f"{b['optimize_ms']:.0f} ms"],
+        ["optimize() after churn", f"{results['optimize_ms']:.0f} ms"],
+        [
+            "queries right after bulk load, before optimize()",
+            ", ".join(
+                f"{v} p50 {u0[v]['median']:.0f} ms (n={u0[v]['n']})"
+                for v in ("search_hybrid", "lexical_only")
+            ),
+        ],
         [
             "lifecycle sweep",
             f"first {s['first_ms']:.0f} ms ({s['first_changed']}), repeat p50 {s['repeat']['median']:.0f} ms",
