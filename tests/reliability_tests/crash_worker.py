@@ -26,11 +26,16 @@ import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kitune.config import KituneConfig
+    from kitune.data.loaders import Question
 
 NOW = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
 
 
-def questions(n: int) -> list[object]:
+def questions(n: int) -> list[Question]:
     """The synthetic questions shared by the parent (the answers the stub gives)."""
     from kitune.data.loaders import Question
 
@@ -40,7 +45,7 @@ def questions(n: int) -> list[object]:
     ]
 
 
-def _cfg(base_url: str, workdir: Path) -> object:
+def _cfg(base_url: str, workdir: Path) -> KituneConfig:
     from kitune.config import load_config
 
     os.environ["KI_GW_URL"] = base_url
@@ -85,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         store = LanceStore(args.workdir / "lance")
         lm: object
         if args.lm == "stub":
-            lm = build_lm(cfg, "extract")  # type: ignore[arg-type]
+            lm = build_lm(cfg, "extract")
         else:
             from dspy.utils.dummies import DummyLM
             from reliability_helpers import facts_for
@@ -96,8 +101,8 @@ def main(argv: list[str] | None = None) -> int:
             report = extract_corpus(
                 docs,
                 store,
-                FactExtractor.from_config(cfg),  # type: ignore[arg-type]
-                cfg=cfg,  # type: ignore[arg-type]
+                FactExtractor.from_config(cfg),
+                cfg=cfg,
                 state_path=args.workdir / "state.jsonl",
                 progress=False,
                 now=NOW,
@@ -110,14 +115,13 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 0 if report.docs_failed == 0 else 1
 
-    from kitune.data.loaders import Question
     from kitune.evaluation.agent import Agent
     from kitune.evaluation.harness import evaluate
     from kitune.evaluation.tools import closed_book_toolbox
     from kitune.lm import LiteLLMChatModel
     from kitune.testing.chat import ScriptedChatModel
 
-    agent_lm = build_lm(cfg, "agent") if args.lm == "stub" else None  # type: ignore[arg-type]
+    agent_lm = build_lm(cfg, "agent") if args.lm == "stub" else None
 
     def factory(q: Question) -> Agent:
         if agent_lm is not None:
@@ -130,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print("READY", flush=True)
     traces = evaluate(
-        questions(args.n),  # type: ignore[arg-type]
+        questions(args.n),
         factory,
         skill="closed-book",
         concurrency=2,
