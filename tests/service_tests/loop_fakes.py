@@ -91,11 +91,12 @@ def reflection_rule(system: str, user: str) -> dict[str, Any]:
 
 
 def disambiguator_rule(system: str, user: str) -> dict[str, Any]:
+    question = re.search(r"\[\[ ## question ## \]\]\n(.*?)\n", user)
     correct = re.search(r"\[\[ ## correct_answer ## \]\]\n(.*?)\n", user)
     wrong = re.search(r"\[\[ ## wrong_answer ## \]\]\n(.*?)\n", user)
     c, w = (correct.group(1) if correct else ""), (wrong.group(1) if wrong else "")
     return {
-        "title": f"The answer is {c}, not {w}.",
+        "title": f"{question.group(1) if question else ''} The answer is {c}, not {w}.",
         "description": f"The source says {c}; {w} is a different answer.",
         "evidence": c,
     }
@@ -105,7 +106,8 @@ def agent_turn(messages: list[ChatMessage]) -> str:
     """get_context on the question first; then answer the gold answer if the context shows it, else 'Lyon'."""
     question = messages[1]["content"]
     if len(messages) <= 2:
-        return json.dumps({"tool": "get_context", "args": {"query": question}})
+        tool = "get_context" if "get_context" in messages[0]["content"] else "search"
+        return json.dumps({"tool": tool, "args": {"query": question}})
     seen = " ".join(m["content"] for m in messages[2:])
     gold = next((a for q, a in GOLD.items() if q in question), "")
     answer = gold if gold and gold in seen else "Lyon"
@@ -122,7 +124,13 @@ def judge(*, question: str, response: str, gold: str, aliases: list[str]) -> Ver
     return Verdict(f"Exact Answer: {gold}\n" in response)
 
 
-def make_deps(task_lm: Any, reflection_lm: Any, *, stores: dict[str, MemoryStore] | None = None) -> LoopDeps:
+def make_deps(
+    task_lm: Any,
+    reflection_lm: Any,
+    *,
+    stores: dict[str, MemoryStore] | None = None,
+    corpus_store: Any = None,
+) -> LoopDeps:
     from kitune.usage import TokenLedger
 
     opened = stores if stores is not None else {}
@@ -138,6 +146,6 @@ def make_deps(task_lm: Any, reflection_lm: Any, *, stores: dict[str, MemoryStore
         chat_model=ScriptedChatModel([agent_turn] * 2000, usage=(200, 20)),
         judge=judge,
         store_factory=store_factory,
-        corpus_store=None,
+        corpus_store=corpus_store,
         ledger=TokenLedger(),
     )

@@ -1,0 +1,77 @@
+"""kitune demo end to end on a 2-question slice with scripted models (marked slow)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1] / "optimizers_tests"))
+sys.path.insert(0, str(Path(__file__).parents[1] / "evaluation_tests"))
+
+from eval_fakes import FakeCorpusStore
+from loop_fakes import DOCS, disambiguator_rule, extractor_rule, make_deps, reflection_rule, write_dataset
+from opt_fakes import RuleLM
+
+from kitune.config import KituneConfig
+from kitune.experiments.tracking import MlflowTracker
+from kitune.schema import Document
+from kitune.service.demo import DemoOptions, default_demo_config, default_fixture, run_demo
+
+
+def _task_rule(system: str, user: str) -> dict[str, object]:
+    if "[[ ## correct_answer ## ]]" in user:
+        return disambiguator_rule(system, user)
+    return extractor_rule(system, user)
+
+
+@pytest.mark.slow
+def test_demo_end_to_end_on_two_questions(tmp_path: Path) -> None:
+    data = write_dataset(tmp_path / "data")
+    # only q1 (answer in the first sentence) and q2 (a date: missed by the packaged extractor)
+    (data / "questions.jsonl").write_text(
+        "\n".join((data / "questions.jsonl").read_text().splitlines()[:2]) + "\n"
+    )
+    cfg = KituneConfig(
+        workdir=tmp_path / "w",
+        corpus_name="tiny",
+        agent={"max_steps": 4, "concurrency": 1},
+        optimize={"validation_fraction": 0.5, "seed": 0},
+        extraction={"concurrency": 1},
+    )
+    corpus = FakeCorpusStore([Document(docid=d, title=t, text=x) for d, t, x in DOCS])
+    task_lm = RuleLM(_task_rule)
+    deps = make_deps(task_lm, RuleLM(reflection_rule, json=True), corpus_store=corpus)
+    dcfg_uri = f"sqlite:///{tmp_path / 'w' / 'demo' / 'mlflow.db'}"
+    tracker = MlflowTracker(dcfg_uri, experiment="demo")
+    lines: list[str] = []
+    opts = DemoOptions(
+        data_dir=data, questions=2, distractors=1, max_metric_calls=4, knob_trials=2, progress=False
+    )
+    res = run_demo(cfg, opts, deps=deps, tracker=tracker, log=lines.append)
+    names = [s.name for s in res.summaries]
+    assert names == ["baseline", "in-context", "in-context + disambiguation"]
+    by = {s.name: s for s in res.summaries}
+    assert by["in-context"].n_correct == 1  # q1 right, q2's year is not in any KI
+    assert res.feedback.written == 1  # q2's failure → one disambiguation KI, retrieved for q2
+    assert res.flips.fixed == ("q2",) and res.flips.newly_wrong == ()
+    assert by["in-context + disambiguation"].n_correct == 2
+    assert len(res.loop.history) == 1
+    assert res.report.markdown.is_file() and "in-context + disambiguation" in res.report.markdown.read_text()
+    assert res.mlflow_uri == dcfg_uri
+    assert (res.demo_dir / "optimize" / "demo" / "fingerprint.json").is_file()
+    assert any(line.startswith("step 5/5") for line in lines)
+
+    # rerun: resumes; no new extraction or agent calls for the finished runs
+    calls = task_lm.calls
+    agent_calls = len(deps.chat_model.calls)  # type: ignore[attr-defined]
+    res2 = run_demo(cfg, opts, deps=deps, tracker=tracker)
+    assert [s.n_correct for s in res2.summaries] == [s.n_correct for s in res.summaries]
+    assert task_lm.calls == calls and len(deps.chat_model.calls) == agent_calls  # type: ignore[attr-defined]
+
+
+def test_demo_defaults_point_into_the_repository() -> None:
+    assert default_demo_config().name == "demo.yaml" and default_demo_config().is_file()
+    assert default_fixture().parts[-3:] == ("shared", "data", "fixture")
