@@ -236,7 +236,8 @@ def run_demo(
             f"{len(flips.newly_wrong)} newly wrong"
         )
         log(
-            f"step 5/5: {opts.iterations} optimisation iteration(s) ({opts.optimizer} over {', '.join(opts.programs)})"
+            f"step 5/5: {opts.iterations} optimisation iteration(s) "
+            f"({opts.optimizer} over {', '.join(opts.programs)})"
         )
         loop = run_experiment(
             dcfg,
