@@ -8,6 +8,7 @@ with a reason; nothing is fabricated from a cut-off reply.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import dspy
@@ -247,3 +248,35 @@ def test_rate_limit_wait_is_charged_to_the_agents_wall_clock(
     waited = stub.chat_requests[1].received_at - stub.chat_requests[0].received_at
     assert waited >= 0.4  # the hinted wait was honoured ...
     assert episode.wall_time_s >= 0.4 and episode.steps[0].latency_s >= 0.4  # ... and charged to the episode
+
+
+def test_eval_during_an_outage_is_retried_on_resume_and_counted_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Provider down for a whole run: every question fails with the reason; rerunning the same
+    command after the outage retries them, and the run's report counts each question once."""
+    from kitune.evaluation.report import load_run, summarize
+    from kitune.testing.openai_stub import Reply
+
+    qs = _questions(4)
+    path = tmp_path / "run" / "traces.jsonl"
+    with StubServer(default=Reply.server_error(503)) as stub:
+        monkeypatch.setenv("KI_GW_URL", stub.base_url)
+        cfg = stub_config(stub.base_url, tmp_path, **{"lm.agent.num_retries": 1})
+        lm = build_lm(cfg, "agent", backoff_base_s=0.01, max_wait_s=0.05)
+        factory = lambda q: Agent(LiteLLMChatModel(lm=lm), closed_book_toolbox())  # noqa: E731
+        down = evaluate(qs, factory, skill="closed-book", traces_path=path, progress=False)
+        assert [t.status for t in down] == ["failed"] * 4
+        assert all("LMServerError" in t.errors[0] or "503" in t.errors[0] for t in down)
+        stub.default = Reply.ok(json.dumps({"answer": {"explanation": "x", "exact_answer": "Town 0"}}))
+        up = evaluate(qs, factory, skill="closed-book", traces_path=path, progress=False)
+        calls = len(stub.chat_requests)
+        again = evaluate(qs, factory, skill="closed-book", traces_path=path, progress=False)
+        assert len(stub.chat_requests) == calls  # answered questions are not re-run
+    assert [t.status for t in up] == ["answered"] * 4 and again == up
+    assert len(path.read_text(encoding="utf-8").splitlines()) == 8  # 4 failed + 4 retried lines
+    assert [t.status for t in read_traces(path)] == ["answered"] * 4
+    assert len(read_traces(path, latest_only=False)) == 8
+    _, traces = load_run(path.parent)
+    summary = summarize(traces)
+    assert (summary.n_total, summary.n_failed) == (4, 0)

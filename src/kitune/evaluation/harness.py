@@ -5,9 +5,11 @@ that question gets a trace with ``status="failed"`` and the error text. ``len(re
 len(questions)``, in question order.
 
 Resume: with ``traces_path``, questions whose ``query_id`` (for the same skill) is already in
-the file are skipped and their stored traces returned. Each trace is one ``write`` of a full
-line followed by flush + fsync, so a crash leaves at most one truncated last line; it is
-ignored on read and cut off before the next append.
+the file are skipped and their stored traces returned, except ``status="failed"`` ones (a
+provider outage, a harness error): those are run again (``retry_failed``) and the new trace is
+appended; readers keep the last trace per (skill, query id), so nothing is counted twice. Each
+trace is one ``write`` of a full line followed by flush + fsync, so a crash leaves at most one
+truncated last line; it is ignored on read and cut off before the next append.
 """
 
 from __future__ import annotations
@@ -45,8 +47,13 @@ AgentFactory = Callable[[Question], Runner]
 """Builds a fresh runner (agent + toolbox) for one question; called in a worker thread."""
 
 
-def read_traces(path: Path | str) -> list[Trace]:
+def read_traces(path: Path | str, *, latest_only: bool = True) -> list[Trace]:
     """Read a traces JSONL file, tolerating a truncated last line.
+
+    Args:
+        path: the JSONL file.
+        latest_only: keep only the last trace per (skill, query id), at the position of the
+            first one (a failed question retried on resume has two lines); False: every line.
 
     Returns:
         Traces in file order; ``[]`` when the file does not exist.
@@ -72,7 +79,12 @@ def read_traces(path: Path | str) -> list[Trace]:
             raise DataError(
                 f"{p}:{i + 1}: not a trace record ({e}); delete the line to resume", path=str(p), line=i + 1
             ) from e
-    return out
+    if not latest_only:
+        return out
+    latest: dict[tuple[str, str], Trace] = {}
+    for t in out:
+        latest[(t.skill, t.query_id)] = t  # dict keeps the first position, the value is the last
+    return list(latest.values())
 
 
 class TraceWriter:
@@ -123,6 +135,7 @@ def evaluate(
     judge: JudgeFn | None = None,
     progress: bool = True,
     on_trace: Callable[[Trace], None] | None = None,
+    retry_failed: bool = True,
 ) -> list[Trace]:
     """Evaluate ``questions`` with fresh agents, ``concurrency`` at a time.
 
@@ -135,6 +148,7 @@ def evaluate(
         judge: grader (None: traces are not judged).
         progress: show a Rich progress bar on stderr.
         on_trace: called (in the main thread) with each new trace as it finishes.
+        retry_failed: on resume, run again the questions whose stored trace is ``failed``.
 
     Returns:
         One trace per question, in question order (resumed ones read from the file).
@@ -151,8 +165,11 @@ def evaluate(
     done: dict[str, Trace] = {}
     writer: TraceWriter | None = None
     if traces_path is not None:
+        wanted = set(ids)
         done = {
-            t.query_id: t for t in read_traces(traces_path) if t.skill == skill and t.query_id in set(ids)
+            t.query_id: t
+            for t in read_traces(traces_path)
+            if t.skill == skill and t.query_id in wanted and not (retry_failed and t.status == "failed")
         }
         writer = TraceWriter(traces_path)
     todo = [q for q in questions if q.query_id not in done]
