@@ -44,6 +44,7 @@ def bootstrap(
         list[str] | None,
         typer.Option(
             "--pin-types",
+            metavar="TYPES",
             help="Entity types the draft must always cover (repeat, or comma-separate: person,invoice).",
             show_default=False,
         ),
