@@ -75,3 +75,55 @@ def test_demo_end_to_end_on_two_questions(tmp_path: Path) -> None:
 def test_demo_defaults_point_into_the_repository() -> None:
     assert default_demo_config().name == "demo.yaml" and default_demo_config().is_file()
     assert default_fixture().parts[-3:] == ("shared", "data", "fixture")
+
+
+@pytest.mark.slow
+def test_kitune_demo_cli_prints_the_side_by_side_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    import kitune.service.optimize as optimize_service
+    from kitune.cli import _register, app
+
+    data = write_dataset(tmp_path / "data")
+    (data / "questions.jsonl").write_text(
+        "\n".join((data / "questions.jsonl").read_text().splitlines()[:2]) + "\n"
+    )
+    cfg_path = tmp_path / "demo.yaml"
+    cfg_path.write_text(
+        f"workdir: {tmp_path / 'w'}\ncorpus_name: tiny\nembedder: {{type: hash}}\n"
+        "agent: {max_steps: 4, concurrency: 1}\nextraction: {concurrency: 1}\noptimize: {seed: 0}\n"
+    )
+    monkeypatch.setattr(
+        optimize_service,
+        "default_deps",
+        lambda cfg, ledger, corpus_store=None: make_deps(
+            RuleLM(_task_rule), RuleLM(reflection_rule, json=True), corpus_store=corpus_store
+        ),
+    )
+    _register()
+    result = CliRunner().invoke(
+        app,
+        [
+            "demo",
+            "--data",
+            str(data),
+            "--config",
+            str(cfg_path),
+            "--questions",
+            "2",
+            "--distractors",
+            "1",
+            "--knob-trials",
+            "0",
+            "--no-progress",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "in-context + disambiguation" in out and "judge accuracy" in out
+    assert "2/2 (100%)" in out  # in-context + disambiguation answers both
+    assert "flips: 1 fixed, 0 still wrong, 0 newly wrong" in out
+    assert f"mlflow ui --backend-store-uri sqlite:///{tmp_path / 'w' / 'demo' / 'mlflow.db'}" in out
+    assert (tmp_path / "w" / "demo" / "report" / "report.md").is_file()

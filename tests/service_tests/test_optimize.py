@@ -100,3 +100,37 @@ def test_unknown_program_is_a_config_error(tmp_path: Path) -> None:
 
     with pytest.raises(ConfigError, match="unknown program"):
         run_optimize(_cfg(tmp_path), OptimizeOptions(data_dir=tmp_path, programs=("nope",)))
+
+
+def test_kitune_optimize_and_drift_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    import kitune.service.optimize as optimize_service
+    from kitune.cli import _register, app
+
+    data = write_dataset(tmp_path / "data")
+    cfg_path = tmp_path / "k.yaml"
+    cfg_path.write_text(
+        f"workdir: {tmp_path / 'w'}\ncorpus_name: tiny\nembedder: {{type: hash}}\n"
+        "agent: {max_steps: 4, concurrency: 1}\nextraction: {concurrency: 1}\noptimize: {seed: 0}\n"
+    )
+    deps = make_deps(RuleLM(_task_rule), RuleLM(reflection_rule, json=True))
+    monkeypatch.setattr(optimize_service, "default_deps", lambda cfg, ledger, corpus_store=None: deps)
+    _register()
+    runner = CliRunner()
+    args = ["optimize", "--data", str(data), "-c", str(cfg_path), "--iterations", "1"]
+    result = runner.invoke(
+        app, [*args, "--programs", "extractor", "--max-metric-calls", "6", "--no-progress"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "kitune optimize (optimize)" in result.output and "yes" in result.output
+    assert "mlflow ui --backend-store-uri sqlite:///" in result.output
+    bad = runner.invoke(app, [*args, "--programs", "extractor,nope"])
+    assert bad.exit_code == 2 and "choose a comma-separated subset" in bad.output
+
+    check = runner.invoke(app, ["drift", "check", "--data", str(data), "-c", str(cfg_path), "--no-progress"])
+    assert check.exit_code == 0, check.output
+    assert "affected questions" in check.output and "KIs active" in check.output
+    run = runner.invoke(app, ["drift", "run", "--data", str(data), "-c", str(cfg_path), "--threshold", "0.5"])
+    assert run.exit_code == 0, run.output
+    assert "the loop was not re-run" in run.output

@@ -6,8 +6,10 @@ Thin: parse arguments → :mod:`kitune.service.prompts` → print Rich tables. `
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Annotated
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -17,7 +19,7 @@ from rich.table import Table
 from kitune.cli.common import ConfigOption, fail, get_config
 from kitune.errors import KituneError
 
-__all__ = ["prompts_app", "register"]
+__all__ = ["demo_cmd", "drift_app", "optimize_cmd", "prompts_app", "register", "register_loop"]
 
 prompts_app = typer.Typer(
     help="Versioned prompts in the MLflow prompt registry (aliases: candidate, production).",
@@ -163,5 +165,293 @@ def rollback_cmd(
 
 
 def register(app: typer.Typer) -> None:
-    """Add ``kitune prompts`` to ``app``."""
+    """Add ``kitune prompts`` (and the loop commands, see :func:`register_loop`) to ``app``."""
     app.add_typer(prompts_app, name="prompts")
+    register_loop(app)
+
+
+# -- kitune optimize / drift / demo ---------------------------------------------------------------
+
+drift_app = typer.Typer(
+    help="Re-evaluate the production prompts on new or changed questions/documents.", no_args_is_help=True
+)
+
+DataOption = Annotated[
+    Path,
+    typer.Option(
+        "--data", "-d", help="Dataset folder (BrowseComp-Plus layout or JSONL).", show_default=False
+    ),
+]
+RunNameOption = Annotated[
+    str, typer.Option("--run-name", help="Loop state folder under <workdir>/optimize (rerun to resume).")
+]
+
+
+def _programs(value: str) -> tuple[str, ...]:
+    from kitune.service.optimize import PROGRAMS
+
+    names = tuple(p.strip() for p in value.split(",") if p.strip())
+    bad = [p for p in names if p not in PROGRAMS]
+    if bad or not names:
+        fail(f"--programs {value!r}: choose a comma-separated subset of {', '.join(PROGRAMS)}")
+    return names
+
+
+def _log(message: str) -> None:
+    out.print(f"[dim]{datetime.now(UTC).strftime('%H:%M:%S')}[/] {message}", soft_wrap=True, highlight=False)
+
+
+def _history_table(history: Sequence[Any], title: str) -> Table:
+    table = Table(title=title)
+    for col in ("iteration", "tune score", "validation score", "candidate validation", "accepted", "changed"):
+        table.add_column(col, justify="right" if "score" in col or "validation" in col else "left")
+    for r in history:
+        table.add_row(
+            str(r.iteration),
+            f"{r.tune_score:.3f}",
+            f"{r.val_score:.3f}",
+            f"{r.candidate_val_score:.3f}",
+            "[green]yes[/]" if r.accepted else "no",
+            ", ".join(r.changed) or "-",
+        )
+    return table
+
+
+def _mlflow_hint(uri: str) -> str:
+    return f"MLflow runs: mlflow ui --backend-store-uri {uri}"
+
+
+def optimize_cmd(
+    data: DataOption,
+    config: ConfigOption = None,
+    questions: Annotated[
+        int | None, typer.Option("--questions", "-n", min=2, help="First N questions.")
+    ] = None,
+    iterations: Annotated[
+        int | None, typer.Option(min=1, help="Total iterations (default optimize.iterations).")
+    ] = None,
+    optimizer: Annotated[str | None, typer.Option(help="gepa (default) or mipro.")] = None,
+    programs: Annotated[
+        str, typer.Option(help="Programs to tune, comma-separated.")
+    ] = "extractor,rewriter,disambiguator",
+    knob_trials: Annotated[int, typer.Option(min=0, help="Optuna trials per iteration (0: none).")] = 0,
+    max_metric_calls: Annotated[
+        int, typer.Option(min=1, help="GEPA metric calls (MIPROv2 trials) per program.")
+    ] = 8,
+    distractors: Annotated[int, typer.Option(min=0, help="Extra non-evidence documents indexed.")] = 4,
+    budget_minutes: Annotated[
+        float | None, typer.Option(help="Wall-clock cap per program optimisation.")
+    ] = None,
+    feedback: Annotated[
+        bool, typer.Option("--feedback/--no-feedback", help="Disambiguation KIs from failures.")
+    ] = True,
+    run_name: RunNameOption = "optimize",
+    progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
+) -> None:
+    """Run (or resume) the self-improvement loop: extract → evaluate → improve → validate → accept → log.
+
+    Each iteration is an MLflow run; accepted prompts become new versions in the prompt registry
+    (aliases candidate, production). Rerunning the same command continues where it stopped.
+    """
+    from kitune.service.optimize import OptimizeOptions, run_optimize
+
+    cfg = get_config(config)
+    choice = optimizer or cfg.optimize.optimizer
+    if choice not in ("gepa", "mipro"):
+        fail(f"--optimizer {choice!r}: use gepa or mipro")
+    opts = OptimizeOptions(
+        data_dir=data,
+        questions=questions,
+        iterations=iterations or cfg.optimize.iterations,
+        optimizer=choice,  # type: ignore[arg-type]
+        programs=_programs(programs),
+        knob_trials=knob_trials,
+        max_metric_calls=max_metric_calls,
+        budget_minutes=budget_minutes,
+        distractors=distractors,
+        feedback=feedback,
+        run_name=run_name,
+        progress=progress,
+    )
+    try:
+        res = run_optimize(cfg, opts, log=_log)
+    except KituneError as e:
+        fail(f"{type(e).__name__}: {e}", code=1)
+    out.print(_history_table(res.loop.history, f"kitune optimize ({run_name})"))
+    out.print(f"tune questions: {', '.join(res.tune_ids)}; validation: {', '.join(res.validation_ids)}")
+    if res.loop.curves_md is not None:
+        out.print(
+            f"curves: {res.loop.curves_md}" + (f", {res.loop.curves_png}" if res.loop.curves_png else "")
+        )
+    out.print(_mlflow_hint(res.mlflow_uri), soft_wrap=True, highlight=False)
+
+
+def _drift_table(report: Any) -> Table:
+    table = Table(title="kitune drift")
+    table.add_column("item")
+    table.add_column("value", justify="right")
+    rows = [
+        ("new questions", len(report.new_questions)),
+        ("changed questions", len(report.changed_questions)),
+        ("new documents", len(report.new_documents)),
+        ("changed documents", len(report.changed_documents)),
+        ("removed documents", len(report.removed_documents)),
+        ("affected questions", len(report.affected_questions)),
+        (
+            "reference score (last accepted)",
+            "-" if report.reference_score is None else f"{report.reference_score:.3f}",
+        ),
+        ("score on affected questions", "-" if report.score is None else f"{report.score:.3f}"),
+        ("accuracy on affected questions", "-" if report.accuracy is None else f"{report.accuracy:.1%}"),
+        ("drop", f"{report.drop:.3f}"),
+    ]
+    rows += [(f"KIs {status}", n) for status, n in report.kis_by_status.items()]
+    rows += [(f"KIs newly {status}", n) for status, n in report.swept.items()]
+    for label, value in rows:
+        table.add_row(label, str(value))
+    return table
+
+
+@drift_app.command("check")
+def drift_check_cmd(
+    data: DataOption,
+    config: ConfigOption = None,
+    run_name: RunNameOption = "optimize",
+    progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
+) -> None:
+    """Compare the data with what the last optimisation run saw and re-evaluate what changed."""
+    from kitune.service.drift import drift_check
+
+    cfg = get_config(config)
+    try:
+        report = drift_check(cfg, data, run_name=run_name, progress=progress, log=_log)
+    except KituneError as e:
+        fail(f"{type(e).__name__}: {e}", code=1)
+    out.print(_drift_table(report))
+
+
+@drift_app.command("run")
+def drift_run_cmd(
+    data: DataOption,
+    threshold: Annotated[
+        float, typer.Option(min=0.0, help="Re-run the loop when the score drop exceeds this.")
+    ] = 0.05,
+    config: ConfigOption = None,
+    run_name: RunNameOption = "optimize",
+    progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
+) -> None:
+    """Check drift and re-run one loop iteration when the drop passes --threshold."""
+    from kitune.service.drift import drift_run
+
+    cfg = get_config(config)
+    try:
+        report, result = drift_run(
+            cfg, data, threshold=threshold, run_name=run_name, progress=progress, log=_log
+        )
+    except KituneError as e:
+        fail(f"{type(e).__name__}: {e}", code=1)
+    out.print(_drift_table(report))
+    if result is None:
+        out.print(f"drop {report.drop:.3f} ≤ {threshold:.3f}: the loop was not re-run")
+        return
+    out.print(_history_table(result.loop.history, f"kitune optimize ({run_name})"))
+    out.print(_mlflow_hint(result.mlflow_uri), soft_wrap=True, highlight=False)
+
+
+def _demo_table(summaries: Sequence[Any]) -> Table:
+    table = Table(title="kitune demo: baseline vs in-context vs in-context + disambiguation")
+    table.add_column("metric")
+    for s in summaries:
+        table.add_column(s.name, justify="right")
+
+    def acc(s: Any) -> str:
+        return "-" if s.accuracy is None else f"{s.n_correct}/{s.n_graded} ({s.accuracy:.0%})"
+
+    rows: list[tuple[str, Callable[[Any], str]]] = [
+        ("judge accuracy", acc),
+        ("exact match", lambda s: f"{s.em:.0%}"),
+        ("token F1", lambda s: f"{s.f1:.2f}"),
+        (
+            "input tokens / question",
+            lambda s: f"{(s.input_tokens + s.tool_input_tokens) / max(s.n_total, 1):,.0f}",
+        ),
+        ("output tokens", lambda s: f"{s.output_tokens:,}"),
+        ("timeouts", lambda s: str(s.timeouts)),
+        ("grader errors", lambda s: str(s.n_grader_errors)),
+    ]
+    for label, fn in rows:
+        table.add_row(label, *(fn(s) for s in summaries))
+    return table
+
+
+def demo_cmd(
+    data: Annotated[
+        Path | None, typer.Option("--data", "-d", help="Dataset folder (default: ../shared/data/fixture).")
+    ] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", "-c", help="Config file (default: configs/experiments/demo.yaml)."),
+    ] = None,
+    questions: Annotated[int, typer.Option("--questions", "-n", min=2, help="Questions in the slice.")] = 4,
+    distractors: Annotated[int, typer.Option(min=0, help="Extra non-evidence documents.")] = 2,
+    iterations: Annotated[int, typer.Option(min=1, help="Optimisation iterations.")] = 1,
+    programs: Annotated[str, typer.Option(help="Programs the optimisation round tunes.")] = "extractor",
+    optimizer: Annotated[str, typer.Option(help="gepa or mipro.")] = "gepa",
+    max_metric_calls: Annotated[int, typer.Option(min=1, help="GEPA metric calls per program.")] = 4,
+    knob_trials: Annotated[int, typer.Option(min=0, help="Optuna trials (LLM-free objective).")] = 5,
+    budget_minutes: Annotated[
+        float | None, typer.Option(help="Wall-clock cap of the prompt optimisation.")
+    ] = None,
+    workdir: Annotated[Path | None, typer.Option(help="Work folder (the demo uses <workdir>/demo).")] = None,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
+) -> None:
+    """The main job: extract KIs, compare baseline / in-context / in-context + disambiguation, optimise once.
+
+    Uses the embedded local model and the embedded store unless the config names others.
+    Everything lands in <workdir>/demo; rerunning the command resumes.
+    """
+    import time
+
+    from kitune.service.demo import DemoOptions, default_demo_config, run_demo
+
+    started = time.monotonic()
+    path = config if config is not None else default_demo_config()
+    overrides: dict[str, object] = {"workdir": str(workdir)} if workdir is not None else {}
+    cfg = get_config(path if path.is_file() or config is not None else None, overrides or None)
+    if optimizer not in ("gepa", "mipro"):
+        fail(f"--optimizer {optimizer!r}: use gepa or mipro")
+    opts = DemoOptions(
+        data_dir=data,
+        questions=questions,
+        distractors=distractors,
+        iterations=iterations,
+        programs=_programs(programs),
+        optimizer=optimizer,
+        max_metric_calls=max_metric_calls,
+        knob_trials=knob_trials,
+        budget_minutes=budget_minutes,
+        progress=progress,
+    )
+    _log(f"kitune demo: config {path}, workdir {cfg.workdir / 'demo'}")
+    try:
+        res = run_demo(cfg, opts, log=_log)
+    except KituneError as e:
+        fail(f"{type(e).__name__}: {e}", code=1)
+    out.print(_demo_table(res.summaries))
+    f = res.flips
+    out.print(
+        f"disambiguation KIs written: {res.feedback.written}/{res.feedback.attempted}; flips: "
+        f"{len(f.fixed)} fixed, {len(f.still_wrong)} still wrong, {len(f.newly_wrong)} newly wrong"
+    )
+    out.print(_history_table(res.loop.history, "optimisation"))
+    report = f"report: {res.report.markdown}" + (f", {res.report.plot}" if res.report.plot else "")
+    out.print(report, soft_wrap=True, highlight=False)
+    out.print(_mlflow_hint(res.mlflow_uri), soft_wrap=True, highlight=False)
+    out.print(f"wall time: {(time.monotonic() - started) / 60:.1f} min")
+
+
+def register_loop(app: typer.Typer) -> None:
+    """Add ``kitune optimize``, ``kitune drift`` and ``kitune demo`` to ``app``."""
+    app.command("optimize")(optimize_cmd)
+    app.add_typer(drift_app, name="drift")
+    app.command("demo")(demo_cmd)
