@@ -41,7 +41,8 @@ class FakeEnv:
 
     def evaluate(self, setting: Setting, split: str) -> Evaluation:
         self.evaluated.append((setting.key, split))
-        right = int(setting.prompts["rewriter"][-1])
+        last = setting.prompts["rewriter"][-1]
+        right = int(last) if last.isdigit() else 1  # the packaged prompt scores 1/4
         traces = _traces(right, 4, split)
         return Evaluation(summarize(traces, split), traces, {"extract_answer_coverage": 0.5})
 

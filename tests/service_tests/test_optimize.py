@@ -134,3 +134,46 @@ def test_kitune_optimize_and_drift_cli(tmp_path: Path, monkeypatch: pytest.Monke
     run = runner.invoke(app, ["drift", "run", "--data", str(data), "-c", str(cfg_path), "--threshold", "0.5"])
     assert run.exit_code == 0, run.output
     assert "the loop was not re-run" in run.output
+
+
+def test_optimize_rewriter_and_disambiguator_run_their_tasks(tmp_path: Path) -> None:
+    """The rewriter's GEPA metric calls are whole agent episodes; the disambiguator's are guardrail checks."""
+    import json as _json
+    import re as _re
+
+    def rule(system: str, user: str) -> dict[str, object]:
+        if "[[ ## correct_answer ## ]]" in user:
+            return disambiguator_rule(system, user)
+        if "[[ ## question ## ]]" in user:
+            q = _re.search(r"\[\[ ## question ## \]\]\n(.*?)\n", user)
+            text = q.group(1) if q else "x"
+            return {
+                "plan_json": _json.dumps(
+                    {"entity_tags": [], "lexical": text, "semantic": text, "filters": {}}
+                )
+            }
+        return extractor_rule(system, user)
+
+    data = write_dataset(tmp_path / "data")
+    cfg = _cfg(tmp_path)
+    task_lm = RuleLM(rule)
+    deps = make_deps(task_lm, RuleLM(reflection_rule, json=True))
+    opts = OptimizeOptions(
+        data_dir=data,
+        iterations=1,
+        programs=("rewriter", "disambiguator"),
+        max_metric_calls=3,
+        distractors=0,
+        progress=False,
+    )
+    from kitune.testing.tracking import RecordingTracker
+
+    tracker = RecordingTracker()
+    res = run_optimize(cfg, opts, deps=deps, tracker=tracker)
+    metrics = tracker.by_name("iteration-0").metrics
+    assert metrics["improve_rewriter_metric_calls"] >= 2  # episodes run by GEPA
+    assert metrics["improve_disambiguator_metric_calls"] >= 1
+    assert metrics["improve_feedback_attempted"] == 1.0  # q2 failed on the tuning split
+    assert metrics["improve_feedback_written"] == 1.0
+    assert metrics["improve_flips_fixed"] == 1.0
+    assert len(res.loop.history) == 1

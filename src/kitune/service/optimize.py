@@ -266,11 +266,12 @@ class ServiceLoopEnv:
         """The query rewriter with the setting's instruction, or None when ``rewriter`` is not tuned."""
         if "rewriter" not in self.opts.programs or "rewriter" not in setting.prompts:
             return None
-        from kitune.lm import adapter_for
+        from kitune.lm import KituneLM, adapter_for
         from kitune.programs.query_rewriter import QueryRewriter
 
         lm = self.deps.lms["rewrite"]
-        rw = QueryRewriter(setting.prompts["rewriter"], adapter=adapter_for(lm))
+        adapter = adapter_for(lm) if isinstance(lm, KituneLM) else None
+        rw = QueryRewriter(setting.prompts["rewriter"], adapter=adapter)
         rw.set_lm(lm)
         return rw
 

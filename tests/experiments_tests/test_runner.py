@@ -1,0 +1,81 @@
+"""kitune.experiments.runner: optimiser factory and run_experiment wiring (tracker, registry, start)."""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "optimizers_tests"))
+
+from test_loop import FakeEnv
+
+from kitune.config import KituneConfig
+from kitune.errors import ConfigError
+from kitune.experiments.prompts import PromptRegistry, prompt_name
+from kitune.experiments.runner import make_optimizer, run_experiment
+from kitune.optimizers.gepa import GepaOptimizer
+from kitune.optimizers.mipro import MiproOptimizer
+from kitune.optimizers.stopping import Timeout
+from kitune.testing.tracking import RecordingTracker
+
+
+def _metric(gold: object, pred: object, trace: object = None) -> float:
+    return 0.0
+
+
+def test_make_optimizer_selects_and_sizes() -> None:
+    g = make_optimizer("gepa", _metric, reflection_lm=None, budget=7, rng=random.Random(0), budget_minutes=2)
+    assert isinstance(g, GepaOptimizer) and g.max_metric_calls == 7
+    assert isinstance(g.stopper, Timeout) and g.stopper.seconds == 120
+    m = make_optimizer("mipro", _metric, reflection_lm=None, budget=5, rng=random.Random(0))
+    assert isinstance(m, MiproOptimizer) and m.num_trials == 5
+    with pytest.raises(ConfigError, match="gepa or mipro"):
+        make_optimizer("adam", _metric, reflection_lm=None, budget=1, rng=random.Random(0))
+
+
+def test_run_experiment_starts_from_production_and_uses_config_weights(tmp_path: Path) -> None:
+    cfg = KituneConfig(
+        workdir=tmp_path / "w", corpus_name="fx", optimize={"accept_margin": 0.0, "token_weight": 0.0}
+    )
+    registry = PromptRegistry(cfg.mlflow_uri)
+    name = prompt_name("fx", "rewriter")
+    registry.promote(name, registry.register(name, "Production plan. 2").version)
+    tracker = RecordingTracker()
+    lines: list[str] = []
+    env = FakeEnv(["Better plan. 4"])
+    res = run_experiment(
+        cfg,
+        env,
+        programs=["rewriter"],
+        iterations=1,
+        state_dir=tmp_path / "s",
+        tracker=tracker,
+        log=lines.append,
+    )
+    rec = res.history[0]
+    assert (
+        rec.accepted and rec.val_score == pytest.approx(0.5) and rec.candidate_val_score == pytest.approx(1.0)
+    )
+    assert registry.get(name, "production").text == "Better plan. 4"
+    assert registry.get(name, "production").version == 2
+    assert tracker.by_name("iteration-0").metrics["accepted"] == 1.0
+    assert any("accepted" in line for line in lines) and lines[0].startswith("starting from")
+
+
+def test_run_experiment_without_a_registry_for_file_uris(tmp_path: Path) -> None:
+    cfg = KituneConfig(workdir=tmp_path / "w", tracking={"tracking_uri": f"file:{tmp_path / 'mlruns'}"})
+    lines: list[str] = []
+    res = run_experiment(
+        cfg,
+        FakeEnv(["Plan. 3"]),
+        programs=["rewriter"],
+        iterations=1,
+        state_dir=tmp_path / "s",
+        tracker=RecordingTracker(),
+        log=lines.append,
+    )
+    assert res.history[0].registered == {}
+    assert "prompt registry unavailable" in lines[0]
