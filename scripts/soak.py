@@ -9,7 +9,8 @@ invariants; every violation is listed and makes the exit code 1:
    prose) at ``--fault-rate``. Invariants: every document/question accounted for (done or failed
    with a reason), state file complete, ``kis_written == store.count()``, no answer other than
    the gold one (nothing fabricated), the cut-off record of a truncated reply never stored; then a
-   fault-free rerun finishes every failed document and question.
+   fault-free rerun (the provider recovered) finishes every failed document and question, and
+   readers see one trace per question.
 2. **crash** — ``--rounds`` rounds of: SIGKILL extraction and eval children (through the stub and
    the real LM layer) ``--kills`` times at seeded random points, resume, and compare with an
    uninterrupted run (same KIs field for field; one trace line per question, same answers).
@@ -172,9 +173,22 @@ def phase_faults(args: argparse.Namespace, work: Path, violations: list[str]) ->
                 violations.append(f"eval: {t.query_id} answered {t.exact_answer!r}, not the only reply given")
             if t.status == "failed" and not t.errors:
                 violations.append(f"eval: {t.query_id} failed without a reason")
+        qprov.plan = FaultPlan(seed=args.seed, rate=0.0)  # the provider recovers: failed ones rerun
+        rerun = evaluate(
+            questions, factory, skill="closed-book", concurrency=4, traces_path=traces_path, progress=False
+        )
+        rerun_status = Counter(t.status for t in rerun)
+        if rerun_status != Counter({"answered": len(questions)}):
+            violations.append(f"eval rerun: {dict(rerun_status)}, expected every question answered")
+        if [t.exact_answer for t in rerun] != [gold[q.query_id] for q in questions]:
+            violations.append("eval rerun: an answer differs from the only reply given")
+        if len(read_traces(traces_path)) != len(questions):
+            violations.append("eval rerun: readers do not see exactly one trace per question")
         out["eval"] = {
             "questions": len(questions),
             "status": dict(status),
+            "rerun_status": dict(rerun_status),
+            "trace_lines_on_disk": len(read_traces(traces_path, latest_only=False)),
             "invalid_steps": sum(1 for t in traces for s in t.steps if s.get("kind") == "invalid"),
             "faults_injected": dict(qprov.injected),
             "wall_s": round(wall, 1),
