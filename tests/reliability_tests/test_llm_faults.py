@@ -262,7 +262,7 @@ def test_eval_during_an_outage_is_retried_on_resume_and_counted_once(
     path = tmp_path / "run" / "traces.jsonl"
     with StubServer(default=Reply.server_error(503)) as stub:
         monkeypatch.setenv("KI_GW_URL", stub.base_url)
-        cfg = stub_config(stub.base_url, tmp_path, **{"lm.agent.num_retries": 1})
+        cfg = stub_config(stub.base_url, tmp_path, **{"lm.agent.num_retries": 0})
         lm = build_lm(cfg, "agent", backoff_base_s=0.01, max_wait_s=0.05)
         factory = lambda q: Agent(LiteLLMChatModel(lm=lm), closed_book_toolbox())  # noqa: E731
         down = evaluate(qs, factory, skill="closed-book", traces_path=path, progress=False)
