@@ -296,7 +296,7 @@ class ServiceLoopEnv:
         """
         import dspy
 
-        from kitune.service.extraction import default_state_path, extract_corpus
+        from kitune.service.extraction import default_state_path, extract_corpus, read_state
 
         extractor = self.extractor(setting)
         wanted = {d for q in questions for d in (*q.evidence_docids, *q.gold_docids)}
@@ -308,7 +308,11 @@ class ServiceLoopEnv:
             return {}
         cfg = self.setting_cfg(setting)
         store = self.store_for(setting)
-        self.log(f"extract {len(docs)} documents with {extractor.prompt_version}")
+        state_path = default_state_path(cfg, extractor.prompt_version)
+        done = read_state(state_path)
+        todo = sum(done.get(d.docid) != "ok" for d in docs)
+        if todo:
+            self.log(f"extract {todo} of {len(docs)} documents with {extractor.prompt_version}")
         with dspy.context(lm=self.deps.lms["extract"]):
             report = extract_corpus(
                 docs,
@@ -316,7 +320,7 @@ class ServiceLoopEnv:
                 extractor,
                 cfg=cfg,
                 ledger=self.deps.ledger,
-                state_path=default_state_path(cfg, extractor.prompt_version),
+                state_path=state_path,
                 progress=self.opts.progress,
             )
         self._extracted.add(key)
