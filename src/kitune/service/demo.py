@@ -223,11 +223,12 @@ def run_demo(
         log("step 2/5: baseline (search and fetch)")
         baseline = _baseline(env, questions, runs / "baseline.jsonl")
         log("step 3/5: in-context (KIs, no disambiguation)")
+        # run files are keyed by the setting: a rerun after a promotion re-evaluates, never reuses
         in_context = env.run_agent(
-            start, questions, traces_path=runs / "in-context.jsonl", disambiguation=False
+            start, questions, traces_path=runs / f"in-context-{start.key}.jsonl", disambiguation=False
         )
         log("step 4/5: feedback KIs, then in-context + disambiguation")
-        feedback = _feedback(env, start, in_context, demo_dir / "feedback.json")
+        feedback = _feedback(env, start, in_context, demo_dir / f"feedback-{start.key}.json")
         # the same traces file the loop uses for this setting, so its first evaluation is free
         disamb = env.run_agent(start, questions, traces_path=state_dir / "evals" / f"{start.key}.jsonl")
         flips = count_flips(in_context, disamb)
