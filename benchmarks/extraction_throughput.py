@@ -142,6 +142,64 @@ def run_level(
     }
 
 
+_BUCKETS = {
+    "litellm.completion (request build, HTTP, response parse, callbacks)": ("litellm/main.py", "completion"),
+    "dspy adapter format": ("dspy/adapters/base.py", "format"),
+    "dspy adapter parse": ("dspy/adapters/chat_adapter.py", "parse"),
+    "kitune parse_facts": ("kitune/programs/parsing.py", "parse_facts"),
+    "kitune apply_guardrails": ("kitune/programs/guardrails.py", "apply_guardrails"),
+    "store.upsert (embed + LanceDB commit + fsync)": ("kitune/retrieval/lance.py", "upsert"),
+    "KituneLM.forward (LM layer total)": ("kitune/lm.py", "forward"),
+}
+
+
+def profile_pipeline(docs: Sequence[Any], base: Path, cfg_overrides: dict[str, Any]) -> dict[str, Any]:
+    """CPU profile (cProfile on process time) of extract + upsert, one document at a time in this thread."""
+    import cProfile
+    import pstats
+    import time
+
+    import dspy
+
+    from kitune.config import load_config
+    from kitune.lm import build_lm
+    from kitune.programs.fact_extractor import FactExtractor
+    from kitune.retrieval import create_store
+
+    work = Path(tempfile.mkdtemp(prefix="profile-", dir=base))
+    cfg = load_config(overrides={**cfg_overrides, "workdir": str(work)})
+    lm = build_lm(cfg, "extract")
+    store = create_store(cfg)
+    extractor = FactExtractor.from_config(cfg)
+    prof = cProfile.Profile(time.process_time)
+    try:
+        with dspy.context(lm=lm):
+            extractor.extract_document(docs[0])  # warm-up
+            prof.enable()
+            for d in docs:
+                store.upsert(extractor.extract_document(d).kis)
+            prof.disable()
+    finally:
+        store.close()
+    stats = pstats.Stats(prof)
+    raw: Any = stats.stats  # type: ignore[attr-defined]
+    total = sum(v[2] for v in raw.values())
+    buckets = {}
+    for label, (file_part, func) in _BUCKETS.items():
+        cum = sum(v[3] for (f, _l, fn), v in raw.items() if fn == func and f.endswith(file_part))
+        buckets[label] = round(1000 * cum / len(docs), 2)
+    top = sorted(raw.items(), key=lambda kv: -kv[1][2])[:15]
+    return {
+        "docs": len(docs),
+        "cpu_ms_per_doc": round(1000 * total / len(docs), 2),
+        "cumulative_cpu_ms_per_doc": buckets,
+        "top_self_cpu_ms_per_doc": [
+            {"function": f"{Path(f).name}:{line}:{fn}", "ms_per_doc": round(1000 * v[2] / len(docs), 3)}
+            for (f, line, fn), v in top
+        ],
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--latency", type=float, default=1.0, help="stub latency per call, seconds (default 1)")
@@ -154,6 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="latency 0.5 s, levels 1,8,64, 1 repeat")
     ap.add_argument("--name", default=None, help="result file stem")
+    ap.add_argument("--profile", type=int, default=40, help="docs to CPU-profile sequentially (0: skip)")
     args = ap.parse_args(argv)
     if args.quick:
         args.latency, args.levels, args.repeats, args.rounds = 0.5, "1,8,64", 1, 3
@@ -222,6 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"failed {row['docs_failed_total']}",
                 flush=True,
             )
+        profile = profile_pipeline(docs[: args.profile], base, overrides) if args.profile > 0 else None
     finally:
         stop_ev.set()
         server.join(timeout=10)
@@ -267,12 +327,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         name,
         machine=machine,
         params={k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        results={"headline": headline, "levels": rows},
-        summary_md=table,
+        results={"headline": headline, "levels": rows, "profile": profile},
+        summary_md=table + ("\n\n" + _profile_md(profile) if profile else ""),
         notes=notes,
     )
     print(f"wrote benchmarks/results/{name}.json and .md")
     return 0
+
+
+def _profile_md(profile: dict[str, Any]) -> str:
+    rows = [[k, v] for k, v in profile["cumulative_cpu_ms_per_doc"].items()]
+    top = [[t["function"], t["ms_per_doc"]] for t in profile["top_self_cpu_ms_per_doc"][:10]]
+    return (
+        f"## Where the CPU goes (cProfile, {profile['docs']} docs one at a time, "
+        f"{profile['cpu_ms_per_doc']} CPU ms/doc under the profiler)\n\n"
+        + markdown_table(["stage (cumulative)", "CPU ms/doc"], rows)
+        + "\n\n"
+        + markdown_table(["function (self time)", "CPU ms/doc"], top)
+    )
 
 
 if __name__ == "__main__":
