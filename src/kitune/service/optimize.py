@@ -14,7 +14,8 @@
 * **improve** — (a) prompt optimisation (GEPA or MIPROv2) of each selected program, (b) Optuna
   knobs with an LLM-free objective (answer-bearing recall of the KIs ``get_context`` returns
   for the tuning questions, plain plans), its study on disk at ``<state>/knobs.journal``, and
-  (c) feedback KIs from the tuning failures, with the flips they cause on the tuning questions.
+  (c) feedback KIs from the tuning failures, with the flips they cause on the tuning questions
+  (the three live in :mod:`kitune.service.improve`).
 
 Every dependency (LMs, agent model, judge, store factory, corpus store) can be injected through
 :class:`LoopDeps`, so the whole loop runs in tests with scripted models.
@@ -34,9 +35,9 @@ from kitune.data.examples import split_questions
 from kitune.data.loaders import Question
 from kitune.errors import ConfigError, DataError, DocumentNotFoundError, OptimizationError
 from kitune.evaluation.report import summarize
-from kitune.optimizers.feedback import collect_failures, count_flips, write_disambiguation_kis
+from kitune.optimizers.feedback import collect_failures
 from kitune.optimizers.loop import Evaluation, LoopResult, Proposal, Setting
-from kitune.optimizers.objective import answer_coverage, text_contains_answer
+from kitune.optimizers.objective import answer_coverage
 from kitune.schema import Document, Filter
 
 if TYPE_CHECKING:
@@ -63,16 +64,6 @@ PROGRAMS: tuple[str, ...] = ("extractor", "rewriter", "disambiguator")
 
 _PREDICTOR = {"extractor": "extract", "rewriter": "rewriter.planner", "disambiguator": "program.writer"}
 """Program → the predictor name its optimisation task exposes."""
-
-RETRIEVAL_KNOBS = (
-    "retrieval.branch_size",
-    "retrieval.rrf_k",
-    "retrieval.tag_weight",
-    "retrieval.lexical_weight",
-    "retrieval.semantic_weight",
-    "retrieval.confidence_floor",
-)
-"""Knobs the LLM-free objective can measure (no re-extraction or agent run needed)."""
 
 
 @dataclass(frozen=True)
@@ -162,7 +153,8 @@ def select_documents(
     return evidence, picked
 
 
-def _with_overrides(cfg: KituneConfig, overrides: Mapping[str, Any]) -> KituneConfig:
+def with_overrides(cfg: KituneConfig, overrides: Mapping[str, Any]) -> KituneConfig:
+    """``cfg`` with dotted-key ``overrides`` applied and re-validated (a bad value raises ValidationError)."""
     if not overrides:
         return cfg
     data = cfg.model_dump(mode="python")
@@ -178,8 +170,8 @@ def _with_overrides(cfg: KituneConfig, overrides: Mapping[str, Any]) -> KituneCo
 def _versioned_store_cfg(cfg: KituneConfig, extractor_version: str) -> KituneConfig:
     suffix = extractor_version.split("@", 1)[-1]
     if cfg.store.type == "lancedb":
-        return _with_overrides(cfg, {"store.table": f"{cfg.store.table}-{suffix}"})
-    return _with_overrides(cfg, {"store.index": f"{cfg.store.index}-{suffix}"})
+        return with_overrides(cfg, {"store.table": f"{cfg.store.table}-{suffix}"})
+    return with_overrides(cfg, {"store.index": f"{cfg.store.index}-{suffix}"})
 
 
 class ServiceLoopEnv:
@@ -218,7 +210,7 @@ class ServiceLoopEnv:
         )
         self._stores: dict[str, Store] = {}
         self._extracted: set[tuple[str, frozenset[str]]] = set()
-        self._lock = threading.RLock()
+        self.lock = threading.RLock()
         self.rng = random.Random(cfg.optimize.seed)
 
     # -- helpers ------------------------------------------------------------------------------
@@ -238,7 +230,7 @@ class ServiceLoopEnv:
 
     def setting_cfg(self, setting: Setting) -> KituneConfig:
         """``cfg`` with the setting's knobs applied."""
-        return _with_overrides(self.cfg, setting.knobs)
+        return with_overrides(self.cfg, setting.knobs)
 
     def extractor(self, setting: Setting) -> Any:
         """A ``FactExtractor`` with the setting's instruction and limits."""
@@ -249,7 +241,7 @@ class ServiceLoopEnv:
     def store_for(self, setting: Setting) -> Store:
         """The KI store of the setting's extractor version (opened once, disambiguation KIs carried over)."""
         version = self.extractor(setting).prompt_version
-        with self._lock:
+        with self.lock:
             if version in self._stores:
                 return self._stores[version]
             store = self.deps.store_factory(_versioned_store_cfg(self.setting_cfg(setting), version))
@@ -395,6 +387,8 @@ class ServiceLoopEnv:
 
     def improve(self, setting: Setting, tune: Evaluation, iteration: int) -> Proposal:
         """Prompt optimisation of each selected program, Optuna knobs, then feedback KIs."""
+        from kitune.service import improve
+
         prompts = dict(setting.prompts)
         knobs: dict[str, int | float] = dict(setting.knobs)
         metrics: dict[str, float] = {}
@@ -405,7 +399,7 @@ class ServiceLoopEnv:
             if program not in prompts:
                 continue
             try:
-                result = self.optimize_program(program, setting, failures, iteration)
+                result = improve.optimize_program(self, program, setting, failures, iteration)
             except OptimizationError as e:  # one program's failure never sinks the iteration
                 notes[f"{program}_error"] = str(e)[:1000]
                 metrics[f"{program}_failed"] = 1.0
@@ -423,171 +417,10 @@ class ServiceLoopEnv:
                 prompts[program] = new_text
                 programs[program] = result.program
         if self.opts.knob_trials > 0:
-            knobs.update(self.tune_knobs(setting, iteration, notes, metrics))
+            knobs.update(improve.tune_knobs(self, setting, iteration, notes, metrics))
         if self.opts.feedback and failures:
-            metrics.update(self.feedback(setting, tune, failures, iteration))
+            metrics.update(improve.write_feedback(self, setting, tune, failures, iteration))
         return Proposal(Setting(prompts, knobs), metrics=metrics, programs=programs, notes=notes)
-
-    # -- improvements -------------------------------------------------------------------------
-    def _optimizer(self, metric: Callable[..., Any]) -> Any:
-        from kitune.experiments.runner import make_optimizer
-
-        return make_optimizer(
-            self.opts.optimizer,
-            metric,
-            reflection_lm=self.deps.lms["reflection"],
-            budget=self.opts.max_metric_calls,
-            rng=random.Random(self.rng.randrange(2**31)),
-            budget_minutes=self.opts.budget_minutes,
-        )
-
-    def optimize_program(
-        self, program: str, setting: Setting, failures: Sequence[Any], iteration: int
-    ) -> Any:
-        """Run the optimiser on one program's task; None when it has no examples.
-
-        Raises:
-            OptimizationError: the optimiser failed.
-        """
-        import dspy
-
-        from kitune.optimizers import tasks
-        from kitune.optimizers.objective import LoopWeights
-
-        self.log(f"optimise {program} with {self.opts.optimizer} (iteration {iteration})")
-        if program == "extractor":
-            examples = tasks.extractor_examples(self.tune, self.get_document)
-            module: Any = self.extractor(setting)
-            metric: Callable[..., Any] = tasks.extractor_metric
-            lm = self.deps.lms["extract"]
-        elif program == "rewriter":
-            from kitune.programs.query_rewriter import QueryRewriter
-
-            examples = tasks.qa_examples(self.tune)
-            lm = self.deps.lms["rewrite"]
-            env = self
-
-            def factory(rw: Any) -> Any:
-                return env.context_fn(setting, rewriter=rw)
-
-            module = tasks.InContextQA(
-                QueryRewriter(setting.prompts["rewriter"]),
-                context_factory=factory,
-                chat_model=self.deps.chat_model,
-                cfg=self.setting_cfg(setting),
-                judge=self.deps.judge,
-                corpus_store=self.deps.corpus_store,
-            )
-            metric = tasks.make_rewriter_metric(LoopWeights.from_config(self.cfg))
-        elif program == "disambiguator":
-            from kitune.programs.disambiguator import Disambiguator
-            from kitune.service.context import context_ids
-
-            examples = tasks.disambiguator_examples(failures, self.get_document)
-            module = tasks.CheckedDisambiguator(
-                Disambiguator(setting.prompts["disambiguator"], corpus=self.cfg.corpus_name)
-            )
-            store = self.store_for(setting)
-            metric = tasks.disambiguator_metric(
-                store, context_ids(store=store, cfg=self.setting_cfg(setting))
-            )
-            lm = self.deps.lms["extract"]
-        else:
-            raise ConfigError(f"unknown program {program!r}: use {', '.join(PROGRAMS)}")
-        if not examples:
-            self.log(f"{program}: no examples this iteration, skipped")
-            return None
-        # the loop's own validation split guards over-fitting; inside, small sets are used whole
-        half = len(examples) // 2
-        train, val = (examples[:half], examples[half:]) if len(examples) >= 4 else (examples, examples)
-        with dspy.context(lm=lm):
-            return self._optimizer(metric).compile(module, trainset=train, valset=val)
-
-    def knob_objective(self, setting: Setting) -> Callable[[dict[str, int | float]], float]:
-        """LLM-free knob objective: share of tuning questions whose top KIs (plain plan) state the answer."""
-        from kitune.config import RetrievalConfig
-        from kitune.service.context import get_context
-
-        store = self.store_for(setting)
-        base = self.setting_cfg(setting)
-
-        def objective(params: dict[str, int | float]) -> float:
-            cfg = _with_overrides(base, params)
-            with self._lock:
-                old = getattr(store, "retrieval", None)
-                if old is not None:
-                    store.retrieval = RetrievalConfig.model_validate(cfg.retrieval.model_dump())  # type: ignore[attr-defined]
-                try:
-                    hits = 0
-                    for q in self.tune:
-                        resp = get_context(q.query, store=store, size=cfg.retrieval.default_size, cfg=cfg)
-                        hits += any(
-                            text_contains_answer(f"{k.title} {k.description}", q.golds) for k in resp.kis
-                        )
-                finally:
-                    if old is not None:
-                        store.retrieval = old  # type: ignore[attr-defined]
-            return hits / len(self.tune) if self.tune else 0.0
-
-        return objective
-
-    def tune_knobs(
-        self, setting: Setting, iteration: int, notes: dict[str, Any], metrics: dict[str, float]
-    ) -> dict[str, int | float]:
-        """Run the Optuna study (on disk, resumes) and return knob overrides if they beat the current ones."""
-        from kitune.optimizers.knobs import DEFAULT_KNOBS, KnobSpace, KnobStudy
-
-        space = KnobSpace(tuple(k for k in DEFAULT_KNOBS if k.key in RETRIEVAL_KNOBS))
-        objective = self.knob_objective(setting)
-        current = {k: v for k, v in space.current(self.setting_cfg(setting)).items()}
-        baseline = objective(dict(current))
-        study = KnobStudy(
-            self.state_dir / "knobs.journal",
-            f"{self.opts.run_name}-{setting.key}",
-            space=space,
-            seed=self.cfg.optimize.seed,
-        )
-        if not study.trials():
-            study.enqueue(current)
-        done = study.optimize(objective, self.opts.knob_trials)
-        best = study.best()
-        metrics.update(
-            {
-                "knob_trials": float(len(done)),
-                "knob_baseline": baseline,
-                "knob_best": float(best.value or 0.0),
-            }
-        )
-        notes["knob_best_params"] = dict(best.params)
-        if best.value is not None and best.value > baseline:
-            return dict(best.params)
-        return {}
-
-    def feedback(
-        self, setting: Setting, tune: Evaluation, failures: Sequence[Any], iteration: int
-    ) -> dict[str, float]:
-        """Write disambiguation KIs from ``failures`` and count flips on the tuning questions."""
-        from kitune.programs.disambiguator import Disambiguator
-        from kitune.service.context import context_ids
-
-        store = self.store_for(setting)
-        cfg = self.setting_cfg(setting)
-        self.log(f"feedback: {len(failures)} failure(s) → disambiguation KIs")
-        report = write_disambiguation_kis(
-            failures,
-            store=store,
-            disambiguator=Disambiguator(setting.prompts.get("disambiguator"), corpus=cfg.corpus_name),
-            get_document=self.get_document,
-            context_fn=context_ids(store=store, cfg=cfg, size=cfg.retrieval.default_size),
-            lm=self.deps.lms["extract"],
-            top_k=cfg.retrieval.default_size,
-        )
-        metrics = report.to_metrics()
-        if report.written:
-            path = self.state_dir / "evals" / f"{setting.key}-feedback-{iteration}.jsonl"
-            after = self.run_agent(setting, self.tune, traces_path=path)
-            metrics.update(count_flips(tune.traces, after).to_metrics())
-        return metrics
 
     def close(self) -> None:
         """Close every store opened."""

@@ -1,0 +1,206 @@
+"""The three improvements of one loop iteration, as functions of a :class:`ServiceLoopEnv`.
+
+* :func:`optimize_program` — GEPA (or MIPROv2) on one program's task
+  (:mod:`kitune.optimizers.tasks`): the extractor on its tuning questions' gold documents, the
+  rewriter through whole agent episodes, the disambiguator on the tuning failures;
+* :func:`tune_knobs` — Optuna over the retrieval knobs with the LLM-free
+  :func:`knob_objective` (answer-bearing recall of ``get_context`` on the tuning questions), the
+  study on disk at ``<state>/knobs.journal`` so it resumes;
+* :func:`write_feedback` — disambiguation KIs from the failures, then the flips they cause on
+  the tuning questions.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from kitune.errors import ConfigError
+from kitune.optimizers.feedback import count_flips, write_disambiguation_kis
+from kitune.optimizers.loop import Evaluation, Setting
+from kitune.optimizers.objective import text_contains_answer
+
+if TYPE_CHECKING:
+    from kitune.service.optimize import ServiceLoopEnv
+
+__all__ = [
+    "RETRIEVAL_KNOBS",
+    "knob_objective",
+    "make_program_optimizer",
+    "optimize_program",
+    "tune_knobs",
+    "write_feedback",
+]
+
+RETRIEVAL_KNOBS = (
+    "retrieval.branch_size",
+    "retrieval.rrf_k",
+    "retrieval.tag_weight",
+    "retrieval.lexical_weight",
+    "retrieval.semantic_weight",
+    "retrieval.confidence_floor",
+)
+"""Knobs the LLM-free objective can measure (no re-extraction or agent run needed)."""
+
+
+def make_program_optimizer(env: ServiceLoopEnv, metric: Callable[..., Any]) -> Any:
+    """The optimiser the options select, seeded from the environment's RNG."""
+    from kitune.experiments.runner import make_optimizer
+
+    return make_optimizer(
+        env.opts.optimizer,
+        metric,
+        reflection_lm=env.deps.lms["reflection"],
+        budget=env.opts.max_metric_calls,
+        rng=random.Random(env.rng.randrange(2**31)),
+        budget_minutes=env.opts.budget_minutes,
+    )
+
+
+def optimize_program(
+    env: ServiceLoopEnv, program: str, setting: Setting, failures: Sequence[Any], iteration: int
+) -> Any:
+    """Run the optimiser on one program's task; None when it has no examples.
+
+    Raises:
+        OptimizationError: the optimiser failed.
+    """
+    import dspy
+
+    from kitune.optimizers import tasks
+    from kitune.optimizers.objective import LoopWeights
+
+    env.log(f"optimise {program} with {env.opts.optimizer} (iteration {iteration})")
+    if program == "extractor":
+        examples = tasks.extractor_examples(env.tune, env.get_document)
+        module: Any = env.extractor(setting)
+        metric: Callable[..., Any] = tasks.extractor_metric
+        lm = env.deps.lms["extract"]
+    elif program == "rewriter":
+        from kitune.programs.query_rewriter import QueryRewriter
+
+        examples = tasks.qa_examples(env.tune)
+        lm = env.deps.lms["rewrite"]
+
+        def factory(rw: Any) -> Any:
+            return env.context_fn(setting, rewriter=rw)
+
+        module = tasks.InContextQA(
+            QueryRewriter(setting.prompts["rewriter"]),
+            context_factory=factory,
+            chat_model=env.deps.chat_model,
+            cfg=env.setting_cfg(setting),
+            judge=env.deps.judge,
+            corpus_store=env.deps.corpus_store,
+        )
+        metric = tasks.make_rewriter_metric(LoopWeights.from_config(env.cfg))
+    elif program == "disambiguator":
+        from kitune.programs.disambiguator import Disambiguator
+        from kitune.service.context import context_ids
+
+        examples = tasks.disambiguator_examples(failures, env.get_document)
+        module = tasks.CheckedDisambiguator(
+            Disambiguator(setting.prompts["disambiguator"], corpus=env.cfg.corpus_name)
+        )
+        store = env.store_for(setting)
+        metric = tasks.disambiguator_metric(store, context_ids(store=store, cfg=env.setting_cfg(setting)))
+        lm = env.deps.lms["extract"]
+    else:
+        raise ConfigError(f"unknown program {program!r}: use extractor, rewriter or disambiguator")
+    if not examples:
+        env.log(f"{program}: no examples this iteration, skipped")
+        return None
+    # the loop's own validation split guards over-fitting; inside, small sets are used whole
+    half = len(examples) // 2
+    train, val = (examples[:half], examples[half:]) if len(examples) >= 4 else (examples, examples)
+    with dspy.context(lm=lm):
+        return make_program_optimizer(env, metric).compile(module, trainset=train, valset=val)
+
+
+def knob_objective(env: ServiceLoopEnv, setting: Setting) -> Callable[[dict[str, int | float]], float]:
+    """LLM-free knob objective: share of tuning questions whose top KIs (plain plan) state the answer."""
+    from kitune.config import RetrievalConfig
+    from kitune.service.context import get_context
+    from kitune.service.optimize import with_overrides
+
+    store = env.store_for(setting)
+    base = env.setting_cfg(setting)
+
+    def objective(params: dict[str, int | float]) -> float:
+        cfg = with_overrides(base, params)
+        with env.lock:
+            old = getattr(store, "retrieval", None)
+            if old is not None:
+                store.retrieval = RetrievalConfig.model_validate(cfg.retrieval.model_dump())  # type: ignore[attr-defined]
+            try:
+                hits = 0
+                for q in env.tune:
+                    resp = get_context(q.query, store=store, size=cfg.retrieval.default_size, cfg=cfg)
+                    hits += any(text_contains_answer(f"{k.title} {k.description}", q.golds) for k in resp.kis)
+            finally:
+                if old is not None:
+                    store.retrieval = old  # type: ignore[attr-defined]
+        return hits / len(env.tune) if env.tune else 0.0
+
+    return objective
+
+
+def tune_knobs(
+    env: ServiceLoopEnv, setting: Setting, iteration: int, notes: dict[str, Any], metrics: dict[str, float]
+) -> dict[str, int | float]:
+    """Run the Optuna study (on disk, resumes) and return knob overrides if they beat the current ones."""
+    from kitune.optimizers.knobs import DEFAULT_KNOBS, KnobSpace, KnobStudy
+
+    space = KnobSpace(tuple(k for k in DEFAULT_KNOBS if k.key in RETRIEVAL_KNOBS))
+    objective = knob_objective(env, setting)
+    current = {k: v for k, v in space.current(env.setting_cfg(setting)).items()}
+    baseline = objective(dict(current))
+    study = KnobStudy(
+        env.state_dir / "knobs.journal",
+        f"{env.opts.run_name}-{setting.key}",
+        space=space,
+        seed=env.cfg.optimize.seed,
+    )
+    if not study.trials():
+        study.enqueue(current)
+    done = study.optimize(objective, env.opts.knob_trials)
+    best = study.best()
+    metrics.update(
+        {
+            "knob_trials": float(len(done)),
+            "knob_baseline": baseline,
+            "knob_best": float(best.value or 0.0),
+        }
+    )
+    notes["knob_best_params"] = dict(best.params)
+    if best.value is not None and best.value > baseline:
+        return dict(best.params)
+    return {}
+
+
+def write_feedback(
+    env: ServiceLoopEnv, setting: Setting, tune: Evaluation, failures: Sequence[Any], iteration: int
+) -> dict[str, float]:
+    """Write disambiguation KIs from ``failures`` and count flips on the tuning questions."""
+    from kitune.programs.disambiguator import Disambiguator
+    from kitune.service.context import context_ids
+
+    store = env.store_for(setting)
+    cfg = env.setting_cfg(setting)
+    env.log(f"feedback: {len(failures)} failure(s) → disambiguation KIs")
+    report = write_disambiguation_kis(
+        failures,
+        store=store,
+        disambiguator=Disambiguator(setting.prompts.get("disambiguator"), corpus=cfg.corpus_name),
+        get_document=env.get_document,
+        context_fn=context_ids(store=store, cfg=cfg, size=cfg.retrieval.default_size),
+        lm=env.deps.lms["extract"],
+        top_k=cfg.retrieval.default_size,
+    )
+    metrics = report.to_metrics()
+    if report.written:
+        path = env.state_dir / "evals" / f"{setting.key}-feedback-{iteration}.jsonl"
+        after = env.run_agent(setting, env.tune, traces_path=path)
+        metrics.update(count_flips(tune.traces, after).to_metrics())
+    return metrics
