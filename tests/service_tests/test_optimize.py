@@ -177,3 +177,31 @@ def test_optimize_rewriter_and_disambiguator_run_their_tasks(tmp_path: Path) -> 
     assert metrics["improve_feedback_written"] == 1.0
     assert metrics["improve_flips_fixed"] == 1.0
     assert len(res.loop.history) == 1
+
+
+def test_failed_documents_are_tried_once_per_process(tmp_path: Path) -> None:
+    from kitune.optimizers.loop import Setting
+    from kitune.service.optimize import ServiceLoopEnv, load_slice
+
+    data = write_dataset(tmp_path / "data")
+    cfg = _cfg(tmp_path)
+    broken = RuleLM(lambda system, user: {"facts_json": "not json at all"})
+    deps = make_deps(broken, RuleLM(reflection_rule, json=True))
+    opts = OptimizeOptions(data_dir=data, programs=("extractor",), distractors=0, progress=False)
+    questions, docs = load_slice(cfg, opts)
+    env = ServiceLoopEnv(cfg, opts, deps, questions=questions, documents=docs, state_dir=tmp_path / "s")
+    setting = Setting({"extractor": "Extract facts."})
+    first = env.ensure_extracted(setting, questions)
+    assert first["extract_docs_failed"] == 4.0
+    calls = broken.calls
+    assert env.ensure_extracted(setting, questions[:2]) == {
+        "extract_docs_done": 0.0,
+        "extract_docs_failed": 0.0,
+        "extract_docs_skipped": 0.0,
+        "extract_kis_written": 0.0,
+        "extract_facts_dropped": 0.0,
+        "extract_parse_failures": 0.0,
+    }
+    assert broken.calls == calls  # no second attempt in this process
+    env2 = ServiceLoopEnv(cfg, opts, deps, questions=questions, documents=docs, state_dir=tmp_path / "s")
+    assert env2.ensure_extracted(setting, questions)["extract_docs_failed"] == 4.0  # a new run retries

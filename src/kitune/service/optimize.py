@@ -210,6 +210,8 @@ class ServiceLoopEnv:
         )
         self._stores: dict[str, Store] = {}
         self._extracted: set[tuple[str, frozenset[str]]] = set()
+        self._failed: dict[str, set[str]] = {}
+        """Extractor version → documents that failed in this process (retried by the next run only)."""
         self.lock = threading.RLock()
         self.rng = random.Random(cfg.optimize.seed)
 
@@ -283,6 +285,9 @@ class ServiceLoopEnv:
     def ensure_extracted(self, setting: Setting, questions: Sequence[Question]) -> dict[str, float]:
         """Extract the documents ``questions`` need (plus distractors) not yet done for this version.
 
+        A document that fails is not retried within this process (a rerun retries it), so a
+        document the model cannot handle costs one attempt per run, not one per evaluation.
+
         Returns:
             Extraction metrics (``extract_*``) of this call; ``{}`` when nothing was extracted.
         """
@@ -294,7 +299,12 @@ class ServiceLoopEnv:
         wanted = {d for q in questions for d in (*q.evidence_docids, *q.gold_docids)}
         evidence = {d for q in self.questions for d in (*q.evidence_docids, *q.gold_docids)}
         # the split's own documents plus every distractor (documents no selected question needs)
-        docs = [d for i, d in self.documents.items() if i in wanted or i not in evidence]
+        failed_here = self._failed.setdefault(extractor.prompt_version, set())
+        docs = [
+            d
+            for i, d in self.documents.items()
+            if (i in wanted or i not in evidence) and i not in failed_here  # one try per process
+        ]
         key = (extractor.prompt_version, frozenset(d.docid for d in docs))
         if key in self._extracted:
             return {}
@@ -316,6 +326,7 @@ class ServiceLoopEnv:
                 progress=self.opts.progress,
             )
         self._extracted.add(key)
+        failed_here.update(report.failed)
         metrics = {
             "extract_docs_done": float(report.docs_done),
             "extract_docs_failed": float(report.docs_failed),
