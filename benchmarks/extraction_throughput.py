@@ -210,12 +210,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="runs per level (median reported)")
     ap.add_argument("--data", type=Path, default=DEV_DATA, help="corpus folder (default shared dev)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--quick", action="store_true", help="latency 0.5 s, levels 1,8,64, 1 repeat")
+    ap.add_argument(
+        "--quick", action="store_true", help="latency 0.5 s, levels 1,8,64, 1 repeat, 10 profiled docs"
+    )
     ap.add_argument("--name", default=None, help="result file stem")
     ap.add_argument("--profile", type=int, default=40, help="docs to CPU-profile sequentially (0: skip)")
     args = ap.parse_args(argv)
     if args.quick:
         args.latency, args.levels, args.repeats, args.rounds = 0.5, "1,8,64", 1, 3
+        args.profile = min(args.profile, 10)
     name = args.name or ("extraction_throughput.quick" if args.quick else "extraction_throughput")
     levels = [int(x) for x in args.levels.split(",") if x.strip()]
     machine = machine_info()
