@@ -140,11 +140,12 @@ def test_missing_package_names_it_and_the_install_command(
 
 def test_missing_llama_cpp_server_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
     real = importlib.util.find_spec
-    monkeypatch.setattr(
-        importlib.util, "find_spec", lambda name, *a: None if name == "llama_cpp" else real(name, *a)
-    )
+    # Hide the server's three modules so the message is the same with or without [local] installed.
+    hidden = {"llama_cpp", "sse_starlette", "starlette_context"}
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in hidden else real(name, *a))
     with pytest.raises(
-        ConfigError, match=r"missing modules: llama_cpp\): run `bash scripts/install_local_model.sh`"
+        ConfigError,
+        match=r"missing modules: llama_cpp, sse_starlette, starlette_context\): run `bash scripts/install_local_model.sh`",
     ):
         localmodel.check_server_installed()
 
