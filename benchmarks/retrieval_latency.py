@@ -276,6 +276,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     final = results["phases"]["after_compaction"]
     worst = max(ph["search_hybrid"]["p95"] for ph in results["phases"].values())
+    ph = results["phases"]
+    results["ratios_p50"] = {
+        "after_churn_over_after_compaction": {
+            v: round(ph["after_churn"][v]["median"] / ph["after_compaction"][v]["median"], 2)
+            for v in VARIANTS
+        },
+        "get_context_over_search_hybrid": {
+            p: round(ph[p]["get_context"]["median"] / ph[p]["search_hybrid"]["median"], 2) for p in ph
+        },
+    }
     results["headline"] = {
         "n_kis": results["bulk_load"]["kis"],
         "get_context_p95_ms_after_compaction": final["get_context"]["p95"],
@@ -299,7 +309,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "written after it are searched exactly until optimize() folds them in.",
         "The machine is shared (see load averages): medians are more trustworthy than p95s.",
     ]
-    md = [_phase_table(results["phases"]), "", _other_table(results)]
+    ratios = results["ratios_p50"]["after_churn_over_after_compaction"]
+    md = [
+        _phase_table(results["phases"]),
+        "",
+        "p50 after churn / after compaction: " + ", ".join(f"{v} {r}x" for v, r in ratios.items()),
+        "",
+        _other_table(results),
+    ]
     write_results(
         name,
         machine=machine,

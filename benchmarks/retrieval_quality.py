@@ -206,6 +206,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         shutil.rmtree(base, ignore_errors=True)
 
     metric_cols = [f"recall@{k}" for k in KS] + ["ndcg@10", "all_evidence@10"]
+    results["ratios_over_bm25"] = {
+        emb: {
+            m: {
+                c: round(v[c] / res["methods"]["bm25"][c], 3) if res["methods"]["bm25"][c] else None
+                for c in metric_cols
+            }
+            for m, v in res["methods"].items()
+            if m != "bm25"
+        }
+        for emb, res in results["corpus"].items()
+    }
     rows = [
         [f"corpus / {emb}", m, *[v[c] for c in metric_cols]]
         for emb, res in results["corpus"].items()
