@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 from datetime import UTC, datetime
 
@@ -84,7 +85,7 @@ def test_e1_paraphrase_is_dropped() -> None:
         ({"object": "HotpotQA"}, "benchmark_marker"),
         ({"description": "canary 3f2a1b4c-1234-4abc-9def-0123456789ab"}, "benchmark_marker"),
         ({"subject": " "}, "empty_field"),
-        ({"evidence_span": "Acme Corp was founded in 2001"}, "evidence_not_found"),
+        ({"evidence_span": "Acme Corp was founded in 2001", "object": "2001"}, "evidence_not_found"),
     ],
 )
 def test_each_rule_drops_with_its_reason(change: dict[str, str], reason: str) -> None:
@@ -141,3 +142,47 @@ def test_evidence_checked_against_the_given_chunk_text() -> None:
     result = apply_guardrails([(BASE, chunk)], docid="d1", max_facts=5, now=NOW)
     assert result.kis == ()
     assert result.drop_counts == {"evidence_not_found": 1}
+
+
+def test_evidence_with_an_invented_full_stop_is_trimmed() -> None:
+    doc = "Acme Corp was founded in 1999 -- and later moved to Springfield."
+    fact = replace(BASE, evidence_span="Acme Corp was founded in 1999.")
+    counts: Counter[str] = Counter()
+    ki = check_fact(fact, doc, docid="d1", now=NOW, counters=counts)
+    assert not isinstance(ki, Drop)
+    assert ki.payload.evidence == ["Acme Corp was founded in 1999"]
+    assert counts["evidence_trimmed"] == 1
+
+
+def test_misquoted_evidence_is_repaired_from_the_sentence_holding_subject_and_object() -> None:
+    fact = replace(BASE, evidence_span="Acme was set up in 1999 by its founder")
+    counts: Counter[str] = Counter()
+    ki = check_fact(fact, DOC, docid="d1", now=NOW, counters=counts)
+    assert not isinstance(ki, Drop)
+    assert ki.payload.evidence == ["Acme Corp was founded in 1999 by Jane Roe."]
+    assert counts["evidence_repaired"] == 1
+
+
+def test_repair_needs_subject_and_object_in_one_sentence() -> None:
+    doc = "Acme Corp was founded by Jane Roe. The year 1999 saw a flood."
+    fact = replace(BASE, evidence_span="Acme Corp was founded in 1999")
+    assert isinstance(check_fact(fact, doc, docid="d1", now=NOW), Drop)
+    # subject words (>= 4 letters) may stand apart in the sentence
+    doc2 = "In 1999 the Acme trading Corp house opened."
+    fact2 = replace(BASE, subject="Acme Trading", evidence_span="made up")
+    ki = check_fact(fact2, doc2, docid="d1", now=NOW)
+    assert not isinstance(ki, Drop) and ki.payload.evidence == [doc2]
+
+
+def test_long_description_keeps_its_leading_sentences_that_fit() -> None:
+    first = "Acme Corp, an industrial firm, was founded in 1999 by Jane Roe. "
+    long = first + "It grew quickly. " * 30
+    counts: Counter[str] = Counter()
+    ki = check_fact(replace(BASE, description=long), DOC, docid="d1", now=NOW, counters=counts)
+    assert not isinstance(ki, Drop)
+    assert len(ki.description) <= 350 and ki.description.startswith(first.strip())
+    assert ki.description.endswith("It grew quickly.")
+    assert counts["description_trimmed"] == 1
+    one_sentence = "x" * 351
+    drop = check_fact(replace(BASE, description=one_sentence), DOC, docid="d1", now=NOW)
+    assert isinstance(drop, Drop) and drop.reason == "description_too_long"

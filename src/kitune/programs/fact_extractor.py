@@ -53,8 +53,8 @@ class ExtractFacts(dspy.Signature):  # type: ignore[misc]
     title: str = dspy.InputField(desc="Title of the document (may be empty).")
     text: str = dspy.InputField(desc="The document text, or one part of a long document.")
     facts_json: str = dspy.OutputField(
-        desc='A JSON array of facts, each {"title", "description", "subject", "predicate", "object", '
-        '"evidence_span", "confidence", "tags"}; [] when the text states no facts.'
+        desc='A JSON array with one object per fact, each with the keys "title", "description", '
+        '"subject", "predicate", "object", "evidence_span", "confidence" and "tags".'
     )
 
 

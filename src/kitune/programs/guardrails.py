@@ -8,7 +8,8 @@ reason                     rule
 =========================  ===================================================================
 ``empty_field``            subject, object, title, description or evidence is empty
 ``title_too_long``         title over 140 characters
-``description_too_long``   description over 350 characters
+``description_too_long``   description over 350 characters even after keeping only its
+                           leading whole sentences that fit (``description_trimmed``)
 ``bad_predicate``          predicate not snake_case ≤ 32 chars after normalising case,
                            spaces, hyphens and camelCase (``"Founded In"`` → ``founded_in``)
 ``mentions_source``        title/description/subject/object talks about the document, passage,
@@ -16,11 +17,20 @@ reason                     rule
 ``benchmark_marker``       any field names a benchmark (BrowseComp, MuSiQue, HotpotQA,
                            2WikiMultihopQA), a canary string, or holds a GUID
 ``evidence_not_found``     the evidence span is not a verbatim substring of the source text
-                           after :func:`kitune.text.fold_text` on both sides (case E1)
+                           after :func:`kitune.text.fold_text` on both sides (case E1), and
+                           no repair below finds a verbatim span that supports the fact
 ``duplicate``              same KI id as an earlier fact from this document
 ``invalid_ki``             the KI model still rejects the fact (reported with the message)
 ``over_cap``               beyond ``max_facts`` valid facts for the document
 =========================  ===================================================================
+
+Evidence repair (policy; the stored span is always a verbatim slice of the source): when the
+model's quote is not found, (1) edge punctuation and quote marks are trimmed and the search
+repeated (``evidence_trimmed``: small models end a clause with an invented full stop); then
+(2) the first sentence of the source that contains both the object and the subject (folded,
+case-insensitive; for the subject, its full name or, failing that, every one of its words of
+four or more letters) is used instead (``evidence_repaired``). A fact whose object appears in
+no sentence with its subject is still dropped as ``evidence_not_found``.
 
 Tags are normalised rather than dropped: each is slugified to lowercase ``a-z0-9-``; tags that
 end empty are removed. The stored evidence span is cut from the *original* text, with its
@@ -39,7 +49,7 @@ from pydantic import ValidationError
 
 from kitune.ki import DESCRIPTION_MAX_CHARS, KI, PREDICATE_MAX_CHARS, TITLE_MAX_CHARS, ki_id, slugify
 from kitune.programs.parsing import FactCandidate
-from kitune.text import find_span
+from kitune.text import find_span, fold_text
 
 __all__ = [
     "DROP_REASONS",
@@ -47,6 +57,7 @@ __all__ = [
     "GuardrailResult",
     "apply_guardrails",
     "check_fact",
+    "locate_evidence",
     "normalize_predicate",
     "normalize_tags",
 ]
@@ -124,6 +135,57 @@ def normalize_tags(tags: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(t for t in out if t))
 
 
+_SENTENCE_RE = re.compile(r"[^.!?\n]+(?:[.!?]+|$)")
+_EDGE_CHARS = " \t.,;:!?\"'\u2026\u201c\u201d\u2018\u2019()[]"
+
+
+def _contains(haystack: str, needle: str) -> bool:
+    return bool(needle) and fold_text(needle).casefold() in fold_text(haystack).casefold()
+
+
+def _subject_in(sentence: str, subject: str) -> bool:
+    if _contains(sentence, subject):
+        return True
+    words = [w for w in re.findall(r"\w+", fold_text(subject)) if len(w) >= 4]
+    return bool(words) and all(_contains(sentence, w) for w in words)
+
+
+def locate_evidence(
+    text: str, quote: str, *, subject: str, obj: str, counters: Counter[str] | None = None
+) -> tuple[int, int] | None:
+    """Find the evidence for a fact in ``text``, repairing near-miss quotes (see module docstring).
+
+    Args:
+        text: the original source text.
+        quote: the model's evidence span.
+        subject: the fact's subject.
+        obj: the fact's object (value).
+        counters: incremented with ``evidence_trimmed`` / ``evidence_repaired`` when a repair is used.
+
+    Returns:
+        ``(start, end)`` offsets into ``text`` of a verbatim span, or None when no span supports the fact.
+    """
+    counts: Counter[str] = counters if counters is not None else Counter()
+    span = find_span(text, quote)
+    if span is not None:
+        return span
+    trimmed = quote.strip(_EDGE_CHARS)
+    if trimmed and trimmed != quote and len(trimmed) >= 12:
+        span = find_span(text, trimmed)
+        if span is not None:
+            counts["evidence_trimmed"] += 1
+            return span
+    if len(fold_text(obj)) < 2:
+        return None
+    for m in _SENTENCE_RE.finditer(text):
+        sentence = m.group(0)
+        if _contains(sentence, obj) and _subject_in(sentence, subject):
+            lead = len(sentence) - len(sentence.lstrip())
+            counts["evidence_repaired"] += 1
+            return m.start() + lead, m.end() - (len(sentence) - len(sentence.rstrip()))
+    return None
+
+
 def check_fact(
     fact: FactCandidate,
     text: str,
@@ -158,7 +220,18 @@ def check_fact(
         return Drop("empty_field", fact.title, f"empty {', '.join(empty)}")
     if len(fact.title) > TITLE_MAX_CHARS:
         return Drop("title_too_long", fact.title, f"{len(fact.title)} > {TITLE_MAX_CHARS} chars")
-    if len(fact.description) > DESCRIPTION_MAX_CHARS:
+    description = fact.description.strip()
+    if len(description) > DESCRIPTION_MAX_CHARS:
+        kept = ""
+        for m in _SENTENCE_RE.finditer(description):
+            candidate = description[: m.end()].strip()
+            if len(candidate) > DESCRIPTION_MAX_CHARS:
+                break
+            kept = candidate
+        if kept:
+            counts["description_trimmed"] += 1
+            description = kept
+    if len(description) > DESCRIPTION_MAX_CHARS:
         return Drop(
             "description_too_long", fact.title, f"{len(fact.description)} > {DESCRIPTION_MAX_CHARS} chars"
         )
@@ -182,7 +255,7 @@ def check_fact(
         return Drop("benchmark_marker", fact.title, "a tag names a benchmark")
     if tags != list(fact.tags):
         counts["tags_normalised"] += 1
-    span = find_span(text, fact.evidence_span)
+    span = locate_evidence(text, fact.evidence_span, subject=fact.subject, obj=fact.object, counters=counts)
     if span is None:
         return Drop(
             "evidence_not_found", fact.title, f"evidence {fact.evidence_span[:80]!r} is not in the text"
@@ -192,7 +265,7 @@ def check_fact(
         return KI.from_fact(
             docid=docid,
             title=fact.title,
-            description=fact.description,
+            description=description,
             subject=fact.subject,
             predicate=predicate,
             obj=fact.object,
