@@ -50,13 +50,24 @@ def test_in_context_search_gated_until_two_failed_lookups() -> None:
     assert early.error and "opens after 2 get_context look-ups" in early.text and "2 more to go" in early.text
     ok = box.call("get_context", {"query": "capital of France"})
     assert ok.doc_ids == ("d1",) and box.failed_lookups == 0
-    box.call("get_context", {"query": "unknown thing"})
+    # turning to search after KIs came back means they did not answer: one failed look-up
     assert "1 more to go" in box.call("search", {"query": "Paris"}).text
+    assert "1 more to go" in box.call("search", {"query": "Paris"}).text  # not counted twice
     miss = box.call("get_context", {"query": "other thing"})
     assert miss.n_results == 0 and "No knowledge indicators matched" in miss.text
+    assert box.failed_lookups == 2  # the unanswered hit + the miss
     opened = box.call("search", {"query": "Paris"})
     assert opened.error is None and "d1" in opened.doc_ids
-    assert gc.calls == ["capital of France", "unknown thing", "other thing"]
+    assert gc.calls == ["capital of France", "other thing"]
+
+
+def test_two_lookups_that_did_not_answer_open_search() -> None:
+    hit = ContextObservation(text="KI: Paris is the capital of France [d1]", doc_ids=("d1",), n_results=1)
+    box = in_context_toolbox(fake_context({"a": hit, "b": hit}), corpus_store=FakeCorpusStore(DOCS))
+    box.call("get_context", {"query": "a"})
+    box.call("get_context", {"query": "b"})  # looked up again: "a" did not answer
+    assert box.failed_lookups == 1 and box.pending_lookup
+    assert box.call("search", {"query": "Paris"}).error is None  # searching: "b" did not answer
 
 
 def test_in_context_without_store_has_no_search() -> None:

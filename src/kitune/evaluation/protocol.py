@@ -40,7 +40,7 @@ _SKILL_RULES = {
     "in-context": (
         "Use get_context first: it returns pre-computed facts with the documents that support them. "
         "Break multi-hop questions into one look-up per hop. Use search only after two get_context "
-        "look-ups found nothing."
+        "look-ups did not answer the question."
     ),
     "closed-book": "Answer from your own knowledge; there is nothing to look up.",
 }

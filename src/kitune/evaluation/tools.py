@@ -7,8 +7,9 @@ Skills:
   characters each) and ``get_by_doc_id(docid)``.
 * ``in-context`` — ``get_context(query)`` (a caller-supplied function returning rendered KI
   text and the doc ids it cites) and, when a corpus store is given, a raw ``search`` fallback
-  that only works after two *failed* KI look-ups (no KI returned, or an error); earlier calls
-  return an instructive error observation.
+  that only works after two *failed* KI look-ups; earlier calls return an instructive error
+  observation. A look-up fails when it returns no KI or errors, or when the agent does not
+  answer after it but looks up again or turns to search (the KIs it got did not answer).
 * ``closed-book`` — no tools.
 
 Every tool returns an :class:`Observation`: text capped at ``max_chars`` with a truncation
@@ -121,6 +122,8 @@ class Toolbox:
     tools: dict[str, Tool] = field(default_factory=dict)
     max_chars: int = 8000
     failed_lookups: int = 0
+    pending_lookup: bool = False
+    """True while the last ``get_context`` returned KIs and the agent has not acted on it yet."""
 
     def describe(self) -> str:
         """The tool list as prompt text (one line per tool with its JSON arguments)."""
@@ -230,6 +233,9 @@ def in_context_toolbox(
     box = Toolbox(skill="in-context", max_chars=max_chars)
 
     def _lookup(query: str) -> Observation:
+        if box.pending_lookup:  # looking up again: the previous KIs did not answer
+            box.failed_lookups += 1
+            box.pending_lookup = False
         try:
             ctx = get_context(query)
         except Exception:
@@ -240,6 +246,7 @@ def in_context_toolbox(
             text = ctx.text or f"No knowledge indicators matched {query!r}."
         else:
             text = ctx.text
+            box.pending_lookup = True
         return Observation(
             text=text,
             doc_ids=ctx.doc_ids,
@@ -259,12 +266,13 @@ def in_context_toolbox(
         store = corpus_store
 
         def _search(query: str) -> Observation:
-            if box.failed_lookups < FAILED_LOOKUPS_BEFORE_SEARCH:
-                left = FAILED_LOOKUPS_BEFORE_SEARCH - box.failed_lookups
+            failed = box.failed_lookups + int(box.pending_lookup)  # searching: last KIs did not answer
+            if failed < FAILED_LOOKUPS_BEFORE_SEARCH:
+                left = FAILED_LOOKUPS_BEFORE_SEARCH - failed
                 return Observation(
                     text=(
                         f"ERROR: search is a fallback: it opens after {FAILED_LOOKUPS_BEFORE_SEARCH} "
-                        f"get_context look-ups that found nothing ({left} more to go). "
+                        f"get_context look-ups that did not answer ({left} more to go). "
                         "Call get_context with a different query first."
                     ),
                     error="search not allowed yet: fewer than 2 failed get_context look-ups",
@@ -274,7 +282,7 @@ def in_context_toolbox(
         box.tools["search"] = Tool(
             "search",
             f"Fallback raw document search (only after {FAILED_LOOKUPS_BEFORE_SEARCH} get_context "
-            "look-ups found nothing).",
+            "look-ups that did not answer).",
             {"query": "keywords"},
             _search,
         )
