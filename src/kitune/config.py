@@ -15,13 +15,14 @@ the embedded local model (llama.cpp), see :class:`LocalModelConfig`.
 
 from __future__ import annotations
 
+import contextvars
 import os
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from kitune.errors import ConfigError
@@ -50,6 +51,8 @@ __all__ = [
 
 Role = Literal["extract", "rewrite", "agent", "judge", "reflection"]
 ROLES: tuple[Role, ...] = ("extract", "rewrite", "agent", "judge", "reflection")
+
+_IGNORE_ENV: contextvars.ContextVar[bool] = contextvars.ContextVar("kitune_config_ignore_env", default=False)
 
 _SECRET_KEYS = {"api_key", "apikey", "password", "token", "secret", "bearer_token"}
 
@@ -243,6 +246,14 @@ class KituneConfig(BaseSettings):
     tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="MLflow tracking.")
     optimize: OptimizeConfig = Field(default_factory=OptimizeConfig, description="Optimisation loop.")
 
+    @field_validator("store", mode="before")
+    @classmethod
+    def _default_store_type(cls, value: Any) -> Any:
+        # KITUNE_STORE__TABLE=x (or a file with store: {path: ...}) names no type: the embedded store.
+        if isinstance(value, dict) and "type" not in value:
+            return {"type": "lancedb", **value}
+        return value
+
     @classmethod
     def settings_customise_sources(
         cls,
@@ -252,8 +263,11 @@ class KituneConfig(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # Environment beats the file; the file arrives as init kwargs. Overrides are merged
-        # into the environment layer by load_config.
+        # Environment beats the file; the file arrives as init kwargs. load_config validates
+        # the already-merged dict (file + env + overrides) with the environment switched off,
+        # so explicit overrides win.
+        if _IGNORE_ENV.get():
+            return (init_settings,)
         return (env_settings, init_settings)
 
     def uses_local_model(self, role: Role) -> bool:
@@ -345,7 +359,11 @@ def load_config(path: Path | str | None = None, overrides: dict[str, Any] | None
         cfg = KituneConfig(**data)
         if overrides:
             merged = _deep_merge(cfg.model_dump(mode="python"), _dotted_to_nested(overrides))
-            cfg = KituneConfig.model_validate(merged)
+            token = _IGNORE_ENV.set(True)
+            try:
+                cfg = KituneConfig.model_validate(merged)
+            finally:
+                _IGNORE_ENV.reset(token)
     except ValidationError as e:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()

@@ -70,3 +70,17 @@ def test_mask_secrets_shows_env_values_masked(monkeypatch):
     assert "sk-abcdefgh12345678" not in repr(mask_secrets(cfg))
     monkeypatch.delenv("GW_KEY")
     assert mask_secrets(cfg)["lm"]["gateway"]["api_key_value"] == "<unset>"
+
+
+def test_store_override_without_type_means_the_embedded_store(monkeypatch):
+    monkeypatch.setenv("KITUNE_STORE__TABLE", "kis-abc")
+    cfg = load_config()
+    assert cfg.store.type == "lancedb" and cfg.store.table == "kis-abc"
+    cfg2 = load_config(overrides={"store.table": "t2"})
+    assert cfg2.store.table == "t2"
+
+
+def test_overrides_beat_the_environment(monkeypatch):
+    monkeypatch.setenv("KITUNE_AGENT__MAX_STEPS", "12")
+    assert load_config(overrides={"agent.max_steps": 3}).agent.max_steps == 3
+    assert load_config().agent.max_steps == 12
