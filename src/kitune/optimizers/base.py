@@ -9,9 +9,11 @@ same shape gepa uses. :func:`get_candidate` reads it from a DSPy program and
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
+
+from kitune.errors import OptimizationError
 
 __all__ = [
     "Candidate",
@@ -19,7 +21,9 @@ __all__ = [
     "OptimizationResult",
     "Optimizer",
     "apply_candidate",
+    "compile_copy",
     "get_candidate",
+    "require_sets",
 ]
 
 Candidate = dict[str, str]
@@ -135,3 +139,43 @@ def apply_candidate(program: Any, candidate: Mapping[str, str]) -> Any:
         pred = predictors[name]
         pred.signature = pred.signature.with_instructions(text)
     return new
+
+
+def require_sets(label: str, trainset: Sequence[Any], valset: Sequence[Any]) -> None:
+    """Refuse an empty ``trainset`` or ``valset`` before an optimiser starts.
+
+    Args:
+        label: the optimiser as the message names it (``"GEPA"``, ``"MIPROv2"``).
+        trainset: examples the optimiser proposes from.
+        valset: examples the optimiser scores candidates on.
+
+    Raises:
+        OptimizationError: either set is empty (the message gives both sizes and the fix).
+    """
+    if not trainset or not valset:
+        raise OptimizationError(
+            f"{label} needs non-empty trainset and valset, got {len(trainset)} and {len(valset)} examples: "
+            "use more questions (--questions) or a smaller validation fraction"
+        )
+
+
+def compile_copy(label: str, program: Any, compile_fn: Callable[[Any], Any]) -> Any:
+    """Run ``compile_fn`` on a deep copy of ``program``; any failure becomes an OptimizationError.
+
+    Args:
+        label: the optimiser as the message names it (``"GEPA"``, ``"MIPROv2"``).
+        program: a ``dspy.Module``; left unchanged.
+        compile_fn: the wrapped optimiser's ``compile``, given the copy.
+
+    Returns:
+        What ``compile_fn`` returned (the optimised program).
+
+    Raises:
+        OptimizationError: ``"<label> failed on <Program>: <Error>: <message>"``, chained to the cause.
+    """
+    try:
+        return compile_fn(program.deepcopy())
+    except Exception as e:
+        raise OptimizationError(
+            f"{label} failed on {type(program).__name__}: {type(e).__name__}: {e}"
+        ) from e

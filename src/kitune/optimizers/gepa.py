@@ -15,8 +15,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from kitune.errors import OptimizationError
-from kitune.optimizers.base import CandidateScore, OptimizationResult, get_candidate
+from kitune.optimizers.base import (
+    CandidateScore,
+    OptimizationResult,
+    compile_copy,
+    get_candidate,
+    require_sets,
+)
 from kitune.optimizers.stopping import Stopper, as_gepa_stopper
 
 __all__ = ["GepaOptimizer"]
@@ -76,11 +81,7 @@ class GepaOptimizer:
         """
         import dspy
 
-        if not trainset or not valset:
-            raise OptimizationError(
-                f"GEPA needs non-empty trainset and valset, got {len(trainset)} and {len(valset)} examples: "
-                "use more questions (--questions) or a smaller validation fraction"
-            )
+        require_sets("GEPA", trainset, valset)
         baseline = get_candidate(program)
         gepa_stopper = as_gepa_stopper(self.stopper, input_tokens=self.input_tokens) if self.stopper else None
         kwargs: dict[str, Any] = {"stop_callbacks": [gepa_stopper]} if gepa_stopper else {}
@@ -99,12 +100,11 @@ class GepaOptimizer:
             warn_on_score_mismatch=False,
             gepa_kwargs=kwargs,
         )
-        try:
-            best = optimizer.compile(program.deepcopy(), trainset=list(trainset), valset=list(valset))
-        except Exception as e:
-            raise OptimizationError(
-                f"GEPA failed on {type(program).__name__}: {type(e).__name__}: {e}"
-            ) from e
+        best = compile_copy(
+            "GEPA",
+            program,
+            lambda copied: optimizer.compile(copied, trainset=list(trainset), valset=list(valset)),
+        )
         details = getattr(best, "detailed_results", None)
         history: tuple[CandidateScore, ...] = ()
         baseline_score: float | None = None

@@ -15,8 +15,13 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kitune.errors import OptimizationError
-from kitune.optimizers.base import CandidateScore, OptimizationResult, get_candidate
+from kitune.optimizers.base import (
+    CandidateScore,
+    OptimizationResult,
+    compile_copy,
+    get_candidate,
+    require_sets,
+)
 from kitune.optimizers.tasks import as_float_metric
 
 __all__ = ["MiproOptimizer"]
@@ -68,11 +73,7 @@ class MiproOptimizer:
         """
         import dspy
 
-        if not trainset or not valset:
-            raise OptimizationError(
-                f"MIPROv2 needs non-empty trainset and valset, got {len(trainset)} and {len(valset)} "
-                "examples: use more questions (--questions) or a smaller validation fraction"
-            )
+        require_sets("MIPROv2", trainset, valset)
         baseline = get_candidate(program)
         seed = self.rng.randrange(2**31)
         optimizer = dspy.MIPROv2(
@@ -87,9 +88,11 @@ class MiproOptimizer:
             verbose=False,
             track_stats=True,
         )
-        try:
-            best = optimizer.compile(
-                program.deepcopy(),
+        best = compile_copy(
+            "MIPROv2",
+            program,
+            lambda copied: optimizer.compile(
+                copied,
                 trainset=list(trainset),
                 valset=list(valset),
                 num_trials=self.num_trials,
@@ -100,11 +103,8 @@ class MiproOptimizer:
                 fewshot_aware_proposer=False,
                 requires_permission_to_run=False,
                 seed=seed,
-            )
-        except Exception as e:
-            raise OptimizationError(
-                f"MIPROv2 failed on {type(program).__name__}: {type(e).__name__}: {e}"
-            ) from e
+            ),
+        )
         trials = list(getattr(best, "trial_logs", {}).values()) if hasattr(best, "trial_logs") else []
         history: list[CandidateScore] = []
         for t in trials:
