@@ -39,7 +39,6 @@ from kitune.optimizers.feedback import (
     Flips,
     collect_failures,
     count_flips,
-    write_disambiguation_kis,
 )
 from kitune.optimizers.loop import LoopResult, Setting, initial_prompts
 from kitune.service.optimize import LoopDeps, OptimizeOptions, ServiceLoopEnv, load_slice
@@ -131,22 +130,10 @@ def _feedback(env: ServiceLoopEnv, setting: Setting, traces: Sequence[Trace], pa
     if path.is_file():  # resumable: feedback KIs of an earlier run are in the store already
         data = json.loads(path.read_text(encoding="utf-8"))
         return FeedbackReport(**{**data, "ki_ids": tuple(data.get("ki_ids", ()))})
-    from kitune.programs.disambiguator import Disambiguator
-    from kitune.service.context import context_ids
+    from kitune.service.improve import write_setting_kis
 
-    cfg = env.setting_cfg(setting)
-    store = env.store_for(setting)
     failures = collect_failures(traces, env.questions)
-    env.log(f"feedback: {len(failures)} in-context failure(s) → disambiguation KIs")
-    report = write_disambiguation_kis(
-        failures,
-        store=store,
-        disambiguator=Disambiguator(setting.prompts.get("disambiguator"), corpus=cfg.corpus_name),
-        get_document=env.get_document,
-        context_fn=context_ids(store=store, cfg=cfg, size=cfg.retrieval.default_size),
-        lm=env.deps.lms["extract"],
-        top_k=cfg.retrieval.default_size,
-    )
+    report = write_setting_kis(env, setting, failures, what="in-context failure(s)")
     path.parent.mkdir(parents=True, exist_ok=True)
     data = {"attempted": report.attempted, "written": report.written, "ki_ids": list(report.ki_ids)}
     path.write_text(json.dumps({**data, "rejected": report.rejected}, indent=2), encoding="utf-8")

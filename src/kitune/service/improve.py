@@ -6,8 +6,8 @@
 * :func:`tune_knobs` — Optuna over the retrieval knobs with the LLM-free
   :func:`knob_objective` (answer-bearing recall of ``get_context`` on the tuning questions), the
   study on disk at ``<state>/knobs.journal`` so it resumes;
-* :func:`write_feedback` — disambiguation KIs from the failures, then the flips they cause on
-  the tuning questions.
+* :func:`write_feedback` — disambiguation KIs from the failures (:func:`write_setting_kis`, which
+  the demo's feedback step uses too), then the flips they cause on the tuning questions.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kitune.errors import ConfigError
-from kitune.optimizers.feedback import count_flips, write_disambiguation_kis
+from kitune.optimizers.feedback import FeedbackReport, count_flips, write_disambiguation_kis
 from kitune.optimizers.loop import Evaluation, Setting
 from kitune.optimizers.objective import text_contains_answer
 
@@ -31,6 +31,7 @@ __all__ = [
     "optimize_program",
     "tune_knobs",
     "write_feedback",
+    "write_setting_kis",
 ]
 
 RETRIEVAL_KNOBS = (
@@ -179,17 +180,30 @@ def tune_knobs(
     return {}
 
 
-def write_feedback(
-    env: ServiceLoopEnv, setting: Setting, tune: Evaluation, failures: Sequence[Any], iteration: int
-) -> dict[str, float]:
-    """Write disambiguation KIs from ``failures`` and count flips on the tuning questions."""
+def write_setting_kis(
+    env: ServiceLoopEnv, setting: Setting, failures: Sequence[Any], *, what: str = "failure(s)"
+) -> FeedbackReport:
+    """Write disambiguation KIs from ``failures`` into the setting's store.
+
+    The setting's disambiguator prompt writes them; the extract LM answers; candidates come from
+    the setting's ``get_context`` at its default size.
+
+    Args:
+        env: the loop's environment (store, documents, LMs, log).
+        setting: whose store, knobs and disambiguator prompt are used.
+        failures: the wrong answers to write KIs for.
+        what: how the progress line names the failures.
+
+    Returns:
+        What :func:`~kitune.optimizers.feedback.write_disambiguation_kis` did.
+    """
     from kitune.programs.disambiguator import Disambiguator
     from kitune.service.context import context_ids
 
     store = env.store_for(setting)
     cfg = env.setting_cfg(setting)
-    env.log(f"feedback: {len(failures)} failure(s) → disambiguation KIs")
-    report = write_disambiguation_kis(
+    env.log(f"feedback: {len(failures)} {what} → disambiguation KIs")
+    return write_disambiguation_kis(
         failures,
         store=store,
         disambiguator=Disambiguator(setting.prompts.get("disambiguator"), corpus=cfg.corpus_name),
@@ -198,6 +212,13 @@ def write_feedback(
         lm=env.deps.lms["extract"],
         top_k=cfg.retrieval.default_size,
     )
+
+
+def write_feedback(
+    env: ServiceLoopEnv, setting: Setting, tune: Evaluation, failures: Sequence[Any], iteration: int
+) -> dict[str, float]:
+    """Write disambiguation KIs from ``failures`` and count flips on the tuning questions."""
+    report = write_setting_kis(env, setting, failures)
     metrics = report.to_metrics()
     if report.written:
         path = env.state_dir / "evals" / f"{setting.key}-feedback-{iteration}.jsonl"
