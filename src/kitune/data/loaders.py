@@ -36,6 +36,7 @@ __all__ = [
     "LoadReport",
     "Question",
     "SkippedLine",
+    "iter_lines",
     "load_corpus",
     "load_corpus_with_report",
     "load_dataset",
@@ -136,7 +137,7 @@ def _require_file(path: Path, what: str, fix: str) -> None:
         raise DataError(f"{what} {path} does not exist: {fix}", path=str(path))
 
 
-def _iter_lines(path: Path, skipped: list[SkippedLine] | None = None) -> Iterator[tuple[int, str]]:
+def iter_lines(path: Path, skipped: list[SkippedLine] | None = None) -> Iterator[tuple[int, str]]:
     """Yield ``(1-based line number, stripped line)`` for each non-blank line.
 
     Lines are decoded one by one, so one line of non-UTF-8 bytes is reported with its number:
@@ -199,7 +200,7 @@ def load_corpus_with_report(path: Path | str) -> tuple[list[Document], LoadRepor
     docs: list[Document] = []
     skipped: list[SkippedLine] = []
     seen: dict[str, int] = {}
-    for lineno, line in _iter_lines(file, skipped):
+    for lineno, line in iter_lines(file, skipped):
         try:
             record = json.loads(line)
         except json.JSONDecodeError as e:
@@ -260,7 +261,7 @@ def _read_qrels(
     path: Path, known_qids: Collection[str], known_docids: Collection[str] | None
 ) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
-    for lineno, line in _iter_lines(path):
+    for lineno, line in iter_lines(path):
         parts = line.split()
         if len(parts) != 4:
             raise DataError(
@@ -337,7 +338,7 @@ def _question_from_record(record: dict[str, Any], path: Path, lineno: int) -> Qu
 def _read_question_records(path: Path) -> list[Question]:
     questions: list[Question] = []
     seen: dict[str, int] = {}
-    for lineno, line in _iter_lines(path):
+    for lineno, line in iter_lines(path):
         try:
             record = json.loads(line)
         except json.JSONDecodeError as e:
@@ -378,7 +379,7 @@ def _load_browsecomp(root: Path, doc_ids: Collection[str] | None) -> list[Questi
     texts: dict[str, str] = {}
     if queries_path.is_file():
         order = []
-        for lineno, line in _iter_lines(queries_path):
+        for lineno, line in iter_lines(queries_path):
             qid, sep, text = line.partition("\t")
             if not sep:
                 raise DataError(

@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from kitune.data.loaders import Question, SkippedLine, load_corpus_with_report
+from kitune.data.loaders import Question, SkippedLine, iter_lines, load_corpus_with_report
 from kitune.errors import DataError
 from kitune.retrieval.base import CorpusStore
 from kitune.retrieval.embedders import Embedder
@@ -200,43 +200,33 @@ def _load_records(path: Path) -> LoadedCorpus:
     seen: dict[str, int] = {}
     counts: Counter[str] = Counter()
     examples: dict[str, list[str]] = {}
-    with path.open("rb") as fh:
-        for lineno, raw_bytes in enumerate(fh, start=1):
-            try:
-                line = raw_bytes.decode("utf-8").strip()
-            except UnicodeDecodeError as e:
-                skipped.append(
-                    SkippedLine(str(path), lineno, f"not valid UTF-8 ({e.reason} at byte {e.start})")
-                )
-                continue
-            if not line:
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                skipped.append(SkippedLine(str(path), lineno, f"invalid JSON: {e.msg}"))
-                continue
-            if not isinstance(record, dict):
-                skipped.append(
-                    SkippedLine(str(path), lineno, f"expected an object, got {type(record).__name__}")
-                )
-                continue
-            doc = record_to_document(record, f"{path.stem}-{lineno}")
-            if doc.docid in seen:
-                raise DataError(
-                    f"{path}:{lineno}: duplicate id {doc.docid!r} (first on line {seen[doc.docid]}): "
-                    "record ids must be unique; remove or renumber one of them",
-                    path=str(path),
-                    line=lineno,
-                )
-            seen[doc.docid] = lineno
-            docs.append(doc)
-            for key, value in doc.metadata.items():
-                counts[key] += 1
-                ex = examples.setdefault(key, [])
-                short = value[:80]
-                if len(ex) < _EXAMPLES_PER_FIELD and short not in ex:
-                    ex.append(short)
+    for lineno, line in iter_lines(path, skipped):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            skipped.append(SkippedLine(str(path), lineno, f"invalid JSON: {e.msg}"))
+            continue
+        if not isinstance(record, dict):
+            skipped.append(
+                SkippedLine(str(path), lineno, f"expected an object, got {type(record).__name__}")
+            )
+            continue
+        doc = record_to_document(record, f"{path.stem}-{lineno}")
+        if doc.docid in seen:
+            raise DataError(
+                f"{path}:{lineno}: duplicate id {doc.docid!r} (first on line {seen[doc.docid]}): "
+                "record ids must be unique; remove or renumber one of them",
+                path=str(path),
+                line=lineno,
+            )
+        seen[doc.docid] = lineno
+        docs.append(doc)
+        for key, value in doc.metadata.items():
+            counts[key] += 1
+            ex = examples.setdefault(key, [])
+            short = value[:80]
+            if len(ex) < _EXAMPLES_PER_FIELD and short not in ex:
+                ex.append(short)
     order = {name: i for i, name in enumerate(examples)}
     fields = tuple(
         FieldSummary(name=name, count=counts[name], examples=tuple(examples[name]))
