@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -28,6 +28,24 @@ prompts_app = typer.Typer(
 
 out = Console()
 
+_T = TypeVar("_T")
+
+
+def _or_fail(fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+    """``fn(*args, **kwargs)``; a KituneError exits 2 with its message (the prompts commands)."""
+    try:
+        return fn(*args, **kwargs)
+    except KituneError as e:
+        fail(str(e))
+
+
+def _or_exit_1(fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+    """``fn(*args, **kwargs)``; a KituneError exits 1 naming its type (the loop commands)."""
+    try:
+        return fn(*args, **kwargs)
+    except KituneError as e:
+        fail(f"{type(e).__name__}: {e}", code=1)
+
 
 def _when(ms: int | None) -> str:
     if not ms:
@@ -41,10 +59,7 @@ def list_cmd(config: ConfigOption = None) -> None:
     from kitune.service.prompts import list_prompts
 
     cfg = get_config(config)
-    try:
-        rows = list_prompts(cfg)
-    except KituneError as e:
-        fail(str(e))
+    rows = _or_fail(list_prompts, cfg)
     if not rows:
         out.print(f"No prompts registered yet in {cfg.mlflow_uri} (run `kitune optimize` first).")
         return
@@ -119,10 +134,7 @@ def diff_cmd(
     from kitune.service.prompts import diff_prompt_versions
 
     cfg = get_config(config)
-    try:
-        text = diff_prompt_versions(cfg, name, v1, v2)
-    except KituneError as e:
-        fail(str(e))
+    text = _or_fail(diff_prompt_versions, cfg, name, v1, v2)
     if not text:
         out.print(f"{name}: versions {v1} and {v2} are identical.", highlight=False)
         return
@@ -141,10 +153,7 @@ def promote_cmd(
     from kitune.service.prompts import promote_prompt
 
     cfg = get_config(config)
-    try:
-        pv = promote_prompt(cfg, name, version)
-    except KituneError as e:
-        fail(str(e))
+    pv = _or_fail(promote_prompt, cfg, name, version)
     out.print(f"{pv.name}: production → version {pv.version}", highlight=False)
 
 
@@ -157,10 +166,7 @@ def rollback_cmd(
     from kitune.service.prompts import rollback_prompt
 
     cfg = get_config(config)
-    try:
-        pv = rollback_prompt(cfg, name)
-    except KituneError as e:
-        fail(str(e))
+    pv = _or_fail(rollback_prompt, cfg, name)
     out.print(f"{pv.name}: production rolled back to version {pv.version}", highlight=False)
 
 
@@ -273,10 +279,7 @@ def optimize_cmd(
         run_name=run_name,
         progress=progress,
     )
-    try:
-        res = run_optimize(cfg, opts, log=_log)
-    except KituneError as e:
-        fail(f"{type(e).__name__}: {e}", code=1)
+    res = _or_exit_1(run_optimize, cfg, opts, log=_log)
     out.print(_history_table(res.loop.history, f"kitune optimize ({run_name})"))
     out.print(f"tune questions: {', '.join(res.tune_ids)}; validation: {', '.join(res.validation_ids)}")
     if res.loop.curves_md is not None:
@@ -323,10 +326,7 @@ def drift_check_cmd(
     from kitune.service.drift import drift_check
 
     cfg = get_config(config)
-    try:
-        report = drift_check(cfg, data, run_name=run_name, progress=progress, log=_log)
-    except KituneError as e:
-        fail(f"{type(e).__name__}: {e}", code=1)
+    report = _or_exit_1(drift_check, cfg, data, run_name=run_name, progress=progress, log=_log)
     out.print(_drift_table(report))
 
 
@@ -344,12 +344,9 @@ def drift_run_cmd(
     from kitune.service.drift import drift_run
 
     cfg = get_config(config)
-    try:
-        report, result = drift_run(
-            cfg, data, threshold=threshold, run_name=run_name, progress=progress, log=_log
-        )
-    except KituneError as e:
-        fail(f"{type(e).__name__}: {e}", code=1)
+    report, result = _or_exit_1(
+        drift_run, cfg, data, threshold=threshold, run_name=run_name, progress=progress, log=_log
+    )
     out.print(_drift_table(report))
     if result is None:
         out.print(f"drop {report.drop:.3f} ≤ {threshold:.3f}: the loop was not re-run")
@@ -433,10 +430,7 @@ def demo_cmd(
         progress=progress,
     )
     _log(f"kitune demo: config {path}, workdir {cfg.workdir / 'demo'}")
-    try:
-        res = run_demo(cfg, opts, log=_log)
-    except KituneError as e:
-        fail(f"{type(e).__name__}: {e}", code=1)
+    res = _or_exit_1(run_demo, cfg, opts, log=_log)
     out.print(_demo_table(res.summaries))
     f = res.flips
     out.print(
