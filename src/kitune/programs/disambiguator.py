@@ -35,7 +35,7 @@ from pydantic import ValidationError
 
 from kitune.errors import DocumentNotFoundError
 from kitune.ki import KI
-from kitune.programs.instructions import instruction_version, load_instruction
+from kitune.programs.instructions import resolve_instruction
 from kitune.retrieval.base import Store
 from kitune.text import find_span, fold_text
 
@@ -131,11 +131,7 @@ class Disambiguator(dspy.Module):  # type: ignore[misc]
         corpus: str = "corpus",
     ) -> None:
         super().__init__()
-        if instructions is None:
-            loaded = load_instruction("disambiguator")
-            instructions, self.prompt_version = loaded.text, loaded.version
-        else:
-            self.prompt_version = instruction_version("disambiguator", instructions)
+        instructions, self.prompt_version = resolve_instruction("disambiguator", instructions)
         self.writer = dspy.Predict(Disambiguate.with_instructions(instructions))
         self.max_document_chars = max_document_chars
         self.confidence = confidence

@@ -32,7 +32,7 @@ import dspy
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kitune.errors import ParseError
-from kitune.programs.instructions import instruction_version, load_instruction
+from kitune.programs.instructions import resolve_instruction
 from kitune.programs.parsing import extract_json
 from kitune.schema import Document
 
@@ -356,8 +356,7 @@ class DomainDescriber(dspy.Module):  # type: ignore[misc]
         retries: int = 1,
     ) -> None:
         super().__init__()
-        text = instructions if instructions is not None else load_instruction("domain_describer").text
-        self.prompt_version = instruction_version("domain_describer", text)
+        text, self.prompt_version = resolve_instruction("domain_describer", instructions)
         self.describe_domain = dspy.Predict(DescribeDomain.with_instructions(text))
         self.doc_chars = doc_chars
         self.max_questions = max_questions

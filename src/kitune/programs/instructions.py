@@ -15,7 +15,13 @@ from importlib import resources
 
 from kitune.errors import ConfigError
 
-__all__ = ["Instruction", "available_instructions", "instruction_version", "load_instruction"]
+__all__ = [
+    "Instruction",
+    "available_instructions",
+    "instruction_version",
+    "load_instruction",
+    "resolve_instruction",
+]
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_-]*$")
 
@@ -67,3 +73,22 @@ def load_instruction(name: str) -> Instruction:
         )
     text = resource.read_text(encoding="utf-8").strip()
     return Instruction(name=name, text=text, version=instruction_version(name, text))
+
+
+def resolve_instruction(name: str, instructions: str | None) -> tuple[str, str]:
+    """The instruction a program starts from and its version.
+
+    Args:
+        name: the program name, e.g. ``"judge"``.
+        instructions: the caller's text (used as given), or None for the packaged prompt.
+
+    Returns:
+        ``(text, "<name>@<sha8>")``.
+
+    Raises:
+        ValueError, ConfigError: as :func:`load_instruction`, when ``instructions`` is None.
+    """
+    if instructions is None:
+        loaded = load_instruction(name)
+        return loaded.text, loaded.version
+    return instructions, instruction_version(name, instructions)

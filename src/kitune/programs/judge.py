@@ -26,7 +26,7 @@ import dspy
 from dspy.utils.exceptions import AdapterParseError
 
 from kitune.errors import LMError
-from kitune.programs.instructions import instruction_version, load_instruction
+from kitune.programs.instructions import resolve_instruction
 
 __all__ = [
     "GradeResponse",
@@ -182,11 +182,7 @@ class Judge(dspy.Module):  # type: ignore[misc]
         super().__init__()
         if attempts < 1:
             raise ValueError(f"attempts={attempts}: use 1 or more")
-        if instructions is None:
-            loaded = load_instruction("judge")
-            instructions, self.prompt_version = loaded.text, loaded.version
-        else:
-            self.prompt_version = instruction_version("judge", instructions)
+        instructions, self.prompt_version = resolve_instruction("judge", instructions)
         self.grader = dspy.Predict(GradeResponse.with_instructions(instructions))
         self.attempts = attempts
 

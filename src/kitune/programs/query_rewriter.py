@@ -34,7 +34,7 @@ from pydantic import ValidationError
 
 from kitune.errors import ParseError
 from kitune.ki import entity_tag, slugify
-from kitune.programs.instructions import instruction_version, load_instruction
+from kitune.programs.instructions import resolve_instruction
 from kitune.schema import Filter, QueryPlan
 from kitune.usage import TokenLedger
 
@@ -249,11 +249,7 @@ class QueryRewriter(dspy.Module):  # type: ignore[misc]
         super().__init__()
         self.adapter = adapter
         self.ground_tags = ground_tags
-        if instructions is None:
-            loaded = load_instruction("rewriter")
-            instructions, self.prompt_version = loaded.text, loaded.version
-        else:
-            self.prompt_version = instruction_version("rewriter", instructions)
+        instructions, self.prompt_version = resolve_instruction("rewriter", instructions)
         self.planner = dspy.Predict(RewriteQuery.with_instructions(instructions))
         self.fallbacks: Counter[str] = Counter()
 
