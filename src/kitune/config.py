@@ -183,6 +183,11 @@ class ExtractionConfig(_Section):
     concurrency: int = Field(default=4, ge=1, le=256, description="Documents extracted in parallel.")
     chunk_chars: int = Field(default=6000, ge=500, description="Split documents longer than this.")
     write_batch_size: int = Field(default=256, ge=1, description="KIs buffered before a store write.")
+    flush_interval_s: float = Field(
+        default=10.0, ge=0.0,
+        description="Also write (and mark documents done) when the oldest buffered document waited this long; "
+        "bounds the work a crash can cost with a slow LLM.",
+    )
     max_doc_chars: int = Field(
         default=2_000_000,
         ge=1,

@@ -322,3 +322,15 @@ def test_progress_bar_run_gives_the_same_report(capsys: pytest.CaptureFixture[st
     assert (report.docs_done, report.kis_written) == (2, 4)
     assert sorted(seen) == ["d0", "d1"]
     assert "extract" in capsys.readouterr().err
+
+
+def test_flush_interval_commits_each_finished_doc_so_a_crash_loses_little(tmp_path: Path) -> None:
+    # Found by following the README: with the local model (~30 s/doc) a 256-KI batch meant a
+    # kill -9 lost every finished document. flush_interval_s=0 writes after each document.
+    store = RecordingStore()
+    state = tmp_path / "state.jsonl"
+    seen_in_state: list[set[str]] = []
+    cfg = _cfg(**{"extraction.write_batch_size": 256, "extraction.flush_interval_s": 0.0})
+    _run(DummyLM(_answers()), store, cfg, state, on_result=lambda r: seen_in_state.append(set(read_state(state))))
+    assert store.batches == [2, 2, 2, 2, 2, 2]
+    assert seen_in_state[0] == {"d0"} and seen_in_state[2] == {"d0", "d1", "d2"}

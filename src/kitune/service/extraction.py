@@ -11,7 +11,9 @@
   whose last status is ``ok`` and retries ``failed`` ones. A truncated last line (a crash while
   writing) is ignored.
 * **Commit before done** — KIs are buffered and written with ``store.upsert`` in batches of
-  ``cfg.extraction.write_batch_size``; a document is marked ``ok`` only after the batch holding
+  ``cfg.extraction.write_batch_size`` (or sooner, once ``cfg.extraction.flush_interval_s`` has
+  passed since the last write, so a slow LLM never leaves hours of finished documents
+  unrecorded); a document is marked ``ok`` only after the batch holding
   its KIs is committed and none of its KIs failed to write. A crash loses no committed work and
   never marks uncommitted work done.
 * **Isolation** — a document whose output stays malformed, or whose LM call raises, or whose
@@ -343,6 +345,8 @@ def extract_corpus(
     writer = _StateWriter(state_path, extractor.prompt_version)
     bar = _Progress(progress, len(todo), ledger, marker)
     batch_size = cfg.extraction.write_batch_size
+    flush_interval_s = cfg.extraction.flush_interval_s
+    last_flush = time.monotonic()
 
     counters: Counter[str] = Counter()
     drops: Counter[str] = Counter()
@@ -353,7 +357,8 @@ def extract_corpus(
     written = write_failures = done = finished = 0
 
     def flush() -> None:
-        nonlocal written, write_failures, done
+        nonlocal written, write_failures, done, last_flush
+        last_flush = time.monotonic()
         if not pending:
             return
         result = store.upsert(buffer) if buffer else None
@@ -384,7 +389,7 @@ def extract_corpus(
                 truncated.add(res.docid)
             buffer.extend(res.kis)
             pending.append(res)
-            if len(buffer) >= batch_size:
+            if len(buffer) >= batch_size or time.monotonic() - last_flush >= flush_interval_s:
                 flush()
         else:
             failed[res.docid] = res.error
