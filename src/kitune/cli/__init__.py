@@ -56,5 +56,10 @@ def _register() -> None:
 
 def main() -> None:
     """Console-script entry point."""
+    import os
+
+    # Offline by default: LiteLLM otherwise tries to download its price list at import time
+    # (several warnings and ~7 s on a machine without internet).
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     _register()
     app()
