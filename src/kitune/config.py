@@ -224,12 +224,40 @@ class OptimizeConfig(_Section):
 
     optimizer: Literal["gepa", "mipro"] = Field(default="gepa", description="DSPy optimiser.")
     iterations: int = Field(default=2, ge=1, le=100, description="Loop iterations.")
-    accept_margin: float = Field(default=0.0, ge=0.0, le=1.0, description="Validation gain needed to accept.")
+    accept_margin: float = Field(
+        default=0.0, ge=0.0, le=1.0, description="Paired validation score gain needed to accept (0: any gain)."
+    )
     validation_fraction: float = Field(default=0.5, gt=0.0, lt=1.0, description="Share of questions held out.")
     seed: int = Field(default=0, description="Seed for splits and optimisers.")
-    accuracy_weight: float = Field(default=1.0, ge=0.0, description="Metric weight of judge accuracy.")
-    token_weight: float = Field(default=0.1, ge=0.0, description="Metric penalty per 10k input tokens.")
-    timeout_weight: float = Field(default=0.2, ge=0.0, description="Metric penalty per timed-out question.")
+    accuracy_weight: float = Field(
+        default=1.0, ge=0.0, description="Loop-score weight of the accuracy difference to the reference run."
+    )
+    token_weight: float = Field(
+        default=0.1,
+        ge=0.0,
+        description="Loop-score penalty per doubling of input tokens per question relative to the reference run "
+        "(scale-free: the same at 5k and 1.8M tokens).",
+    )
+    timeout_weight: float = Field(
+        default=0.2, ge=0.0, description="Loop-score penalty per unit of timeout-rate difference to the reference."
+    )
+    max_failed_share: float = Field(
+        default=0.2,
+        ge=0.0,
+        le=1.0,
+        description="Above this share of failed questions (LLM calls that did not go through) in a run, "
+        "the loop neither accepts nor rejects.",
+    )
+    require_significance: bool = Field(
+        default=False,
+        description="Also require the paired bootstrap 95% interval of the accuracy gain above 0 to accept.",
+    )
+    max_feedback_attempts: int = Field(
+        default=2,
+        ge=1,
+        le=10,
+        description="Disambiguation attempts per question across iterations (a new attempt needs a new wrong answer).",
+    )
 
 
 class KituneConfig(BaseSettings):

@@ -49,7 +49,11 @@ def test_ungraded_uses_exact_match() -> None:
 
 
 def test_counts_have_every_kind() -> None:
-    traces = [_trace(query_id="a"), _trace(query_id="b", judge_correct=True), _trace(query_id="c", doc_ids_seen=[])]
+    traces = [
+        _trace(query_id="a"),
+        _trace(query_id="b", judge_correct=True),
+        _trace(query_id="c", doc_ids_seen=[]),
+    ]
     counts = count_failure_kinds(traces)
     assert list(counts) == list(FAILURE_KINDS)
     assert counts["wrong_entity"] == 1 and counts["no_candidate"] == 1 and sum(counts.values()) == 2

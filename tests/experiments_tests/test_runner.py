@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "optimizers_tests"))
 
-from test_loop import FakeEnv
+from test_loop import FakeEnv, _p
 
 from kitune.config import KituneConfig
 from kitune.errors import ConfigError
@@ -42,10 +42,10 @@ def test_run_experiment_starts_from_production_and_uses_config_weights(tmp_path:
     )
     registry = PromptRegistry(cfg.mlflow_uri)
     name = prompt_name("fx", "rewriter")
-    registry.promote(name, registry.register(name, "Production plan. 2").version)
+    registry.promote(name, registry.register(name, _p("Production plan. 2")).version)
     tracker = RecordingTracker()
     lines: list[str] = []
-    env = FakeEnv(["Better plan. 4"])
+    env = FakeEnv([_p("Better plan. 4")])
     res = run_experiment(
         cfg,
         env,
@@ -56,12 +56,18 @@ def test_run_experiment_starts_from_production_and_uses_config_weights(tmp_path:
         log=lines.append,
     )
     rec = res.history[0]
+    # scores are relative to the start setting's own first measurement (2/4 → 4/4: +0.5)
     assert (
-        rec.accepted and rec.val_score == pytest.approx(0.5) and rec.candidate_val_score == pytest.approx(1.0)
+        rec.accepted and rec.val_score == pytest.approx(0.0) and rec.candidate_val_score == pytest.approx(0.5)
     )
-    assert registry.get(name, "production").text == "Better plan. 4"
+    assert registry.get(name, "production").text == _p("Better plan. 4")
     assert registry.get(name, "production").version == 2
     assert tracker.by_name("iteration-0").metrics["accepted"] == 1.0
+    # one parent run per invocation with the weights, models and prompt versions; iterations nest in it
+    parent = tracker.by_name("s")
+    assert parent.params["weights.tokens_per_doubling"] == "0.0"
+    assert str(parent.params["prompt_version.rewriter"]).startswith("rewriter@")
+    assert tracker.by_name("iteration-0").parent_run_id == parent.run_id
     assert any("accepted" in line for line in lines) and lines[0].startswith("starting from")
 
 
@@ -70,7 +76,7 @@ def test_run_experiment_without_a_registry_for_file_uris(tmp_path: Path) -> None
     lines: list[str] = []
     res = run_experiment(
         cfg,
-        FakeEnv(["Plan. 3"]),
+        FakeEnv([_p("Plan. 3")]),
         programs=["rewriter"],
         iterations=1,
         state_dir=tmp_path / "s",

@@ -66,7 +66,7 @@ def test_count_flips_hand_made_case() -> None:
     assert flips.to_metrics()["flips_newly_wrong"] == 1.0
 
 
-def test_collect_failures_skips_right_blank_and_docless() -> None:
+def test_collect_failures_skips_right_and_docless_keeps_blank() -> None:
     qs = [
         Question("1", "Who opened the Old Mill Bakery?", "Tom O'Neill", gold_docids=("d1",)),
         Question("2", "When?", "1932", evidence_docids=("d2",)),
@@ -75,7 +75,11 @@ def test_collect_failures_skips_right_blank_and_docless() -> None:
     ]
     traces = [_t("1", "Tomas O'Neil", False), _t("2", "1932", True), _t("3", " ", False), _t("4", "z", False)]
     failures = collect_failures(traces, qs)
-    assert [(f.query_id, f.prediction, f.gold_docids) for f in failures] == [("1", "Tomas O'Neil", ("d1",))]
+    # a blank answer is kept (counted later as a rejected empty_prediction candidate, not skipped)
+    assert [(f.query_id, f.prediction, f.gold_docids) for f in failures] == [
+        ("1", "Tomas O'Neil", ("d1",)),
+        ("3", "", ("d1",)),
+    ]
 
 
 def test_write_disambiguation_kis_keeps_retrieved_and_counts_rejections() -> None:
@@ -85,8 +89,9 @@ def test_write_disambiguation_kis_keeps_retrieved_and_counts_rejections() -> Non
         Question("1", "Who opened the Old Mill Bakery in Harwick?", "Tom O'Neill", gold_docids=("d1",)),
         Question("2", "When was the Harwick bridge finished?", "1932", gold_docids=("d2",)),
         Question("3", "Missing doc?", "x", gold_docids=("nope",)),
+        Question("4", "Blank answer?", "x", gold_docids=("d1",)),
     ]
-    traces = [_t("1", "Tomas O'Neil", False), _t("2", "1931", False), _t("3", "y", False)]
+    traces = [_t("1", "Tomas O'Neil", False), _t("2", "1931", False), _t("3", "y", False), _t("4", "", False)]
     failures = collect_failures(traces, qs)
     lm = DummyLM(
         [
@@ -108,10 +113,16 @@ def test_write_disambiguation_kis_keeps_retrieved_and_counts_rejections() -> Non
         lm=lm,
         on_progress=lambda i, n: seen.append((i, n)),
     )
-    assert report.attempted == 3 and report.written == 1
-    assert report.rejected == {"title_missing_prediction": 1, "no_gold_document": 1}
+    assert report.attempted == 4 and report.written == 1
+    assert report.rejected == {"title_missing_prediction": 1, "no_gold_document": 1, "empty_prediction": 1}
+    assert [(q, p, ki is not None, why) for q, p, ki, why in report.outcomes] == [
+        ("1", "Tomas O'Neil", True, None),
+        ("2", "1931", False, "title_missing_prediction"),
+        ("3", "y", False, "no_gold_document"),
+        ("4", "", False, "empty_prediction"),
+    ]
     stored = list(store.iter_kis(Filter(subtypes=("disambiguation",))))
     assert [k.id for k in stored] == list(report.ki_ids)
     assert "disambiguation" in stored[0].tags
-    assert seen[-1] == (3, 3)
+    assert seen[-1] == (4, 4)
     assert report.to_metrics()["feedback_written"] == 1.0

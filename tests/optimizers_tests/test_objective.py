@@ -13,10 +13,12 @@ from kitune.evaluation.report import summarize
 from kitune.ki import KI
 from kitune.optimizers.objective import (
     LoopWeights,
+    RunStats,
     answer_coverage,
     extractor_feedback,
     ki_contains_answer,
     loop_score,
+    question_score,
     trace_feedback,
 )
 from kitune.programs.fact_extractor import DocExtraction
@@ -46,10 +48,54 @@ def test_loop_score_arithmetic() -> None:
         _trace("4", False, tokens=20_000),
     ]
     s = summarize(traces)
-    # accuracy 0.5; mean input tokens (agent + tools) 20,000 → 2.0 units; timeout rate 0.25
-    assert loop_score(s, LoopWeights(1.0, 0.1, 0.2)) == pytest.approx(0.5 - 0.2 - 0.05)
-    assert loop_score(s, LoopWeights(2.0, 0.0, 0.0)) == pytest.approx(1.0)
+    # no reference: absolute accuracy 0.5 and timeout rate 0.25, no token term
+    assert loop_score(s, None, LoopWeights(1.0, 0.1, 0.2)) == pytest.approx(0.5 - 0.05)
+    assert loop_score(s, None, LoopWeights(2.0, 0.0, 0.0)) == pytest.approx(1.0)
     assert loop_score(summarize([])) == 0.0
+    # against a reference at 1/4 accuracy, 10k tokens/question (agent + tools), no timeouts:
+    ref = summarize(
+        [_trace("1", True, tokens=10_000), *(_trace(str(i), False, tokens=10_000) for i in (2, 3, 4))]
+    )
+    w = LoopWeights(1.0, 0.1, 0.2)
+    assert loop_score(s, ref, w) == pytest.approx(
+        (0.5 - 0.25) - 0.1 * 1.0 - 0.2 * 0.25
+    )  # 2x tokens = 1 doubling
+    assert loop_score(ref, ref, w) == 0.0
+
+
+def _published(correct: int, tokens_m: float, timeouts: int, scale: float = 1.0) -> RunStats:
+    """A run of the published table (96 questions) at ``scale`` × its token count."""
+    return RunStats(correct / 96, tokens_m * 1e6 * scale / 96, timeouts / 96, 96)
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e-3])
+def test_score_ranks_accuracy_over_a_small_token_saving_at_any_scale(scale: float) -> None:
+    # issue 12 (d): 88/96 at 42.6M must rank above 60/96 at 38M (same timeouts), and the same at
+    # 1/1000 of the tokens; reference: the published baseline (60/96, 174.8M, 28 timeouts)
+    ref = _published(60, 174.8, 28, scale)
+    better = loop_score(_published(88, 42.6, 27, scale), ref)
+    cheaper = loop_score(_published(60, 38.0, 27, scale), ref)
+    assert better > cheaper
+    assert better == pytest.approx(0.4975, abs=1e-3)  # the module docstring's worked example
+    assert cheaper == pytest.approx(0.2223, abs=1e-3)
+    # against each other (either as the reference) the order holds too
+    assert loop_score(_published(88, 42.6, 28, scale), _published(60, 38.0, 28, scale)) > 0
+    assert loop_score(_published(60, 38.0, 28, scale), _published(88, 42.6, 28, scale)) < 0
+
+
+def test_question_score_is_scale_free_and_informative() -> None:
+    right, wrong = _trace("1", True, tokens=1000), _trace("2", False, tokens=1000)
+    for scale in (1, 1000):
+        r = _trace("1", True, tokens=500 * scale)
+        assert question_score(r, 1000 * scale) == pytest.approx(0.8 + 0.2)  # half the tokens
+        assert question_score(_trace("1", True, tokens=1000 * scale), 1000 * scale) == pytest.approx(0.9)
+        assert question_score(_trace("1", True, tokens=2000 * scale), 1000 * scale) == pytest.approx(0.8)
+    # at 1.8M tokens a correct answer still scores high and a wrong one low (the old metric gave 0 to both)
+    assert question_score(_trace("1", True, tokens=1_800_000), 1_800_000) == pytest.approx(0.9)
+    assert question_score(_trace("2", False, tokens=1_800_000), 1_800_000) == pytest.approx(0.1)
+    assert question_score(right) > question_score(wrong)
+    failed = Trace(query_id="f", skill="in-context", question="q", gold_answer="g", status="failed")
+    assert question_score(failed, 10) == 0.0
 
 
 def test_weights_from_config() -> None:

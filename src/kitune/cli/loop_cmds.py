@@ -301,7 +301,7 @@ def _drift_table(report: Any) -> Table:
         ("removed documents", len(report.removed_documents)),
         ("affected questions", len(report.affected_questions)),
         (
-            "reference score (last accepted)",
+            "reference accuracy (last accepted)",
             "-" if report.reference_score is None else f"{report.reference_score:.3f}",
         ),
         ("score on affected questions", "-" if report.score is None else f"{report.score:.3f}"),

@@ -42,7 +42,9 @@ __all__ = [
     "is_numeric_answer",
 ]
 
-FailureKind = Literal["wrong_entity", "wrong_number", "no_candidate", "out_of_budget", "grader_error", "failed"]
+FailureKind = Literal[
+    "wrong_entity", "wrong_number", "no_candidate", "out_of_budget", "grader_error", "failed"
+]
 """Why a question failed (see the module docstring for the rules)."""
 
 FAILURE_KINDS: tuple[FailureKind, ...] = (

@@ -18,6 +18,7 @@ from kitune.errors import ConfigError, TrackingError
 from kitune.optimizers.loop import LoopEnv, LoopResult, Setting, initial_prompts, run_loop
 from kitune.optimizers.objective import LoopWeights
 from kitune.optimizers.stopping import Timeout
+from kitune.programs.instructions import instruction_version
 
 if TYPE_CHECKING:
     from kitune.config import KituneConfig
@@ -107,22 +108,57 @@ def run_experiment(
     log(f"starting from {start.key}: " + ", ".join(f"{p} ({len(t)} chars)" for p, t in start.prompts.items()))
 
     def report(rec: Any) -> None:
-        verdict = "[green]accepted[/]" if rec.accepted else "rejected"
+        verdict = {"accepted": "[green]accepted[/]", "undecided": "[yellow]undecided[/]"}.get(
+            rec.decision, "rejected"
+        )
+        acc = (
+            ""
+            if rec.tune_accuracy is None
+            else f" (accuracy tune {rec.tune_accuracy:.0%}, validation {rec.val_accuracy or 0:.0%})"
+        )
         log(
-            f"iteration {rec.iteration}: tune {rec.tune_score:.3f}, validation {rec.val_score:.3f} → "
-            f"candidate {rec.candidate_val_score:.3f} {verdict}"
+            f"iteration {rec.iteration}: tune {rec.tune_score:+.3f}, validation {rec.val_score:+.3f}{acc} → "
+            f"candidate {rec.candidate_val_score:+.3f} {verdict}: {rec.reason}"
         )
 
-    return run_loop(
-        env,
-        start,
-        iterations=iterations,
-        state_dir=state_dir,
-        tracker=tracker,
-        registry=registry,
-        corpus=cfg.corpus_name,
-        weights=LoopWeights.from_config(cfg),
-        accept_margin=cfg.optimize.accept_margin,
-        params=params,
-        on_iteration=report,
-    )
+    o = cfg.optimize
+    weights = LoopWeights.from_config(cfg)
+    parent_params = {
+        **dict(params or {}),
+        "weights.accuracy": weights.accuracy,
+        "weights.tokens_per_doubling": weights.tokens,
+        "weights.timeouts": weights.timeouts,
+        "accept_margin": o.accept_margin,
+        "max_failed_share": o.max_failed_share,
+        "require_significance": o.require_significance,
+        "max_feedback_attempts": o.max_feedback_attempts,
+        "iterations": iterations,
+        **{
+            f"model.{role}": _model_label(cfg, role)
+            for role in ("extract", "rewrite", "agent", "judge", "reflection")
+        },
+        **{f"prompt_version.{p}": instruction_version(p, t) for p, t in start.prompts.items()},
+    }
+    with tracker.run(state_dir.name or "optimize", parent_params, tags={"kitune.kind": "optimize"}):
+        return run_loop(
+            env,
+            start,
+            iterations=iterations,
+            state_dir=state_dir,
+            tracker=tracker,
+            registry=registry,
+            corpus=cfg.corpus_name,
+            weights=weights,
+            accept_margin=o.accept_margin,
+            params=params,
+            on_iteration=report,
+            max_failed_share=o.max_failed_share,
+            require_significance=o.require_significance,
+            seed=o.seed,
+        )
+
+
+def _model_label(cfg: KituneConfig, role: str) -> str:
+    """The model a role uses as configured (``local/<name>`` for the embedded model), for logging."""
+    rc = cfg.lm.role(role)  # type: ignore[arg-type]
+    return rc.model or cfg.lm.gateway.default_model or f"local/{cfg.lm.local.model}"

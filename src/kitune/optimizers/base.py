@@ -176,6 +176,4 @@ def compile_copy(label: str, program: Any, compile_fn: Callable[[Any], Any]) -> 
     try:
         return compile_fn(program.deepcopy())
     except Exception as e:
-        raise OptimizationError(
-            f"{label} failed on {type(program).__name__}: {type(e).__name__}: {e}"
-        ) from e
+        raise OptimizationError(f"{label} failed on {type(program).__name__}: {type(e).__name__}: {e}") from e

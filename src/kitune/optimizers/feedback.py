@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from kitune.evaluation.failures import is_correct
 from kitune.programs.disambiguator import accept_if_retrieved, contains_folded
 
 if TYPE_CHECKING:
@@ -41,11 +42,6 @@ __all__ = [
 ]
 
 
-def is_correct(trace: Trace) -> bool:
-    """The judge's verdict when graded, else exact match."""
-    return bool(trace.judge_correct) if trace.is_graded else bool(trace.em)
-
-
 @dataclass(frozen=True)
 class Failure:
     """One wrong answer the disambiguator can learn from."""
@@ -54,13 +50,18 @@ class Failure:
     question: str
     gold_answer: str
     prediction: str
-    """The agent's wrong exact answer (non-blank)."""
+    """The agent's wrong exact answer (``""`` when it gave none)."""
     gold_docids: tuple[str, ...]
     """Candidate gold documents, best first (ones known to hold the answer first)."""
 
 
 def collect_failures(traces: Sequence[Trace], questions: Sequence[Question]) -> list[Failure]:
-    """The wrong, non-blank answers among ``traces`` with at least one gold document.
+    """The wrong answers among ``traces`` with at least one gold document.
+
+    Failed questions (their LLM calls did not go through) and grader errors are not failures of
+    the model and are skipped. A blank answer is kept (its ``prediction`` is ``""``): the
+    disambiguator cannot use it, and :func:`write_disambiguation_kis` counts it as a rejected
+    candidate (``empty_prediction``) instead of skipping it silently.
 
     Args:
         traces: evaluated questions.
@@ -73,7 +74,7 @@ def collect_failures(traces: Sequence[Trace], questions: Sequence[Question]) -> 
     out: list[Failure] = []
     for t in traces:
         q = by_id.get(t.query_id)
-        if q is None or is_correct(t) or not t.exact_answer.strip() or t.status == "failed":
+        if q is None or t.status == "failed" or t.judge_status == "grader_error" or is_correct(t):
             continue
         docs = tuple(dict.fromkeys((*q.gold_docids, *q.evidence_docids)))
         if not docs:
@@ -93,7 +94,10 @@ class FeedbackReport:
     ki_ids: tuple[str, ...] = ()
     """Ids of the kept KIs."""
     rejected: dict[str, int] = field(default_factory=dict)
-    """Reason code → count (``title_missing_gold``, ``not_retrieved``, ``no_gold_document`` …)."""
+    """Reason code → count (``title_missing_gold``, ``not_retrieved``, ``no_gold_document``,
+    ``empty_prediction`` …)."""
+    outcomes: tuple[tuple[str, str, str | None, str | None], ...] = ()
+    """Per failure, in order: ``(query id, prediction, kept KI id or None, rejection reason or None)``."""
 
     def to_metrics(self) -> dict[str, float]:
         """Flat metrics for tracking (``feedback_*``)."""
@@ -143,9 +147,13 @@ def write_disambiguation_kis(
     """
     rejected: Counter[str] = Counter()
     kept: list[str] = []
+    outcomes: list[tuple[str, str, str | None, str | None]] = []
     for i, f in enumerate(failures, 1):
-        doc = _gold_document(f, get_document)
-        if doc is None:
+        n_kept, before = len(kept), rejected.copy()
+        doc = _gold_document(f, get_document) if f.prediction.strip() else None
+        if not f.prediction.strip():
+            rejected["empty_prediction"] += 1
+        elif doc is None:
             rejected["no_gold_document"] += 1
         else:
             res = disambiguator.disambiguate(
@@ -163,10 +171,16 @@ def write_disambiguation_kis(
                         kept.append(res.ki.id)
                     else:
                         rejected["not_retrieved"] += 1
+        reason = next(iter(rejected - before), None)
+        outcomes.append((f.query_id, f.prediction, kept[-1] if len(kept) > n_kept else None, reason))
         if on_progress is not None:
             on_progress(i, len(failures))
     return FeedbackReport(
-        attempted=len(failures), written=len(kept), ki_ids=tuple(kept), rejected=dict(rejected)
+        attempted=len(failures),
+        written=len(kept),
+        ki_ids=tuple(kept),
+        rejected=dict(rejected),
+        outcomes=tuple(outcomes),
     )
 
 

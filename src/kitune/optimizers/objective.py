@@ -1,18 +1,33 @@
 """The loop metric and the textual feedback the optimisers reflect on.
 
-**Loop score** (what the loop accepts or rejects on, higher is better)::
+**Loop score** (what the loop accepts or rejects on, higher is better) is *relative to a
+reference run on the same questions* (the start setting's first measurement on that split, or
+the baseline skill), so it is scale-free::
 
-    loop_score = accuracy_weight · judge_accuracy
-                 − token_weight   · (mean input tokens per question / 10,000)
-                 − timeout_weight · timeout_rate
+    loop_score = accuracy_weight · (accuracy − accuracy_ref)
+                 − token_weight   · log2(tokens_per_question / tokens_per_question_ref)
+                 − timeout_weight · (timeout_rate − timeout_rate_ref)
 
-* ``judge_accuracy`` — judge-correct / graded, 0.0–1.0 (0.0 when nothing was graded);
-* mean input tokens per question — agent input tokens plus the tools' LLM input tokens (query
-  rewrites), divided by the number of questions;
-* ``timeout_rate`` — questions whose step budget ran out / questions, 0.0–1.0.
+* ``accuracy`` — judge-correct / graded, 0.0–1.0 (failed and grader-error questions excluded);
+* tokens per question — agent input tokens plus the tools' LLM input tokens (query rewrites),
+  over the questions that did not fail; the term is a *log-ratio*, so halving the tokens earns
+  ``token_weight`` and doubling them costs it, whatever the absolute scale;
+* ``timeout_rate`` — questions whose step budget ran out / questions that did not fail.
 
-The weights come from ``cfg.optimize`` (defaults 1.0, 0.1, 0.2): with them a run at 60%
-accuracy, 20k input tokens per question and 1 timeout in 10 scores ``0.6 − 0.2 − 0.02 = 0.38``.
+The reference run scores 0.0. Without a reference the token term is 0 and the accuracy and
+timeout terms are absolute. Defaults (``cfg.optimize``): accuracy 1.0, tokens 0.1 per doubling,
+timeouts 0.2 — a setting must buy a 2× token cost with ≥ 10 points of accuracy.
+
+Worked examples (reference: the published baseline, 60/96 correct, 174.8M input tokens, 28/96
+timeouts):
+
+* published scale — with KIs + disambiguation KIs, 88/96 at 42.6M, 27 timeouts:
+  ``1.0·(0.917−0.625) − 0.1·log2(42.6/174.8) − 0.2·(0.281−0.292) = 0.292 + 0.204 + 0.002 = 0.498``;
+  a run at 60/96 and 38M tokens with the same timeouts scores ``0 + 0.220 + 0.002 = 0.222``. The
+  accurate run wins, although it used 12% more tokens (the old additive penalty, 0.1 per 10k
+  tokens per question, ranked them the other way round: −3.58 vs −3.39).
+* 1/1000 of those tokens (42.6k vs 38k vs 174.8k): every ratio is the same, so the scores are
+  exactly the same (0.498, 0.222) and so is the ranking.
 
 **Feedback** (:func:`trace_feedback`): per question and per program, plain text GEPA's reflection
 LM reads — the wrong answer against the gold answer and its aliases, the evidence documents the
@@ -24,11 +39,13 @@ some KI extracted from a question's gold documents contains the normalised gold 
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from kitune.evaluation.failures import is_correct
 from kitune.text import normalize_answer
 
 if TYPE_CHECKING:
@@ -42,10 +59,13 @@ __all__ = [
     "ExtractorFeedback",
     "LoopWeights",
     "ProgramName",
+    "RunStats",
     "answer_coverage",
     "extractor_feedback",
     "ki_contains_answer",
     "loop_score",
+    "question_score",
+    "run_stats",
     "text_contains_answer",
     "trace_feedback",
 ]
@@ -53,20 +73,17 @@ __all__ = [
 ProgramName = Literal["extractor", "rewriter", "disambiguator"]
 """The programs whose instructions the loop optimises."""
 
-TOKENS_UNIT = 10_000
-"""Input tokens per question are divided by this before weighting."""
-
 
 @dataclass(frozen=True)
 class LoopWeights:
     """Weights of :func:`loop_score` (see the module docstring)."""
 
     accuracy: float = 1.0
-    """Weight of judge accuracy (0.0–1.0)."""
+    """Weight of the accuracy difference (accuracy in 0.0–1.0)."""
     tokens: float = 0.1
-    """Penalty per 10,000 mean input tokens per question."""
+    """Penalty per doubling of input tokens per question relative to the reference."""
     timeouts: float = 0.2
-    """Penalty per unit of timeout rate (0.0–1.0)."""
+    """Penalty per unit of timeout-rate difference (rates in 0.0–1.0)."""
 
     @classmethod
     def from_config(cls, cfg: Any) -> LoopWeights:
@@ -75,30 +92,92 @@ class LoopWeights:
         return cls(accuracy=o.accuracy_weight, tokens=o.token_weight, timeouts=o.timeout_weight)
 
 
-def loop_score(summary: RunSummary, weights: LoopWeights | None = None) -> float:
-    """The loop metric of one evaluated run (see the module docstring for the formula).
+@dataclass(frozen=True)
+class RunStats:
+    """The three quantities the loop score compares, over the questions that did not fail."""
+
+    accuracy: float
+    """Judge-correct / graded, 0.0–1.0 (0.0 when nothing was graded)."""
+    tokens_per_question: float
+    """Mean agent + tool input tokens per non-failed question."""
+    timeout_rate: float
+    """Timed-out / non-failed questions, 0.0–1.0."""
+    n: int
+    """Questions that did not fail."""
+
+
+def run_stats(summary: RunSummary) -> RunStats:
+    """The :class:`RunStats` of one run summary (failed questions excluded from every term)."""
+    n = max(summary.n_total - summary.n_failed, 0)
+    if n == 0:
+        return RunStats(0.0, 0.0, 0.0, 0)
+    tokens = (summary.input_tokens + summary.tool_input_tokens) / n
+    return RunStats(float(summary.accuracy or 0.0), tokens, summary.timeouts / n, n)
+
+
+def _log_ratio(value: float, reference: float) -> float:
+    """``log2(value / reference)``, with both floored at 1 token (an empty run is not infinitely cheap)."""
+    return math.log2(max(value, 1.0) / max(reference, 1.0))
+
+
+def loop_score(
+    summary: RunSummary | RunStats,
+    reference: RunSummary | RunStats | None = None,
+    weights: LoopWeights | None = None,
+) -> float:
+    """The loop metric of one evaluated run relative to a reference run (see the module docstring).
 
     Args:
-        summary: the run's :class:`~kitune.evaluation.report.RunSummary`.
+        summary: the run (a :class:`~kitune.evaluation.report.RunSummary` or its :class:`RunStats`).
+        reference: the reference run on the same questions; None: no token term, absolute
+            accuracy and timeout terms.
         weights: the weights (None: defaults, equal to ``OptimizeConfig``'s defaults).
 
     Returns:
-        A float, at most ``weights.accuracy``; 0.0 for an empty run.
+        A float; 0.0 for the reference itself and for a run with no non-failed question. Scale-free:
+        multiplying every token count of both runs by the same factor leaves it unchanged.
     """
     w = weights or LoopWeights()
-    n = summary.n_total
-    if n == 0:
+    s = summary if isinstance(summary, RunStats) else run_stats(summary)
+    if s.n == 0:
         return 0.0
-    accuracy = summary.accuracy or 0.0
-    tokens_per_q = (summary.input_tokens + summary.tool_input_tokens) / n
-    timeout_rate = summary.timeouts / n
-    return w.accuracy * accuracy - w.tokens * tokens_per_q / TOKENS_UNIT - w.timeouts * timeout_rate
+    if reference is None:
+        return w.accuracy * s.accuracy - w.timeouts * s.timeout_rate
+    r = reference if isinstance(reference, RunStats) else run_stats(reference)
+    if r.n == 0:
+        return w.accuracy * s.accuracy - w.timeouts * s.timeout_rate
+    return (
+        w.accuracy * (s.accuracy - r.accuracy)
+        - w.tokens * _log_ratio(s.tokens_per_question, r.tokens_per_question)
+        - w.timeouts * (s.timeout_rate - r.timeout_rate)
+    )
 
 
-def _is_correct(trace: Trace) -> bool:
-    if trace.is_graded:
-        return bool(trace.judge_correct)
-    return bool(trace.em)
+def question_score(
+    trace: Trace, reference_tokens: float | None = None, weights: LoopWeights | None = None
+) -> float:
+    """A per-question score in 0.0–1.0 for the optimisers, informative at any token scale.
+
+    ``correct`` earns 0.8 of the range and the token term the remaining 0.2:
+    ``0.8·correct + 0.2·clip(0.5 − 0.5·log2(tokens / reference_tokens), 0, 1)`` minus
+    ``timeout_weight/2`` when the budget ran out, clipped to 0–1. At the reference's tokens the
+    token term is 0.1, at half of them 0.2, at double 0.0 — the same at 5k and at 1.8M tokens.
+    Without ``reference_tokens`` the token term is a neutral 0.1. A failed question scores 0.
+
+    Args:
+        trace: the question's trace.
+        reference_tokens: the same question's input tokens in the reference run (agent + tools).
+        weights: only ``timeouts`` and whether ``tokens`` is 0 (no token term) are used.
+    """
+    w = weights or LoopWeights()
+    if trace.status == "failed":
+        return 0.0
+    tokens = trace.input_tokens + trace.tool_input_tokens
+    token_term = 0.1
+    if reference_tokens and w.tokens > 0:
+        token_term = 0.2 * min(1.0, max(0.0, 0.5 - 0.5 * _log_ratio(tokens, reference_tokens)))
+    score = 0.8 * float(is_correct(trace)) + token_term - (w.timeouts / 2) * float(trace.timed_out)
+    return min(1.0, max(0.0, score))
 
 
 def _queries(trace: Trace) -> list[str]:
@@ -126,7 +205,7 @@ def trace_feedback(trace: Trace, program: ProgramName = "rewriter", *, max_chars
     """
     lines: list[str] = []
     answer = trace.exact_answer or "(no answer)"
-    if _is_correct(trace):
+    if is_correct(trace):
         lines.append(f"Correct: answered {answer!r} (gold {trace.gold_answer!r}).")
     else:
         alias = f" (aliases: {', '.join(map(repr, trace.aliases))})" if trace.aliases else ""
@@ -152,14 +231,14 @@ def trace_feedback(trace: Trace, program: ProgramName = "rewriter", *, max_chars
         f"Tokens: {trace.input_tokens} input, {trace.output_tokens} output, "
         f"{trace.tool_input_tokens} spent by tools, in {trace.n_steps} steps."
     )
-    if program == "rewriter" and not _is_correct(trace):
+    if program == "rewriter" and not is_correct(trace):
         lines.append("Plan look-ups whose entity tags and text would surface facts naming the gold answer.")
-    if program == "extractor" and not _is_correct(trace):
+    if program == "extractor" and not is_correct(trace):
         lines.append(
             f"No retrieved fact stated {trace.gold_answer!r}: extract every named entity, date and "
             "relation of the evidence documents, secondary ones included."
         )
-    if program == "disambiguator" and not _is_correct(trace):
+    if program == "disambiguator" and not is_correct(trace):
         lines.append(f"A fact must tell {trace.gold_answer!r} from {answer!r}, naming both in its title.")
     text = "\n".join(lines)
     return text[: max(100, max_chars)]

@@ -5,8 +5,9 @@ pred_trace=None) -> dspy.Prediction(score, feedback)`` (score 0.0–1.0, higher 
 :func:`as_float_metric` turns one into the plain float metric MIPROv2 wants.
 
 * **rewriter** — :class:`InContextQA`: question → rewrite → ``get_context`` → the budgeted agent
-  → answer. Score: ``max(0, accuracy_weight·correct − token_weight·tokens/10k −
-  timeout_weight·timed_out)``; feedback :func:`kitune.optimizers.objective.trace_feedback`.
+  → answer. Score: :func:`kitune.optimizers.objective.question_score` (correctness plus a
+  scale-free token ratio to the reference run); feedback
+  :func:`kitune.optimizers.objective.trace_feedback`.
   Predictor ``rewriter.planner``.
 * **extractor** — :class:`kitune.programs.fact_extractor.FactExtractor` on doc-level examples
   built from the tuning questions' gold documents (:func:`extractor_examples`). Score: ``0.6 ×
@@ -22,13 +23,14 @@ copies share, because optimisers deep-copy the module for every candidate.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import dspy
 
 from kitune.errors import DocumentNotFoundError
-from kitune.optimizers.objective import LoopWeights, ki_contains_answer, trace_feedback
+from kitune.evaluation.failures import is_correct
+from kitune.optimizers.objective import LoopWeights, ki_contains_answer, question_score, trace_feedback
 
 if TYPE_CHECKING:
     from kitune.chat import ChatModel
@@ -47,6 +49,7 @@ __all__ = [
     "as_float_metric",
     "disambiguator_examples",
     "disambiguator_metric",
+    "extraction_outcomes",
     "extractor_examples",
     "extractor_metric",
     "make_rewriter_metric",
@@ -68,10 +71,6 @@ class Shared:
 
     def __getattr__(self, name: str) -> Any:
         raise AttributeError(f"Shared has no item {name!r}")
-
-
-def _is_correct(trace: Trace) -> bool:
-    return bool(trace.judge_correct) if trace.is_graded else bool(trace.em)
 
 
 class InContextQA(dspy.Module):  # type: ignore[misc]
@@ -156,9 +155,18 @@ def qa_examples(questions: Sequence[Question]) -> list[dspy.Example]:
     return [ex.with_inputs(*keys) for ex in to_dspy_examples(questions)]
 
 
-def make_rewriter_metric(weights: LoopWeights | None = None) -> Callable[..., dspy.Prediction]:
-    """The rewriter's metric: per-question loop score clipped to 0–1, with the episode's feedback."""
+def make_rewriter_metric(
+    weights: LoopWeights | None = None, reference_tokens: Mapping[str, float] | None = None
+) -> Callable[..., dspy.Prediction]:
+    """The rewriter's metric: :func:`~kitune.optimizers.objective.question_score` (0–1) + feedback.
+
+    Args:
+        weights: loop weights (timeout penalty; a token weight of 0 drops the token term).
+        reference_tokens: query id → that question's input tokens in the reference run (the
+            tuning run GEPA starts from), so the token term is a scale-free ratio.
+    """
     w = weights or LoopWeights()
+    refs = dict(reference_tokens or {})
 
     def metric(
         gold: Any, pred: Any, trace: Any = None, pred_name: str | None = None, pred_trace: Any = None
@@ -166,36 +174,51 @@ def make_rewriter_metric(weights: LoopWeights | None = None) -> Callable[..., ds
         t = getattr(pred, "trace", None)
         if t is None:
             return dspy.Prediction(score=0.0, feedback="The program produced no trace.")
-        score = (
-            w.accuracy * float(_is_correct(t))
-            - w.tokens * (t.input_tokens + t.tool_input_tokens) / 10_000
-            - w.timeouts * float(t.timed_out)
-        )
-        return dspy.Prediction(score=min(1.0, max(0.0, score)), feedback=trace_feedback(t, "rewriter"))
+        score = question_score(t, refs.get(t.query_id), w)
+        return dspy.Prediction(score=score, feedback=trace_feedback(t, "rewriter"))
 
     return metric
 
 
 def extractor_examples(
-    questions: Sequence[Question], get_document: Callable[[str], Document], *, max_docs: int | None = None
+    questions: Sequence[Question],
+    get_document: Callable[[str], Document],
+    *,
+    max_docs: int | None = None,
+    outcomes: Mapping[str, str] | None = None,
+    first: Sequence[str] = (),
 ) -> list[dspy.Example]:
     """Doc-level examples from the questions' gold documents (evidence documents when none).
 
-    Each example has inputs ``docid``, ``text``, ``url``, ``title`` and the label ``answers``
-    (gold answers + aliases of every question the document is gold for). Unknown documents are
-    skipped. Order: first appearance; at most ``max_docs``.
+    Each example has inputs ``docid``, ``text``, ``url``, ``title``, the label ``answers`` (gold
+    answers + aliases of every question the document is gold for) and ``outcome``: what the agent
+    did with this document's KIs (:func:`extraction_outcomes`; empty when unknown), which the
+    metric passes on as feedback. Unknown documents are skipped. Order: the documents in
+    ``first`` (e.g. the gold documents of no-candidate failures), then first appearance; at most
+    ``max_docs``.
     """
     answers: dict[str, list[str]] = {}
+    for docid in first:
+        answers.setdefault(docid, [])
     for q in questions:
         for docid in q.gold_docids or q.evidence_docids:
             answers.setdefault(docid, []).extend(q.golds)
     out: list[dspy.Example] = []
     for docid, golds in answers.items():
+        if not golds:
+            continue
         try:
             doc = get_document(docid)
         except (DocumentNotFoundError, KeyError):
             continue
-        ex = dspy.Example(docid=doc.docid, text=doc.text, url=doc.url, title=doc.title, answers=golds)
+        ex = dspy.Example(
+            docid=doc.docid,
+            text=doc.text,
+            url=doc.url,
+            title=doc.title,
+            answers=golds,
+            outcome=(outcomes or {}).get(docid, ""),
+        )
         out.append(ex.with_inputs("docid", "text", "url", "title"))
         if max_docs is not None and len(out) >= max_docs:
             break
@@ -228,7 +251,63 @@ def extractor_metric(
         )
     for reason, n in sorted(drops.items(), key=lambda kv: -kv[1])[:5]:
         lines.append(f"Dropped {n}: {reason}.")
+    outcome = gold.get("outcome") if hasattr(gold, "get") else None
+    if outcome:
+        lines.append(f"With the current instruction's KIs: {outcome}")
     return dspy.Prediction(score=score, feedback=" ".join(lines))
+
+
+def extraction_outcomes(
+    questions: Sequence[Question],
+    traces: Sequence[Trace],
+    kis_by_doc: Mapping[str, Sequence[Any]],
+    *,
+    kinds: Mapping[str, str | None] | None = None,
+    max_chars: int = 600,
+) -> dict[str, str]:
+    """Per gold document, what the agent did with the KIs extracted from it (extractor feedback).
+
+    For each tuning question and each of its gold documents (evidence documents when none): was
+    the question answered correctly, its failure kind, whether the agent saw the document, how
+    many KIs the document has and whether any of them states the gold answer — i.e. which
+    answer-bearing fact is missing from the KIs.
+
+    Args:
+        questions: the tuning questions.
+        traces: their traces (by query id).
+        kis_by_doc: docid → KIs extracted from it.
+        kinds: query id → failure kind (None: correct).
+        max_chars: cap per document.
+
+    Returns:
+        docid → one or more sentences (one per question the document serves).
+    """
+    by_id = {t.query_id: t for t in traces}
+    out: dict[str, list[str]] = {}
+    for q in questions:
+        t = by_id.get(q.query_id)
+        if t is None:
+            continue
+        kind = (kinds or {}).get(q.query_id)
+        verdict = (
+            "answered correctly"
+            if is_correct(t)
+            else f"answered {t.exact_answer or '(nothing)'!r} ({kind or 'wrong'})"
+        )
+        for docid in q.gold_docids or q.evidence_docids:
+            kis = list(kis_by_doc.get(docid, ()))
+            states = any(ki_contains_answer(k, q.golds) for k in kis)
+            seen = docid in set(t.doc_ids_seen)
+            fact = (
+                f"a KI states {q.answer!r}"
+                if states
+                else f"no KI states the answer {q.answer!r} (the missing answer-bearing fact)"
+            )
+            out.setdefault(docid, []).append(
+                f"Question {q.query!r}: the agent {verdict}; it {'saw' if seen else 'never saw'} this "
+                f"document's KIs; {len(kis)} KIs, {fact}."
+            )
+    return {d: " ".join(v)[:max_chars] for d, v in out.items()}
 
 
 class CheckedDisambiguator(dspy.Module):  # type: ignore[misc]

@@ -8,8 +8,10 @@ aliases, evidence ids) and per document (title + text), written by
 * questions that are new or changed, plus questions whose evidence documents changed, are the
   *affected* questions; changed documents are re-extracted (their resume entries are reset);
 * the production setting (the loop's current one) is evaluated on the affected questions and
-  its :func:`~kitune.optimizers.objective.loop_score` is compared with the last accepted
-  validation score (``drop = reference − score``; positive is worse);
+  its judge accuracy is compared with the last accepted validation accuracy (``drop =
+  reference − score``, in accuracy points 0.0–1.0; positive is worse). Accuracy, not the loop
+  score: loop scores are relative to each run's own reference run, so they do not compare
+  across question sets;
 * the KI store's lifecycle sweep runs and the active/stale/expired counts are reported.
 
 :func:`drift_run` re-runs the loop (one more iteration) on the new data when ``drop >
@@ -31,7 +33,6 @@ from kitune.errors import DataError
 from kitune.evaluation.report import summarize
 from kitune.ki import utcnow
 from kitune.optimizers.loop import Setting
-from kitune.optimizers.objective import LoopWeights, loop_score
 from kitune.schema import Document, Filter
 from kitune.service.optimize import LoopDeps, OptimizeOptions, ServiceLoopEnv, load_slice
 
@@ -151,10 +152,11 @@ def _reference_score(state_dir: Path) -> tuple[float | None, Setting | None]:
     history = data.get("history", [])
     current = Setting.from_dict(data["current"]) if "current" in data else None
     accepted = [h for h in history if h.get("accepted")]
-    if accepted:
-        return float(accepted[-1]["candidate_val_score"]), current
-    if history:
-        return float(history[-1]["val_score"]), current
+    # loop scores are relative to each run's own reference, so drift compares absolute accuracy
+    if accepted and accepted[-1].get("candidate_val_accuracy") is not None:
+        return float(accepted[-1]["candidate_val_accuracy"]), current
+    if history and history[-1].get("val_accuracy") is not None:
+        return float(history[-1]["val_accuracy"]), current
     return None, current
 
 
@@ -235,7 +237,7 @@ def drift_check(
             log(f"drift: evaluating the production setting on {len(subset)} affected question(s)")
             traces = env.run_agent(setting, subset, traces_path=traces_path)
             summary = summarize(traces, "drift")
-            score, accuracy = loop_score(summary, LoopWeights.from_config(cfg)), summary.accuracy
+            score, accuracy = summary.accuracy, summary.accuracy
         store = env.store_for(setting)
         from datetime import timedelta
 

@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kitune.errors import ConfigError
@@ -22,6 +22,7 @@ from kitune.optimizers.loop import Evaluation, Setting
 from kitune.optimizers.objective import text_contains_answer
 
 if TYPE_CHECKING:
+    from kitune.optimizers.ledger import FailureLedger
     from kitune.service.optimize import ServiceLoopEnv
 
 __all__ = [
@@ -60,9 +61,21 @@ def make_program_optimizer(env: ServiceLoopEnv, metric: Callable[..., Any]) -> A
 
 
 def optimize_program(
-    env: ServiceLoopEnv, program: str, setting: Setting, failures: Sequence[Any], iteration: int
+    env: ServiceLoopEnv,
+    program: str,
+    setting: Setting,
+    failures: Sequence[Any],
+    iteration: int,
+    *,
+    tune: Evaluation | None = None,
+    kinds: Mapping[str, str | None] | None = None,
 ) -> Any:
     """Run the optimiser on one program's task; None when it has no examples.
+
+    With the tuning run (``tune``) and its failure kinds, the extractor's examples carry what
+    the agent did with each gold document's KIs (:func:`kitune.optimizers.tasks.extraction_outcomes`),
+    the gold documents of no-candidate failures first; the rewriter's per-question metric takes
+    each question's tokens in ``tune`` as its reference.
 
     Raises:
         OptimizationError: the optimiser failed.
@@ -74,7 +87,17 @@ def optimize_program(
 
     env.log(f"optimise {program} with {env.opts.optimizer} (iteration {iteration})")
     if program == "extractor":
-        examples = tasks.extractor_examples(env.tune, env.get_document)
+        outcomes: dict[str, str] = {}
+        first: list[str] = []
+        if tune is not None:
+            outcomes = tasks.extraction_outcomes(env.tune, tune.traces, env.kis_by_doc(setting), kinds=kinds)
+            first = [
+                d
+                for q in env.tune
+                if (kinds or {}).get(q.query_id) == "no_candidate"
+                for d in (q.gold_docids or q.evidence_docids)
+            ]
+        examples = tasks.extractor_examples(env.tune, env.get_document, outcomes=outcomes, first=first)
         module: Any = env.extractor(setting)
         metric: Callable[..., Any] = tasks.extractor_metric
         lm = env.deps.lms["extract"]
@@ -95,7 +118,10 @@ def optimize_program(
             judge=env.deps.judge,
             corpus_store=env.deps.corpus_store,
         )
-        metric = tasks.make_rewriter_metric(LoopWeights.from_config(env.cfg))
+        refs = {
+            t.query_id: float(t.input_tokens + t.tool_input_tokens) for t in (tune.traces if tune else ())
+        }
+        metric = tasks.make_rewriter_metric(LoopWeights.from_config(env.cfg), refs)
     elif program == "disambiguator":
         from kitune.programs.disambiguator import Disambiguator
         from kitune.service.context import context_ids
@@ -215,13 +241,26 @@ def write_setting_kis(
 
 
 def write_feedback(
-    env: ServiceLoopEnv, setting: Setting, tune: Evaluation, failures: Sequence[Any], iteration: int
+    env: ServiceLoopEnv,
+    setting: Setting,
+    tune: Evaluation,
+    failures: Sequence[Any],
+    iteration: int,
+    *,
+    ledger: FailureLedger | None = None,
 ) -> dict[str, float]:
-    """Write disambiguation KIs from ``failures`` and count flips on the tuning questions."""
+    """Write disambiguation KIs from ``failures``, note them in the ledger, count tuning flips.
+
+    The flips are measured by evaluating the setting on the tuning split again: the store has
+    changed, so only the questions whose look-ups now return something different re-run, and
+    the next iteration reuses these traces.
+    """
     report = write_setting_kis(env, setting, failures)
+    if ledger is not None:
+        for qid, prediction, ki_id, reason in report.outcomes:
+            ledger.note_feedback(iteration, qid, prediction, [ki_id] if ki_id else [], reason)
     metrics = report.to_metrics()
     if report.written:
-        path = env.state_dir / "evals" / f"{setting.key}-feedback-{iteration}.jsonl"
-        after = env.run_agent(setting, env.tune, traces_path=path)
-        metrics.update(count_flips(tune.traces, after).to_metrics())
+        after = env.evaluate(setting, "tune")
+        metrics.update(count_flips(tune.traces, after.traces).to_metrics())
     return metrics

@@ -8,14 +8,23 @@
   touches documents without KIs for its extractor version; disambiguation KIs are copied into a
   new version's table so feedback is never lost;
 * **evaluate** — the in-context agent (disambiguation KIs visible, the query rewriter with the
-  setting's instruction when ``rewriter`` is tuned) on the questions of a split; traces go to
-  ``<state>/evals/<setting key>.jsonl``, so a rerun, or another split of the same setting,
-  reuses finished questions;
-* **improve** — (a) prompt optimisation (GEPA or MIPROv2) of each selected program, (b) Optuna
-  knobs with an LLM-free objective (answer-bearing recall of the KIs ``get_context`` returns
-  for the tuning questions, plain plans), its study on disk at ``<state>/knobs.journal``, and
-  (c) feedback KIs from the tuning failures, with the flips they cause on the tuning questions
-  (the three live in :mod:`kitune.service.improve`).
+  setting's instruction when ``rewriter`` is tuned) on the questions of a split. The cache key
+  is the setting *and the KI store's state* (:func:`store_fingerprint`): traces go to
+  ``<state>/evals/<setting key>-<store fingerprint>.jsonl`` and every ``get_context`` call the
+  agent made is logged (query, SHA-256 of the observation text, KI ids shown) to
+  ``<state>/evals/observations.jsonl``. When the store has changed since a question's last trace
+  for this setting, its look-ups are replayed against the store as it is now: if every
+  observation is identical, the agent (deterministic at temperature 0) would see exactly what it
+  saw before, so the trace is reused; otherwise the question is run again. A rerun, or another
+  split of the same setting on the same store, reuses finished questions;
+* **improve** — (a) prompt optimisation (GEPA or MIPROv2) of each selected program (the
+  extractor with feedback on what the agent did with each gold document's KIs, the gold
+  documents of no-candidate failures first), (b) Optuna knobs with an LLM-free objective
+  (answer-bearing recall of the KIs ``get_context`` returns for the tuning questions, plain
+  plans), its study on disk at ``<state>/knobs.journal``, and (c) feedback KIs, routed by
+  failure kind: wrong-entity and wrong-number failures go to the disambiguator unless the
+  failure ledger says the question already had ``optimize.max_feedback_attempts`` attempts or
+  one for the same wrong answer (the three live in :mod:`kitune.service.improve`).
 
 Every dependency (LMs, agent model, judge, store factory, corpus store) can be injected through
 :class:`LoopDeps`, so the whole loop runs in tests with scripted models.
@@ -23,7 +32,11 @@ Every dependency (LMs, agent model, judge, store factory, corpus store) can be i
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import random
+import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,8 +47,11 @@ from kitune.config import KituneConfig
 from kitune.data.examples import split_questions
 from kitune.data.loaders import Question
 from kitune.errors import ConfigError, DataError, DocumentNotFoundError, OptimizationError
+from kitune.evaluation.failures import classify_failure
+from kitune.evaluation.harness import TraceWriter, read_traces
 from kitune.evaluation.report import summarize
 from kitune.optimizers.feedback import collect_failures
+from kitune.optimizers.ledger import FailureLedger
 from kitune.optimizers.loop import Evaluation, LoopResult, Proposal, Setting
 from kitune.optimizers.objective import answer_coverage
 from kitune.schema import Document, Filter
@@ -55,8 +71,10 @@ __all__ = [
     "OptimizeOptions",
     "ServiceLoopEnv",
     "default_deps",
+    "route_feedback",
     "run_optimize",
     "select_documents",
+    "store_fingerprint",
 ]
 
 PROGRAMS: tuple[str, ...] = ("extractor", "rewriter", "disambiguator")
@@ -64,6 +82,32 @@ PROGRAMS: tuple[str, ...] = ("extractor", "rewriter", "disambiguator")
 
 _PREDICTOR = {"extractor": "extract", "rewriter": "rewriter.planner", "disambiguator": "program.writer"}
 """Program → the predictor name its optimisation task exposes."""
+
+_KI_ID = re.compile(r"^\d+\. \[([^\]]+)\]", re.MULTILINE)
+"""A KI id as ``render_context`` shows it: ``1. [ki-…] title — …``."""
+
+DISAMBIGUATION_KINDS = ("wrong_entity", "wrong_number")
+"""Failure kinds the feedback step turns into disambiguation KIs."""
+
+
+def store_fingerprint(store: Store) -> str:
+    """16 hex characters identifying the KI store's content: ids, statuses, titles, descriptions.
+
+    Changes whenever a KI is written, changed, expired or deleted; the same content in any
+    order gives the same fingerprint. Uses the store's own ``fingerprint()`` when it has one;
+    otherwise reads every KI (fine at loop scale, a few thousand KIs).
+    """
+    own = getattr(store, "fingerprint", None)
+    if callable(own):
+        return str(own())
+    rows = sorted(
+        f"{k.id}\t{k.payload.status}\t{k.title}\t{k.description}" for k in store.iter_kis(Filter(statuses=()))
+    )
+    return hashlib.sha256("\n".join(rows).encode("utf-8")).hexdigest()[:16]
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -355,8 +399,13 @@ class ServiceLoopEnv:
         *,
         traces_path: Path,
         disambiguation: bool = True,
+        store_state: str | None = None,
     ) -> list[Trace]:
-        """Run the in-context agent on ``questions`` (resuming from ``traces_path``)."""
+        """Run the in-context agent on ``questions`` (resuming from ``traces_path``).
+
+        Every ``get_context`` call is logged to ``evals/observations.jsonl`` with the setting
+        key and ``store_state`` (see the module docstring).
+        """
         from kitune.evaluation.agent import Agent
         from kitune.evaluation.budget import Budget
         from kitune.evaluation.harness import evaluate
@@ -366,12 +415,23 @@ class ServiceLoopEnv:
         context_fn = self.context_fn(setting, disambiguation=disambiguation)
         budget = Budget.from_config(cfg.agent)
         model = self.deps.chat_model
+        calls: dict[str, list[dict[str, Any]]] = {}
+        state = store_state if store_state is not None else store_fingerprint(self.store_for(setting))
 
         def factory(q: Question) -> Agent:
-            box = build_toolbox(
-                "in-context", cfg, corpus_store=self.deps.corpus_store, get_context=context_fn
-            )
+            log = calls.setdefault(q.query_id, [])
+            log.clear()
+
+            def recorded(query: str) -> Any:
+                obs = context_fn(query)
+                log.append({"query": query, "sha": _sha(obs.text), "ki_ids": _KI_ID.findall(obs.text)})
+                return obs
+
+            box = build_toolbox("in-context", cfg, corpus_store=self.deps.corpus_store, get_context=recorded)
             return Agent(model, box, budget=budget, max_output_tokens=cfg.lm.agent.max_tokens)
+
+        def on_trace(trace: Trace) -> None:
+            self._log_observations(setting.key, state, trace.query_id, calls.pop(trace.query_id, []))
 
         return evaluate(
             questions,
@@ -381,23 +441,132 @@ class ServiceLoopEnv:
             traces_path=traces_path,
             judge=self.deps.judge,
             progress=self.opts.progress,
+            on_trace=on_trace,
         )
+
+    # -- the store-state-aware evaluation cache ----------------------------------------------
+    @property
+    def _obs_path(self) -> Path:
+        return self.state_dir / "evals" / "observations.jsonl"
+
+    def _log_observations(self, key: str, state: str, query_id: str, calls: list[dict[str, Any]]) -> None:
+        line = json.dumps(
+            {"setting": key, "store": state, "query_id": query_id, "calls": calls}, ensure_ascii=False
+        )
+        self._obs_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.lock, self._obs_path.open("a", encoding="utf-8") as fh:
+            fh.write(line + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def _observations(self, key: str) -> dict[tuple[str, str], list[dict[str, Any]]]:
+        """(store state, query id) → look-ups logged for setting ``key`` (later lines win)."""
+        out: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        if not self._obs_path.is_file():
+            return out
+        for line in self._obs_path.read_text(encoding="utf-8").splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:  # a crash mid-write leaves at most one bad last line
+                continue
+            if rec.get("setting") == key:
+                out[(rec["store"], rec["query_id"])] = rec["calls"]
+        return out
+
+    def _reuse_unaffected(
+        self, setting: Setting, questions: Sequence[Question], state: str, path: Path
+    ) -> int:
+        """Copy into ``path`` the earlier traces whose look-ups return the same observations now.
+
+        Returns:
+            How many traces were reused.
+        """
+        have = {t.query_id for t in read_traces(path) if t.status != "failed"}
+        todo = [q for q in questions if q.query_id not in have]
+        if not todo:
+            return 0
+        obs = self._observations(setting.key)
+        earlier: dict[str, tuple[Trace, list[dict[str, Any]]]] = {}
+        for f in sorted(
+            (self.state_dir / "evals").glob(f"{setting.key}-*.jsonl"), key=lambda x: x.stat().st_mtime
+        ):
+            old_state = f.stem.split("-", 1)[1]
+            if old_state == state:
+                continue
+            for t in read_traces(f):
+                calls = obs.get((old_state, t.query_id))
+                if t.status != "failed" and calls is not None:
+                    earlier[t.query_id] = (t, calls)
+        if not earlier:
+            return 0
+        context_fn = self.context_fn(setting)
+        writer: TraceWriter | None = None
+        reused = 0
+        for q in todo:
+            if q.query_id not in earlier:
+                continue
+            trace, calls = earlier[q.query_id]
+            if all(_sha(context_fn(c["query"]).text) == c["sha"] for c in calls):
+                writer = writer or TraceWriter(path)
+                writer.write(trace)
+                self._log_observations(setting.key, state, q.query_id, calls)
+                reused += 1
+        return reused
+
+    def tokens_used(self) -> int:
+        """LLM tokens (input + output, every role) recorded in the ledger so far."""
+        if self.deps.ledger is None:
+            return 0
+        t = self.deps.ledger.totals()
+        return int(t["input_tokens"] + t["output_tokens"])
 
     # -- LoopEnv ------------------------------------------------------------------------------
     def evaluate(self, setting: Setting, split: str) -> Evaluation:
-        """Extract what is missing, then run the agent on ``split`` (``tune``, ``validation``, ``all``)."""
+        """Extract what is missing, then run the agent on ``split`` (``tune``, ``validation``, ``all``).
+
+        Questions already evaluated for this setting on the current store state are read back;
+        after the store changed, only the questions whose look-ups now return something
+        different are run again (see the module docstring).
+        """
         questions = self.questions_for(split)
         metrics = self.ensure_extracted(setting, questions)
         coverage = answer_coverage(questions, self.kis_by_doc(setting))
         if coverage is not None:
             metrics["extract_answer_coverage"] = coverage
-        self.log(f"evaluate setting {setting.key} on {split} ({len(questions)} questions)")
-        path = self.state_dir / "evals" / f"{setting.key}.jsonl"
-        traces = self.run_agent(setting, questions, traces_path=path)
-        return Evaluation(summarize(traces, f"{split}-{setting.key}"), tuple(traces), metrics)
+        state = store_fingerprint(self.store_for(setting))
+        path = self.state_dir / "evals" / f"{setting.key}-{state}.jsonl"
+        reused = self._reuse_unaffected(setting, questions, state, path)
+        fresh = [
+            q
+            for q in questions
+            if q.query_id not in {t.query_id for t in read_traces(path) if t.status != "failed"}
+        ]
+        self.log(
+            f"evaluate setting {setting.key} on {split} ({len(questions)} questions, store {state[:8]}): "
+            f"{len(fresh)} to run, {reused} reused after the store changed"
+        )
+        traces = self.run_agent(setting, questions, traces_path=path, store_state=state)
+        metrics["eval_reused"] = float(reused)
+        metrics["eval_run"] = float(len(fresh))
+        obs = self._observations(setting.key)
+        retrieved = {
+            q.query_id: tuple(dict.fromkeys(k for c in obs.get((state, q.query_id), []) for k in c["ki_ids"]))
+            for q in questions
+        }
+        gold = {q.query_id: tuple(q.gold_docids or q.evidence_docids) for q in questions}
+        return Evaluation(
+            summarize(traces, f"{split}-{setting.key}"),
+            tuple(traces),
+            metrics,
+            gold_docids=gold,
+            retrieved=retrieved,
+            store_state=state,
+        )
 
-    def improve(self, setting: Setting, tune: Evaluation, iteration: int) -> Proposal:
-        """Prompt optimisation of each selected program, Optuna knobs, then feedback KIs."""
+    def improve(
+        self, setting: Setting, tune: Evaluation, iteration: int, *, ledger: FailureLedger | None = None
+    ) -> Proposal:
+        """Prompt optimisation of each selected program, Optuna knobs, then feedback KIs routed by kind."""
         from kitune.service import improve
 
         prompts = dict(setting.prompts)
@@ -406,11 +575,14 @@ class ServiceLoopEnv:
         notes: dict[str, Any] = {}
         programs: dict[str, Any] = {}
         failures = collect_failures(tune.traces, self.tune)
+        kinds = {t.query_id: classify_failure(t, tune.gold_docids.get(t.query_id)) for t in tune.traces}
         for program in self.opts.programs:
             if program not in prompts:
                 continue
             try:
-                result = improve.optimize_program(self, program, setting, failures, iteration)
+                result = improve.optimize_program(
+                    self, program, setting, failures, iteration, tune=tune, kinds=kinds
+                )
             except OptimizationError as e:  # one program's failure never sinks the iteration
                 notes[f"{program}_error"] = str(e)[:1000]
                 metrics[f"{program}_failed"] = 1.0
@@ -430,7 +602,12 @@ class ServiceLoopEnv:
         if self.opts.knob_trials > 0:
             knobs.update(improve.tune_knobs(self, setting, iteration, notes, metrics))
         if self.opts.feedback and failures:
-            metrics.update(improve.write_feedback(self, setting, tune, failures, iteration))
+            routed, skipped = route_feedback(
+                failures, kinds, ledger, max_attempts=self.cfg.optimize.max_feedback_attempts
+            )
+            metrics.update({f"feedback_skipped_{k}": float(v) for k, v in skipped.items()})
+            if routed:
+                metrics.update(improve.write_feedback(self, setting, tune, routed, iteration, ledger=ledger))
         return Proposal(Setting(prompts, knobs), metrics=metrics, programs=programs, notes=notes)
 
     def close(self) -> None:
@@ -438,6 +615,40 @@ class ServiceLoopEnv:
         for store in self._stores.values():
             store.close()
         self._stores.clear()
+
+
+def route_feedback(
+    failures: Sequence[Any],
+    kinds: Mapping[str, str | None],
+    ledger: FailureLedger | None,
+    *,
+    max_attempts: int,
+) -> tuple[list[Any], dict[str, int]]:
+    """Which failures go to the disambiguator this iteration, and why the others do not.
+
+    A failure goes when its kind is in :data:`DISAMBIGUATION_KINDS` (a blank answer goes too, to
+    be counted as a rejected ``empty_prediction`` candidate) and the ledger allows another
+    attempt (fewer than ``max_attempts`` so far, and not for the same wrong answer as before).
+
+    Returns:
+        ``(failures to send, reason → count of the ones held back)``; reasons are the failure
+        kind (``no_candidate`` …, those go to extractor and rewriter feedback instead),
+        ``max_attempts`` and ``same_wrong_answer``.
+    """
+    routed: list[Any] = []
+    skipped: dict[str, int] = {}
+    for f in failures:
+        kind = kinds.get(f.query_id)
+        if f.prediction.strip() and kind not in DISAMBIGUATION_KINDS:
+            skipped[str(kind)] = skipped.get(str(kind), 0) + 1
+            continue
+        if ledger is not None and f.prediction.strip():
+            ok, why = ledger.should_attempt(f.query_id, f.prediction, max_attempts)
+            if not ok:
+                skipped[why] = skipped.get(why, 0) + 1
+                continue
+        routed.append(f)
+    return routed, skipped
 
 
 @dataclass(frozen=True)
