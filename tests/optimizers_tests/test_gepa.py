@@ -61,3 +61,36 @@ def test_gepa_with_kitune_stopper_and_empty_sets() -> None:
     assert result.best_candidate == {"extract": "Extract facts."}
     with pytest.raises(OptimizationError, match="non-empty"):
         opt.compile(FactExtractor("x"), trainset=[], valset=examples)
+
+
+def test_every_failed_reflection_call_is_the_stop_reason() -> None:
+    # issue 12 item 10: an oversized or broken reflection call must not read as "no improvement"
+    docs = _docs()
+    qs = [Question(str(i), "When was Acme founded?", "1999", gold_docids=(f"d{i}",)) for i in range(4)]
+    examples = extractor_examples(qs, docs.__getitem__)
+
+    def broken(system: str, user: str) -> dict[str, object]:
+        raise RuntimeError("context window exceeded: 9000 > 4096 tokens")
+
+    opt = GepaOptimizer(extractor_metric, reflection_lm=RuleLM(broken, json=True), max_metric_calls=8)
+    with dspy.context(lm=RuleLM(extractor_rule)):
+        result = opt.compile(FactExtractor("Extract facts."), trainset=examples[:2], valset=examples[2:])
+    assert result.best_candidate == {"extract": "Extract facts."}
+    assert result.stop_reason is not None and result.stop_reason.startswith("every reflection call failed (")
+    assert "context window exceeded" in result.stop_reason
+    assert result.details["reflection_calls"] >= 1
+    assert result.details["reflection_failures"] == result.details["reflection_calls"]
+
+
+def test_reflection_examples_are_sized_to_the_window() -> None:
+    from kitune.optimizers.gepa import fit_examples
+
+    big = [{"Inputs": {"text": "x" * 5000}, "Feedback": "f" * 3000} for _ in range(6)]
+    fitted = fit_examples(big, 2000)
+    assert 1 <= len(fitted) < 6
+    assert sum(len(repr(e)) for e in fitted) <= 2000
+    assert fitted[0]["Inputs"]["text"].endswith("… [trimmed]")
+    small = [{"Inputs": {"text": "short"}, "Feedback": "ok"}]
+    assert fit_examples(small, 2000) == small  # nothing to trim
+    # never empty, even when one trimmed example is still over budget
+    assert len(fit_examples(big, 10)) == 1

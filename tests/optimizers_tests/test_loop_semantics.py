@@ -13,8 +13,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 sys.path.insert(0, str(Path(__file__).parents[1] / "service_tests"))
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -39,7 +37,9 @@ def _task_rule(system: str, user: str) -> dict[str, object]:
     return extractor_rule(system, user)
 
 
-def _env(tmp_path: Path, *, chat: Any = None, env_cls: type[ServiceLoopEnv] = ServiceLoopEnv) -> ServiceLoopEnv:
+def _env(
+    tmp_path: Path, *, chat: Any = None, env_cls: type[ServiceLoopEnv] = ServiceLoopEnv
+) -> ServiceLoopEnv:
     data = write_dataset(tmp_path / "data")
     cfg = KituneConfig(
         workdir=tmp_path / "w",

@@ -36,6 +36,8 @@ def make_optimizer(
     budget: int,
     rng: random.Random,
     budget_minutes: float | None = None,
+    reflection_context_tokens: int | None = None,
+    reflection_max_tokens: int = 1024,
 ) -> Any:
     """Build the optimiser ``name`` (``gepa`` or ``mipro``).
 
@@ -47,6 +49,9 @@ def make_optimizer(
         budget: metric calls (GEPA) or trials (MIPROv2), ≥ 1.
         rng: the seed source.
         budget_minutes: GEPA only: stop after this many minutes (a Timeout stopper).
+        reflection_context_tokens: GEPA only: the reflection model's context window, to size
+            reflection prompts (None: no sizing).
+        reflection_max_tokens: GEPA only: the reflection reply's token cap.
 
     Raises:
         ConfigError: unknown ``name``.
@@ -56,7 +61,13 @@ def make_optimizer(
 
         stopper = Timeout(budget_minutes * 60) if budget_minutes else None
         return GepaOptimizer(
-            metric, reflection_lm=reflection_lm, max_metric_calls=budget, rng=rng, stopper=stopper
+            metric,
+            reflection_lm=reflection_lm,
+            max_metric_calls=budget,
+            rng=rng,
+            stopper=stopper,
+            reflection_context_tokens=reflection_context_tokens,
+            reflection_max_tokens=reflection_max_tokens,
         )
     if name == "mipro":
         from kitune.optimizers.mipro import MiproOptimizer

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from kitune.errors import PromptNotFoundError, TrackingError
-from kitune.optimizers.acceptance import check_instruction, compare_paired, decide
+from kitune.optimizers.acceptance import Decision, check_instruction, compare_paired, decide
 from kitune.optimizers.ledger import FailureLedger
 from kitune.optimizers.objective import LoopWeights, RunStats, loop_score, run_stats
 
@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from kitune.experiments.tracking import Tracker
 
 __all__ = [
+    "WRITE_ONLY_PROGRAMS",
     "Evaluation",
     "IterationRecord",
     "LoopEnv",
@@ -69,6 +70,12 @@ logger = logging.getLogger(__name__)
 
 LoopSplit = Literal["tune", "validation"]
 
+WRITE_ONLY_PROGRAMS: tuple[str, ...] = ("disambiguator",)
+"""Programs whose instruction changes what is *written* to the KI store, never what an
+evaluation reads: a proposal changing only these is judged by its own task metric
+(``improve_<program>_best_score`` > ``improve_<program>_baseline_score``) with the validation
+run unchanged, since validation cannot see it."""
+
 
 @dataclass(frozen=True)
 class Setting:
@@ -83,6 +90,18 @@ class Setting:
     def key(self) -> str:
         """8 hex characters identifying the setting (same texts and knobs ⇒ same key)."""
         blob = json.dumps({"p": dict(self.prompts), "k": dict(self.knobs)}, sort_keys=True)
+        return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:8]
+
+    @property
+    def eval_key(self) -> str:
+        """8 hex characters identifying what an evaluation of the setting reads.
+
+        Leaves out the instructions of :data:`WRITE_ONLY_PROGRAMS` (the disambiguator writes KIs;
+        what it wrote is covered by the KI store's state), so two settings that differ only there
+        share their evaluations.
+        """
+        prompts = {k: v for k, v in self.prompts.items() if k not in WRITE_ONLY_PROGRAMS}
+        blob = json.dumps({"p": prompts, "k": dict(self.knobs)}, sort_keys=True)
         return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:8]
 
     def to_dict(self) -> dict[str, Any]:
@@ -439,6 +458,15 @@ def _register(
     return versions
 
 
+def _decide_write_only(changed: Sequence[str], metrics: Mapping[str, float]) -> Decision:
+    """Accept a change to write-only programs when its own task metric improved (see WRITE_ONLY_PROGRAMS)."""
+    gains = {p: (metrics.get(f"{p}_best_score"), metrics.get(f"{p}_baseline_score")) for p in changed}
+    text = ", ".join(f"{p} {b} → {a}" for p, (a, b) in gains.items())
+    if all(a is not None and b is not None and a > b for a, b in gains.values()):
+        return Decision("accepted", f"task metric improved ({text}); validation reads no change")
+    return Decision("rejected", f"task metric not improved ({text}); validation reads no change")
+
+
 def run_loop(
     env: LoopEnv,
     start: Setting,
@@ -547,7 +575,8 @@ def run_loop(
             # the improve step may have written KIs: re-measure the current setting on the store
             # as it is now, so current and candidate are compared on one store state
             cur_after = env.evaluate(current, "validation")
-            if (changed or knobs_changed) and not problems:
+            reads_changed = knobs_changed or proposal.setting.eval_key != current.eval_key
+            if reads_changed and not problems:
                 cand = env.evaluate(proposal.setting, "validation")
             else:
                 cand = cur_after
@@ -561,6 +590,8 @@ def run_loop(
                 require_significance=require_significance,
                 sanity_problems=problems,
             )
+            if changed and not reads_changed and not problems and decision.outcome == "rejected":
+                decision = _decide_write_only(changed, proposal.metrics)
             if decision.outcome != "undecided" and tune_failed > max_failed_share:
                 decision = type(decision)(
                     "undecided",

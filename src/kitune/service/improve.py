@@ -30,6 +30,7 @@ __all__ = [
     "knob_objective",
     "make_program_optimizer",
     "optimize_program",
+    "reflection_context_tokens",
     "tune_knobs",
     "write_feedback",
     "write_setting_kis",
@@ -57,7 +58,28 @@ def make_program_optimizer(env: ServiceLoopEnv, metric: Callable[..., Any]) -> A
         budget=env.opts.max_metric_calls,
         rng=random.Random(env.rng.randrange(2**31)),
         budget_minutes=env.opts.budget_minutes,
+        reflection_context_tokens=reflection_context_tokens(env.cfg),
+        reflection_max_tokens=env.cfg.lm.reflection.max_tokens,
     )
+
+
+def reflection_context_tokens(cfg: Any) -> int | None:
+    """The reflection model's context window in tokens: ``lm.local.n_ctx`` for the embedded model,
+    else LiteLLM's model table (``max_input_tokens``); None when unknown (no sizing).
+    """
+    if cfg.uses_local_model("reflection"):
+        return int(cfg.lm.local.n_ctx)
+    model = cfg.lm.reflection.model or cfg.lm.gateway.default_model
+    if not model:
+        return None
+    try:
+        import litellm
+
+        info = litellm.get_model_info(model)
+    except Exception:  # an unknown model: no sizing rather than a guess
+        return None
+    window = info.get("max_input_tokens") or info.get("max_tokens")
+    return int(window) if window else None
 
 
 def optimize_program(

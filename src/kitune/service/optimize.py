@@ -10,8 +10,9 @@
 * **evaluate** — the in-context agent (disambiguation KIs visible, the query rewriter with the
   setting's instruction when ``rewriter`` is tuned) on the questions of a split. The cache key
   is the setting *and the KI store's state* (:func:`store_fingerprint`): traces go to
-  ``<state>/evals/<setting key>-<store fingerprint>.jsonl`` and every ``get_context`` call the
-  agent made is logged (query, SHA-256 of the observation text, KI ids shown) to
+  ``<state>/evals/<setting eval key>-<store fingerprint>.jsonl`` (the eval key leaves out the
+  disambiguator's instruction, which changes what is written, not what is read) and every
+  ``get_context`` call the agent made is logged (query, SHA-256 of the observation text, KI ids shown) to
   ``<state>/evals/observations.jsonl``. When the store has changed since a question's last trace
   for this setting, its look-ups are replayed against the store as it is now: if every
   observation is identical, the agent (deterministic at temperature 0) would see exactly what it
@@ -431,7 +432,7 @@ class ServiceLoopEnv:
             return Agent(model, box, budget=budget, max_output_tokens=cfg.lm.agent.max_tokens)
 
         def on_trace(trace: Trace) -> None:
-            self._log_observations(setting.key, state, trace.query_id, calls.pop(trace.query_id, []))
+            self._log_observations(setting.eval_key, state, trace.query_id, calls.pop(trace.query_id, []))
 
         return evaluate(
             questions,
@@ -485,10 +486,10 @@ class ServiceLoopEnv:
         todo = [q for q in questions if q.query_id not in have]
         if not todo:
             return 0
-        obs = self._observations(setting.key)
+        obs = self._observations(setting.eval_key)
         earlier: dict[str, tuple[Trace, list[dict[str, Any]]]] = {}
         for f in sorted(
-            (self.state_dir / "evals").glob(f"{setting.key}-*.jsonl"), key=lambda x: x.stat().st_mtime
+            (self.state_dir / "evals").glob(f"{setting.eval_key}-*.jsonl"), key=lambda x: x.stat().st_mtime
         ):
             old_state = f.stem.split("-", 1)[1]
             if old_state == state:
@@ -509,7 +510,7 @@ class ServiceLoopEnv:
             if all(_sha(context_fn(c["query"]).text) == c["sha"] for c in calls):
                 writer = writer or TraceWriter(path)
                 writer.write(trace)
-                self._log_observations(setting.key, state, q.query_id, calls)
+                self._log_observations(setting.eval_key, state, q.query_id, calls)
                 reused += 1
         return reused
 
@@ -534,7 +535,7 @@ class ServiceLoopEnv:
         if coverage is not None:
             metrics["extract_answer_coverage"] = coverage
         state = store_fingerprint(self.store_for(setting))
-        path = self.state_dir / "evals" / f"{setting.key}-{state}.jsonl"
+        path = self.state_dir / "evals" / f"{setting.eval_key}-{state}.jsonl"
         reused = self._reuse_unaffected(setting, questions, state, path)
         fresh = [
             q
@@ -548,7 +549,7 @@ class ServiceLoopEnv:
         traces = self.run_agent(setting, questions, traces_path=path, store_state=state)
         metrics["eval_reused"] = float(reused)
         metrics["eval_run"] = float(len(fresh))
-        obs = self._observations(setting.key)
+        obs = self._observations(setting.eval_key)
         retrieved = {
             q.query_id: tuple(dict.fromkeys(k for c in obs.get((state, q.query_id), []) for k in c["ki_ids"]))
             for q in questions
