@@ -123,7 +123,7 @@ def test_kitune_optimize_and_drift_cli(tmp_path: Path, monkeypatch: pytest.Monke
         app, [*args, "--programs", "extractor", "--max-metric-calls", "6", "--no-progress"]
     )
     assert result.exit_code == 0, result.output
-    assert "kitune optimize (optimize)" in result.output and "yes" in result.output
+    assert "kitune optimize (optimize)" in result.output and "accepted" in result.output
     assert "mlflow ui --backend-store-uri sqlite:///" in result.output
     bad = runner.invoke(app, [*args, "--programs", "extractor,nope"])
     assert bad.exit_code == 2 and "choose a comma-separated subset" in bad.output

@@ -209,15 +209,31 @@ def _log(message: str) -> None:
 
 def _history_table(history: Sequence[Any], title: str) -> Table:
     table = Table(title=title)
-    for col in ("iteration", "tune score", "validation score", "candidate validation", "accepted", "changed"):
-        table.add_column(col, justify="right" if "score" in col or "validation" in col else "left")
+    cols = (
+        "iteration",
+        "tune accuracy",
+        "validation accuracy",
+        "tune score",
+        "validation score",
+        "candidate validation",
+        "flips (tune)",
+        "decision",
+        "changed",
+    )
+    for col in cols:
+        table.add_column(col, justify="left" if col in ("decision", "changed") else "right")
     for r in history:
+        f = (getattr(r, "flips", None) or {}).get("tune") or {}
+        decision = getattr(r, "decision", "") or ("accepted" if r.accepted else "rejected")
         table.add_row(
             str(r.iteration),
-            f"{r.tune_score:.3f}",
-            f"{r.val_score:.3f}",
-            f"{r.candidate_val_score:.3f}",
-            "[green]yes[/]" if r.accepted else "no",
+            "-" if r.tune_accuracy is None else f"{r.tune_accuracy:.0%}",
+            "-" if r.val_accuracy is None else f"{r.val_accuracy:.0%}",
+            f"{r.tune_score:+.3f}",
+            f"{r.val_score:+.3f}",
+            f"{r.candidate_val_score:+.3f}",
+            f"+{len(f.get('fixed', []))}/-{len(f.get('broken', []))}" if r.iteration else "-",
+            {"accepted": "[green]accepted[/]", "undecided": "[yellow]undecided[/]"}.get(decision, decision),
             ", ".join(r.changed) or "-",
         )
     return table
