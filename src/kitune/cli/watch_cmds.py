@@ -108,10 +108,12 @@ def loop_cmd(
         progress=progress,
     )
     folder = watch_dir or traces
+    skip: str | None = None
+    stop = ""
     try:
         if folder is None:
-            rounds = [loop_once(cfg, opts, log=_log)]
-            stop = ""
+            res = loop_once(cfg, opts, log=_log)
+            rounds, skip = [res], res.skipped_reason
         else:
             wopts = WatchOptions(
                 directory=folder,
@@ -121,15 +123,15 @@ def loop_cmd(
                 label_name=label_name,
             )
             summary = watch(cfg, opts, wopts, log=_log)
-            rounds, stop = summary.rounds, summary.stop_reason
+            rounds, skip = summary.rounds, summary.last_skip
+            stop = summary.stop_reason if watch_dir is not None or summary.interrupted else ""
     except KituneError as e:
         fail(f"{type(e).__name__}: {e} (rerun to resume)", code=1)
     except KeyboardInterrupt:
         fail("interrupted; rerun the same command to resume", code=130)
+    if skip:
+        _out.print(f"no round: {skip}", highlight=False)
     ran = [r for r in rounds if r.round is not None]
-    for r in rounds:
-        if r.round is None and r.skipped_reason:
-            _out.print(f"no round: {r.skipped_reason}", highlight=False)
     if ran:
         table = Table(title=f"kitune loop ({name})")
         for col in ("round", "optimize run", "questions", "new traces", "resumed", "accepted iterations"):

@@ -228,6 +228,8 @@ class WatchSummary:
     imported: list[ImportReport] = field(default_factory=list)
     rounds: list[RoundResult] = field(default_factory=list)
     """Rounds that ran (skipped polls are not listed)."""
+    last_skip: str | None = None
+    """Why the last poll ran no round (None when it ran one)."""
     interrupted: bool = False
     """Stopped by Ctrl-C (state is consistent; rerun to resume)."""
     stop_reason: str = ""
@@ -281,6 +283,7 @@ def watch(
                     f"{rep.questions_added} new question(s), {len(rep.skipped)} skipped record(s)"
                 )
             res = loop_once(cfg, opts, log=log, **loop_kwargs)
+            summary.last_skip = res.skipped_reason
             if res.round is not None:
                 summary.rounds.append(res)
             if wopts.max_rounds is not None and len(summary.rounds) >= wopts.max_rounds:
