@@ -30,8 +30,12 @@ def corpus(root: Path) -> Path:
     return path
 
 
-def conv(qid: str, question: str, answer: str, doc: str, *, final: str | None = None) -> dict[str, Any]:
+def conv(
+    qid: str, question: str, answer: str, doc: str, *, final: str | None = None, correct: bool | None = None
+) -> dict[str, Any]:
+    labelled = {} if correct is None else {"correct": correct}
     return {
+        **labelled,
         "id": f"trace-{qid}-{final or answer}",
         "query_id": qid,
         "messages": [
@@ -54,6 +58,7 @@ class FakeOptimize:
 
     def __init__(self, fail_once: BaseException | None = None) -> None:
         self.calls: list[Any] = []
+        self.trackers: list[Any] = []
         self.fail_once = fail_once
 
     def __call__(self, cfg: KituneConfig, opts: Any, **kw: Any) -> str:
@@ -76,19 +81,23 @@ def setup(tmp_path: Path) -> tuple[KituneConfig, LoopOptions, Path]:
 def test_round_runs_on_what_is_new_and_resumes_after_an_interruption(setup: tuple) -> None:
     cfg, opts, tmp = setup
     fake = FakeOptimize(fail_once=KeyboardInterrupt())
-    assert loop_once(cfg, opts, optimize=fake).skipped_reason == "0 new trace(s), fewer than min_new=2"
+    tracker = RecordingTracker()
+    assert (
+        loop_once(cfg, opts, optimize=fake, tracker=tracker).skipped_reason
+        == "0 new trace(s), fewer than min_new=2"
+    )
     import_traces(cfg, [drop(tmp / "in" / "a.jsonl", [conv(*QUESTIONS[0])])])
     assert "fewer than min_new=2" in str(loop_once(cfg, opts, optimize=fake).skipped_reason)
     import_traces(cfg, [drop(tmp / "in" / "b.jsonl", [conv(*QUESTIONS[1])])])
 
     with pytest.raises(KeyboardInterrupt):
-        loop_once(cfg, opts, optimize=fake)  # interrupted mid-round: the round stays pending
+        loop_once(cfg, opts, optimize=fake, tracker=tracker)  # interrupted mid-round: the round stays pending
     folder = TraceFolder.of(cfg, "default")
     state = folder.read_state()
     assert state["pending"]["round"] == 1 and state["consumed"] == []
     # new traces arriving meanwhile do not change the pending round's questions
     import_traces(cfg, [drop(tmp / "in" / "c.jsonl", [conv(*QUESTIONS[2]), conv(*QUESTIONS[3])])])
-    res = loop_once(cfg, opts, optimize=fake)
+    res = loop_once(cfg, opts, optimize=fake, tracker=tracker)
     assert res.resumed and res.round == 1 and res.run_name == "loop-default-001" and res.n_questions == 2
     assert res.result == "result-loop-default-001"
     (o1, ids1, ev1), (o2, ids2, _ev2) = fake.calls
@@ -96,14 +105,29 @@ def test_round_runs_on_what_is_new_and_resumes_after_an_interruption(setup: tupl
     assert ev1 == [("d1",), ("d2",)]  # evidence ids outside the corpus are dropped from the snapshot
 
     # round 2: the two traces that arrived during round 1, on all four questions
-    res2 = loop_once(cfg, opts, optimize=fake)
+    res2 = loop_once(cfg, opts, optimize=fake, tracker=tracker)
     assert (res2.round, res2.resumed, res2.n_new_traces, res2.n_questions) == (2, False, 2, 4)
     assert fake.calls[-1][0].run_name == "loop-default-002" and fake.calls[-1][1] == ["q1", "q2", "q3", "q4"]
     state = folder.read_state()
     assert state["pending"] is None and len(state["consumed"]) == 4
     assert [r["round"] for r in state["rounds"]] == [1, 2]
-    assert "fewer than min_new" in str(loop_once(cfg, opts, optimize=fake).skipped_reason)
+    assert "fewer than min_new" in str(loop_once(cfg, opts, optimize=fake, tracker=tracker).skipped_reason)
     assert len(fake.calls) == 3
+    # one top-level tracking run per round attempt (the interrupted one ends FAILED)
+    assert [(r.name, r.status, r.parent_run_id) for r in tracker.runs] == [
+        ("loop-default-001", "FAILED", None),
+        ("loop-default-001", "FINISHED", None),
+        ("loop-default-002", "FINISHED", None),
+    ]
+    r2 = tracker.runs[1]
+    assert (
+        r2.params["resumed"] == "True"
+        and r2.params["questions"] == "2"
+        and r2.params["trace_source"] == "default"
+    )
+    assert r2.metrics == {"questions": 2.0, "new_traces": 2.0}  # no labels in these traces
+    assert r2.artifacts["dataset/questions.jsonl"].decode().count("\n") == 2
+    assert all(kw_tracker is tracker for kw_tracker in fake.trackers)
 
 
 def test_max_questions_keeps_the_newest_and_a_second_loop_is_refused(setup: tuple) -> None:
@@ -112,8 +136,13 @@ def test_max_questions_keeps_the_newest_and_a_second_loop_is_refused(setup: tupl
     fake = FakeOptimize()
     folder = TraceFolder.of(cfg, "default")
     with folder.lock("loop"), pytest.raises(KituneError, match="another kitune loop"):
-        loop_once(cfg, opts, optimize=fake)
-    res = loop_once(cfg, LoopOptions(corpus=opts.corpus, max_questions=3, progress=False), optimize=fake)
+        loop_once(cfg, opts, optimize=fake, tracker=RecordingTracker())
+    res = loop_once(
+        cfg,
+        LoopOptions(corpus=opts.corpus, max_questions=3, progress=False),
+        optimize=fake,
+        tracker=RecordingTracker(),
+    )
     assert res.n_questions == 3 and fake.calls[0][1] == ["q2", "q3", "q4"]
 
 
@@ -129,7 +158,10 @@ def test_watch_imports_new_files_between_polls_and_stops_when_bounded(setup: tup
         if len(polls) == 1:
             drop(inbox / "b.json", [conv(*QUESTIONS[1]), conv(*QUESTIONS[2])])
 
-    summary = watch(cfg, opts, WatchOptions(inbox, interval_s=5, max_polls=3), optimize=fake, sleep=sleep)
+    tracker = RecordingTracker()
+    summary = watch(
+        cfg, opts, WatchOptions(inbox, interval_s=5, max_polls=3), optimize=fake, sleep=sleep, tracker=tracker
+    )
     assert (summary.polls, summary.stop_reason, summary.interrupted) == (3, "max_polls=3 reached", False)
     assert polls == [5, 5]
     assert [r.new for r in summary.imported] == [1, 2]  # unchanged files are not re-imported
@@ -142,7 +174,14 @@ def test_watch_imports_new_files_between_polls_and_stops_when_bounded(setup: tup
         inbox / "c.jsonl",
         [conv(*QUESTIONS[3]), conv("q9", "What is the capital city of Egypt?", "Cairo", "d6")],
     )
-    s2 = watch(cfg, opts, WatchOptions(inbox, max_polls=None, max_rounds=5), optimize=fake, sleep=interrupt)
+    s2 = watch(
+        cfg,
+        opts,
+        WatchOptions(inbox, max_polls=None, max_rounds=5),
+        optimize=fake,
+        sleep=interrupt,
+        tracker=tracker,
+    )
     assert s2.interrupted and s2.polls == 1 and [r.round for r in s2.rounds] == [2]
     assert "rerun to resume" in s2.stop_reason
 
@@ -157,7 +196,7 @@ def test_loop_round_runs_the_real_optimize_on_imported_traces(tmp_path: Path) ->
         extraction={"concurrency": 1},
     )
     # the production agent got two questions wrong ("Lyon"); the labels and gold answers say so
-    records = [conv(*q, final="Lyon" if i % 2 else None) for i, q in enumerate(QUESTIONS)]
+    records = [conv(*q, final="Lyon" if i % 2 else None, correct=not i % 2) for i, q in enumerate(QUESTIONS)]
     rep = import_traces(cfg, [drop(tmp_path / "in" / "prod.jsonl", records)])
     assert rep.questions_added == 4
     deps = make_deps(RuleLM(extractor_rule), RuleLM(reflection_rule, json=True))
@@ -174,5 +213,9 @@ def test_loop_round_runs_the_real_optimize_on_imported_traces(tmp_path: Path) ->
     loop = res.result.loop
     assert len(loop.history) == 1
     assert sorted((*res.result.tune_ids, *res.result.validation_ids)) == ["q1", "q2", "q3", "q4"]
-    assert tracker.by_name("iteration-0").metrics["tune_accuracy"] >= 0.0
+    loop_run = tracker.by_name("loop-default-001")
+    assert loop_run.parent_run_id is None and loop_run.status == "FINISHED"
+    assert loop_run.metrics["production_accuracy_new"] == 0.5  # two of four answered "Lyon"
+    assert tracker.by_name("iteration-0").parent_run_id == loop_run.run_id  # nested under the round
+    assert "tune_accuracy" in tracker.by_name("iteration-0").metrics
     assert (cfg.workdir / "optimize" / "loop-default-001" / "loop_state.json").is_file()

@@ -8,8 +8,9 @@ Layout under ``<workdir>/traces/<name>/`` (one folder per trace source, ``name``
   ``aliases``, ``evidence_docids``, ``gold_docids``), one per distinct question, first trace wins;
 * ``traces.jsonl`` — one kitune :class:`~kitune.evaluation.metrics.Trace` per imported
   production trace (skill ``production``); ``kitune report`` reads the latest per question;
-* ``state.json`` — imported trace ids (the source's id, or a content hash), files seen (size,
-  mtime), trace ids consumed by finished loop rounds, the rounds and the pending one;
+* ``state.json`` — imported trace ids (the source's id, or a content hash) with their question
+  id and label, files seen (size, mtime), trace ids consumed by finished loop rounds, the
+  rounds and the pending one;
 * ``rounds/<k>/`` — round *k*'s dataset snapshot: ``questions.jsonl`` plus ``corpus.jsonl``
   (a symlink to the corpus), so an interrupted round resumes on exactly its questions.
 
@@ -373,6 +374,7 @@ def import_traces(
                     "query_id": question_id(pt),
                     "file": str(path),
                     "imported_at": utcnow().isoformat(),
+                    "correct": pt.correct,
                 }
                 new_t.append(to_trace(pt))
                 if q is None:

@@ -26,6 +26,7 @@ from typing import Any
 from kitune.config import KituneConfig
 from kitune.data.loaders import CORPUS_FILE, load_corpus, load_questions
 from kitune.errors import DataError
+from kitune.experiments.tracking import create_tracker
 from kitune.ki import utcnow
 from kitune.service.traces import ImportReport, TraceFolder, changed_files, import_traces, write_atomic
 
@@ -119,7 +120,12 @@ def loop_once(
         opts: see :class:`LoopOptions`.
         optimize: ``run_optimize`` (injected in tests).
         log: progress lines.
-        **optimize_kwargs: passed to ``optimize`` (``deps``, ``tracker``, ``registry``).
+        **optimize_kwargs: passed to ``optimize`` (``deps``, ``tracker``, ``registry``). The
+            round opens a top-level tracking run named after its optimize run (params: round,
+            trace source, questions, new traces, resumed, …; metrics: ``questions``,
+            ``new_traces``, ``production_accuracy_new`` over the labelled new traces; artefact
+            ``dataset/questions.jsonl``); the optimisation's iteration runs nest under it.
+            ``tracker`` defaults to ``create_tracker(cfg)``.
 
     Returns:
         The round's result, or one with ``skipped_reason`` when nothing ran.
@@ -161,7 +167,32 @@ def loop_once(
         }
         if opts.programs is not None:
             kwargs["programs"] = opts.programs
-        result = run(cfg, OptimizeOptions(**kwargs), log=log, **optimize_kwargs)
+        tracker = optimize_kwargs.pop("tracker", None) or create_tracker(cfg)
+        labels = [state["traces"].get(t, {}).get("correct") for t in pending["trace_ids"]]
+        labelled = [c for c in labels if c is not None]
+        params = {
+            "round": pending["round"],
+            "trace_source": opts.name,
+            "corpus": str(opts.corpus),
+            "questions": pending["questions"],
+            "new_traces": len(pending["trace_ids"]),
+            "resumed": resumed,
+            "iterations": opts.iterations,
+            "optimizer": opts.optimizer,
+            "programs": ",".join(opts.programs) if opts.programs else "default",
+        }
+        tags = {"kitune.kind": "loop", "kitune.trace_source": opts.name}
+        # One parent run per round; run_optimize's iteration runs nest under it.
+        with tracker.run(pending["run_name"], params, tags=tags, nested=False) as handle:
+            metrics = {"questions": float(pending["questions"]), "new_traces": float(len(labels))}
+            if labelled:
+                metrics["production_accuracy_new"] = sum(1 for c in labelled if c) / len(labelled)
+                metrics["production_labelled_new"] = float(len(labelled))
+            tracker.log_metrics(metrics, run_id=handle.run_id)
+            tracker.log_artifact(
+                Path(pending["dataset"]) / "questions.jsonl", "dataset", run_id=handle.run_id
+            )
+            result = run(cfg, OptimizeOptions(**kwargs), log=log, tracker=tracker, **optimize_kwargs)
         with folder.lock("state"):
             state = folder.read_state()
             state["consumed"] = sorted(set(state.get("consumed", [])) | set(pending["trace_ids"]))
