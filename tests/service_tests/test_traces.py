@@ -150,6 +150,7 @@ def test_import_writes_loader_questions_and_kitune_traces_and_is_idempotent(tmp_
     assert [t.judge_correct for t in traces] == [None, True, False, None]
     assert [t.judge_status for t in traces] == ["not_run", "graded", "graded", "not_run"]
     assert traces[0].em is True and traces[3].em is True  # exact match against their own gold
+    assert [t.f1 for t in traces] == [1.0, 1.0, 0.0, 1.0]
     assert traces[0].input_tokens == 3500 and traces[0].tool_calls == {"search": 1}
 
     again = import_traces(cfg, [src])

@@ -49,7 +49,7 @@ from kitune.service.trace_formats import (
     parse_mlflow_trace,
     parse_openai_record,
 )
-from kitune.text import exact_match
+from kitune.text import exact_match, token_f1
 
 __all__ = [
     "SKILL",
@@ -294,6 +294,7 @@ def to_trace(pt: ProductionTrace) -> Trace:
         judge_correct=pt.correct if graded else None,
         judge_status="graded" if graded else "not_run",
         em=bool(golds) and bool(pt.final_answer) and exact_match(pt.final_answer, golds),
+        f1=token_f1(pt.final_answer, golds) if golds and pt.final_answer else 0.0,
         input_tokens=pt.input_tokens,
         output_tokens=pt.output_tokens,
         steps=list(pt.steps),
