@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -218,3 +219,28 @@ def test_mlflow_episodes_of_a_broken_store_are_recorded_not_raised(tmp_path: Pat
     with tracker.run("r"):
         assert tracker.log_episodes(TRACES[:1]) == []
     assert "create_run" in [f.operation for f in tracker.failures]
+
+
+def test_log_comparison_logs_flip_counts_and_token_deltas() -> None:
+    from kitune.evaluation.comparison import compare_runs
+    from kitune.experiments.tracking import log_comparison
+
+    before = [_trace("q1", correct=False), _trace("q2", correct=True), _trace("q3", correct=True)]
+    t3 = _trace("q3", correct=True)
+    after = [
+        _trace("q1", correct=True),
+        _trace("q2", correct=False),
+        Trace(**{**t3.to_dict(), "input_tokens": t3.input_tokens + 500}),
+    ]
+    tracker = RecordingTracker()
+    with tracker.run("iteration-1"):
+        metrics = log_comparison(tracker, compare_runs("it0", before, "it1", after), "tune", step=1)
+    run = tracker.by_name("iteration-1")
+    assert metrics["flips_fixed"] == 1.0 and metrics["flips_broken"] == 1.0 and metrics["flips_net"] == 0.0
+    assert run.history("tune_flips_fixed") == [(1, 1.0)]
+    assert run.metrics["tune_more_expensive"] == 1.0 and run.metrics["tune_token_delta"] == 500.0
+    data = json.loads(str(run.artifacts["tune/comparison.json"]))
+    assert data["flips"]["fixed"] == ["q1"] and data["flips"]["broken"] == ["q2"]
+    assert data["token_deltas"][0]["query_id"] == "q3" and data["token_deltas"][0]["reasons"] == [
+        "longer prompts per step"
+    ]

@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from kitune.evaluation.comparison import RunComparison
 from kitune.experiments.episodes import EpisodeRecord, StepSpan, episode_record
 from kitune.experiments.mlflow_tracker import MlflowTracker, artifact_dir_for_uri, disable_mlflow_telemetry
 from kitune.experiments.tracker_base import (
@@ -61,6 +62,7 @@ __all__ = [
     "disable_mlflow_telemetry",
     "episode_record",
     "log_candidate",
+    "log_comparison",
     "log_program_state",
     "prepare_params",
     "sanitize_name",
@@ -120,6 +122,44 @@ def log_candidate(
         tracker.log_text(text, files[predictor], run_id=run_id)
     tracker.log_dict(dict(candidate), f"{prefix}/candidate.json", run_id=run_id)
     return files
+
+
+def log_comparison(
+    tracker: Tracker,
+    comparison: RunComparison,
+    prefix: str,
+    *,
+    step: int | None = None,
+    run_id: str | None = None,
+) -> dict[str, float]:
+    """Log a run-to-run comparison: flip counts and token-delta totals as metrics, details as JSON.
+
+    Metrics (``<prefix>_…``): ``flips_fixed``, ``flips_broken``, ``flips_net``,
+    ``flips_still_correct``, ``flips_still_wrong``, ``flips_not_compared``,
+    ``more_expensive`` (questions whose input tokens grew) and ``token_delta`` (sum of the
+    per-question deltas). Artefact ``<prefix>/comparison.json``: the fixed/broken ids and every
+    question's token delta with its reasons (see :mod:`kitune.evaluation.comparison`).
+
+    Args:
+        tracker: where to log.
+        comparison: from :func:`kitune.evaluation.comparison.compare_runs`.
+        prefix: metric prefix and artefact folder, e.g. ``tune`` or ``baseline_vs_in_context``.
+        step: metric step (e.g. the iteration).
+        run_id: explicit run (else the current one).
+
+    Returns:
+        The metrics logged (unprefixed names → values).
+    """
+    counts = comparison.flips.counts
+    metrics = {
+        **{f"flips_{k}": float(v) for k, v in counts.items()},
+        "flips_net": float(comparison.flips.net),
+        "more_expensive": float(len(comparison.more_expensive)),
+        "token_delta": float(sum(d.delta for d in comparison.deltas)),
+    }
+    tracker.log_metrics({f"{prefix}_{k}": v for k, v in metrics.items()}, step=step, run_id=run_id)
+    tracker.log_dict(comparison.to_dict(), f"{prefix}/comparison.json", run_id=run_id)
+    return metrics
 
 
 def create_tracker(cfg: Any, *, enabled: bool = True) -> Tracker:
