@@ -38,6 +38,8 @@ def _register() -> None:
         lm_cmds,
         loop_cmds,
         store_cmds,
+        traces_cmds,
+        watch_cmds,
     )
 
     for module in (
@@ -49,6 +51,8 @@ def _register() -> None:
         context_cmds,
         eval_cmds,
         loop_cmds,
+        traces_cmds,
+        watch_cmds,
     ):
         module.register(app)
     _REGISTERED = True

@@ -3,11 +3,18 @@
 Every number in a report is computed by :func:`summarize` from the traces, so the report
 equals the traces (tested). Accuracy is judge-correct over *graded* questions: grader errors
 and failed runs are excluded from the denominator and reported as counts (case J3).
+
+Beside the table, a report compares runs question by question
+(:mod:`kitune.evaluation.comparison`): for each pair — by default each run against the one
+before it, so ``baseline, in-context, iteration-1, …`` gives baseline → in-context and
+iteration → iteration — the flips (fixed / broken question ids) and the questions that got
+more expensive in input tokens, with the reasons read off their traces.
 """
 
 from __future__ import annotations
 
 import html
+import itertools
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -15,6 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from kitune.errors import DataError
+from kitune.evaluation.comparison import RunComparison, compare_runs
 from kitune.evaluation.harness import read_traces
 from kitune.evaluation.metrics import Trace
 
@@ -194,6 +202,9 @@ class ReportFiles:
     html: Path
     summary_json: Path
     summaries: list[RunSummary]
+    comparisons_json: Path | None = None
+    """``comparisons.json``: flips and per-question token deltas of each compared pair."""
+    comparisons: list[RunComparison] | None = None
 
 
 def _plot(summaries: Sequence[RunSummary], path: Path) -> Path | None:
@@ -224,24 +235,125 @@ def _plot(summaries: Sequence[RunSummary], path: Path) -> Path | None:
     return path
 
 
-def write_report(runs: Mapping[str, Sequence[Trace]], out_dir: Path | str) -> ReportFiles:
-    """Write ``report.md``, ``report.png``, ``report.html`` and ``summary.json`` to ``out_dir``.
+MAX_DELTA_ROWS = 15
+"""Questions listed per pair in the "more expensive" section (all are in comparisons.json)."""
+
+
+def _ids(ids: Sequence[str], limit: int = 40) -> str:
+    shown = ", ".join(ids[:limit])
+    return (shown + f", … (+{len(ids) - limit})") if len(ids) > limit else (shown or "–")
+
+
+def _comparison_md(comparisons: Sequence[RunComparison]) -> list[str]:
+    if not comparisons:
+        return []
+    md = ["", "## Flips", ""]
+    md += ["| before → after | fixed | broken | net | still correct | still wrong | not compared |"]
+    md += ["|---|---|---|---|---|---|---|"]
+    for c in comparisons:
+        f, n = c.flips, c.flips.counts
+        md.append(
+            f"| {f.before} → {f.after} | {n['fixed']} | {n['broken']} | {f.net:+d} | "
+            f"{n['still_correct']} | {n['still_wrong']} | {n['not_compared']} |"
+        )
+    md.append("")
+    for c in comparisons:
+        f = c.flips
+        md.append(f"- {f.before} → {f.after}: fixed {_ids(f.fixed)}; broken {_ids(f.broken)}")
+    md += ["", "## Questions that got more expensive (input tokens, agent + tools)"]
+    for c in comparisons:
+        more = c.more_expensive
+        total = sum(d.delta for d in c.deltas)
+        md += [
+            "",
+            f"### {c.flips.before} → {c.flips.after}: {len(more)} of {len(c.deltas)} questions cost more "
+            f"(net {total:+,} tokens)",
+        ]
+        if not more:
+            continue
+        md += ["", "| question | before | after | Δ | × | why |", "|---|---|---|---|---|---|"]
+        for d in more[:MAX_DELTA_ROWS]:
+            ratio = "–" if d.ratio is None else f"{d.ratio:.2f}"
+            md.append(
+                f"| {d.query_id} | {d.before:,} | {d.after:,} | {d.delta:+,} | {ratio} "
+                f"| {'; '.join(d.reasons)} |"
+            )
+        if len(more) > MAX_DELTA_ROWS:
+            md.append(f"\n… {len(more) - MAX_DELTA_ROWS} more in comparisons.json")
+    return md
+
+
+def _comparison_html(comparisons: Sequence[RunComparison]) -> str:
+    if not comparisons:
+        return ""
+    esc = html.escape
+    rows = "".join(
+        f"<tr><td>{esc(c.flips.before)} → {esc(c.flips.after)}</td>"
+        + "".join(f"<td>{v}</td>" for v in c.flips.counts.values())
+        + f"<td>{esc(_ids(c.flips.fixed))}</td><td>{esc(_ids(c.flips.broken))}</td></tr>"
+        for c in comparisons
+    )
+    head = "".join(
+        f"<th>{h}</th>"
+        for h in (
+            "before → after",
+            "fixed",
+            "broken",
+            "still correct",
+            "still wrong",
+            "not compared",
+            "fixed ids",
+            "broken ids",
+        )
+    )
+    out = f"<h2>Flips</h2><table><tr>{head}</tr>{rows}</table><h2>Questions that got more expensive</h2>"
+    for c in comparisons:
+        more = c.more_expensive[:MAX_DELTA_ROWS]
+        out += f"<h3>{esc(c.flips.before)} → {esc(c.flips.after)}: {len(c.more_expensive)} cost more</h3>"
+        if more:
+            out += "<table><tr><th>question</th><th>before</th><th>after</th><th>Δ</th><th>why</th></tr>"
+            out += "".join(
+                f"<tr><td>{esc(d.query_id)}</td><td>{d.before}</td><td>{d.after}</td><td>{d.delta:+}</td>"
+                f"<td>{esc('; '.join(d.reasons))}</td></tr>"
+                for d in more
+            )
+            out += "</table>"
+    return out
+
+
+def write_report(
+    runs: Mapping[str, Sequence[Trace]],
+    out_dir: Path | str,
+    *,
+    pairs: Sequence[tuple[str, str]] | None = None,
+) -> ReportFiles:
+    """Write ``report.md``, ``report.png``, ``report.html``, ``summary.json`` and ``comparisons.json``.
 
     Args:
         runs: run name → traces, in display order (columns).
         out_dir: created if missing.
+        pairs: ``(before, after)`` run names to compare question by question; None: each run
+            against the one before it (none for a single run).
 
     Returns:
-        The written paths and the summaries; ``plot`` is None when no run was judged.
+        The written paths, the summaries and the comparisons; ``plot`` is None when no run was
+        judged, ``comparisons_json`` when nothing was compared.
 
     Raises:
-        ValueError: ``runs`` is empty.
+        ValueError: ``runs`` is empty, or a pair names an unknown run.
+        DataError: a compared run holds the same question twice.
     """
     if not runs:
         raise ValueError("write_report needs at least one run")
+    names = list(runs)
+    pairs = list(pairs) if pairs is not None else list(itertools.pairwise(names))
+    for a, b in pairs:
+        if a not in runs or b not in runs:
+            raise ValueError(f"pair ({a!r}, {b!r}) names a run not in {names}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     summaries = [summarize(traces, name) for name, traces in runs.items()]
+    comparisons = [compare_runs(a, runs[a], b, runs[b]) for a, b in pairs]
     rows = _table(summaries)
     header = ["metric", *(s.name for s in summaries)]
     md = ["# kitune eval report", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -250,6 +362,7 @@ def write_report(runs: Mapping[str, Sequence[Trace]], out_dir: Path | str) -> Re
     md += ["", "Accuracy = judge-correct / graded; grader errors and failed runs are excluded and counted."]
     if plot is not None:
         md += ["", "![accuracy vs input tokens](report.png)"]
+    md += _comparison_md(comparisons)
     md_path = out / "report.md"
     md_path.write_text("\n".join(md) + "\n", encoding="utf-8")
     cells = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows)
@@ -259,12 +372,17 @@ def write_report(runs: Mapping[str, Sequence[Trace]], out_dir: Path | str) -> Re
     html_path.write_text(
         "<!doctype html><meta charset='utf-8'><title>kitune eval report</title>"
         "<style>td,th{border:1px solid #ccc;padding:4px 8px}table{border-collapse:collapse}</style>"
-        f"<h1>kitune eval report</h1><table><tr>{head}</tr>{cells}</table>{img}",
+        f"<h1>kitune eval report</h1><table><tr>{head}</tr>{cells}</table>{img}"
+        + _comparison_html(comparisons),
         encoding="utf-8",
     )
     json_path = out / "summary.json"
     json_path.write_text(json.dumps([s.to_dict() for s in summaries], indent=2), encoding="utf-8")
-    return ReportFiles(md_path, plot, html_path, json_path, summaries)
+    cmp_path: Path | None = None
+    if comparisons:
+        cmp_path = out / "comparisons.json"
+        cmp_path.write_text(json.dumps([c.to_dict() for c in comparisons], indent=2), encoding="utf-8")
+    return ReportFiles(md_path, plot, html_path, json_path, summaries, cmp_path, comparisons)
 
 
 def load_run(path: Path | str) -> tuple[str, list[Trace]]:

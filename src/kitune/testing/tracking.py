@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kitune.experiments.tracking import BaseTracker
+from kitune.experiments.tracking import BaseTracker, EpisodeRecord
 
 __all__ = ["RecordedMetric", "RecordedRun", "RecordingTracker"]
 
@@ -39,6 +39,8 @@ class RecordedRun:
     metric_log: list[RecordedMetric] = field(default_factory=list)
     artifacts: dict[str, str | bytes] = field(default_factory=dict)
     """Artifact path → content (text for log_text/log_dict, bytes for log_artifact)."""
+    episodes: list[EpisodeRecord] = field(default_factory=list)
+    """Agent episodes logged with ``log_episodes`` (one per question), in logging order."""
     status: str = "RUNNING"
 
     @property
@@ -117,3 +119,10 @@ class RecordingTracker(BaseTracker):
     def _backend_log_dict(self, run_id: str, data: dict[str, Any], artifact_file: str) -> None:
         self._maybe_fail("log_dict")
         self._get(run_id).artifacts[artifact_file] = json.dumps(data, sort_keys=True, default=str)
+
+    def _backend_log_episode(self, run_id: str, record: EpisodeRecord) -> str:
+        self._maybe_fail("log_episode")
+        run = self._get(run_id)
+        with self._rec_lock:
+            run.episodes.append(record)
+            return f"{run_id}-trace-{len(run.episodes)}"
