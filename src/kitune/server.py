@@ -6,6 +6,12 @@ table (:data:`ERROR_STATUS`): ``ConfigError`` → 422, ``DocumentNotFoundError``
 ``{"error": {"type": str, "message": str}}`` (plus ``details`` for request validation) and never
 carry a stack trace or a secret.
 
+What is served: the store and rewriter given to :func:`create_app` (``kitune serve`` passes
+the production rewriter prompt and the production extractor's KI table, see
+:func:`kitune.service.prompts.production_setting`), named in ``GET /healthz`` under
+``serving``. With a ``setting_source`` the app re-resolves them at most every ``refresh_s``
+seconds, so ``kitune prompts promote`` / ``rollback`` change what a running server serves.
+
 Other rules: the request body is capped (:data:`MAX_BODY_BYTES`, 413 beyond); the OpenAPI schema
 is served at ``/openapi.json``; ``GET /healthz`` answers without touching the store. When a bearer
 token is configured (``KITUNE_API_TOKEN``), ``/api/*`` requires ``Authorization: Bearer <token>``;
@@ -19,6 +25,9 @@ import ipaddress
 import logging
 import os
 import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
@@ -36,7 +45,14 @@ from kitune.retrieval.base import Store
 from kitune.service.context import ContextResponse, get_context
 from kitune.usage import TokenLedger
 
-__all__ = ["API_TOKEN_ENV", "ERROR_STATUS", "MAX_BODY_BYTES", "create_app", "is_loopback_host"]
+__all__ = [
+    "API_TOKEN_ENV",
+    "ERROR_STATUS",
+    "MAX_BODY_BYTES",
+    "ServedSetting",
+    "create_app",
+    "is_loopback_host",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +74,16 @@ ERROR_STATUS: tuple[tuple[type[Exception], int, str], ...] = (
 
 _GENERIC_500 = "internal error while answering the request; see the server log"
 _STORE_503 = "the KI store is unavailable: check that its backend is running and configured"
+
+
+@dataclass(frozen=True)
+class ServedSetting:
+    """The store, rewriter and prompt versions a server answers with."""
+
+    store: Store
+    rewriter: QueryRewriter | None
+    versions: Mapping[str, str] = field(default_factory=dict)
+    """Program → prompt version label, plus ``"store"`` → KI table/index (shown in /healthz)."""
 
 
 def is_loopback_host(host: str) -> bool:
@@ -130,6 +156,10 @@ def create_app(
     ledger: TokenLedger | None = None,
     api_token: str | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
+    versions: Mapping[str, str] | None = None,
+    setting_source: Callable[[Mapping[str, str]], ServedSetting | None] | None = None,
+    refresh_s: float = 30.0,
+    clock: Callable[[], float] = time.monotonic,
 ) -> FastAPI:
     """Build the FastAPI app.
 
@@ -142,6 +172,13 @@ def create_app(
         api_token: bearer token required on ``/api/*``; None reads ``KITUNE_API_TOKEN`` (unset or
             empty: no auth).
         max_body_bytes: request body cap in bytes (413 beyond).
+        versions: what ``store``/``rewriter`` are (program → prompt version label, ``"store"`` →
+            table); shown in ``GET /healthz`` under ``serving``.
+        setting_source: called with the served ``versions`` at most every ``refresh_s`` seconds
+            (on a request); returns a new :class:`ServedSetting` when production changed, else
+            None. A failing source keeps the current setting (logged).
+        refresh_s: seconds between ``setting_source`` calls (> 0).
+        clock: monotonic clock in seconds (tests).
 
     Returns:
         The app; routes: ``POST /api/_get_context``, ``GET /healthz``, ``GET /openapi.json``.
@@ -150,17 +187,35 @@ def create_app(
     max_size = cfg.retrieval.max_size
     default_size = min(cfg.retrieval.default_size, max_size)
     store_lock = threading.Lock()
-    holder: dict[str, Store] = {} if store is None else {"store": store}
+    holder: dict[str, Any] = {} if store is None else {"store": store}
+    holder["rewriter"] = rewriter
+    holder["versions"] = dict(versions or {})
+    holder["checked"] = clock()
 
-    def current_store() -> Store:
+    def refresh() -> None:
+        """Swap in a new setting when the source reports one (caller holds ``store_lock``)."""
+        if setting_source is None or clock() - holder["checked"] < refresh_s:
+            return
+        holder["checked"] = clock()
+        try:
+            new = setting_source(dict(holder["versions"]))
+        except Exception:  # a registry hiccup must not take the API down: keep serving
+            logger.exception("could not re-resolve the production setting; serving %s", holder["versions"])
+            return
+        if new is not None:
+            logger.info("now serving %s (was %s)", dict(new.versions), holder["versions"])
+            holder.update(store=new.store, rewriter=new.rewriter, versions=dict(new.versions))
+
+    def current() -> tuple[Store, QueryRewriter | None]:
         with store_lock:
+            refresh()
             if "store" not in holder:
                 try:
                     from kitune.retrieval import create_store
                 except ImportError as e:
                     raise StoreUnavailableError("no store factory is installed") from e
                 holder["store"] = create_store(cfg)
-            return holder["store"]
+            return holder["store"], holder["rewriter"]
 
     class ContextRequest(BaseModel):
         """Body of ``POST /api/_get_context``."""
@@ -233,10 +288,11 @@ def create_app(
         app.add_exception_handler(cls, _any)
 
     def context_endpoint(body: Any) -> ContextResponse:
+        served_store, served_rewriter = current()
         return get_context(
             body.query,
-            store=current_store(),
-            rewriter=rewriter,
+            store=served_store,
+            rewriter=served_rewriter,
             size=body.size,
             execute=body.execute,
             cfg=cfg,
@@ -253,8 +309,10 @@ def create_app(
         summary="Retrieve KIs, facets and the compiled query for a question.",
     )(context_endpoint)
 
-    @app.get("/healthz", summary="Liveness check (does not touch the store).")
-    def healthz() -> dict[str, str]:
-        return {"status": "ok"}
+    @app.get("/healthz", summary="Liveness check (does not touch the store); names the served versions.")
+    def healthz() -> dict[str, Any]:
+        with store_lock:
+            served = dict(holder["versions"])
+        return {"status": "ok", "serving": served} if served else {"status": "ok"}
 
     return app

@@ -92,3 +92,167 @@ def test_argument_checks(tmp_path: Path) -> None:
         evaluate(QS + QS[:1], factory([]), skill="x", progress=False)
     TraceWriter(tmp_path / "deep" / "t.jsonl")
     assert (tmp_path / "deep").is_dir()
+
+
+# -- failures are failures (issue 12 item 11) -----------------------------------------------------
+KEY_MSG = (
+    "HTTP 401 from https://gw.example/v1 for model m-small: the key in $KI_GW_KEY (sk-…9876) was "
+    "rejected. Check the key and that https://gw.example/v1 is the host you meant. Not retried."
+)
+
+
+def _answer(q: Question, value: str | None = None) -> str:
+    return json.dumps({"answer": {"explanation": "", "exact_answer": value or q.answer, "confidence": 90}})
+
+
+def scripted_factory(script: dict[str, list], built: list[str]):
+    """One ScriptedChatModel per question; its turns may raise LM errors mid-run."""
+
+    def make(q: Question) -> Agent:
+        built.append(q.query_id)
+        return Agent(ScriptedChatModel(script[q.query_id], usage=(10, 1)), closed_book_toolbox())
+
+    return make
+
+
+class CountingJudge:
+    def __init__(self) -> None:
+        self.graded: list[str] = []
+
+    def __call__(self, *, question, response, gold, aliases):
+        self.graded.append(question)
+        return Verdict(f"Exact Answer: {gold}\n" in response, "graded")
+
+
+def test_questions_whose_lm_calls_failed_are_failed_not_graded(tmp_path: Path) -> None:
+    from kitune.errors import EmptyCompletionError, LMConnectionError, LMTimeoutError
+    from kitune.evaluation.report import summarize
+
+    qs = QS[:5]
+    script = {
+        "q0": [_answer(qs[0])],
+        "q1": [LMTimeoutError("call to m-small timed out after 30 s (3 attempts)", timeout_s=30.0)],
+        "q2": [_answer(qs[2], "wrong")],
+        "q3": [LMConnectionError("could not reach https://gw.example/v1: connection refused")],
+        "q4": [EmptyCompletionError("no choices in the reply", reason="no_choices")],
+    }
+    built: list[str] = []
+    judge_ = CountingJudge()
+    path = tmp_path / "traces.jsonl"
+    traces = evaluate(
+        qs,
+        scripted_factory(script, built),
+        skill="closed-book",
+        concurrency=1,
+        traces_path=path,
+        judge=judge_,
+        progress=False,
+    )
+    by_id = {t.query_id: t for t in traces}
+    assert [by_id[q].status for q in ("q1", "q3", "q4")] == ["failed"] * 3
+    assert by_id["q1"].failure == "LMTimeoutError: call to m-small timed out after 30 s (3 attempts)"
+    assert by_id["q3"].failure.startswith("LMConnectionError: could not reach")
+    assert by_id["q4"].failure == "EmptyCompletionError: no choices in the reply"
+    assert all(
+        by_id[q].judge_status == "not_run" and by_id[q].judge_correct is None for q in ("q1", "q3", "q4")
+    )
+    assert judge_.graded == ["What is 0?", "What is 2?"]  # the judge never saw a failed question
+    s = summarize(traces)
+    # before: "0/5 graded 5/5": empty answers graded wrong. Now: 1/2 graded, 3 failed beside it
+    assert (s.n_correct, s.n_graded, s.n_failed, s.accuracy) == (1, 2, 3, 0.5)
+    assert by_id["q0"].failure is None and by_id["q2"].status == "answered"
+    # the failure survives the JSONL round trip, and a rerun retries exactly the failed ones
+    assert {t.query_id: t.failure for t in read_traces(path)} == {t.query_id: t.failure for t in traces}
+    again: list[str] = []
+    fixed = {q.query_id: [_answer(q)] for q in qs}
+    evaluate(
+        qs,
+        scripted_factory(fixed, again),
+        skill="closed-book",
+        concurrency=1,
+        traces_path=path,
+        judge=judge_,
+        progress=False,
+    )
+    assert sorted(again) == ["q1", "q3", "q4"]
+
+
+def test_failed_force_commit_is_a_failure_but_a_context_overflow_is_not() -> None:
+    from kitune.errors import LMContextWindowError, LMRateLimitError
+    from kitune.evaluation.budget import Budget
+
+    q = QS[1]
+    tool_call = json.dumps({"tool": "search", "args": {"query": "x"}})  # no tools: a wasted step
+
+    def run(turns: list) -> object:
+        agent = Agent(
+            ScriptedChatModel(turns, usage=(10, 1)), closed_book_toolbox(), budget=Budget(max_steps=1)
+        )
+        return evaluate([q], lambda _q: agent, skill="closed-book", judge=CountingJudge(), progress=False)[0]
+
+    limited = run([tool_call, LMRateLimitError("429 after 3 retries", retry_after_s=2.0)])
+    assert limited.status == "failed" and limited.failure == "LMRateLimitError: 429 after 3 retries"
+    assert limited.judge_status == "not_run"
+    # a context overflow is the agent's own business (status context_overflow, graded)
+    overflow = run([LMContextWindowError("prompt too long"), _answer(q)])
+    assert overflow.status == "context_overflow" and overflow.failure is None
+    assert overflow.judge_status == "graded" and overflow.judge_correct is True
+
+
+def test_an_auth_failure_stops_the_run_at_once(tmp_path: Path) -> None:
+    from kitune.errors import LMAuthError
+
+    script = {q.query_id: [_answer(q)] for q in QS}
+    script["q1"] = [LMAuthError(KEY_MSG)]
+    built: list[str] = []
+    path = tmp_path / "traces.jsonl"
+    with pytest.raises(LMAuthError) as err:
+        evaluate(
+            QS,
+            scripted_factory(script, built),
+            skill="closed-book",
+            concurrency=1,
+            traces_path=path,
+            judge=judge,
+            progress=False,
+        )
+    msg = str(err.value)
+    assert "on question q1" in msg and "$KI_GW_KEY" in msg and "3 of 5 question(s) not run" in msg
+    assert built == ["q0", "q1"]  # q2..q4 never started
+    on_disk = {t.query_id: t for t in read_traces(path)}
+    assert sorted(on_disk) == ["q0", "q1"] and on_disk["q1"].status == "failed"
+    # fixed key: the rerun resumes (q0 kept) and runs the rest
+    resumed: list[str] = []
+    fixed = {q.query_id: [_answer(q)] for q in QS}
+    traces = evaluate(
+        QS,
+        scripted_factory(fixed, resumed),
+        skill="closed-book",
+        concurrency=2,
+        traces_path=path,
+        judge=judge,
+        progress=False,
+    )
+    assert sorted(resumed) == ["q1", "q2", "q3", "q4"] and all(t.judge_correct for t in traces)
+
+
+def test_a_judge_auth_failure_stops_the_run_too() -> None:
+    from kitune.errors import LMAuthError
+
+    def refusing(*, question, response, gold, aliases):
+        return type(
+            "V", (), {"correct": None, "status": "grader_error", "error": f"LMAuthError: {KEY_MSG}"}
+        )()
+
+    built: list[str] = []
+    script = {q.query_id: [_answer(q)] for q in QS}
+    with pytest.raises(LMAuthError, match=r"for the judge on question q0: .*\$KI_GW_KEY"):
+        evaluate(
+            QS,
+            scripted_factory(script, built),
+            skill="closed-book",
+            concurrency=1,
+            judge=refusing,
+            progress=False,
+        )
+    assert built == ["q0"]

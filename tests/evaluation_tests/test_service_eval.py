@@ -240,3 +240,91 @@ def test_make_context_fn_hides_disambiguation_kis_and_counts_rewrite_tokens() ->
     ep = Agent(model, in_context_toolbox(fn)).run("q")
     assert ep.input_tokens == 200 and ep.tool_input_tokens == 30 and ep.tool_output_tokens == 7
     assert ep.steps[0].tool_input_tokens == 30
+
+
+# -- failures are failures through `kitune eval` (issue 12 item 11) --------------------------------
+def _cli(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, model: ScriptedChatModel):
+    import kitune.lm
+    from kitune.cli import _register, app
+
+    monkeypatch.setattr(kitune.lm, "LiteLLMChatModel", lambda cfg, role, ledger=None: model)
+    monkeypatch.setenv("KITUNE_WORKDIR", str(tmp_path / "w"))
+    monkeypatch.setenv("COLUMNS", "250")
+    _register()
+    return app
+
+
+def _lunenburg(_messages):
+    return json.dumps({"answer": {"explanation": "", "exact_answer": "Lunenburg", "confidence": 50}})
+
+
+def test_cli_eval_reports_failed_questions_and_excludes_them(
+    tmp_path: Path, fixture_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kitune.errors import LMTimeoutError
+
+    timeout = LMTimeoutError(
+        "m-small at https://gw.example/v1 did not answer within 30 s (3 attempts)", timeout_s=30.0
+    )
+    app = _cli(monkeypatch, tmp_path, ScriptedChatModel([_lunenburg, timeout, _lunenburg], usage=(40, 4)))
+    r = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            "--skill",
+            "closed-book",
+            "--data",
+            str(fixture_dir),
+            "--limit",
+            "3",
+            "--concurrency",
+            "1",
+            "--no-judge",
+            "--run-name",
+            "cb",
+        ],
+    )
+    assert r.exit_code == 0, r.output
+    assert "[1] 43: not graded · 1 step(s), 40 input tokens" in r.stderr
+    assert "[2] 94: FAILED (LMTimeoutError: m-small at https://gw.example/v1 did not answer" in r.stderr
+    assert "1 of 3 question(s) failed" in r.stdout and "not in the accuracy" in r.stdout
+    assert "94: LMTimeoutError:" in r.stdout
+    summary = json.loads((tmp_path / "w" / "runs" / "cb" / "summary.json").read_text())
+    assert (summary["n_failed"], summary["n_graded"]) == (1, 0)
+
+
+def test_cli_eval_stops_on_an_auth_failure_with_exit_2(
+    tmp_path: Path, fixture_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kitune.errors import LMAuthError
+
+    refused = LMAuthError(
+        "HTTP 401 from https://gw.example/v1 for model m-small: the key in $KI_GW_KEY (sk-…9876) was "
+        "rejected. Check the key and that https://gw.example/v1 is the host you meant. Not retried."
+    )
+    model = ScriptedChatModel([_lunenburg, refused, _lunenburg, _lunenburg], usage=(40, 4))
+    app = _cli(monkeypatch, tmp_path, model)
+    r = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            "--skill",
+            "closed-book",
+            "--data",
+            str(fixture_dir),
+            "--limit",
+            "4",
+            "--concurrency",
+            "1",
+            "--no-judge",
+            "--run-name",
+            "cb",
+        ],
+    )
+    assert r.exit_code == 2, r.output
+    out = " ".join(r.output.split())
+    assert "authentication failed for the agent on question 94" in out and "$KI_GW_KEY" in out
+    assert "2 of 4 question(s) not run" in out
+    assert len(model.calls) == 2 and model.remaining == 2  # nothing ran after the refusal
+    lines = (tmp_path / "w" / "runs" / "cb" / "traces.jsonl").read_text().splitlines()
+    assert [json.loads(x)["status"] for x in lines] == ["answered", "failed"]

@@ -1,52 +1,96 @@
 """``kitune context`` (one question → KIs + facets) and ``kitune serve`` (the HTTP API).
 
-Both call :func:`kitune.service.context.get_context`; the store comes from
-``kitune.retrieval.create_store(cfg)`` and the rewriter's LM from
-``kitune.lm.build_lm(cfg, "rewrite")`` (``--no-rewrite`` skips the LM and uses plain plans).
+Both call :func:`kitune.service.context.get_context` with what
+:func:`kitune.service.prompts.production_setting` resolves: the rewriter prompt under the
+``production`` alias (``--prompt-version`` picks another, ``--packaged`` the packaged one) and
+the KI table built with the production extractor. The versions used are printed on stderr.
+The rewriter's LM comes from ``kitune.lm.build_lm(cfg, "rewrite")`` (``--no-rewrite`` skips the
+LM and uses plain plans).
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from kitune.cli.common import ConfigOption, fail, get_config
+from kitune.cli.common import ConfigOption, console, fail, get_config
 from kitune.errors import KituneError
 
 if TYPE_CHECKING:
     from kitune.config import KituneConfig
     from kitune.programs.query_rewriter import QueryRewriter
     from kitune.retrieval.base import Store
+    from kitune.server import ServedSetting
     from kitune.service.context import ContextResponse
+    from kitune.service.prompts import ProductionSetting
     from kitune.usage import TokenLedger
 
-__all__ = ["print_context", "register"]
+__all__ = ["PackagedOption", "PromptVersionOption", "print_context", "register", "resolve_setting"]
 
 NoRewriteOption = Annotated[
     bool, typer.Option("--no-rewrite", help="Skip the LLM rewrite; search with the question as typed.")
 ]
+PromptVersionOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--prompt-version",
+        help="Use this registered version instead of production: PROGRAM=VERSION (extractor=3, "
+        "rewriter=candidate) or an alias for every program (candidate). Repeatable.",
+        show_default=False,
+    ),
+]
+PackagedOption = Annotated[
+    bool,
+    typer.Option(
+        "--packaged",
+        help="Use the packaged prompts (and their KI table), not the registry's production ones.",
+    ),
+]
 
 
-def _build(cfg: KituneConfig, *, use_rewriter: bool) -> tuple[Store, QueryRewriter | None, TokenLedger]:
-    """Create the store and (unless disabled) the rewriter with its LM; exits 2 on KituneError."""
+def resolve_setting(
+    cfg: KituneConfig, prompt_version: list[str] | None, packaged: bool, *, programs: tuple[str, ...]
+) -> ProductionSetting:
+    """Resolve the prompt versions a CLI command runs, print them on stderr; exit 2 on a bad choice.
+
+    Wraps :func:`kitune.service.prompts.production_setting` (``--prompt-version``, ``--packaged``).
+    """
+    from kitune.service.prompts import describe_setting, parse_prompt_selection, production_setting
+
+    try:
+        setting = production_setting(
+            cfg, select=parse_prompt_selection(prompt_version or []), packaged=packaged
+        )
+    except KituneError as e:
+        fail(str(e))
+    for line in describe_setting(setting, programs):
+        console.print(line, highlight=False, markup=False)
+    return setting
+
+
+def _build(
+    cfg: KituneConfig, setting: ProductionSetting, *, use_rewriter: bool
+) -> tuple[Store, QueryRewriter | None, TokenLedger]:
+    """Create the setting's store and (unless disabled) its rewriter with its LM; exits 2 on KituneError."""
     from kitune.programs.query_rewriter import QueryRewriter
     from kitune.retrieval import create_store
     from kitune.usage import TokenLedger
 
     ledger = TokenLedger()
     try:
-        store = create_store(cfg)
+        store = create_store(setting.store_cfg)
         rewriter: QueryRewriter | None = None
         if use_rewriter:
             from kitune.lm import adapter_for, build_lm
 
             lm = build_lm(cfg, "rewrite", ledger=ledger)
-            rewriter = QueryRewriter(adapter=adapter_for(lm))
+            rewriter = QueryRewriter(setting.prompts["rewriter"], adapter=adapter_for(lm))
             rewriter.set_lm(lm)
     except KituneError as e:
         fail(f"{e}" + ("" if not use_rewriter else " (or pass --no-rewrite to search without the LLM)"))
@@ -100,18 +144,31 @@ def context(
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the response as JSON.")] = False,
     no_rewrite: NoRewriteOption = False,
+    prompt_version: PromptVersionOption = None,
+    packaged: PackagedOption = False,
     config: ConfigOption = None,
 ) -> None:
-    """Retrieve KIs, facets and the compiled query for one question (same as the HTTP API)."""
+    """Retrieve KIs, facets and the compiled query for one question (same as the HTTP API).
+
+    Uses the production rewriter prompt and the KI table of the production extractor (printed
+    on stderr); --prompt-version or --packaged choose others.
+    """
     from kitune.service.context import get_context
 
     cfg = get_config(config)
     if not question.strip():
         fail("the question is blank: pass the question text")
-    store, rewriter, ledger = _build(cfg, use_rewriter=not no_rewrite)
+    shown = ("extractor",) if no_rewrite else ("extractor", "rewriter")
+    setting = resolve_setting(cfg, prompt_version, packaged, programs=shown)
+    store, rewriter, ledger = _build(cfg, setting, use_rewriter=not no_rewrite)
     try:
         resp = get_context(
-            question, store=store, rewriter=rewriter, size=size, execute=not no_execute, cfg=cfg,
+            question,
+            store=store,
+            rewriter=rewriter,
+            size=size,
+            execute=not no_execute,
+            cfg=cfg,
             ledger=ledger,
         )
     except KituneError as e:
@@ -130,9 +187,24 @@ def serve(
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535, help="TCP port.")] = 8080,
     no_rewrite: NoRewriteOption = False,
+    prompt_version: PromptVersionOption = None,
+    packaged: PackagedOption = False,
+    refresh_s: Annotated[
+        float,
+        typer.Option(
+            "--refresh-s",
+            min=0,
+            help="Re-read the production prompt versions at most this often (seconds); a promote or "
+            "rollback is served from then on. 0: resolve once at start.",
+        ),
+    ] = 30.0,
     config: ConfigOption = None,
 ) -> None:
-    """Serve POST /api/_get_context (OpenAPI at /docs and /openapi.json, liveness at /healthz)."""
+    """Serve POST /api/_get_context (OpenAPI at /docs and /openapi.json, liveness at /healthz).
+
+    Serves the production rewriter prompt and the production extractor's KI table (printed at
+    start, and in GET /healthz); promote/rollback take effect within --refresh-s seconds.
+    """
     from kitune.server import API_TOKEN_ENV, create_app, is_loopback_host
 
     if not is_loopback_host(host) and not os.environ.get(API_TOKEN_ENV):
@@ -145,12 +217,65 @@ def serve(
     except ImportError:
         fail("kitune serve needs uvicorn: pip install 'kitune[server]'")
     cfg = get_config(config)
-    store, rewriter, ledger = _build(cfg, use_rewriter=not no_rewrite)
-    app = create_app(cfg, store=store, rewriter=rewriter, ledger=ledger)
+    shown = ("extractor",) if no_rewrite else ("extractor", "rewriter")
+    setting = resolve_setting(cfg, prompt_version, packaged, programs=shown)
+    store, rewriter, ledger = _build(cfg, setting, use_rewriter=not no_rewrite)
+    follow = not packaged and not prompt_version and refresh_s > 0
+    app = create_app(
+        cfg,
+        store=store,
+        rewriter=rewriter,
+        ledger=ledger,
+        versions=_served_versions(setting, shown),
+        setting_source=_follow_production(cfg, shown, use_rewriter=not no_rewrite, ledger=ledger)
+        if follow
+        else None,
+        refresh_s=refresh_s,
+    )
     try:
         uvicorn.run(app, host=host, port=port, log_level="info")
     finally:
         store.close()
+
+
+def _served_versions(setting: ProductionSetting, programs: tuple[str, ...]) -> dict[str, str]:
+    from kitune.service.prompts import setting_summary
+
+    summary = setting_summary(setting)
+    out = {p: v for p, v in summary["prompts"].items() if p in programs}
+    out["store"] = summary["store"]
+    return out
+
+
+def _follow_production(
+    cfg: KituneConfig, programs: tuple[str, ...], *, use_rewriter: bool, ledger: TokenLedger
+) -> Callable[[Mapping[str, str]], ServedSetting | None]:
+    """The server's ``setting_source``: re-resolve production, rebuild only when it changed.
+
+    A new store and rewriter are built only when the served versions differ (a promote or
+    rollback happened); otherwise the source returns None.
+    """
+
+    def source(current: Mapping[str, str]) -> ServedSetting | None:
+        from kitune.programs.query_rewriter import QueryRewriter
+        from kitune.retrieval import create_store
+        from kitune.server import ServedSetting
+        from kitune.service.prompts import production_setting
+
+        setting = production_setting(cfg)
+        versions = _served_versions(setting, programs)
+        if versions == dict(current):
+            return None
+        rewriter = None
+        if use_rewriter:
+            from kitune.lm import adapter_for, build_lm
+
+            lm = build_lm(cfg, "rewrite", ledger=ledger)
+            rewriter = QueryRewriter(setting.prompts["rewriter"], adapter=adapter_for(lm))
+            rewriter.set_lm(lm)
+        return ServedSetting(store=create_store(setting.store_cfg), rewriter=rewriter, versions=versions)
+
+    return source
 
 
 def register(app: typer.Typer) -> None:

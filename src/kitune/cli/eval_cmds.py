@@ -1,4 +1,10 @@
-"""``kitune eval`` and ``kitune report``: thin wrappers over :mod:`kitune.service.evaluation`."""
+"""``kitune eval`` and ``kitune report``: thin wrappers over :mod:`kitune.service.evaluation`.
+
+``kitune eval`` prints the prompt versions and KI table an in-context run uses, one line per
+finished question (correct / wrong / not graded / failed with its reason), and, after the
+summary table, the failed questions: they are not graded and not in the accuracy. An
+authentication failure stops the run and exits 2 with the message naming the key variable.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +15,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from kitune.cli.common import ConfigOption, fail, get_config
-from kitune.errors import KituneError
+from kitune.cli.common import ConfigOption, console, fail, get_config
+from kitune.cli.context_cmds import PackagedOption, PromptVersionOption
+from kitune.errors import KituneError, LMAuthError
 
 if TYPE_CHECKING:
     from kitune.data.examples import Split
+    from kitune.evaluation.metrics import Trace
+    from kitune.evaluation.report import RunSummary
     from kitune.evaluation.tools import Skill
 
 __all__ = ["register"]
@@ -58,15 +67,28 @@ def eval_command(
         ),
     ] = False,
     no_judge: Annotated[bool, typer.Option("--no-judge", help="Skip the LLM judge (EM/F1 only).")] = False,
+    prompt_version: PromptVersionOption = None,
+    packaged: PackagedOption = False,
     config: ConfigOption = None,
 ) -> None:
-    """Run the budgeted agent on a dataset slice; traces go to <workdir>/runs/<run-name>/ (resumable)."""
+    """Run the budgeted agent on a dataset slice; traces go to <workdir>/runs/<run-name>/ (resumable).
+
+    in-context uses the KI table of the production extractor and, with --rewrite, the production
+    rewriter prompt (printed first; --prompt-version / --packaged choose others). Questions whose
+    LLM calls failed are reported as failed, never graded; exit 2 on an authentication failure.
+    """
     from kitune.evaluation.report import ROWS, format_cell
     from kitune.service.evaluation import run_eval
+    from kitune.service.prompts import parse_prompt_selection
 
     cfg = get_config(config)
     if split not in ("all", "tune", "validation"):
         fail(f"--split {split!r}: use all, tune or validation")
+    try:
+        select = parse_prompt_selection(prompt_version or [])
+    except KituneError as e:
+        fail(str(e))
+    progress = _Progress()
     try:
         result = run_eval(
             cfg,
@@ -80,13 +102,66 @@ def eval_command(
             concurrency=concurrency,
             use_judge=not no_judge,
             rewrite=rewrite,
+            prompt_select=select,
+            packaged=packaged,
+            on_trace=progress,
+            on_setting=_print_setting,
         )
+    except LMAuthError as e:
+        fail(f"{e}", code=2)
     except KituneError as e:
         fail(str(e))
     s = result.summary
     rows = [[label, format_cell(s, key)] for label, key in ROWS]
     _out.print(_summary_table(f"eval {skill}: {s.name}", rows, ["metric", s.name]))
+    _print_failures(result.traces, s)
     _out.print(f"traces: {result.traces_path}")
+
+
+def _print_setting(versions: dict[str, str]) -> None:
+    """Print the prompt versions and KI table an in-context run uses (stderr)."""
+    for program, label in versions.items():
+        text = f"KI store table: {label}" if program == "store" else f"{program} prompt: {label}"
+        console.print(text, highlight=False, markup=False)
+
+
+class _Progress:
+    """``on_trace``: one stderr line per finished question."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def __call__(self, trace: Trace) -> None:
+        self.n += 1
+        if trace.status == "failed":
+            verdict = f"FAILED ({(trace.failure or 'unknown reason')[:200]})"
+        elif trace.is_graded:
+            verdict = "correct" if trace.judge_correct else "wrong"
+        elif trace.judge_status == "grader_error":
+            verdict = f"grader error ({(trace.judge_error or '')[:120]})"
+        else:
+            verdict = "not graded"
+        tokens = trace.input_tokens + trace.tool_input_tokens
+        console.print(
+            f"[{self.n}] {trace.query_id}: {verdict} · {trace.n_steps} step(s), {tokens:,} input tokens",
+            highlight=False,
+            markup=False,
+        )
+
+
+def _print_failures(traces: list[Trace], s: RunSummary) -> None:
+    """After the table: the failed questions and that accuracy excludes them."""
+    failed = [t for t in traces if t.status == "failed"]
+    if not failed:
+        return
+    _out.print(
+        f"[yellow]{len(failed)} of {s.n_total} question(s) failed[/] (LLM calls failed; not graded, not in "
+        f"the accuracy: {s.n_correct}/{s.n_graded} graded). Rerun the same command to retry them."
+    )
+    for t in failed[:10]:
+        _out.print(f"  {t.query_id}: {(t.failure or '')[:300]}", highlight=False, markup=False)
+    if len(failed) > 10:
+        _out.print(f"  … and {len(failed) - 10} more")
 
 
 def report_command(

@@ -1,7 +1,12 @@
 """``kitune extract``: turn a corpus into verified KIs in the configured store.
 
-Thin: load config and documents → build the extract-role LM, the store and the extractor →
-:func:`kitune.service.extraction.extract_corpus` → print a summary table and the token ledger.
+Thin: load config and documents → resolve the extractor prompt
+(:func:`kitune.service.prompts.production_setting`: the ``production`` version of
+``kitune-<corpus>-extractor``, else the packaged prompt; ``--prompt-version``, ``--prompt-alias``,
+``--instructions`` or ``--packaged`` choose another) → build the extract-role LM, the KI table
+named after that extractor version (``<store.table>-<sha8>``, the table ``context``/``serve``/``eval``
+and the loop read) and the extractor → :func:`kitune.service.extraction.extract_corpus` → print
+a summary table and the token ledger.
 """
 
 from __future__ import annotations
@@ -60,10 +65,17 @@ def extract(
         typer.Option(
             "--prompt-alias",
             help="Use the registered extractor prompt kitune-<corpus>-extractor at this alias or version "
-            "(production, candidate, latest, 3), e.g. the draft written by `kitune bootstrap`.",
+            "(production, candidate, latest, 3), e.g. the draft written by `kitune bootstrap`. "
+            "Default: production if registered, else the packaged prompt.",
             show_default=False,
         ),
     ] = None,
+    packaged: Annotated[
+        bool,
+        typer.Option(
+            "--packaged", help="Use the packaged extractor prompt, not the registry's production one."
+        ),
+    ] = False,
     concurrency: Annotated[
         int | None, typer.Option(min=1, help="Documents in parallel (default: extraction.concurrency).")
     ] = None,
@@ -79,7 +91,9 @@ def extract(
     retry them), 2 on a configuration or data error.
     """
     from kitune.programs.fact_extractor import FactExtractor
+    from kitune.programs.instructions import instruction_version
     from kitune.service.extraction import default_state_path, extract_corpus
+    from kitune.service.prompts import versioned_store_cfg
     from kitune.usage import TokenLedger
 
     overrides: dict[str, object] = {}
@@ -99,18 +113,32 @@ def extract(
         typer.echo(f"… and {load_report.n_skipped - 20} more skipped lines", err=True)
     if not docs:
         fail(f"no documents found in {data}: expected corpus.jsonl lines with docid and text")
-    text = None
+    if sum((instructions is not None, prompt_alias is not None, packaged)) > 1:
+        fail(
+            "--instructions, --prompt-alias and --packaged each pick the extractor prompt: give one, not both"
+        )
     if instructions is not None:
         if not instructions.is_file():
             fail(f"--instructions {instructions} does not exist: pass a text file holding the instruction")
         text = instructions.read_text(encoding="utf-8").strip()
         if not text:
             fail(f"--instructions {instructions} is empty")
-    if prompt_alias is not None:
-        if text is not None:
-            fail("give either --instructions or --prompt-alias, not both")
-        text = _registered_instruction(cfg, prompt_alias)
+        out.print(
+            f"extractor prompt: {instructions} ({instruction_version('extractor', text)})", highlight=False
+        )
+    else:
+        text = _registered_instruction(cfg, prompt_alias, packaged=packaged)
     extractor = FactExtractor.from_config(cfg, text)
+    store_cfg = versioned_store_cfg(cfg, extractor.prompt_version)
+    kind, where = (
+        ("table", store_cfg.store.table)
+        if store_cfg.store.type == "lancedb"
+        else ("index", store_cfg.store.index)
+    )
+    out.print(
+        f"KI store: {store_cfg.store.type} {kind} {where}",
+        highlight=False,
+    )
     state_path = state or default_state_path(cfg, extractor.prompt_version)
     if restart and state_path.exists():
         state_path.unlink()
@@ -124,7 +152,7 @@ def extract(
     store = None
     try:
         lm = build_lm(cfg, "extract", ledger=ledger)
-        store = create_store(cfg)
+        store = create_store(store_cfg)
         with dspy.context(lm=lm):
             report = extract_corpus(
                 docs, store, extractor, cfg=cfg, ledger=ledger, state_path=state_path, progress=progress
@@ -159,17 +187,22 @@ def extract(
         raise typer.Exit(1)
 
 
-def _registered_instruction(cfg: KituneConfig, alias: str) -> str:
-    """The extractor text registered for ``cfg.corpus_name`` at ``alias`` (exit 2 when missing)."""
-    from kitune.experiments.prompts import PromptRegistry, prompt_name
+def _registered_instruction(cfg: KituneConfig, alias: str | None, *, packaged: bool = False) -> str:
+    """The extractor text at ``alias`` (None: production, else packaged); prints which.
 
-    name = prompt_name(cfg.corpus_name, "extractor")
+    Exits 2 when an explicit ``alias`` is missing.
+    """
+    from kitune.service.prompts import describe_setting, production_setting
+
     try:
-        version = PromptRegistry(cfg.mlflow_uri).get(name, alias)
+        setting = production_setting(
+            cfg, select={"extractor": alias} if alias else None, packaged=packaged, programs=("extractor",)
+        )
     except KituneError as e:
-        fail(f"--prompt-alias {alias}: {e} (run `kitune bootstrap` or `kitune optimize` first)")
-    out.print(f"extractor prompt: {name} v{version.version} ({alias})")
-    return version.text
+        where = f"--prompt-alias {alias}" if alias else "extractor prompt"
+        fail(f"{where}: {e} (run `kitune bootstrap` or `kitune optimize` first)")
+    out.print(describe_setting(setting, ("extractor",))[0], highlight=False)
+    return setting.prompts["extractor"]
 
 
 def register(app: typer.Typer) -> None:

@@ -155,6 +155,7 @@ def promote_cmd(
     cfg = get_config(config)
     pv = _or_fail(promote_prompt, cfg, name, version)
     out.print(f"{pv.name}: production → version {pv.version}", highlight=False)
+    _now_used(cfg, name)
 
 
 @prompts_app.command("rollback")
@@ -168,6 +169,26 @@ def rollback_cmd(
     cfg = get_config(config)
     pv = _or_fail(rollback_prompt, cfg, name)
     out.print(f"{pv.name}: production rolled back to version {pv.version}", highlight=False)
+    _now_used(cfg, name)
+
+
+def _now_used(cfg: Any, name: str) -> None:
+    """Say what ``serve``/``context``/``extract``/``eval`` use after a promote or rollback of ``name``."""
+    from kitune.experiments.prompts import prompt_name
+    from kitune.service.prompts import SERVED_PROGRAMS, describe_setting, production_setting
+
+    programs = tuple(p for p in SERVED_PROGRAMS if prompt_name(cfg.corpus_name, p) == name)
+    if not programs:
+        out.print(
+            f"(serve/context/extract/eval read the prompts of corpus {cfg.corpus_name!r}, "
+            f"kitune-{cfg.corpus_name}-<program>; {name} is not one of them)",
+            highlight=False,
+        )
+        return
+    for line in describe_setting(_or_fail(production_setting, cfg), programs):
+        out.print(f"now used by serve/context/extract/eval: {line}", highlight=False, markup=False)
+    if "extractor" in programs:
+        out.print("(each extractor version has its own KI table: `kitune extract` fills it if it is new)")
 
 
 def register(app: typer.Typer) -> None:

@@ -1,8 +1,16 @@
 """Run an agent over questions concurrently, scoring each, appending traces to a resumable JSONL.
 
 Contract (the gepa adapter contract): ``evaluate`` never raises for one question's failure;
-that question gets a trace with ``status="failed"`` and the error text. ``len(result) ==
+that question gets a trace with ``status="failed"``, the reason in ``Trace.failure``, and no
+grade (an outage is not a wrong answer, see :mod:`kitune.evaluation.metrics`). ``len(result) ==
 len(questions)``, in question order.
+
+One exception: an **authentication failure** (the agent's or the judge's LLM call refused with
+401/403, :func:`kitune.evaluation.metrics.is_auth_failure`) cannot succeed for any other
+question, so the run stops at once — questions not yet started are not run — and ``evaluate``
+raises :class:`kitune.errors.LMAuthError` naming the question and the key variable (from the
+LM layer's message). The traces finished so far, the refused one included (``failed``), are
+in ``traces_path``; rerunning after fixing the key resumes.
 
 Resume: with ``traces_path``, questions whose ``query_id`` (for the same skill) is already in
 the file are skipped and their stored traces returned, except ``status="failed"`` ones (a
@@ -20,15 +28,15 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Protocol
 
 from kitune.data.loaders import Question
-from kitune.errors import DataError
+from kitune.errors import DataError, LMAuthError
 from kitune.evaluation.agent import Episode
-from kitune.evaluation.metrics import JudgeFn, Trace, build_trace, failed_trace
+from kitune.evaluation.metrics import JudgeFn, Trace, build_trace, failed_trace, is_auth_failure
 
 __all__ = ["AgentFactory", "Runner", "TraceWriter", "evaluate", "read_traces"]
 
@@ -115,14 +123,21 @@ class TraceWriter:
             os.fsync(fh.fileno())
 
 
-def _run_one(question: Question, factory: AgentFactory, skill: str, judge: JudgeFn | None) -> Trace:
+def _run_one(
+    question: Question, factory: AgentFactory, skill: str, judge: JudgeFn | None, stop: threading.Event
+) -> Trace | None:
+    if stop.is_set():  # an authentication failure elsewhere stopped the run: do not start
+        return None
     t0 = time.monotonic()
     try:
         episode = factory(question).run(question.query)
-        return build_trace(question, skill, episode, judge=judge)
+        trace = build_trace(question, skill, episode, judge=judge)
     except Exception as e:  # one question must never sink the run
         logger.exception("question %s failed", question.query_id)
-        return failed_trace(question, skill, f"{type(e).__name__}: {e}", wall_time_s=time.monotonic() - t0)
+        trace = failed_trace(question, skill, f"{type(e).__name__}: {e}", wall_time_s=time.monotonic() - t0)
+    if is_auth_failure(trace):
+        stop.set()  # set here, in the worker, so no other question starts after this one
+    return trace
 
 
 def evaluate(
@@ -151,11 +166,14 @@ def evaluate(
         retry_failed: on resume, run again the questions whose stored trace is ``failed``.
 
     Returns:
-        One trace per question, in question order (resumed ones read from the file).
+        One trace per question, in question order (resumed ones read from the file). Questions
+        whose LLM calls failed have ``status="failed"`` and are not graded.
 
     Raises:
         ValueError: ``concurrency < 1`` or duplicate query ids.
         DataError: the traces file has a corrupt line other than the last.
+        LMAuthError: an LLM call was refused for authentication; the run stopped (see the
+            module docstring); finished traces are written.
     """
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
@@ -174,6 +192,8 @@ def evaluate(
         writer = TraceWriter(traces_path)
     todo = [q for q in questions if q.query_id not in done]
     results: dict[str, Trace] = dict(done)
+    stop = threading.Event()
+    refused: Trace | None = None
 
     bar = None
     task = None
@@ -195,23 +215,53 @@ def evaluate(
     try:
         with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="kitune-eval") as pool:
             futures = {
-                pool.submit(contextvars.copy_context().run, _run_one, q, agent_factory, skill, judge): q
+                pool.submit(contextvars.copy_context().run, _run_one, q, agent_factory, skill, judge, stop): q
                 for q in todo
             }
             for fut in as_completed(futures):
+                if fut.cancelled():
+                    continue
                 trace = fut.result()
+                if trace is None:  # not started: the run was stopped
+                    continue
                 results[trace.query_id] = trace
                 if writer is not None:
                     writer.write(trace)
                 if on_trace is not None:
                     on_trace(trace)
+                if refused is None and is_auth_failure(trace):
+                    refused = trace
+                    stop.set()
+                    for other in futures:
+                        other.cancel()  # queued ones never start; running ones finish
                 if bar is not None and task is not None:
-                    graded = [t for t in results.values() if t.is_graded]
-                    acc = (
-                        f"judge {sum(bool(t.judge_correct) for t in graded)}/{len(graded)}" if graded else ""
-                    )
-                    bar.update(task, advance=1, acc=acc)
+                    bar.update(task, advance=1, acc=_progress_text(results.values()))
     finally:
         if bar is not None:
             bar.stop()
+    if refused is not None:
+        raise _auth_stop(refused, questions, results)
     return [results[q.query_id] for q in questions]
+
+
+def _progress_text(traces: Iterable[Trace]) -> str:
+    """``"judge 3/5 · failed 1"`` for the progress bar."""
+    traces = list(traces)
+    graded = [t for t in traces if t.is_graded]
+    failed = sum(t.status == "failed" for t in traces)
+    parts = [f"judge {sum(bool(t.judge_correct) for t in graded)}/{len(graded)}"] if graded else []
+    if failed:
+        parts.append(f"failed {failed}")
+    return " · ".join(parts)
+
+
+def _auth_stop(refused: Trace, questions: Sequence[Question], results: dict[str, Trace]) -> LMAuthError:
+    """The error that ends a run stopped by an authentication failure."""
+    who = "the judge" if refused.failure is None else "the agent"
+    reason = refused.judge_error if refused.failure is None else refused.failure
+    not_run = sum(q.query_id not in results for q in questions)
+    return LMAuthError(
+        f"authentication failed for {who} on question {refused.query_id}: {reason} — the run stopped: "
+        f"{not_run} of {len(questions)} question(s) not run. Fix the key, then rerun the same command "
+        "to resume (finished questions are kept, failed ones are retried)."
+    )

@@ -6,16 +6,25 @@ gold answer and its aliases. The judge is any callable accepting keyword argumen
 (bool | None) and ``status`` (``"graded"`` | ``"grader_error"``), e.g.
 ``kitune.programs.judge.judge_answer``. A judge that raises is recorded as a grader error,
 never as "incorrect" (case J3).
+
+Failures are failures: a question whose LLM calls failed (a classified
+:class:`kitune.errors.LMError` after the LM layer's retries — auth, outage, timeout, empty
+completion; a context-window overflow is *not* one, it is handled by the agent) gets
+``status="failed"`` and the reason in :attr:`Trace.failure`, and is never graded: an empty
+answer caused by an outage is not a wrong answer. :func:`is_auth_failure` tells the harness to
+stop the run.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Protocol
 
 from kitune.data.loaders import Question
+from kitune.errors import LMAuthError, LMContextWindowError, LMError
 from kitune.evaluation.agent import Episode
 from kitune.text import exact_match, token_f1
 
@@ -27,7 +36,16 @@ __all__ = [
     "evidence_recall",
     "failed_trace",
     "format_response",
+    "is_auth_failure",
+    "lm_failure",
 ]
+
+_LM_ERRORS: tuple[type[LMError], ...] = (LMError, *LMError.__subclasses__())
+_LM_ERROR_NAMES = frozenset(c.__name__ for c in _LM_ERRORS if not issubclass(c, LMContextWindowError))
+"""Names of the LM error types that make a question failed (all but the context-window one)."""
+
+_ERROR_TEXT = re.compile(r"^(?:force-commit )?([A-Za-z_]\w*): ", re.ASCII)
+"""How the agent and the harness write an exception: ``[force-commit ]<Type>: <message>``."""
 
 
 class JudgeVerdictLike(Protocol):
@@ -90,6 +108,9 @@ class Trace:
     evidence_recall: float | None = None
     """|seen ∩ evidence| / |evidence| in 0.0–1.0; None when the question has no evidence docs."""
     errors: list[str] = field(default_factory=list)
+    failure: str | None = None
+    """Why the question failed (``"<LMError type>: <message>"``, or the exception a run raised);
+    set exactly when ``status == "failed"``; such a trace is never graded."""
 
     @property
     def is_graded(self) -> bool:
@@ -117,6 +138,39 @@ def evidence_recall(seen: Sequence[str], evidence: Sequence[str]) -> float | Non
     if not ev:
         return None
     return len(ev & set(seen)) / len(ev)
+
+
+def lm_failure(episode: Episode) -> str | None:
+    """The LM failure that left ``episode`` without an answer, or None.
+
+    An episode failed when one of its model calls (a step of kind ``lm_error``) raised an
+    :class:`kitune.errors.LMError` other than :class:`kitune.errors.LMContextWindowError` and no
+    answer came out (the agent stops on such an error; a failed force-commit leaves the answer
+    empty).
+
+    Returns:
+        ``"<Type>: <message>"`` of the last such error (without the ``force-commit`` prefix).
+    """
+    if episode.exact_answer.strip():
+        return None
+    for step in reversed(episode.steps):
+        if step.kind != "lm_error" or not step.error:
+            continue
+        m = _ERROR_TEXT.match(step.error)
+        if m and m.group(1) in _LM_ERROR_NAMES:
+            return step.error[m.start(1) :]
+    return None
+
+
+def is_auth_failure(trace: Trace) -> bool:
+    """True when the agent's or the judge's LLM call was refused for authentication (401/403).
+
+    Such a run cannot succeed for any question: the harness stops at once.
+    """
+    name = LMAuthError.__name__
+    if trace.failure and trace.failure.startswith(f"{name}:"):
+        return True
+    return trace.judge_status == "grader_error" and (trace.judge_error or "").startswith(f"{name}:")
 
 
 def format_response(episode: Episode) -> str:
@@ -160,8 +214,16 @@ def build_trace(question: Question, skill: str, episode: Episode, *, judge: Judg
 
     Returns:
         The trace; ``input_tokens == sum(step input tokens)``; EM/F1 against answer + aliases.
+        An episode whose LLM calls failed (:func:`lm_failure`, or status ``failed``) gets
+        ``status="failed"``, ``failure`` set and is not graded (``judge_status="not_run"``).
     """
-    correct, jstatus, jerror = _judge(question, episode, judge)
+    failure = lm_failure(episode)
+    if failure is None and episode.status == "failed":
+        failure = episode.errors[-1] if episode.errors else "the episode failed without an error message"
+    if failure is not None:
+        correct, jstatus, jerror = None, "not_run", None
+    else:
+        correct, jstatus, jerror = _judge(question, episode, judge)
     golds = list(question.golds)
     return Trace(
         query_id=question.query_id,
@@ -169,7 +231,8 @@ def build_trace(question: Question, skill: str, episode: Episode, *, judge: Judg
         question=question.query,
         gold_answer=question.answer,
         aliases=list(question.aliases),
-        status=episode.status,
+        status="failed" if failure is not None else episode.status,
+        failure=failure,
         exact_answer=episode.exact_answer,
         explanation=episode.explanation,
         confidence=episode.confidence,
@@ -211,4 +274,5 @@ def failed_trace(question: Question, skill: str, error: str, *, wall_time_s: flo
         evidence_recall=evidence_recall((), question.evidence_docids),
         wall_time_s=round(wall_time_s, 4),
         errors=[error],
+        failure=error,
     )

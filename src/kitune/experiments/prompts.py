@@ -14,7 +14,7 @@ import builtins
 import difflib
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -24,10 +24,12 @@ from kitune.experiments.tracking import disable_mlflow_telemetry
 
 __all__ = [
     "ALIASES",
+    "PACKAGED_TAG",
     "PromptRegistry",
     "PromptSummary",
     "PromptVersion",
     "prompt_name",
+    "register_packaged",
 ]
 
 ALIASES: tuple[str, ...] = ("candidate", "production")
@@ -37,6 +39,9 @@ _SEQ_TAG = "kitune.production_seq"
 _AT_TAG = "kitune.production_at"
 _ROLLED_BACK_TAG = "kitune.rolled_back"
 _NAME_BAD = re.compile(r"[^A-Za-z0-9_.\-]+")
+
+PACKAGED_TAG = "kitune.packaged"
+"""Tag set to the instruction version (``<program>@<sha8>``) on a version holding the packaged text."""
 
 
 def prompt_name(corpus: str, program: str) -> str:
@@ -399,3 +404,47 @@ class PromptRegistry:
             commit_message=pv.commit_message,
             created_ms=getattr(pv, "creation_timestamp", None),
         )
+
+
+def register_packaged(
+    registry: PromptRegistry, corpus: str, programs: Sequence[str]
+) -> dict[str, PromptVersion]:
+    """Register each program's packaged instruction as version 1 when its prompt has no version yet.
+
+    So the first accepted proposal becomes version 2 and ``kitune prompts rollback`` always has
+    the packaged prompt to go back to. A prompt that already has versions (an earlier loop, a
+    ``kitune bootstrap`` draft) is left untouched. A new version 1 is promoted to
+    ``production`` (with the promotion-history tags) and tagged :data:`PACKAGED_TAG` =
+    ``<program>@<sha8>``.
+
+    Args:
+        registry: the prompt registry.
+        corpus: corpus name (see :func:`prompt_name`).
+        programs: program names with a packaged prompt (``kitune/prompts/<program>.txt``).
+
+    Returns:
+        Program → the version registered now; programs already registered are absent.
+
+    Raises:
+        ConfigError: a program has no packaged prompt.
+        TrackingError: the registry could not be read or written.
+    """
+    from kitune.programs.instructions import load_instruction
+
+    out: dict[str, PromptVersion] = {}
+    for program in programs:
+        packaged = load_instruction(program)
+        name = prompt_name(corpus, program)
+        try:
+            registry.versions(name)
+            continue  # has versions already
+        except PromptNotFoundError:
+            pass
+        pv = registry.register(
+            name,
+            packaged.text,
+            tags={PACKAGED_TAG: packaged.version},
+            commit_message=f"packaged {program} prompt ({packaged.version}), registered as the baseline",
+        )
+        out[program] = registry.promote(name, pv.version)
+    return out

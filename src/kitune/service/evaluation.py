@@ -3,16 +3,26 @@
 ``run_eval`` wires a dataset, the skill's tools (corpus store, KI store + ``get_context``), the
 agent chat model and the judge, then calls :func:`kitune.evaluation.harness.evaluate`, writing
 ``<workdir>/runs/<run-name>/traces.jsonl`` (resumable), ``run.json`` (parameters: skill, data,
-split, subset ids, models, budget) and ``summary.json``/``usage.json`` at the end. Every
-dependency can be injected, so the wiring is testable without a store or an LLM; the defaults
-are built lazily from the config.
+split, subset ids, models, budget, prompt versions) and ``summary.json``/``usage.json`` at the
+end. Every dependency can be injected, so the wiring is testable without a store or an LLM; the
+defaults are built lazily from the config.
+
+The in-context skill runs what production runs
+(:func:`kitune.service.prompts.production_setting`): the KI table of the production extractor
+and, with ``rewrite``, the production rewriter prompt — or the versions chosen with
+``prompt_select`` / ``packaged``. The default run name ends with that setting's id, so a
+promotion starts a new run instead of resuming one made with other prompts.
+
+Failures are failures: questions whose LLM calls failed are ``failed``, not graded, and
+excluded from accuracy (counted beside it); an authentication failure stops the run and
+raises :class:`kitune.errors.LMAuthError` (see :mod:`kitune.evaluation.harness`).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,13 +56,35 @@ class EvalRunResult:
     summary: RunSummary
     usage: dict[str, dict[str, int]] = field(default_factory=dict)
     """``"role/stage"`` → token totals from the ledger (calls made by this invocation)."""
+    prompt_versions: dict[str, str] = field(default_factory=dict)
+    """Program → prompt version label used, plus ``"store"`` → KI table (in-context runs that
+    resolved their setting; empty otherwise)."""
 
 
-def default_run_name(skill: str, data_dir: Path, split: str, limit: int | None, disambiguation: bool) -> str:
-    """Deterministic run name, so re-running the same command resumes the same run."""
+def default_run_name(
+    skill: str,
+    data_dir: Path,
+    split: str,
+    limit: int | None,
+    disambiguation: bool,
+    setting_id: str | None = None,
+) -> str:
+    """Deterministic run name, so re-running the same command resumes the same run.
+
+    Args:
+        skill: ``baseline``, ``in-context`` or ``closed-book``.
+        data_dir: the dataset folder (its name is used).
+        split: ``all``, ``tune`` or ``validation``.
+        limit: first N questions, or None.
+        disambiguation: in-context with disambiguation KIs (``-disamb``).
+        setting_id: appended when given (the in-context run's prompt setting, e.g. the KI
+            table's ``<sha8>`` and the rewriter's), so runs with other prompts never mix.
+    """
     parts = [skill + ("-disamb" if disambiguation else ""), Path(data_dir).resolve().name or "data", split]
     if limit is not None:
         parts.append(f"n{limit}")
+    if setting_id:
+        parts.append(setting_id)
     return re.sub(r"[^A-Za-z0-9._-]+", "-", "-".join(parts))
 
 
@@ -143,6 +175,10 @@ def run_eval(
     corpus_store: CorpusStore | None = None,
     context_fn: Callable[[str], ContextObservation] | None = None,
     ledger: TokenLedger | None = None,
+    prompt_select: Mapping[str, str] | None = None,
+    packaged: bool = False,
+    on_trace: Callable[[Trace], None] | None = None,
+    on_setting: Callable[[dict[str, str]], None] | None = None,
 ) -> EvalRunResult:
     """Evaluate one skill on a dataset slice and write the run directory.
 
@@ -166,18 +202,28 @@ def run_eval(
             filled from ``data_dir`` on first use).
         context_fn: the in-context tool (None: the KI store + ``get_context``).
         ledger: token ledger (None: a fresh one).
+        prompt_select: in-context: program → registry version/alias instead of ``production``
+            (:func:`kitune.service.prompts.parse_prompt_selection`).
+        packaged: in-context: the packaged prompts and their KI table.
+        on_trace: called with each finished question's trace (progress output).
+        on_setting: called once, before any question runs, with the resolved prompt versions
+            (in-context runs that resolve their setting).
 
     Returns:
-        The run's traces (resumed ones included), summary and token usage.
+        The run's traces (resumed ones included), summary, token usage and prompt versions.
 
     Raises:
         DataError: bad dataset files. ConfigError: bad skill/config. HarnessError: a skill
-        dependency could not be built. LMError subclasses only from building the LMs.
+        dependency could not be built. PromptNotFoundError: a selected prompt version does not
+        exist. LMAuthError: an LLM call was refused for authentication (the run stopped;
+        finished traces are kept). Other LMError subclasses only from building the LMs.
     """
     if skill not in SKILLS:
         raise ConfigError(f"unknown skill {skill!r}: use one of {', '.join(SKILLS)}")
-    if (disambiguation or rewrite) and skill != "in-context":
-        raise ConfigError("--disambiguation and --rewrite only apply to --skill in-context")
+    if (disambiguation or rewrite or prompt_select or packaged) and skill != "in-context":
+        raise ConfigError(
+            "--disambiguation, --rewrite, --prompt-version and --packaged only apply to --skill in-context"
+        )
     data = Path(data_dir)
     if not data.exists():
         raise DataError(
@@ -188,7 +234,21 @@ def run_eval(
     if not questions:
         raise DataError(f"no questions selected from {data} (split={split}, limit={limit})", path=str(data))
     ledger = ledger if ledger is not None else TokenLedger()
-    name = run_name or default_run_name(skill, data, split, limit, disambiguation)
+    setting = None
+    versions: dict[str, str] = {}
+    setting_id = None
+    if skill == "in-context" and context_fn is None:
+        from kitune.programs.instructions import instruction_version
+        from kitune.service.prompts import production_setting, setting_summary
+
+        setting = production_setting(cfg, select=prompt_select, packaged=packaged)
+        shown = ("extractor", "rewriter") if rewrite else ("extractor",)
+        versions = {p: v for p, v in setting.versions.items() if p in shown}
+        versions["store"] = str(setting_summary(setting)["store"])
+        setting_id = "-".join(instruction_version(p, setting.prompts[p]).split("@", 1)[1] for p in shown)
+        if on_setting is not None:
+            on_setting(dict(versions))
+    name = run_name or default_run_name(skill, data, split, limit, disambiguation, setting_id)
     run_dir = Path(cfg.workdir) / "runs" / name
     run_dir.mkdir(parents=True, exist_ok=True)
 
@@ -197,7 +257,7 @@ def run_eval(
 
         corpus_store = create_corpus_store(cfg)
         _ensure_corpus(corpus_store, data)
-    if skill == "in-context" and context_fn is None:
+    if setting is not None:
         from kitune.retrieval import create_store
 
         rewriter = None
@@ -205,10 +265,14 @@ def run_eval(
             from kitune.lm import build_lm
             from kitune.programs.query_rewriter import QueryRewriter
 
-            rewriter = QueryRewriter()
+            rewriter = QueryRewriter(setting.prompts["rewriter"])
             rewriter.set_lm(build_lm(cfg, "rewrite", ledger=ledger))
         context_fn = make_context_fn(
-            cfg, create_store(cfg), disambiguation=disambiguation, ledger=ledger, rewriter=rewriter
+            setting.store_cfg,
+            create_store(setting.store_cfg),
+            disambiguation=disambiguation,
+            ledger=ledger,
+            rewriter=rewriter,
         )
     if chat_model is None:
         from kitune.lm import LiteLLMChatModel
@@ -242,6 +306,7 @@ def run_eval(
         else None,
         "observation_max_chars": cfg.agent.observation_max_chars,
         "search_hits": cfg.retrieval.search_hits,
+        "prompt_versions": versions,
     }
     (run_dir / "run.json").write_text(json.dumps(params, indent=2), encoding="utf-8")
     traces_path = run_dir / "traces.jsonl"
@@ -254,13 +319,19 @@ def run_eval(
             traces_path=traces_path,
             judge=judge if use_judge else None,
             progress=progress,
+            on_trace=on_trace,
         )
     summary = summarize(traces, name)
     usage = {f"{r}/{s}": t for (r, s), t in ledger.by_role_stage().items()}
     (run_dir / "summary.json").write_text(json.dumps(summary.to_dict(), indent=2), encoding="utf-8")
     (run_dir / "usage.json").write_text(json.dumps(usage, indent=2), encoding="utf-8")
     return EvalRunResult(
-        run_dir=run_dir, traces_path=traces_path, traces=traces, summary=summary, usage=usage
+        run_dir=run_dir,
+        traces_path=traces_path,
+        traces=traces,
+        summary=summary,
+        usage=usage,
+        prompt_versions=versions,
     )
 
 
