@@ -9,6 +9,7 @@ state wins over both) and runs :func:`kitune.optimizers.loop.run_loop` (one trac
 
 from __future__ import annotations
 
+import contextlib
 import random
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -150,7 +151,14 @@ def run_experiment(
         },
         **{f"prompt_version.{p}": instruction_version(p, t) for p, t in start.prompts.items()},
     }
-    with tracker.run(state_dir.name or "optimize", parent_params, tags={"kitune.kind": "optimize"}):
+    outer = getattr(tracker, "current_run", None)
+    if outer is not None and outer.run_id is not None:
+        # a caller's run is open (``kitune loop`` opens one per round): it is the parent
+        tracker.log_params(parent_params, run_id=outer.run_id)
+        parent: Any = contextlib.nullcontext()
+    else:
+        parent = tracker.run(state_dir.name or "optimize", parent_params, tags={"kitune.kind": "optimize"})
+    with parent:
         return run_loop(
             env,
             start,
