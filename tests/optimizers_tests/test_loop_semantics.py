@@ -221,3 +221,30 @@ def test_degenerate_proposal_is_rejected_before_evaluation(tmp_path: Path) -> No
     assert r0.decision == "rejected" and "too short: 2 characters" in r0.reason
     assert r0.candidate_key not in env.evaluated  # never evaluated
     assert result.setting == start
+
+
+def test_after_a_promotion_context_and_extract_use_the_promoted_versions(tmp_path: Path) -> None:
+    # (g) what the loop decides is what runs: production_setting (used by serve, context,
+    # extract, eval and the MCP server) follows the registry's production alias and its KI table
+    from kitune.experiments.prompts import PromptRegistry, prompt_name, register_packaged
+    from kitune.programs.instructions import instruction_version
+    from kitune.service.prompts import production_setting
+
+    cfg = KituneConfig(workdir=tmp_path / "w", corpus_name="tiny")
+    registry = PromptRegistry(cfg.mlflow_uri)
+    assert set(register_packaged(registry, "tiny", ["extractor", "rewriter"])) == {"extractor", "rewriter"}
+    before = production_setting(cfg, registry)
+    packaged = before.prompts["extractor"]
+    name = prompt_name("tiny", "extractor")
+    promoted = "Extract every fact of the document with its DATES, one sentence per fact."
+    pv = registry.register(name, promoted)
+    assert pv.version == 2  # the packaged prompt is version 1
+    registry.promote(name, pv.version)
+    after = production_setting(cfg, registry)
+    assert after.prompts["extractor"] == promoted != packaged
+    suffix = instruction_version("extractor", promoted).split("@")[1]
+    assert after.store_cfg.store.table.endswith(suffix)  # extract writes, context reads this table
+    assert before.store_cfg.store.table != after.store_cfg.store.table
+    # rollback goes back to the packaged version 1, and what runs follows
+    registry.rollback(name)
+    assert production_setting(cfg, registry).prompts["extractor"] == packaged

@@ -116,6 +116,13 @@ def run_experiment(
             registry = PromptRegistry(cfg.mlflow_uri)
         except TrackingError as e:
             log(f"[yellow]prompt registry unavailable ({e}); accepted prompts are not registered[/]")
+    if registry is not None:
+        from kitune.experiments.prompts import register_packaged
+
+        try:  # the packaged prompts are version 1, so a rollback always has a version to go back to
+            register_packaged(registry, cfg.corpus_name, programs)
+        except TrackingError as e:
+            log(f"[yellow]could not register the packaged prompts as version 1 ({e})[/]")
     start = Setting(initial_prompts(programs, corpus=cfg.corpus_name, registry=registry))
     log(f"starting from {start.key}: " + ", ".join(f"{p} ({len(t)} chars)" for p, t in start.prompts.items()))
 

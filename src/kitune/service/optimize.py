@@ -56,6 +56,7 @@ from kitune.optimizers.ledger import FailureLedger
 from kitune.optimizers.loop import Evaluation, LoopResult, Proposal, Setting
 from kitune.optimizers.objective import answer_coverage
 from kitune.schema import Document, Filter
+from kitune.service.prompts import versioned_store_cfg
 
 if TYPE_CHECKING:
     from kitune.chat import ChatModel
@@ -212,13 +213,6 @@ def with_overrides(cfg: KituneConfig, overrides: Mapping[str, Any]) -> KituneCon
     return KituneConfig.model_validate(data)
 
 
-def _versioned_store_cfg(cfg: KituneConfig, extractor_version: str) -> KituneConfig:
-    suffix = extractor_version.split("@", 1)[-1]
-    if cfg.store.type == "lancedb":
-        return with_overrides(cfg, {"store.table": f"{cfg.store.table}-{suffix}"})
-    return with_overrides(cfg, {"store.index": f"{cfg.store.index}-{suffix}"})
-
-
 class ServiceLoopEnv:
     """The real loop environment (see the module docstring).
 
@@ -291,7 +285,7 @@ class ServiceLoopEnv:
         with self.lock:
             if version in self._stores:
                 return self._stores[version]
-            store = self.deps.store_factory(_versioned_store_cfg(self.setting_cfg(setting), version))
+            store = self.deps.store_factory(versioned_store_cfg(self.setting_cfg(setting), version))
             carried: dict[str, KI] = {}
             for other in self._stores.values():
                 for ki in other.iter_kis(Filter(statuses=(), subtypes=("disambiguation",))):
