@@ -102,20 +102,22 @@ def expire(
 ) -> None:
     """Run the KI lifecycle sweep on the configured store.
 
-    KIs unseen (not re-extracted) for lifecycle.stale_after_days (default 7) become stale; unseen
-    for twice that, or past their expires_at, they become expired. Expired KIs are left out of
-    retrieval unless a filter asks for them. Status only moves forward; re-indexing a KI makes it
-    active again. Use --now to replay the sweep at another time.
+    KIs unseen (not re-extracted, and their document not seen unchanged by `kitune extract`) for
+    lifecycle.stale_after_days (default 7) become stale; unseen for twice that, or past their
+    expires_at, they become expired. Disambiguation and source-description KIs use
+    lifecycle.derived_stale_after_days. Only active KIs are served unless a filter asks for more.
+    Status only moves forward and nothing is deleted; re-seeing a KI makes it active again. Running
+    it twice changes nothing the second time. Use --now to replay the sweep at another time.
 
     Example: kitune expire --now 2026-12-31
     """
-    from kitune.service.stores import expire_kis, stale_after_from
+    from kitune.service.stores import expire_kis, retention_from, stale_after_from
 
     cfg, store = _open_store(config)
     window = timedelta(days=stale_after_days) if stale_after_days is not None else stale_after_from(cfg)
     when = _parse_now(now)
     try:
-        result = expire_kis(store, now=when, stale_after=window)
+        result = expire_kis(store, now=when, stale_after=window, retention=retention_from(cfg))
     except KituneError as e:
         fail(str(e))
     finally:

@@ -31,7 +31,8 @@ import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+import hashlib
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic import ValidationError
@@ -45,6 +46,7 @@ from kitune.retrieval.memory import effective_filter, validate_ki
 from kitune.schema import Filter, QueryPlan
 
 __all__ = [
+    "ElasticsearchRequestError",
     "ElasticsearchStore",
     "EsqlQuery",
     "bulk_operations",
@@ -55,7 +57,9 @@ __all__ = [
     "ki_to_source",
     "parse_warnings",
     "source_to_ki",
+    "sweep_queries",
     "to_es_filter",
+    "wrap_es_error",
 ]
 
 BACKEND = "elasticsearch"
@@ -81,6 +85,67 @@ class EsqlQuery:
         if self.filter is not None:
             body["filter"] = self.filter
         return body
+
+
+class ElasticsearchRequestError(StoreError):
+    """An Elasticsearch request failed; carries the HTTP status and Elasticsearch's own reason.
+
+    Attributes:
+        status: HTTP status (e.g. 400, 401, 404, 429), or None when no response came back.
+        error_type: Elasticsearch's ``error.type`` (e.g. ``verification_exception``), or "".
+        reason: Elasticsearch's ``error.reason`` (root cause first), or the client's message.
+    """
+
+    def __init__(self, message: str, *, status: int | None, error_type: str = "", reason: str = "") -> None:
+        super().__init__(message, backend=BACKEND)
+        self.status = status
+        self.error_type = error_type
+        self.reason = reason
+
+
+_FIXES = {
+    400: "the request was rejected as invalid (see the reason; a query syntax error is a kitune bug, please report it)",
+    401: "check the API key in KITUNE_ES_API_KEY (store.api_key_env)",
+    403: "the API key lacks privileges on the index: grant read/write/manage on it",
+    404: "the index or endpoint does not exist: check store.index / store.inference_id",
+    429: "the cluster is overloaded: retry later or lower extraction.concurrency",
+}
+
+
+def es_error_details(e: Exception) -> tuple[int | None, str, str]:
+    """``(status, error type, reason)`` of a client error (root cause first when the body has one)."""
+    meta = getattr(e, "meta", None)
+    status = getattr(meta, "status", None)
+    body = getattr(e, "body", None)
+    err = body.get("error") if isinstance(body, Mapping) else None
+    if isinstance(err, Mapping):
+        root = err.get("root_cause")
+        first = root[0] if isinstance(root, list) and root and isinstance(root[0], Mapping) else err
+        return status, str(first.get("type", err.get("type", ""))), str(first.get("reason", err.get("reason", "")))
+    if isinstance(err, str):
+        return status, "", err
+    return status, str(getattr(e, "message", "") or ""), str(e)
+
+
+def wrap_es_error(what: str, index: str, e: Exception) -> StoreError:
+    """Turn an ``elasticsearch`` client exception into a kitune store error.
+
+    Returns:
+        :class:`~kitune.errors.StoreUnavailableError` for connection/timeout errors (no HTTP
+        response), else :class:`ElasticsearchRequestError` naming the operation, the index, the
+        HTTP status, Elasticsearch's error type and reason, and a fix.
+    """
+    from elasticsearch import ApiError
+
+    if not isinstance(e, ApiError):
+        return StoreUnavailableError(
+            f"Elasticsearch unreachable during {what} on index {index}: {e}; check KITUNE_ES_URL and the network",
+            backend=BACKEND,
+        )
+    status, etype, reason = es_error_details(e)
+    fix = _FIXES.get(status or 0, "see Elasticsearch's reason above")
+    message = f"Elasticsearch {what} on index {index} failed: HTTP {status} {etype}: {reason}".rstrip(": ")
+    return ElasticsearchRequestError(f"{message} — {fix}", status=status, error_type=etype, reason=reason)
 
 
 def check_index_name(index: str) -> str:
@@ -135,9 +200,19 @@ def ki_to_source(ki: KI) -> dict[str, Any]:
 
 
 def source_to_ki(source: Mapping[str, Any]) -> KI:
-    """Rebuild the KI from a stored document; ``status`` comes from its field (update-by-query)."""
+    """Rebuild the KI from a stored document.
+
+    ``status`` and ``last_seen`` come from their own fields (update-by-query changes those only).
+    """
     ki = KI.model_validate(source["ki"])
     ki.payload.status = source.get("status", ki.payload.status)
+    seen = source.get("last_seen")
+    if isinstance(seen, str):
+        parsed = datetime.fromisoformat(seen.replace("Z", "+00:00"))
+        if parsed.tzinfo is None:
+            parsed = parsed.replace(tzinfo=UTC)
+        if parsed != ki.payload.last_seen:
+            ki.payload.last_seen = parsed
     return ki
 
 
@@ -354,6 +429,50 @@ def compile_facets(index: str, filters: Filter | None, by: str = "tags", limit: 
     return EsqlQuery(query=query, params=[], filter=to_es_filter(filters))
 
 
+def sweep_queries(
+    now: datetime, stale_after: timedelta, retention: Mapping[str, timedelta] | None = None
+) -> list[tuple[dict[str, Any], str]]:
+    """The update-by-query bodies of a sweep: ``(query, new status)``, expiries first.
+
+    One pair per distinct window: each subtype in ``retention`` gets its own, every other
+    subtype uses ``stale_after``.
+    """
+    overrides = dict(sorted((retention or {}).items()))
+    groups: list[tuple[dict[str, Any] | None, bool, timedelta]] = [
+        ({"term": {"subtype": k}}, False, v) for k, v in overrides.items()
+    ]
+    groups.append(({"terms": {"subtype": list(overrides)}} if overrides else None, True, stale_after))
+    out: list[tuple[dict[str, Any], str]] = []
+    iso = now.isoformat()
+    for clause, negate, window in groups:
+        scope: dict[str, list[dict[str, Any]]] = {"filter": [], "must_not": []}
+        if clause is not None:
+            scope["must_not" if negate else "filter"].append(clause)
+        expired_q = {
+            "bool": {
+                "filter": list(scope["filter"]),
+                "must_not": [*scope["must_not"], {"term": {"status": "expired"}}],
+                "should": [
+                    {"range": {"last_seen": {"lt": (now - 2 * window).isoformat()}}},
+                    {"range": {"expires_at": {"lte": iso}}},
+                ],
+                "minimum_should_match": 1,
+            }
+        }
+        stale_q = {
+            "bool": {
+                "filter": [
+                    *scope["filter"],
+                    {"term": {"status": "active"}},
+                    {"range": {"last_seen": {"lt": (now - window).isoformat()}}},
+                ],
+                "must_not": list(scope["must_not"]),
+            }
+        }
+        out += [(expired_q, "expired"), (stale_q, "stale")]
+    return sorted(out, key=lambda qs: qs[1] != "expired")
+
+
 def parse_warnings(headers: Mapping[str, str] | None) -> tuple[bool, tuple[str, ...]]:
     """Read ES|QL ``Warning`` headers.
 
@@ -443,6 +562,15 @@ class ElasticsearchStore:
             max_retries=cfg.max_retries,
         )
 
+    def _call(self, what: str, fn: Callable[..., Any], **kwargs: Any) -> Any:
+        """Run one client call; every client error becomes a kitune store error (:func:`wrap_es_error`)."""
+        from elasticsearch import ApiError, TransportError
+
+        try:
+            return fn(**kwargs)
+        except (ApiError, TransportError) as e:
+            raise wrap_es_error(what, self.index, e) from e
+
     # -- start-up ----------------------------------------------------------------------------
     def _preflight(self) -> None:
         from elasticsearch import ApiError, NotFoundError, TransportError
@@ -513,38 +641,73 @@ class ElasticsearchStore:
         )
         return int(resp["updated"])
 
-    def sweep(self, now: datetime, stale_after: timedelta) -> SweepResult:
-        """Expire, then mark stale, by ``last_seen``/``expires_at`` ranges (status only moves forward)."""
-        iso = now.isoformat()
-        expired_q = {
-            "bool": {
-                "must_not": [{"term": {"status": "expired"}}],
-                "should": [
-                    {"range": {"last_seen": {"lt": (now - 2 * stale_after).isoformat()}}},
-                    {"range": {"expires_at": {"lte": iso}}},
-                ],
-                "minimum_should_match": 1,
-            }
-        }
-        stale_q = {
-            "bool": {
-                "filter": [
-                    {"term": {"status": "active"}},
-                    {"range": {"last_seen": {"lt": (now - stale_after).isoformat()}}},
-                ]
-            }
-        }
-        out = []
-        for query, status in ((expired_q, "expired"), (stale_q, "stale")):
-            resp = self.client.update_by_query(
+    def sweep(
+        self, now: datetime, stale_after: timedelta, *, retention: Mapping[str, timedelta] | None = None
+    ) -> SweepResult:
+        """Expire, then mark stale, by ``last_seen``/``expires_at`` ranges, per subtype window.
+
+        Status only moves forward; nothing is deleted (see :func:`sweep_queries`).
+        """
+        expired = stale = 0
+        for query, status in sweep_queries(now, stale_after, retention):
+            resp = self._call(
+                "update_by_query",
+                self.client.update_by_query,
                 index=self.index,
                 query=query,
                 refresh=True,
                 conflicts="proceed",
                 script={"source": "ctx._source.status = params.status", "params": {"status": status}},
             )
-            out.append(int(resp["updated"]))
-        return SweepResult(stale=out[1], expired=out[0])
+            if status == "expired":
+                expired += int(resp["updated"])
+            else:
+                stale += int(resp["updated"])
+        return SweepResult(stale=stale, expired=expired)
+
+    def mark_seen(self, ki_ids: Sequence[str], now: datetime) -> int:
+        """Set ``last_seen = now`` and status ``active`` (update-by-query on ids); returns how many."""
+        ids = list(dict.fromkeys(ki_ids))
+        n = 0
+        seen = now.astimezone(UTC).isoformat().replace("+00:00", "Z")
+        for start in range(0, len(ids), 1000):
+            resp = self._call(
+                "update_by_query",
+                self.client.update_by_query,
+                index=self.index,
+                query={"ids": {"values": ids[start : start + 1000]}},
+                refresh=True,
+                conflicts="proceed",
+                script={
+                    "source": "ctx._source.status = 'active'; ctx._source.last_seen = params.now",
+                    "params": {"now": seen},
+                },
+            )
+            n += int(resp["updated"])
+        return n
+
+    def fingerprint(self) -> str:
+        """Hash of each primary shard's ``max_seq_no`` (plus the index uuid).
+
+        Every index, update and delete operation raises its shard's ``max_seq_no``, which never goes
+        back (restarts included), so any KI write changes the fingerprint; reads and merges do not.
+        """
+        resp = self._call("indices.stats", self.client.indices.stats, index=self.index, level="shards")
+        body = resp.body if hasattr(resp, "body") else resp
+        parts = []
+        for name, data in sorted(body.get("indices", {}).items()):
+            shards = []
+            for shard, copies in sorted(data.get("shards", {}).items()):
+                for copy in copies:
+                    if copy.get("routing", {}).get("primary", True):
+                        shards.append((shard, copy.get("seq_no", {}).get("max_seq_no")))
+            parts.append((name, data.get("uuid", ""), shards))
+        digest = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
+        return f"elasticsearch:{self.index}:{digest}"
+
+    def optimize(self) -> None:
+        """Nothing to do: Elasticsearch merges segments itself."""
+        return None
 
     # -- reads --------------------------------------------------------------------------------
     def get(self, ki_id: str) -> KI:

@@ -34,7 +34,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -57,7 +57,8 @@ __all__ = ["LanceStore", "filter_to_sql", "ki_schema", "sql_quote"]
 _SAFE_VALUE_RE = re.compile(r"^[A-Za-z0-9._:/@+-]{1,256}$")
 _STATUSES = ("active", "stale", "expired")
 _SUBTYPES = ("dataset_fact", "disambiguation", "source_description")
-_ID_COLUMNS = ["id", "json", "status"]
+_ID_COLUMNS = ["id", "json", "status", "last_seen_us"]
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def ki_schema(dim: int) -> pa.Schema:
@@ -140,9 +141,10 @@ def _and(*preds: str | None) -> str | None:
 
 
 def _micros(dt: datetime) -> int:
+    """Exact microseconds since the epoch (integer arithmetic: no float rounding)."""
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=UTC)
-    return int(dt.timestamp() * 1_000_000)
+    return (dt - _EPOCH) // timedelta(microseconds=1)
 
 
 def _fsync_path(path: Path, directory: bool = False) -> None:
@@ -204,6 +206,7 @@ class LanceStore:
         self._synced: set[str] = set()
         self._indexed_rows = -1
         self._has_fts = False
+        self._maintenance_versions: dict[int, int] = {}
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             self._db = lancedb.connect(str(self.path), read_consistency_interval=read_consistency)
@@ -290,8 +293,11 @@ class LanceStore:
     def optimize(self) -> None:
         """Compact fragments and fold new rows into the indices (LanceDB ``optimize()``)."""
         with self._write_lock:
+            before = int(self._table.version)
+            data_version = self._maintenance_versions.get(before, before)
             self._ensure_indices()
             self._table.optimize()
+            self._maintenance_versions[int(self._table.version)] = data_version
             self._sync_files()
 
     # -- writes -------------------------------------------------------------------------------
@@ -386,30 +392,75 @@ class LanceStore:
             self._sync_files()
         return int(result.rows_updated)
 
-    def sweep(self, now: datetime, stale_after: timedelta) -> SweepResult:
-        """Run the lifecycle sweep with two ``update(where=...)`` calls.
+    def sweep(
+        self, now: datetime, stale_after: timedelta, *, retention: Mapping[str, timedelta] | None = None
+    ) -> SweepResult:
+        """Run the lifecycle sweep with two ``update(where=...)`` calls per distinct window.
 
-        Expire KIs unseen for twice ``stale_after`` or past ``expires_at``, then mark KIs unseen
-        for ``stale_after`` stale. Status only moves forward.
+        Expire KIs unseen for twice their window or past ``expires_at``, then mark KIs unseen
+        for their window stale (window: ``retention[subtype]``, else ``stale_after``). Status only
+        moves forward; nothing is deleted.
         """
         now_us = _micros(now)
-        stale_us = int(stale_after.total_seconds() * 1_000_000)
-        expire_pred = (
-            f"status != 'expired' AND (last_seen_us < {now_us - 2 * stale_us} "
-            f"OR (expires_at_us IS NOT NULL AND expires_at_us <= {now_us}))"
+        overrides = {k: v for k, v in (retention or {}).items() if k in _SUBTYPES}
+        groups: list[tuple[str | None, timedelta]] = [
+            (f"subtype = {sql_quote(k)}", v) for k, v in sorted(overrides.items())
+        ]
+        rest = (
+            "subtype NOT IN (" + ", ".join(sql_quote(k) for k in sorted(overrides)) + ")" if overrides else None
         )
-        stale_pred = f"status = 'active' AND last_seen_us < {now_us - stale_us}"
+        groups.append((rest, stale_after))
+        expired = stale = 0
         with self._write_lock:
-            expired = self._table.update(where=expire_pred, values={"status": "expired"}).rows_updated
-            stale = self._table.update(where=stale_pred, values={"status": "stale"}).rows_updated
+            for subtype_pred, window in groups:
+                window_us = window // timedelta(microseconds=1)
+                expire_pred = _and(
+                    subtype_pred,
+                    f"status != 'expired' AND (last_seen_us < {now_us - 2 * window_us} "
+                    f"OR (expires_at_us IS NOT NULL AND expires_at_us <= {now_us}))",
+                )
+                stale_pred = _and(subtype_pred, f"status = 'active' AND last_seen_us < {now_us - window_us}")
+                expired += self._table.update(where=expire_pred, values={"status": "expired"}).rows_updated
+                stale += self._table.update(where=stale_pred, values={"status": "stale"}).rows_updated
             self._sync_files()
         return SweepResult(stale=int(stale), expired=int(expired))
+
+    def mark_seen(self, ki_ids: Sequence[str], now: datetime) -> int:
+        """Set ``last_seen = now`` and status ``active`` on the given KIs (column update, no re-embedding).
+
+        Returns how many KIs were found. Unknown or unsafe ids are ignored.
+        """
+        ids = [i for i in dict.fromkeys(ki_ids) if _SAFE_VALUE_RE.match(i)]
+        n = 0
+        with self._write_lock:
+            for start in range(0, len(ids), 500):
+                pred = "id IN (" + ", ".join(sql_quote(i) for i in ids[start : start + 500]) + ")"
+                result = self._table.update(
+                    where=pred, values={"status": "active", "last_seen_us": _micros(now)}
+                )
+                n += int(result.rows_updated)
+            if n:
+                self._sync_files()
+        return n
+
+    def fingerprint(self) -> str:
+        """``lancedb:<table folder>@<version>``: the table version moves on every commit.
+
+        Versions made by this instance's own compaction (:meth:`optimize`) map back to the data
+        version they compacted, so compaction alone does not change the fingerprint.
+        """
+        version = int(self._table.version)
+        version = self._maintenance_versions.get(version, version)
+        return f"lancedb:{self.table_dir}@{version}"
 
     # -- reads --------------------------------------------------------------------------------
     @staticmethod
     def _to_ki(row: dict[str, Any]) -> KI:
         ki = KI.model_validate(json.loads(row["json"]))
         ki.payload.status = row["status"]  # status lives in its column (update-by-filter)
+        seen_us = row.get("last_seen_us")  # so does last_seen (mark_seen)
+        if seen_us is not None and _micros(ki.payload.last_seen) != seen_us:
+            ki.payload.last_seen = _EPOCH + timedelta(microseconds=int(seen_us))
         return ki
 
     def get(self, ki_id: str) -> KI:
