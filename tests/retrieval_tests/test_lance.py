@@ -240,3 +240,18 @@ def test_lance_stores_satisfy_the_protocols(tmp_path: Path) -> None:
 
     assert isinstance(_store(tmp_path / "a"), Store)
     assert isinstance(LanceCorpusStore(tmp_path / "b", HashEmbedder(dim=8)), CorpusStore)
+
+
+def test_lance_tag_branch_matches_bare_slug_and_refuses_triple_filters(tmp_path: Path) -> None:
+    from kitune.errors import StoreError
+    from kitune.schema import Filter, QueryPlan
+
+    s = _store(tmp_path)
+    tagged = make_ki("Acme Corp", "Berlin")
+    bare = make_ki("Widget", "Thing", tags=["acme-corp"])
+    s.upsert([tagged, bare, make_ki("Other", "Thing")])
+    hits = s.search(QueryPlan(entity_tags=("entity:acme-corp",), size=10)).hits
+    assert sorted(h.ki.id for h in hits) == sorted([tagged.id, bare.id])
+    flt = Filter().model_copy(update={"subjects": ("Acme Corp",)})
+    with pytest.raises(StoreError, match="subject/predicate filters are not supported by the embedded store"):
+        s.count(flt)

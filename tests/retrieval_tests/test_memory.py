@@ -112,3 +112,20 @@ def test_serve_stale_flag_and_explicit_statuses() -> None:
     default = MemoryStore()
     default.upsert([stale])
     assert default.search(QueryPlan(lexical="Pierre Curie")).hits == []
+
+
+def test_tag_branch_matches_bare_slug_and_filter_on_subject_predicate() -> None:
+    """The tag branch matches entity:<slug> or the bare slug; a filter can name subject/predicate."""
+    from kitune.schema import Filter
+
+    tagged = make_ki("Acme Corp", "Berlin", predicate="located_in")
+    bare = make_ki("Widget", "Thing", tags=["acme-corp"], title="Widgets are made by a company.")
+    neither = make_ki("Other", "Thing")
+    store = MemoryStore()
+    store.upsert([tagged, bare, neither])
+    hits = store.search(QueryPlan(entity_tags=("entity:acme-corp",), size=10)).hits
+    assert sorted(h.ki.id for h in hits) == sorted([tagged.id, bare.id])
+    flt = Filter().model_copy(update={"subjects": ("Acme Corp",), "predicates": ("located_in",)})
+    assert store.count(flt) == 1
+    plan = QueryPlan(lexical="Berlin Widgets Thing", filters=flt)
+    assert [h.ki.id for h in store.search(plan).hits] == [tagged.id]

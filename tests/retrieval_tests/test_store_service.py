@@ -155,3 +155,13 @@ def test_retention_from_config_and_refresh_helpers() -> None:
     assert refresh_derived(store, ["d2"], T0) == 0
     assert refresh_derived(store, ["d1"], T0) == 1
     assert store.count(Filter(statuses=("active",))) == 3
+
+
+def test_cli_reindex_refuses_the_embedded_store(tmp_path: Path) -> None:
+    from kitune.cli import _register, app
+
+    _register()
+    res = CliRunner().invoke(app, ["reindex", "--from", "kitune-kis", "--config", str(_config(tmp_path))])
+    assert res.exit_code != 0 and "reindex needs store.type=elasticsearch" in res.output
+    res = CliRunner().invoke(app, ["reindex", "--help"])
+    assert res.exit_code == 0 and "--from" in res.output

@@ -49,7 +49,7 @@ from kitune.ki import KI, KIStatus
 from kitune.retrieval.base import Hit, SearchResult, SweepResult, WriteFailure, WriteResult
 from kitune.retrieval.embedders import Embedder, HashEmbedder
 from kitune.retrieval.fusion import aggregate, branch_weights, rrf_fuse
-from kitune.retrieval.memory import effective_filter, validate_ki
+from kitune.retrieval.memory import effective_filter, filter_triples, tag_forms, tag_matches, validate_ki
 from kitune.schema import Filter, QueryPlan
 
 __all__ = ["LanceStore", "filter_to_sql", "ki_schema", "sql_quote"]
@@ -113,6 +113,12 @@ def filter_to_sql(f: Filter | None) -> str | None:
     """
     if f is None:
         return None
+    if any(filter_triples(f)):
+        raise StoreError(
+            "subject/predicate filters are not supported by the embedded store (its table has no triple "
+            "columns): filter by tags or doc ids, or use store.type=elasticsearch",
+            backend="lancedb",
+        )
     parts: list[str] = []
     if f.statuses and set(f.statuses) != set(_STATUSES):
         bad = [s for s in f.statuses if s not in _STATUSES]
@@ -515,9 +521,8 @@ class LanceStore:
         """The plan as this store runs it: per-branch SQL filters and the RRF settings (JSON-able)."""
         r = self.retrieval
         where = filter_to_sql(effective_filter(plan, r))
-        tag_pred = (
-            _and(where, f"array_has_any(tags, {_sql_list(plan.entity_tags)})") if plan.entity_tags else None
-        )
+        every = [form for pair in tag_forms(plan.entity_tags) for form in pair]
+        tag_pred = _and(where, f"array_has_any(tags, {_sql_list(every)})") if plan.entity_tags else None
         return {
             "backend": self.backend,
             "table": self.config.table,
@@ -544,7 +549,9 @@ class LanceStore:
     def _branch_tag(self, plan: QueryPlan, where: str | None, n: int) -> list[str]:
         from lancedb.query import ColumnOrdering
 
-        pred = _and(where, f"array_has_any(tags, {_sql_list(plan.entity_tags)})")
+        forms = tag_forms(plan.entity_tags)
+        every = [form for pair in forms for form in pair]
+        pred = _and(where, f"array_has_any(tags, {_sql_list(every)})")
         assert pred is not None
         rows = (
             self._table.search()
@@ -554,8 +561,7 @@ class LanceStore:
             .limit(max(n * 20, 200))
             .to_list()
         )
-        wanted = set(plan.entity_tags)
-        counted = sorted(((len(wanted & set(r["tags"])), r["id"]) for r in rows), key=lambda c: (-c[0], c[1]))
+        counted = sorted(((tag_matches(forms, r["tags"]), r["id"]) for r in rows), key=lambda c: (-c[0], c[1]))
         return [i for _, i in counted[:n]]
 
     def _branch_lexical(self, plan: QueryPlan, where: str | None, n: int) -> list[str]:

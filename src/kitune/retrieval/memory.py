@@ -32,8 +32,12 @@ __all__ = [
     "MemoryCorpusStore",
     "MemoryStore",
     "effective_filter",
+    "filter_triples",
     "group_chunks",
+    "passes",
     "sweep_status",
+    "tag_forms",
+    "tag_matches",
     "validate_ki",
     "window_for",
 ]
@@ -64,6 +68,36 @@ def effective_filter(plan: QueryPlan, retrieval: RetrievalConfig) -> Filter:
     if retrieval.confidence_floor > f.min_confidence:
         update["min_confidence"] = retrieval.confidence_floor
     return f.model_copy(update=update) if update else f
+
+
+def filter_triples(f: Filter) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``(subjects, predicates)`` a filter restricts the KI triple to (empty: no restriction).
+
+    Read from ``Filter.subjects`` / ``Filter.predicates`` when the schema has them.
+    """
+    return tuple(getattr(f, "subjects", ()) or ()), tuple(getattr(f, "predicates", ()) or ())
+
+
+def passes(f: Filter, ki: KI) -> bool:
+    """``f.evaluate(ki)`` plus the subject/predicate conditions of :func:`filter_triples` (exact match)."""
+    if not f.evaluate(ki):
+        return False
+    subjects, predicates = filter_triples(f)
+    props = ki.payload.properties
+    if subjects and props.subject not in subjects:
+        return False
+    return not (predicates and props.predicate not in predicates)
+
+
+def tag_forms(entity_tags: Sequence[str]) -> list[tuple[str, str]]:
+    """``(entity:<slug>, <slug>)`` per plan tag: the tag branch matches either form."""
+    return [(t, t.split(":", 1)[1]) for t in entity_tags]
+
+
+def tag_matches(forms: Sequence[tuple[str, str]], tags: Sequence[str]) -> int:
+    """How many plan entities a KI's tags name, as ``entity:<slug>`` or as the bare slug."""
+    have = set(tags)
+    return sum(1 for full, bare in forms if full in have or bare in have)
 
 
 def window_for(
@@ -171,7 +205,7 @@ class MemoryStore:
         with self._lock:
             n = 0
             for ki in self._kis.values():
-                if filters.evaluate(ki) and ki.payload.status != status:
+                if passes(filters, ki) and ki.payload.status != status:
                     ki.payload.status = status
                     n += 1
             self._generation += bool(n)
@@ -219,12 +253,12 @@ class MemoryStore:
         with self._lock:
             if filters is None:
                 return len(self._kis)
-            return sum(1 for ki in self._kis.values() if filters.evaluate(ki))
+            return sum(1 for ki in self._kis.values() if passes(filters, ki))
 
     def iter_kis(self, filters: Filter | None = None) -> Iterator[KI]:
         """Yield copies of KIs passing ``filters`` (all when None), by id ascending."""
         with self._lock:
-            ids = sorted(i for i, ki in self._kis.items() if filters is None or filters.evaluate(ki))
+            ids = sorted(i for i, ki in self._kis.items() if filters is None or passes(filters, ki))
         for i in ids:
             with self._lock:
                 ki = self._kis.get(i)
@@ -251,11 +285,11 @@ class MemoryStore:
         flt = effective_filter(plan, r)
         n = r.branch_size
         with self._lock:
-            pool = sorted(i for i, ki in self._kis.items() if flt.evaluate(ki))
+            pool = sorted(i for i, ki in self._kis.items() if passes(flt, ki))
             rankings: dict[str, list[str]] = {}
             if plan.entity_tags and pool:
-                wanted = set(plan.entity_tags)
-                counted = [(i, len(wanted & set(self._kis[i].tags))) for i in pool]
+                forms = tag_forms(plan.entity_tags)
+                counted = [(i, tag_matches(forms, self._kis[i].tags)) for i in pool]
                 counted = [c for c in counted if c[1] > 0]
                 counted.sort(key=lambda c: (-c[1], c[0]))
                 rankings["tag"] = [i for i, _ in counted[:n]]

@@ -39,6 +39,7 @@ __all__ = [
     "index_jsonl",
     "iter_ki_jsonl",
     "refresh_derived",
+    "reindex_elasticsearch",
     "refresh_documents",
     "retention_from",
     "stale_after_from",
@@ -271,3 +272,35 @@ def store_stats(store: Store, *, top: int = 20) -> StoreStats:
         by_doc=dict(list(aggs.by_doc.items())[:cut]),
         by_entity=dict(list(aggs.by_entity.items())[:cut]),
     )
+
+
+def reindex_elasticsearch(cfg: KituneConfig, source_index: str) -> WriteResult:
+    """Create ``cfg.store.index`` with the current mapping and copy every KI of ``source_index`` into it.
+
+    Args:
+        cfg: a config whose store is Elasticsearch; ``store.index`` names the NEW index.
+        source_index: the old index (any earlier kitune mapping; it is only read).
+
+    Returns:
+        The merged write result (``indexed + failed == submitted``).
+
+    Raises:
+        ConfigError: the store is not Elasticsearch, the source is the target, or see
+            :class:`kitune.retrieval.elasticsearch.ElasticsearchStore`.
+        StoreError: a request failed (with the HTTP status and Elasticsearch's reason).
+    """
+    from kitune.config import ElasticsearchStoreConfig
+    from kitune.errors import ConfigError
+
+    if not isinstance(cfg.store, ElasticsearchStoreConfig):
+        raise ConfigError(
+            f"reindex needs store.type=elasticsearch (the config has {cfg.store.type}): the embedded store "
+            "has no mapping to migrate"
+        )
+    from kitune.retrieval.elasticsearch import ElasticsearchStore
+
+    target = ElasticsearchStore.from_config(cfg.store, retrieval=cfg.retrieval)
+    try:
+        return target.reindex_from(source_index)
+    finally:
+        target.close()
