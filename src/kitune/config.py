@@ -143,6 +143,15 @@ class LanceStoreConfig(_Section):
     table: str = Field(default="kis", description="KI table name.")
     write_batch_size: int = Field(default=512, ge=1, description="KIs per commit.")
     compact_every_fragments: int = Field(default=32, ge=2, description="optimize() once this many fragments exist.")
+    # -- issue 14: compaction off the write path ------------------------------------------------
+    background_compaction: bool = Field(
+        default=True,
+        description="Compact in a background thread in quiet moments (an upsert never waits for it); "
+        "False: inside the upsert that crossed compact_every_fragments.",
+    )
+    compaction_quiet_s: float = Field(
+        default=1.0, ge=0.0, description="Background compaction starts once no write happened for this long."
+    )
 
 
 class ElasticsearchStoreConfig(_Section):
@@ -177,7 +186,7 @@ class RetrievalConfig(_Section):
     # -- issue 14: lifecycle on the read path ------------------------------------------------
     serve_stale: bool = Field(
         default=False,
-        description="Also serve stale KIs when a plan's filter does not name its statuses (default: active only).",
+        description="Also serve stale KIs when a plan's filter names no statuses (default: active only).",
     )
 
 

@@ -372,8 +372,11 @@ class BranchES(FakeES):
     def _esql(self, **kwargs: Any) -> Any:
         self.esql_calls.append(kwargs)
         q = kwargs["query"]
-        present = [b for b, marker in (("tag", "MATCH(tags"), ("lexical", "title_text"), ("semantic", "description"))
-                   if marker in q]
+        present = [
+            b
+            for b, marker in (("tag", "MATCH(tags"), ("lexical", "title_text"), ("semantic", "description"))
+            if marker in q
+        ]
         if "FUSE RRF" in q:
             options = json.loads(q.split("FUSE RRF WITH ", 1)[1].split("\n", 1)[0])
             weights = {b: options["weights"][f"fork{n + 1}"] for n, b in enumerate(present)}
@@ -384,7 +387,10 @@ class BranchES(FakeES):
         else:
             (branch,) = present
             values = [[i, s] for i, s in self.hits[branch]]
-        body = {"columns": [{"name": "_id", "type": "keyword"}, {"name": "_score", "type": "double"}], "values": values}
+        body = {
+            "columns": [{"name": "_id", "type": "keyword"}, {"name": "_score", "type": "double"}],
+            "values": values,
+        }
         return SimpleNamespace(body=body, meta=_meta(200))
 
 
@@ -407,14 +413,20 @@ def test_version_9_3_runs_one_fork_fuse_query() -> None:
     result = store.search(plan)
     assert len(client.esql_calls) == 1 and "| FUSE RRF WITH" in client.esql_calls[0]["query"]
     assert [h.ki.id for h in result.hits] == _reference_rrf(
-        {b: [i for i, _ in h] for b, h in _branch_hits(kis).items()}, {"tag": 1.0, "lexical": 1.0, "semantic": 1.0}, 60
+        {b: [i for i, _ in h] for b, h in _branch_hits(kis).items()},
+        {"tag": 1.0, "lexical": 1.0, "semantic": 1.0},
+        60,
     )[:4]
 
 
 @pytest.mark.parametrize("weights", [(1.0, 1.0, 1.0), (3.0, 0.5, 1.0), (0.0, 2.0, 1.0)])
-def test_version_9_1_runs_each_branch_and_fuses_client_side_in_the_fuse_order(weights: tuple[float, ...]) -> None:
+def test_version_9_1_runs_each_branch_and_fuses_client_side_in_the_fuse_order(
+    weights: tuple[float, ...],
+) -> None:
     kis = [make_ki(f"Person {i}", "X") for i in range(5)]
-    retrieval = RetrievalConfig(tag_weight=weights[0], lexical_weight=weights[1], semantic_weight=weights[2], rrf_k=20)
+    retrieval = RetrievalConfig(
+        tag_weight=weights[0], lexical_weight=weights[1], semantic_weight=weights[2], rrf_k=20
+    )
     plan = QueryPlan(entity_tags=("entity:person-0",), lexical="X", semantic="X", size=5)
     new = BranchES("9.3.1", _branch_hits(kis))
     old = BranchES("9.1.3", _branch_hits(kis))
@@ -426,11 +438,16 @@ def test_version_9_1_runs_each_branch_and_fuses_client_side_in_the_fuse_order(we
     server_ids = [h.ki.id for h in fused_server.search(plan).hits]
     client_result = fused_client.search(plan)
     assert [h.ki.id for h in client_result.hits] == server_ids
-    assert len(old.esql_calls) == 3 and not any("FORK" in c["query"] or "FUSE" in c["query"] for c in old.esql_calls)
+    assert len(old.esql_calls) == 3 and not any(
+        "FORK" in c["query"] or "FUSE" in c["query"] for c in old.esql_calls
+    )
     assert all(c["query"].rstrip().endswith(f"| LIMIT {retrieval.branch_size}") for c in old.esql_calls)
     top = client_result.hits[0]
     assert top.branches == {
-        b: n for b, hits in _branch_hits(kis).items() for n, (i, _) in enumerate(hits, start=1) if i == top.ki.id
+        b: n
+        for b, hits in _branch_hits(kis).items()
+        for n, (i, _) in enumerate(hits, start=1)
+        if i == top.ki.id
     }
     assert client_result.compiled == fused_client.compile(plan) and client_result.compiled.count("FROM ") == 3
 
@@ -454,7 +471,9 @@ def test_every_client_error_becomes_a_store_error_with_status_and_reason() -> No
     store = ElasticsearchStore(client, index="kitune-kis", inference_id="e")
     body = {
         "error": {
-            "root_cause": [{"type": "verification_exception", "reason": "Found 1 problem\nline 3:3: Unknown column"}],
+            "root_cause": [
+                {"type": "verification_exception", "reason": "Found 1 problem\nline 3:3: Unknown column"}
+            ],
             "type": "verification_exception",
             "reason": "Found 1 problem",
         },
@@ -478,9 +497,13 @@ def test_every_client_error_becomes_a_store_error_with_status_and_reason() -> No
     with pytest.raises(StoreUnavailableError, match="unreachable during count"):
         store.count()
     client.update_by_query = lambda **kw: (_ for _ in ()).throw(  # type: ignore[attr-defined]
-        ApiError("security_exception", meta=_meta(403), body={"error": {"type": "security_exception", "reason": "no"}})
+        ApiError(
+            "security_exception",
+            meta=_meta(403),
+            body={"error": {"type": "security_exception", "reason": "no"}},
+        )
     )
-    with pytest.raises(ElasticsearchRequestError, match="HTTP 403 security_exception: no .*privileges"):
+    with pytest.raises(ElasticsearchRequestError, match=r"HTTP 403 security_exception: no .*privileges"):
         store.set_status(Filter(), "stale")
     failing_info = FakeES()
     failing_info.info = lambda: (_ for _ in ()).throw(ESConnectionError("refused"))  # type: ignore[method-assign]
@@ -499,7 +522,12 @@ def test_mapping_is_as_published() -> None:
     ki = make_ki("Marie Curie", "Warsaw", docid="d1", predicate="born_in")
     src = ki_to_source(ki)
     assert set(src) == set(props)  # dynamic: strict — every written field is mapped
-    assert (src["subject"], src["predicate"], src["object"], src["docid"]) == ("Marie Curie", "born_in", "Warsaw", "d1")
+    assert (src["subject"], src["predicate"], src["object"], src["docid"]) == (
+        "Marie Curie",
+        "born_in",
+        "Warsaw",
+        "d1",
+    )
     assert src["title_text"] == src["title"] == ki.title and src["evidence"] == ki.payload.evidence
 
 
@@ -523,8 +551,11 @@ def test_reindex_copies_every_ki_with_the_new_fields() -> None:
         client.docs[k.id] = {key: src[key] for key in ("id", "title", "description", "tags", "status", "ki")}
     new = ElasticsearchStore(client, index="kitune-kis-v2", inference_id="e")
     written: list[dict[str, Any]] = []
-    client.bulk = lambda *, operations, refresh=None: (  # type: ignore[method-assign]
-        written.extend(operations[1::2]) or {"errors": False, "items": [{"index": {"status": 201}}] * (len(operations) // 2)}
+    client.bulk = (
+        lambda *, operations, refresh=None: (  # type: ignore[method-assign]
+            written.extend(operations[1::2])
+            or {"errors": False, "items": [{"index": {"status": 201}}] * (len(operations) // 2)}
+        )
     )
     result = new.reindex_from("kitune-kis-v1", page_size=2)
     assert (result.submitted, result.indexed, result.failed) == (5, 5, [])
@@ -534,3 +565,25 @@ def test_reindex_copies_every_ki_with_the_new_fields() -> None:
     assert old.index == "kitune-kis-v1" and "kitune-kis-v2" in client.created
     with pytest.raises(ConfigError, match="both kitune-kis-v2"):
         new.reindex_from("kitune-kis-v2")
+
+
+def test_fingerprint_follows_primary_max_seq_no() -> None:
+    from kitune.retrieval.es_query import stats_fingerprint
+
+    def stats(seq: list[int], uuid: str = "u1") -> dict[str, Any]:
+        shards = {
+            str(n): [
+                {"routing": {"primary": True}, "seq_no": {"max_seq_no": s}},
+                {"routing": {"primary": False}, "seq_no": {"max_seq_no": s - 1}},
+            ]
+            for n, s in enumerate(seq)
+        }
+        return {"indices": {"kitune-kis": {"uuid": uuid, "shards": shards}}}
+
+    base = stats_fingerprint(stats([4, 9]), "kitune-kis")
+    assert base == stats_fingerprint(stats([4, 9]), "kitune-kis")
+    assert base != stats_fingerprint(stats([4, 10]), "kitune-kis")  # one write on shard 1
+    assert base != stats_fingerprint(stats([4, 9], uuid="u2"), "kitune-kis")  # index re-created
+    replica_only = stats([4, 9])
+    replica_only["indices"]["kitune-kis"]["shards"]["0"][1]["seq_no"]["max_seq_no"] = 99
+    assert stats_fingerprint(replica_only, "kitune-kis") == base

@@ -126,7 +126,9 @@ def _variants() -> list[tuple[QueryPlan, str, RetrievalConfig]]:
     out = []
     for n, (plan, flt) in enumerate(itertools.product(PLANS, FILTERS)):
         size = (1, 7, 1000)[n % 3]
-        out.append((plan.model_copy(update={"filters": flt, "size": size}), INDEXES[n % 3], RETRIEVALS[(n // 3) % 3]))
+        out.append(
+            (plan.model_copy(update={"filters": flt, "size": size}), INDEXES[n % 3], RETRIEVALS[(n // 3) % 3])
+        )
     return out
 
 
@@ -140,7 +142,9 @@ def _assert_no_user_text(query: str, plan: QueryPlan) -> None:
 
 
 def test_the_matrix_covers_every_branch_combination() -> None:
-    combos = {(bool(p.entity_tags), bool(p.lexical.strip()), bool(p.semantic.strip())) for p, _, _ in VARIANTS}
+    combos = {
+        (bool(p.entity_tags), bool(p.lexical.strip()), bool(p.semantic.strip())) for p, _, _ in VARIANTS
+    }
     assert len(combos) == 7 and len(VARIANTS) == 47 * len(FILTERS)
 
 
@@ -179,7 +183,9 @@ def test_per_branch_path_queries_parse_with_the_91_and_92_grammars(
 def test_facet_queries_parse_with_both_grammars(
     parse_91: Callable[[str], list[str]], parse_92: Callable[[str], list[str]]
 ) -> None:
-    for by, limit, index in itertools.product(("tags", "doc", "status", "subtype"), (1, 100, 10_000), INDEXES):
+    for by, limit, index in itertools.product(
+        ("tags", "doc", "status", "subtype"), (1, 100, 10_000), INDEXES
+    ):
         q = compile_facets(index, Filter(doc_ids=("d1",)), by=by, limit=limit)
         assert parse_91(q.query) == [] and parse_92(q.query) == [], q.query
 

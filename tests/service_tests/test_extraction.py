@@ -331,7 +331,13 @@ def test_flush_interval_commits_each_finished_doc_so_a_crash_loses_little(tmp_pa
     state = tmp_path / "state.jsonl"
     seen_in_state: list[set[str]] = []
     cfg = _cfg(**{"extraction.write_batch_size": 256, "extraction.flush_interval_s": 0.0})
-    _run(DummyLM(_answers()), store, cfg, state, on_result=lambda r: seen_in_state.append(set(read_state(state))))
+    _run(
+        DummyLM(_answers()),
+        store,
+        cfg,
+        state,
+        on_result=lambda r: seen_in_state.append(set(read_state(state))),
+    )
     assert store.batches == [2, 2, 2, 2, 2, 2]
     assert seen_in_state[0] == {"d0"} and seen_in_state[2] == {"d0", "d1", "d2"}
 
@@ -353,7 +359,13 @@ def test_rerun_of_an_unchanged_corpus_refreshes_last_seen_without_llm_calls(tmp_
     lm = DummyLM([])  # any LM call would fail: there is no answer to give
     with dspy.context(lm=lm):
         second = extract_corpus(
-            DOCS, store, FactExtractor.from_config(_cfg()), cfg=_cfg(), state_path=state, progress=False, now=later
+            DOCS,
+            store,
+            FactExtractor.from_config(_cfg()),
+            cfg=_cfg(),
+            state_path=state,
+            progress=False,
+            now=later,
         )
     assert lm.history == []
     assert (second.docs_done, second.docs_skipped, second.docs_changed, second.kis_refreshed) == (0, 6, 0, 12)
@@ -379,7 +391,13 @@ def test_changed_document_is_re_extracted_and_a_gone_document_starts_its_clock(t
     lm = DummyLM(_answers())
     with dspy.context(lm=lm):
         report = extract_corpus(
-            corpus, store, FactExtractor.from_config(_cfg()), cfg=_cfg(), state_path=state, progress=False, now=later
+            corpus,
+            store,
+            FactExtractor.from_config(_cfg()),
+            cfg=_cfg(),
+            state_path=state,
+            progress=False,
+            now=later,
         )
     assert len(lm.history) == 1  # only the changed d0 went to the model
     assert (report.docs_done, report.docs_skipped, report.docs_changed, report.kis_refreshed) == (1, 4, 1, 8)

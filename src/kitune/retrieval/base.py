@@ -232,7 +232,9 @@ class CorpusStore(Protocol):
         """Insert or replace documents by ``docid`` (chunking them)."""
         ...
 
-    def search(self, query: str, *, k: int = 10, snippets_per_hit: int = 3, snippet_chars: int = 700) -> list[CorpusHit]:
+    def search(
+        self, query: str, *, k: int = 10, snippets_per_hit: int = 3, snippet_chars: int = 700
+    ) -> list[CorpusHit]:
         """Return at most ``k`` documents, best first, each with its best snippets."""
         ...
 

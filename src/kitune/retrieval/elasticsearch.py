@@ -23,8 +23,6 @@ index exists.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -37,6 +35,12 @@ from kitune.config import ElasticsearchStoreConfig, RetrievalConfig
 from kitune.errors import ConfigError, DocumentNotFoundError
 from kitune.ki import KI, KIStatus
 from kitune.retrieval.base import Hit, SearchResult, SweepResult, WriteFailure, WriteResult
+from kitune.retrieval.es_client import (
+    ElasticsearchRequestError,
+    bulk_operations,
+    bulk_write,
+    wrap_es_error,
+)
 from kitune.retrieval.es_query import (
     BACKEND,
     EsqlQuery,
@@ -51,14 +55,9 @@ from kitune.retrieval.es_query import (
     parse_version,
     parse_warnings,
     source_to_ki,
+    stats_fingerprint,
     sweep_queries,
     to_es_filter,
-)
-from kitune.retrieval.es_client import (
-    ElasticsearchRequestError,
-    bulk_operations,
-    bulk_write,
-    wrap_es_error,
 )
 from kitune.retrieval.fusion import aggregate, branch_weights, rrf_fuse
 from kitune.retrieval.memory import validate_ki
@@ -140,7 +139,11 @@ class ElasticsearchStore:
 
     @classmethod
     def from_config(
-        cls, cfg: ElasticsearchStoreConfig, *, retrieval: RetrievalConfig | None = None, index: str | None = None
+        cls,
+        cfg: ElasticsearchStoreConfig,
+        *,
+        retrieval: RetrievalConfig | None = None,
+        index: str | None = None,
     ) -> ElasticsearchStore:
         """Connect using the URL (and optional API key) in the env vars ``cfg`` names.
 
@@ -205,7 +208,10 @@ class ElasticsearchStore:
                 raise ConfigError(f"index {self.index} does not exist: check the index name")
             try:
                 self._call(
-                    "indices.create", self.client.indices.create, index=self.index, mappings=es_mapping(self.inference_id)
+                    "indices.create",
+                    self.client.indices.create,
+                    index=self.index,
+                    mappings=es_mapping(self.inference_id),
                 )
             except ElasticsearchRequestError as e:
                 if e.error_type != "resource_already_exists_exception":
@@ -246,7 +252,11 @@ class ElasticsearchStore:
         if not ids:
             return 0
         resp = self._call(
-            "delete_by_query", self.client.delete_by_query, index=self.index, query={"ids": {"values": ids}}, refresh=True
+            "delete_by_query",
+            self.client.delete_by_query,
+            index=self.index,
+            query={"ids": {"values": ids}},
+            refresh=True,
         )
         return int(resp["deleted"])
 
@@ -317,17 +327,7 @@ class ElasticsearchStore:
         back (restarts included), so any KI write changes the fingerprint; reads and merges do not.
         """
         resp = self._call("indices.stats", self.client.indices.stats, index=self.index, level="shards")
-        body = resp.body if hasattr(resp, "body") else resp
-        parts = []
-        for name, data in sorted(body.get("indices", {}).items()):
-            shards = []
-            for shard, copies in sorted(data.get("shards", {}).items()):
-                for copy in copies:
-                    if copy.get("routing", {}).get("primary", True):
-                        shards.append((shard, copy.get("seq_no", {}).get("max_seq_no")))
-            parts.append((name, data.get("uuid", ""), shards))
-        digest = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
-        return f"elasticsearch:{self.index}:{digest}"
+        return stats_fingerprint(resp.body if hasattr(resp, "body") else resp, self.index)
 
     def optimize(self) -> None:
         """Nothing to do: Elasticsearch merges segments itself."""
@@ -364,7 +364,9 @@ class ElasticsearchStore:
         Yield KIs by id ascending, paging with a point in time + ``search_after`` (never
         ``from + size``, case S4).
         """
-        pit = self._call("open_point_in_time", self.client.open_point_in_time, index=self.index, keep_alive="2m")["id"]
+        pit = self._call(
+            "open_point_in_time", self.client.open_point_in_time, index=self.index, keep_alive="2m"
+        )["id"]
         query = to_es_filter(filters) or {"match_all": {}}
         after: list[Any] | None = None
         try:
@@ -389,7 +391,7 @@ class ElasticsearchStore:
             self._call("close_point_in_time", self.client.close_point_in_time, id=pit)
 
     def queries(self, plan: QueryPlan) -> list[EsqlQuery]:
-        """The ES|QL requests ``search`` sends for ``plan`` on this cluster (one on 9.2+, one per branch before)."""
+        """The ES|QL requests ``search`` sends for ``plan``: one on 9.2+, one per branch before."""
         if plan.is_empty():
             return []
         if self.esql_mode == "fuse":
@@ -412,11 +414,13 @@ class ElasticsearchStore:
         truncated, warnings = parse_warnings(getattr(getattr(resp, "meta", None), "headers", None))
         cols = [c["name"] for c in body.get("columns", [])]
         rows = [dict(zip(cols, v, strict=False)) for v in body.get("values", [])]
-        scored = sorted(((str(r["_id"]), float(r["_score"] or 0.0)) for r in rows), key=lambda p: (-p[1], p[0]))
+        scored = sorted(
+            ((str(r["_id"]), float(r["_score"] or 0.0)) for r in rows), key=lambda p: (-p[1], p[0])
+        )
         return scored, warnings, truncated
 
     def search(self, plan: QueryPlan) -> SearchResult:
-        """Run the hybrid query (FUSE, or per-branch + client RRF), then ``mget`` the KIs; ties break by id."""
+        """Run the hybrid query (FUSE, or per-branch + client RRF), then ``mget`` the KIs; ties by id."""
         t0 = time.perf_counter()
         queries = self.queries(plan)
         if not queries:

@@ -42,7 +42,7 @@ class ElasticsearchRequestError(StoreError):
 
 
 _FIXES = {
-    400: "the request was rejected as invalid (see the reason; a query syntax error is a kitune bug, please report it)",
+    400: "the request was rejected as invalid (see the reason; a query syntax error is a kitune bug)",
     401: "check the API key in KITUNE_ES_API_KEY (store.api_key_env)",
     403: "the API key lacks privileges on the index: grant read/write/manage on it",
     404: "the index or endpoint does not exist: check store.index / store.inference_id",
@@ -59,7 +59,11 @@ def es_error_details(e: Exception) -> tuple[int | None, str, str]:
     if isinstance(err, Mapping):
         root = err.get("root_cause")
         first = root[0] if isinstance(root, list) and root and isinstance(root[0], Mapping) else err
-        return status, str(first.get("type", err.get("type", ""))), str(first.get("reason", err.get("reason", "")))
+        return (
+            status,
+            str(first.get("type", err.get("type", ""))),
+            str(first.get("reason", err.get("reason", ""))),
+        )
     if isinstance(err, str):
         return status, "", err
     return status, str(getattr(e, "message", "") or ""), str(e)
@@ -77,7 +81,8 @@ def wrap_es_error(what: str, index: str, e: Exception) -> StoreError:
 
     if not isinstance(e, ApiError):
         return StoreUnavailableError(
-            f"Elasticsearch unreachable during {what} on index {index}: {e}; check KITUNE_ES_URL and the network",
+            f"Elasticsearch unreachable during {what} on index {index}: {e}; "
+            "check KITUNE_ES_URL and the network",
             backend=BACKEND,
         )
     status, etype, reason = es_error_details(e)

@@ -22,6 +22,7 @@ index name and config numbers are written into the query text.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -49,6 +50,7 @@ __all__ = [
     "parse_version",
     "parse_warnings",
     "source_to_ki",
+    "stats_fingerprint",
     "sweep_queries",
     "to_es_filter",
 ]
@@ -95,7 +97,9 @@ def parse_version(info: Mapping[str, Any]) -> tuple[int, int, int] | None:
     number = str(version.get("number", "")) if isinstance(version, Mapping) else ""
     m = re.match(r"^(\d+)\.(\d+)\.(\d+)", number)
     if not m:
-        raise StoreError(f"cannot read the Elasticsearch version from GET / (version={version!r})", backend=BACKEND)
+        raise StoreError(
+            f"cannot read the Elasticsearch version from GET / (version={version!r})", backend=BACKEND
+        )
     return int(m[1]), int(m[2]), int(m[3])
 
 
@@ -112,7 +116,8 @@ def esql_mode(version: tuple[int, int, int] | None) -> Literal["fuse", "per_bran
     have = ".".join(map(str, version))
     raise ConfigError(
         f"Elasticsearch {have} is too old for kitune: the minimum is 8.18.0 (ES|QL MATCH on semantic_text); "
-        "9.2+ runs hybrid search as one FORK/FUSE query. Upgrade the cluster or point KITUNE_ES_URL at a newer one"
+        "9.2+ runs hybrid search as one FORK/FUSE query. Upgrade the cluster or point KITUNE_ES_URL "
+        "at a newer one"
     )
 
 
@@ -243,7 +248,9 @@ def _params(prefix: str, values: Sequence[Any], params: list[dict[str, Any]]) ->
     return names
 
 
-def _prelude(plan: QueryPlan, index: str, retrieval: RetrievalConfig) -> tuple[Filter, list[str], list[dict[str, Any]]]:
+def _prelude(
+    plan: QueryPlan, index: str, retrieval: RetrievalConfig
+) -> tuple[Filter, list[str], list[dict[str, Any]]]:
     check_index_name(index)
     if plan.is_empty():
         raise StoreError(
@@ -260,7 +267,7 @@ def _prelude(plan: QueryPlan, index: str, retrieval: RetrievalConfig) -> tuple[F
 
 
 def _branches(plan: QueryPlan, params: list[dict[str, Any]]) -> list[tuple[str, str]]:
-    """``(name, condition)`` per branch with input; the tag branch matches ``entity:<slug>`` and the bare slug."""
+    """``(name, condition)`` per branch with input; tags match as ``entity:<slug>`` or the bare slug."""
     branches: list[tuple[str, str]] = []
     if plan.entity_tags:
         forms: list[str] = []
@@ -289,7 +296,11 @@ def compile_esql(plan: QueryPlan, index: str, retrieval: RetrievalConfig) -> Esq
     flt, lines, params = _prelude(plan, index, retrieval)
     n = int(retrieval.branch_size)
     branches = _branches(plan, params)
-    weights = {"tag": retrieval.tag_weight, "lexical": retrieval.lexical_weight, "semantic": retrieval.semantic_weight}
+    weights = {
+        "tag": retrieval.tag_weight,
+        "lexical": retrieval.lexical_weight,
+        "semantic": retrieval.semantic_weight,
+    }
     if len(branches) == 1:
         lines.append(f"| WHERE {branches[0][1]}")
     else:
@@ -325,10 +336,18 @@ def compile_branch_queries(plan: QueryPlan, index: str, retrieval: RetrievalConf
             continue
         flt, lines, params = _prelude(single, index, retrieval)
         ((_, cond),) = _branches(single, params)
-        lines += [f"| WHERE {cond}", "| SORT _score DESC", "| KEEP _id, _score", f"| LIMIT {int(retrieval.branch_size)}"]
+        lines += [
+            f"| WHERE {cond}",
+            "| SORT _score DESC",
+            "| KEEP _id, _score",
+            f"| LIMIT {int(retrieval.branch_size)}",
+        ]
         out.append(
             EsqlQuery(
-                query="\n".join(lines), params=params, filter=to_es_filter(flt, include_status=False), branches=(name,)
+                query="\n".join(lines),
+                params=params,
+                filter=to_es_filter(flt, include_status=False),
+                branches=(name,),
             )
         )
     if not out:
@@ -342,7 +361,9 @@ def _only(plan: QueryPlan, branch: str) -> QueryPlan | None:
         "lexical": {"entity_tags": (), "lexical": plan.lexical, "semantic": ""},
         "semantic": {"entity_tags": (), "lexical": "", "semantic": plan.semantic},
     }[branch]
-    has_input = bool(keep["entity_tags"]) or bool(str(keep["lexical"]).strip()) or bool(str(keep["semantic"]).strip())
+    has_input = (
+        bool(keep["entity_tags"]) or bool(str(keep["lexical"]).strip()) or bool(str(keep["semantic"]).strip())
+    )
     return plan.model_copy(update=keep) if has_input else None
 
 
@@ -432,3 +453,21 @@ def parse_warnings(headers: Mapping[str, str] | None) -> tuple[bool, tuple[str, 
 def facet_column(by: str) -> str:
     """The indexed field a facet name counts by (``doc`` → ``evidence_doc_ids``)."""
     return _FACET_FIELDS[by]
+
+
+def stats_fingerprint(stats: Mapping[str, Any], index: str) -> str:
+    """Fingerprint of an ``indices.stats(level="shards")`` body: each primary's ``max_seq_no``.
+
+    Every index, update and delete operation raises its shard's ``max_seq_no``, which never goes
+    back (restarts included); the index uuid changes when the index is re-created.
+    """
+    parts = []
+    for name, data in sorted(stats.get("indices", {}).items()):
+        shards = []
+        for shard, copies in sorted(data.get("shards", {}).items()):
+            for copy in copies:
+                if copy.get("routing", {}).get("primary", True):
+                    shards.append((shard, copy.get("seq_no", {}).get("max_seq_no")))
+        parts.append((name, data.get("uuid", ""), shards))
+    digest = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
+    return f"elasticsearch:{index}:{digest}"

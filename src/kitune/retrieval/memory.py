@@ -100,9 +100,7 @@ def tag_matches(forms: Sequence[tuple[str, str]], tags: Sequence[str]) -> int:
     return sum(1 for full, bare in forms if full in have or bare in have)
 
 
-def window_for(
-    subtype: str, stale_after: timedelta, retention: Mapping[str, timedelta] | None
-) -> timedelta:
+def window_for(subtype: str, stale_after: timedelta, retention: Mapping[str, timedelta] | None) -> timedelta:
     """The stale window of a KI subtype: ``retention[subtype]`` if given, else ``stale_after``."""
     if retention and subtype in retention:
         return retention[subtype]

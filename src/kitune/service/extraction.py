@@ -163,7 +163,7 @@ def content_hash(doc: Document) -> str:
 
 
 def read_state_hashes(path: Path | None) -> dict[str, str]:
-    """Read a state file into ``docid → content hash`` of its last ``ok`` line (lines without a hash skipped)."""
+    """Read a state file into ``docid → content hash`` of its last ``ok`` line with a hash."""
     if path is None or not path.is_file():
         return {}
     hashes: dict[str, str] = {}
@@ -490,6 +490,8 @@ def extract_corpus(
                     flush()
                 raise
             flush()
+        if written:
+            store.optimize()  # a run is a bulk load: compact and index before the first query
         if cfg.lifecycle.derived_retention == "while_evidence":
             derived_refreshed = refresh_derived(store, first, run_now)
     finally:

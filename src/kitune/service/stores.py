@@ -39,8 +39,8 @@ __all__ = [
     "index_jsonl",
     "iter_ki_jsonl",
     "refresh_derived",
-    "reindex_elasticsearch",
     "refresh_documents",
+    "reindex_elasticsearch",
     "retention_from",
     "stale_after_from",
     "store_stats",
@@ -206,8 +206,11 @@ def stale_after_from(cfg: KituneConfig) -> timedelta:
 
 
 def retention_from(cfg: KituneConfig) -> dict[str, timedelta]:
-    """Per-subtype windows for the sweep: disambiguation and source-description KIs get
-    ``lifecycle.derived_stale_after_days`` (default: the same as ``stale_after_days``)."""
+    """Per-subtype windows for the sweep.
+
+    Disambiguation and source-description KIs get ``lifecycle.derived_stale_after_days``
+    (default: the same as ``stale_after_days``).
+    """
     days = cfg.lifecycle.derived_stale_after_days or cfg.lifecycle.stale_after_days
     return dict.fromkeys(DERIVED_SUBTYPES, timedelta(days=days))
 

@@ -422,7 +422,9 @@ class StoreContract:
         fact = make_ki("Fact", "Ten days", last_seen=ten_days)
         dis = make_ki("Dis", "Ten days", last_seen=ten_days, subtype="disambiguation")
         src = make_ki("Src", "Ten days", last_seen=ten_days, subtype="source_description")
-        old_src = make_ki("Src", "Forty days", last_seen=T0 - timedelta(days=40), subtype="source_description")
+        old_src = make_ki(
+            "Src", "Forty days", last_seen=T0 - timedelta(days=40), subtype="source_description"
+        )
         store.upsert([fact, dis, src, old_src])
         retention = {"disambiguation": timedelta(days=30), "source_description": timedelta(days=15)}
         result = store.sweep(T0, timedelta(days=7), retention=retention)
@@ -470,7 +472,9 @@ class StoreContract:
         dis_gone.evidence_doc_ids = ["d1", "d2"]
         assert store.upsert([*d1, *d2, dis_ok, dis_gone]).ok
         corpus_now = {"d1", "d3"}
-        facts = [k.id for k in store.iter_kis(Filter(statuses=(), doc_ids=("d1",), subtypes=("dataset_fact",)))]
+        facts = [
+            k.id for k in store.iter_kis(Filter(statuses=(), doc_ids=("d1",), subtypes=("dataset_fact",)))
+        ]
         assert sorted(facts) == sorted(k.id for k in d1)
         assert store.mark_seen(facts, T0) == 3
         derived = [
@@ -483,8 +487,12 @@ class StoreContract:
         result = store.sweep(T0, timedelta(days=7))
         assert (result.stale, result.expired) == (0, 2)
         status = {k.id: k.payload.status for k in store.iter_kis()}
-        assert status == {**dict.fromkeys(facts, "active"), dis_ok.id: "active", d2[0].id: "expired",
-                          dis_gone.id: "expired"}
+        assert status == {
+            **dict.fromkeys(facts, "active"),
+            dis_ok.id: "active",
+            d2[0].id: "expired",
+            dis_gone.id: "expired",
+        }
         assert store.count() == 6
 
     def test_fingerprint_changes_on_every_write_and_never_on_reads(
