@@ -121,7 +121,9 @@ class LanceStore:
         self._sync_lock = threading.Lock()
         self._maint_lock = threading.Lock()
         self._writes = 0
-        self._compactor = Compactor(self._maintain, quiet_s=self.config.compaction_quiet_s)
+        self._compactor = Compactor(self._background_maintain, quiet_s=self.config.compaction_quiet_s)
+        self._maint_table: Any = None
+        self._stale_view = False
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             self._db = lancedb.connect(str(self.path), read_consistency_interval=read_consistency)
@@ -168,14 +170,15 @@ class LanceStore:
         stats: Any = self._table.stats()
         return int(stats["fragment_stats"]["num_fragments"])
 
-    def _ensure_indices(self, *, ann: bool = False) -> None:
+    def _ensure_indices(self, *, ann: bool = False, table: Any = None) -> None:
         """Create the missing scalar/FTS indices (cheap); with ``ann``, also the vector index (slow)."""
-        rows = self._table.count_rows()
+        table = self._table if table is None else table
+        rows = table.count_rows()
         if rows == 0 or (rows == self._indexed_rows and not ann):
             return
         from lancedb.index import FTS, Bitmap, BTree, LabelList
 
-        existing = {tuple(i.columns): i.index_type for i in self._table.list_indices()}
+        existing = {tuple(i.columns): i.index_type for i in table.list_indices()}
         wanted: list[tuple[str, Any]] = [
             ("id", BTree()),
             ("tags", LabelList()),
@@ -185,11 +188,9 @@ class LanceStore:
         ]
         for col, cfg in wanted:
             if (col,) not in existing:
-                retry_conflicts(
-                    lambda col=col, cfg=cfg: self._table.create_index(col, config=cfg, replace=True)
-                )
+                retry_conflicts(lambda col=col, cfg=cfg: table.create_index(col, config=cfg, replace=True))
         if ann and rows >= self.ann_min_rows and ("vector",) not in existing:
-            self._table.create_index(metric="cosine", vector_column_name="vector", index_type="IVF_HNSW_SQ")
+            table.create_index(metric="cosine", vector_column_name="vector", index_type="IVF_HNSW_SQ")
         self._indexed_rows = rows
         self._has_fts = True
 
@@ -200,20 +201,38 @@ class LanceStore:
             return False
         return not any(tuple(i.columns) == ("vector",) for i in self._table.list_indices())
 
-    def _maintain(self) -> None:
-        """Build the ANN index if due, compact and fold new rows into the indices.
+    def _maintain(self, table: Any = None) -> None:
+        """Build the ANN index if due, compact and fold new rows into the indices (on ``table``)."""
+        table = self._table if table is None else table
+        with self._maint_lock:
+            writes, before = self._writes, int(table.version)
+            data_version = self._maintenance_versions.get(before, before)
+            self._ensure_indices(ann=True, table=table)
+            table.optimize()
+            if self._writes == writes:  # nothing was written meanwhile: this version holds the same KIs
+                self._maintenance_versions[int(table.version)] = data_version
+            self._sync_files()
 
-        Runs without the write lock (the background compactor): a concurrent write wins the
+    def _background_maintain(self) -> None:
+        """The compactor's run: :meth:`_maintain` on a table handle of its own, without the write lock.
+
+        LanceDB serialises the operations of one table handle, so compacting through the writer's
+        handle would block its next upsert; a second handle does not. A concurrent write wins the
         commit and this raises a retryable conflict, which the compactor retries.
         """
-        with self._maint_lock:
-            writes, before = self._writes, int(self._table.version)
-            data_version = self._maintenance_versions.get(before, before)
-            self._ensure_indices(ann=True)
-            self._table.optimize()
-            if self._writes == writes:  # nothing was written meanwhile: this version holds the same KIs
-                self._maintenance_versions[int(self._table.version)] = data_version
-            self._sync_files()
+        if self._maint_table is None:
+            import lancedb
+
+            self._maint_table = lancedb.connect(str(self.path)).open_table(self.config.table)
+        else:
+            self._maint_table.checkout_latest()
+        self._maintain(self._maint_table)
+        self._stale_view = True  # the writer's handle moves to the compacted version on its next use
+
+    def _refresh_view(self) -> None:
+        if self._stale_view:
+            self._stale_view = False
+            self._table.checkout_latest()
 
     def optimize(self) -> None:
         """Compact fragments, build the ANN index if due and fold new rows into the indices, now.
@@ -231,13 +250,21 @@ class LanceStore:
         return self._compactor.stats
 
     def wait_for_maintenance(self, timeout: float | None = None) -> bool:
-        """Block until no background compaction is pending (True) or ``timeout`` s pass (False)."""
-        return self._compactor.wait(timeout)
+        """Block until no background compaction is pending (True) or ``timeout`` s pass (False).
+
+        On True, this instance reads the compacted version from then on.
+        """
+        done = self._compactor.wait(timeout)
+        if done:
+            with self._write_lock:
+                self._refresh_view()
+        return done
 
     def _after_write(self) -> None:
         """Bookkeeping after a committed write (caller holds the write lock)."""
         self._writes += 1
         self._compactor.wrote()
+        self._refresh_view()
         self._sync_files()
 
     # -- writes -------------------------------------------------------------------------------
@@ -458,6 +485,7 @@ class LanceStore:
     def search(self, plan: QueryPlan) -> SearchResult:
         """Hybrid tag + BM25 + vector retrieval fused with weighted RRF in Python."""
         t0 = time.perf_counter()
+        self._refresh_view()
         r = self.retrieval
         where = filter_to_sql(effective_filter(plan, r))
         n = r.branch_size
