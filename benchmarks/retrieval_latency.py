@@ -12,7 +12,13 @@ and measures, with medians and p95 over ``--queries`` seeded queries:
   damage shows) and after ``optimize()`` again (compaction + index folding). A short sample is
   also taken right after the bulk load, *before* its ``optimize()``: rows committed after an
   index was built are searched without it until ``optimize()`` folds them in;
-* upserts of 512 KIs (half new, half re-seen), and the lifecycle sweep.
+* upserts of 512 KIs (half new, half re-seen) with the store's default compaction (background,
+  every 32 fragments): the WORST single upsert is the headline (issue 14: an inline compaction
+  froze the upsert that triggered it); then the same stream with inline compaction
+  (``background_compaction=False``) for comparison;
+* the FIRST query right after a bulk load that ends with ``optimize()`` (what ``kitune index``
+  and an extraction run do), cold;
+* and the lifecycle sweep.
 
 Usage::
 
@@ -157,13 +163,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--bulk-batch", type=int, default=8192, help="KIs per commit in the bulk load")
     ap.add_argument("--churn-commits", type=int, default=200, help="small commits in the churn phase")
     ap.add_argument("--churn-batch", type=int, default=10, help="KIs per churn commit")
-    ap.add_argument("--upserts", type=int, default=20, help="timed upserts of 512 KIs")
+    ap.add_argument(
+        "--upserts", type=int, default=80, help="timed upserts of 512 KIs (background compaction)"
+    )
+    ap.add_argument("--inline-upserts", type=int, default=40, help="timed upserts with inline compaction")
     ap.add_argument("--size", type=int, default=10, help="KIs per result")
     ap.add_argument("--path", type=Path, default=None, help="store folder (default: a temp dir, removed)")
     ap.add_argument("--name", default=None, help="result file stem (default retrieval_latency[.quick])")
     args = ap.parse_args(argv)
     if args.quick:
-        args.n, args.queries, args.churn_commits, args.upserts = 20_000, 60, 60, 8
+        args.n, args.queries, args.churn_commits, args.upserts, args.inline_upserts = 20_000, 60, 60, 40, 40
     name = args.name or ("retrieval_latency.quick" if args.quick else "retrieval_latency")
     machine = machine_info()
     tmp = Path(tempfile.mkdtemp(prefix="kitune-bench-lance-")) if args.path is None else args.path
@@ -210,25 +219,64 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"  bulk load, before optimize: {_headline(unindexed)}", flush=True)
         ms, _ = timed(store.optimize)
         results["bulk_load"]["optimize_ms"] = round(ms, 1)
+        first_plan = plans_for(questions[-1], args.size)["search_hybrid"]
+        first_ms, first_res = timed(partial(store.search, first_plan))
+        ctx_ms, _ = timed(partial(get_context, questions[-2], store=store, cfg=cfg, size=args.size))
+        results["first_query_after_bulk_load"] = {
+            "search_hybrid_ms": round(first_ms, 1),
+            "get_context_ms": round(ctx_ms, 1),
+            "hits": len(first_res.hits),
+            "note": "first queries after the bulk load's own optimize(), cold (no warm-up)",
+        }
+        print(
+            f"  first query after bulk load + optimize: {results['first_query_after_bulk_load']}", flush=True
+        )
         phases["after_bulk_load"] = {
             "fragments": store.fragment_count(),
             **measure_queries(store, cfg, questions, args.size),
         }
         print(f"  after bulk load: {_headline(phases['after_bulk_load'])}", flush=True)
 
-        # -- upserts of 512 (half re-seen, half new) -----------------------------------------------
-        new_kis = synthetic_kis(args.upserts * 256, seed=args.seed + 100, now=NOW)
-        reseen = list(islice(synthetic_kis(args.n, seed=args.seed, now=NOW), 0, args.upserts * 256))
-        upsert_ms = []
-        for i in range(args.upserts):
-            batch = [*islice(new_kis, 256), *reseen[i * 256 : (i + 1) * 256]]
-            ms, _res = timed(partial(store.upsert, batch))
-            upsert_ms.append(ms)
+        # -- upserts of 512 (half re-seen, half new), the store's default compaction ----------------
+        total = args.upserts + args.inline_upserts
+        new_kis = synthetic_kis(total * 256, seed=args.seed + 100, now=NOW)
+        reseen = list(islice(synthetic_kis(args.n, seed=args.seed, now=NOW), 0, total * 256))
+        batches = ([*islice(new_kis, 256), *reseen[i * 256 : (i + 1) * 256]] for i in range(total))
+        default_cfg = LanceStoreConfig()
+        store.config = store_cfg.model_copy(
+            update={
+                "compact_every_fragments": default_cfg.compact_every_fragments,
+                "background_compaction": True,
+            }
+        )
+        upsert_ms = [timed(partial(store.upsert, next(batches)))[0] for _ in range(args.upserts)]
+        wait_ms, drained = timed(lambda: store.wait_for_maintenance(600))
+        stats = store.compaction
         results["upsert_512"] = {
             **summarize(upsert_ms).to_dict(),
+            "worst_ms": round(max(upsert_ms), 1),
             "kis_per_s_median": round(512 / (summarize(upsert_ms).median / 1000), 1),
+            "compaction": "background, every 32 fragments (store default)",
+            "compactions_run": stats.runs,
+            "compactions_preempted": stats.preempted,
+            "last_compaction_ms": round(stats.last_ms, 1),
+            "wait_for_pending_compaction_ms": round(wait_ms, 1) if drained else None,
         }
-        print(f"  upsert 512: {results['upsert_512']}", flush=True)
+        print(f"  upsert 512, background compaction: {results['upsert_512']}", flush=True)
+        store.config = store_cfg.model_copy(
+            update={
+                "compact_every_fragments": default_cfg.compact_every_fragments,
+                "background_compaction": False,
+            }
+        )
+        inline_ms = [timed(partial(store.upsert, next(batches)))[0] for _ in range(args.inline_upserts)]
+        results["upsert_512_inline_compaction"] = {
+            **summarize(inline_ms).to_dict(),
+            "worst_ms": round(max(inline_ms), 1),
+            "compaction": "inline in the upsert that crosses 32 fragments (the behaviour before issue 14)",
+        }
+        print(f"  upsert 512, inline compaction: {results['upsert_512_inline_compaction']}", flush=True)
+        store.config = store_cfg
 
         # -- churn: many small commits -----------------------------------------------------------
         churn_src = synthetic_kis(args.churn_commits * args.churn_batch, seed=args.seed + 200, now=NOW)
@@ -293,6 +341,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "search_hybrid_p95_ms_worst_phase": worst,
         "target_p95_ms": TARGET_P95_MS,
         "target_met_after_compaction": final["get_context"]["p95"] <= TARGET_P95_MS,
+        "worst_upsert_512_ms_background_compaction": results["upsert_512"]["worst_ms"],
+        "worst_upsert_512_ms_inline_compaction": results["upsert_512_inline_compaction"]["worst_ms"],
+        "first_search_ms_after_bulk_load": results["first_query_after_bulk_load"]["search_hybrid_ms"],
+        "first_get_context_ms_after_bulk_load": results["first_query_after_bulk_load"]["get_context_ms"],
     }
     notes += [
         f"KIs are synthetic ({args.n}, seed {args.seed}); vectors from the {args.embedder} embedder "
@@ -303,8 +355,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         ),
         "get_context = plain plan (no LLM rewrite) + store.search + response model; "
         "search_* = store.search(plan) alone.",
-        "Automatic compaction was off (compact_every_fragments=100000) so the churn phase shows the "
-        "fragment cost; the store's default compacts every 32 fragments.",
+        "Automatic compaction was off (compact_every_fragments=100000) in the bulk-load and churn phases "
+        "so the churn phase shows the fragment cost; the upsert phases use the store's default "
+        "threshold (32 fragments), first with background compaction, then inline.",
         f"ANN index (IVF_HNSW_SQ) is built once the table has {LanceStore.ann_min_rows} rows; rows "
         "written after it are searched exactly until optimize() folds them in.",
         "The machine is shared (see load averages): medians are more trustworthy than p95s.",
@@ -350,9 +403,23 @@ def _phase_table(phases: dict[str, Any]) -> str:
 def _other_table(results: dict[str, Any]) -> str:
     b, u, c, s = results["bulk_load"], results["upsert_512"], results["churn_commit"], results["sweep"]
     u0 = results["bulk_load_before_optimize"]
+    ui, fq = results["upsert_512_inline_compaction"], results["first_query_after_bulk_load"]
     rows = [
         ["bulk load", f"{b['kis']} KIs in {b['wall_s']} s ({b['kis_per_s']} KIs/s, {b['cpu_s']} CPU s)"],
-        ["upsert 512 KIs", f"p50 {u['median']:.0f} ms, p95 {u['p95']:.0f} ms"],
+        [
+            "upsert 512 KIs, background compaction (default)",
+            f"p50 {u['median']:.0f} ms, p95 {u['p95']:.0f} ms, worst {u['worst_ms']:.0f} ms; "
+            f"{u['compactions_run']} compaction(s) ran ({u['compactions_preempted']} preempted), "
+            f"last {u['last_compaction_ms']:.0f} ms",
+        ],
+        [
+            "upsert 512 KIs, inline compaction (before issue 14)",
+            f"p50 {ui['median']:.0f} ms, p95 {ui['p95']:.0f} ms, worst {ui['worst_ms']:.0f} ms",
+        ],
+        [
+            "first query after bulk load + optimize()",
+            f"search {fq['search_hybrid_ms']:.0f} ms, get_context {fq['get_context_ms']:.0f} ms",
+        ],
         [f"small commit ({c['kis_per_commit']} KIs)", f"p50 {c['median']:.0f} ms, p95 {c['p95']:.0f} ms"],
         ["optimize() after bulk load", f"{b['optimize_ms']:.0f} ms"],
         ["optimize() after churn", f"{results['optimize_ms']:.0f} ms"],

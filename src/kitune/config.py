@@ -143,6 +143,15 @@ class LanceStoreConfig(_Section):
     table: str = Field(default="kis", description="KI table name.")
     write_batch_size: int = Field(default=512, ge=1, description="KIs per commit.")
     compact_every_fragments: int = Field(default=32, ge=2, description="optimize() once this many fragments exist.")
+    # -- issue 14: compaction off the write path ------------------------------------------------
+    background_compaction: bool = Field(
+        default=True,
+        description="Compact in a background thread in quiet moments (an upsert never waits for it); "
+        "False: inside the upsert that crossed compact_every_fragments.",
+    )
+    compaction_quiet_s: float = Field(
+        default=1.0, ge=0.0, description="Background compaction starts once no write happened for this long."
+    )
 
 
 class ElasticsearchStoreConfig(_Section):
@@ -174,6 +183,11 @@ class RetrievalConfig(_Section):
     snippet_chars: int = Field(default=700, ge=50, le=10_000, description="Baseline search snippet size.")
     snippets_per_hit: int = Field(default=3, ge=1, le=10, description="Baseline snippets per hit.")
     search_hits: int = Field(default=10, ge=1, le=100, description="Baseline hits per search.")
+    # -- issue 14: lifecycle on the read path ------------------------------------------------
+    serve_stale: bool = Field(
+        default=False,
+        description="Also serve stale KIs when a plan's filter names no statuses (default: active only).",
+    )
 
 
 class ExtractionConfig(_Section):
@@ -210,6 +224,17 @@ class LifecycleConfig(_Section):
     """KI lifecycle."""
 
     stale_after_days: float = Field(default=7.0, gt=0, description="Unseen this long → stale; twice → expired.")
+    # -- issue 14: retention of disambiguation / source-description KIs ------------------------
+    derived_retention: Literal["while_evidence", "age"] = Field(
+        default="while_evidence",
+        description="Disambiguation and source-description KIs: 'while_evidence' refreshes them on every "
+        "extraction run whose corpus still holds all their evidence documents (they age only once one "
+        "is gone); 'age' refreshes them only when re-written.",
+    )
+    derived_stale_after_days: float | None = Field(
+        default=None, gt=0,
+        description="Their stale window in days (twice it → expired); None: stale_after_days.",
+    )
 
 
 class TrackingConfig(_Section):

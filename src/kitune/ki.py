@@ -29,6 +29,7 @@ from kitune.text import fold_text
 
 __all__ = [
     "DEFAULT_STALE_AFTER",
+    "DERIVED_SUBTYPES",
     "KI",
     "KIPayload",
     "KIProperties",
@@ -47,6 +48,10 @@ KISubtype = Literal["dataset_fact", "disambiguation", "source_description"]
 
 DEFAULT_STALE_AFTER = timedelta(days=7)
 """A KI unseen for this long goes stale; unseen for twice this long it expires."""
+
+DERIVED_SUBTYPES: tuple[KISubtype, ...] = ("disambiguation", "source_description")
+"""Subtypes built from several documents or a whole source, with their own retention
+(``lifecycle.derived_retention``) rather than their source document's."""
 
 TITLE_MAX_CHARS = 140
 DESCRIPTION_MAX_CHARS = 350

@@ -205,7 +205,14 @@ def test_whole_request_429_is_retried_and_400_is_not() -> None:
 class FakeES:
     """Just enough of the client for the start-up check and search."""
 
-    def __init__(self, *, endpoint_exists: bool = True, esql_headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        endpoint_exists: bool = True,
+        esql_headers: dict[str, str] | None = None,
+        version: str = "9.3.0",
+    ) -> None:
+        self.version = version
         self.created: list[str] = []
         self.esql_calls: list[dict[str, Any]] = []
         self.docs: dict[str, dict[str, Any]] = {}
@@ -222,6 +229,9 @@ class FakeES:
             create=lambda *, index, mappings: self.created.append(index),
         )
         self.esql = SimpleNamespace(query=self._esql)
+
+    def info(self) -> dict[str, Any]:
+        return {"version": {"number": self.version, "build_flavor": "default"}}
 
     def _esql(self, **kwargs: Any) -> Any:
         self.esql_calls.append(kwargs)
@@ -338,3 +348,242 @@ def test_lifecycle_and_paging_requests() -> None:
     searches = [c for c in client.calls if c[0] == "search"]
     assert len(searches) == 3 and "from" not in searches[1][1] and searches[1][1]["search_after"]
     assert client.calls[-1][0] == "close_point_in_time"
+
+
+# -- version routing, client RRF, error wrapping, mapping as published (issue 14) ---------------
+
+
+def _reference_rrf(branches: dict[str, list[str]], weights: dict[str, float], k: int) -> list[str]:
+    """FUSE RRF as Elastic documents it: score = sum over forks of weight / (rank_constant + rank)."""
+    score: dict[str, float] = {}
+    for name, ids in branches.items():
+        for rank, i in enumerate(ids, start=1):
+            score[i] = score.get(i, 0.0) + weights[name] / (k + rank)
+    return sorted(score, key=lambda i: (-score[i], i))
+
+
+class BranchES(FakeES):
+    """Answers each ES|QL query from fixed per-branch hit lists; on 9.2+ it applies FUSE itself."""
+
+    def __init__(self, version: str, hits: dict[str, list[tuple[str, float]]]) -> None:
+        super().__init__(version=version)
+        self.hits = hits
+
+    def _esql(self, **kwargs: Any) -> Any:
+        self.esql_calls.append(kwargs)
+        q = kwargs["query"]
+        present = [
+            b
+            for b, marker in (("tag", "MATCH(tags"), ("lexical", "title_text"), ("semantic", "description"))
+            if marker in q
+        ]
+        if "FUSE RRF" in q:
+            options = json.loads(q.split("FUSE RRF WITH ", 1)[1].split("\n", 1)[0])
+            weights = {b: options["weights"][f"fork{n + 1}"] for n, b in enumerate(present)}
+            ranked = {b: [i for i, _ in sorted(self.hits[b], key=lambda h: -h[1])] for b in present}
+            fused = _reference_rrf(ranked, weights, options["rank_constant"])
+            limit = int(q.rsplit("LIMIT ", 1)[1])
+            values = [[i, 1.0 / (n + 1)] for n, i in enumerate(fused[:limit])]
+        else:
+            (branch,) = present
+            values = [[i, s] for i, s in self.hits[branch]]
+        body = {
+            "columns": [{"name": "_id", "type": "keyword"}, {"name": "_score", "type": "double"}],
+            "values": values,
+        }
+        return SimpleNamespace(body=body, meta=_meta(200))
+
+
+def _branch_hits(kis: list[Any]) -> dict[str, list[tuple[str, float]]]:
+    ids = [k.id for k in kis]
+    return {
+        "tag": [(ids[0], 3.0), (ids[1], 2.0), (ids[2], 1.0)],
+        "lexical": [(ids[2], 9.0), (ids[3], 8.0), (ids[0], 7.0), (ids[4], 1.0)],
+        "semantic": [(ids[4], 0.9), (ids[2], 0.8), (ids[1], 0.7)],
+    }
+
+
+def test_version_9_3_runs_one_fork_fuse_query() -> None:
+    kis = [make_ki(f"Person {i}", "X") for i in range(5)]
+    client = BranchES("9.3.0", _branch_hits(kis))
+    store = ElasticsearchStore(client, index="kitune-kis", inference_id="e")
+    store.upsert(kis)
+    assert store.esql_mode == "fuse" and store.version == (9, 3, 0)
+    plan = QueryPlan(entity_tags=("entity:person-0",), lexical="X", semantic="X", size=4)
+    result = store.search(plan)
+    assert len(client.esql_calls) == 1 and "| FUSE RRF WITH" in client.esql_calls[0]["query"]
+    assert [h.ki.id for h in result.hits] == _reference_rrf(
+        {b: [i for i, _ in h] for b, h in _branch_hits(kis).items()},
+        {"tag": 1.0, "lexical": 1.0, "semantic": 1.0},
+        60,
+    )[:4]
+
+
+@pytest.mark.parametrize("weights", [(1.0, 1.0, 1.0), (3.0, 0.5, 1.0), (0.0, 2.0, 1.0)])
+def test_version_9_1_runs_each_branch_and_fuses_client_side_in_the_fuse_order(
+    weights: tuple[float, ...],
+) -> None:
+    kis = [make_ki(f"Person {i}", "X") for i in range(5)]
+    retrieval = RetrievalConfig(
+        tag_weight=weights[0], lexical_weight=weights[1], semantic_weight=weights[2], rrf_k=20
+    )
+    plan = QueryPlan(entity_tags=("entity:person-0",), lexical="X", semantic="X", size=5)
+    new = BranchES("9.3.1", _branch_hits(kis))
+    old = BranchES("9.1.3", _branch_hits(kis))
+    fused_server = ElasticsearchStore(new, index="kitune-kis", inference_id="e", retrieval=retrieval)
+    fused_client = ElasticsearchStore(old, index="kitune-kis", inference_id="e", retrieval=retrieval)
+    for s in (fused_server, fused_client):
+        s.upsert(kis)
+    assert fused_client.esql_mode == "per_branch"
+    server_ids = [h.ki.id for h in fused_server.search(plan).hits]
+    client_result = fused_client.search(plan)
+    assert [h.ki.id for h in client_result.hits] == server_ids
+    assert len(old.esql_calls) == 3 and not any(
+        "FORK" in c["query"] or "FUSE" in c["query"] for c in old.esql_calls
+    )
+    assert all(c["query"].rstrip().endswith(f"| LIMIT {retrieval.branch_size}") for c in old.esql_calls)
+    top = client_result.hits[0]
+    assert top.branches == {
+        b: n
+        for b, hits in _branch_hits(kis).items()
+        for n, (i, _) in enumerate(hits, start=1)
+        if i == top.ki.id
+    }
+    assert client_result.compiled == fused_client.compile(plan) and client_result.compiled.count("FROM ") == 3
+
+
+def test_old_cluster_gets_an_error_naming_the_minimum_and_serverless_gets_fuse() -> None:
+    with pytest.raises(ConfigError, match=r"Elasticsearch 8\.10\.4 is too old.*minimum is 8\.18\.0"):
+        ElasticsearchStore(FakeES(version="8.10.4"), index="kitune-kis", inference_id="e")
+    assert ElasticsearchStore(FakeES(version="8.18.0"), index="i", inference_id="e").esql_mode == "per_branch"
+    serverless = FakeES(version="8.11.0")
+    serverless.info = lambda: {"version": {"number": "8.11.0", "build_flavor": "serverless"}}  # type: ignore[method-assign]
+    assert ElasticsearchStore(serverless, index="i", inference_id="e").esql_mode == "fuse"
+
+
+def test_every_client_error_becomes_a_store_error_with_status_and_reason() -> None:
+    from elasticsearch import ConnectionError as ESConnectionError
+
+    from kitune.errors import StoreUnavailableError
+    from kitune.retrieval.elasticsearch import ElasticsearchRequestError
+
+    client = FakeES(version="9.1.0")
+    store = ElasticsearchStore(client, index="kitune-kis", inference_id="e")
+    body = {
+        "error": {
+            "root_cause": [
+                {"type": "verification_exception", "reason": "Found 1 problem\nline 3:3: Unknown column"}
+            ],
+            "type": "verification_exception",
+            "reason": "Found 1 problem",
+        },
+        "status": 400,
+    }
+
+    def bad_request(**kwargs: Any) -> Any:
+        raise ApiError("verification_exception", meta=_meta(400), body=body)
+
+    client.esql = SimpleNamespace(query=bad_request)
+    with pytest.raises(ElasticsearchRequestError) as info:
+        store.search(QueryPlan(lexical="x"))
+    err = info.value
+    assert isinstance(err, StoreError) and (err.status, err.error_type) == (400, "verification_exception")
+    assert "Unknown column" in err.reason and "HTTP 400" in str(err) and "kitune-kis" in str(err)
+
+    def down(**kwargs: Any) -> Any:
+        raise ESConnectionError("connection refused")
+
+    client.count = down  # type: ignore[attr-defined]
+    with pytest.raises(StoreUnavailableError, match="unreachable during count"):
+        store.count()
+    client.update_by_query = lambda **kw: (_ for _ in ()).throw(  # type: ignore[attr-defined]
+        ApiError(
+            "security_exception",
+            meta=_meta(403),
+            body={"error": {"type": "security_exception", "reason": "no"}},
+        )
+    )
+    with pytest.raises(ElasticsearchRequestError, match=r"HTTP 403 security_exception: no .*privileges"):
+        store.set_status(Filter(), "stale")
+    failing_info = FakeES()
+    failing_info.info = lambda: (_ for _ in ()).throw(ESConnectionError("refused"))  # type: ignore[method-assign]
+    with pytest.raises(StoreUnavailableError):
+        ElasticsearchStore(failing_info, index="i", inference_id="e")
+
+
+def test_mapping_is_as_published() -> None:
+    props = es_mapping("ep")["properties"]
+    semantic = {"type": "semantic_text", "inference_id": "ep"}
+    assert props["title"] == semantic and props["description"] == semantic
+    assert props["title_text"] == {"type": "text"}
+    for name in ("type", "id", "references", "tags", "evidence_doc_ids", "subject", "predicate", "docid"):
+        assert props[name] == {"type": "keyword"}, name
+    assert props["object"] == {"type": "text"} and props["evidence"] == {"type": "text"}
+    ki = make_ki("Marie Curie", "Warsaw", docid="d1", predicate="born_in")
+    src = ki_to_source(ki)
+    assert set(src) == set(props)  # dynamic: strict — every written field is mapped
+    assert (src["subject"], src["predicate"], src["object"], src["docid"]) == (
+        "Marie Curie",
+        "born_in",
+        "Warsaw",
+        "d1",
+    )
+    assert src["title_text"] == src["title"] == ki.title and src["evidence"] == ki.payload.evidence
+
+
+def test_tag_branch_matches_the_bare_slug_and_filters_on_subject_predicate() -> None:
+    plan = QueryPlan(entity_tags=("entity:marie-curie",), lexical="born", size=3)
+    q = compile_esql(plan, "kitune-kis", RetrievalConfig())
+    assert "MATCH(tags, ?tag0) OR MATCH(tags, ?tag1)" in q.query
+    assert {"tag0": "entity:marie-curie"} in q.params and {"tag1": "marie-curie"} in q.params
+    flt = Filter().model_copy(update={"subjects": ("Marie Curie",), "predicates": ("born_in",)})
+    assert to_es_filter(flt, include_status=False) == {
+        "bool": {"filter": [{"terms": {"subject": ["Marie Curie"]}}, {"terms": {"predicate": ["born_in"]}}]}
+    }
+
+
+def test_reindex_copies_every_ki_with_the_new_fields() -> None:
+    client = RecordingES()
+    old = ElasticsearchStore(client, index="kitune-kis-v1", inference_id="e")
+    kis = [make_ki(f"Person {i}", "X", status="stale" if i == 2 else "active") for i in range(5)]
+    for k in kis:  # documents written with the old mapping: no title_text/subject fields
+        src = ki_to_source(k)
+        client.docs[k.id] = {key: src[key] for key in ("id", "title", "description", "tags", "status", "ki")}
+    new = ElasticsearchStore(client, index="kitune-kis-v2", inference_id="e")
+    written: list[dict[str, Any]] = []
+    client.bulk = (
+        lambda *, operations, refresh=None: (  # type: ignore[method-assign]
+            written.extend(operations[1::2])
+            or {"errors": False, "items": [{"index": {"status": 201}}] * (len(operations) // 2)}
+        )
+    )
+    result = new.reindex_from("kitune-kis-v1", page_size=2)
+    assert (result.submitted, result.indexed, result.failed) == (5, 5, [])
+    assert sorted(d["id"] for d in written) == sorted(k.id for k in kis)
+    assert all(d["title_text"] == d["title"] and d["subject"].startswith("Person") for d in written)
+    assert next(d for d in written if d["id"] == kis[2].id)["status"] == "stale"
+    assert old.index == "kitune-kis-v1" and "kitune-kis-v2" in client.created
+    with pytest.raises(ConfigError, match="both kitune-kis-v2"):
+        new.reindex_from("kitune-kis-v2")
+
+
+def test_fingerprint_follows_primary_max_seq_no() -> None:
+    from kitune.retrieval.es_query import stats_fingerprint
+
+    def stats(seq: list[int], uuid: str = "u1") -> dict[str, Any]:
+        shards = {
+            str(n): [
+                {"routing": {"primary": True}, "seq_no": {"max_seq_no": s}},
+                {"routing": {"primary": False}, "seq_no": {"max_seq_no": s - 1}},
+            ]
+            for n, s in enumerate(seq)
+        }
+        return {"indices": {"kitune-kis": {"uuid": uuid, "shards": shards}}}
+
+    base = stats_fingerprint(stats([4, 9]), "kitune-kis")
+    assert base == stats_fingerprint(stats([4, 9]), "kitune-kis")
+    assert base != stats_fingerprint(stats([4, 10]), "kitune-kis")  # one write on shard 1
+    assert base != stats_fingerprint(stats([4, 9], uuid="u2"), "kitune-kis")  # index re-created
+    replica_only = stats([4, 9])
+    replica_only["indices"]["kitune-kis"]["shards"]["0"][1]["seq_no"]["max_seq_no"] = 99
+    assert stats_fingerprint(replica_only, "kitune-kis") == base

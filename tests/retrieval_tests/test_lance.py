@@ -117,12 +117,90 @@ def test_order_by_unselected_column_under_scalar_filter_fails_but_store_selects_
     assert got == sorted(k.id for k in kis[::2])
 
 
-def test_compaction_keeps_fragment_count_bounded(tmp_path: Path) -> None:
-    s = _store(tmp_path, write_batch_size=2, compact_every_fragments=4)
+def test_inline_compaction_keeps_fragment_count_bounded(tmp_path: Path) -> None:
+    s = _store(tmp_path, write_batch_size=2, compact_every_fragments=4, background_compaction=False)
     for i in range(10):
         s.upsert([make_ki(f"Person {i}", "Somewhere")])
         assert s.fragment_count() < 4
     assert s.count() == 10
+
+
+def test_background_compaction_never_blocks_an_upsert(tmp_path: Path) -> None:
+    """Issue 14: compaction runs off the write path; upserts meanwhile return at once."""
+    import threading
+    import time
+
+    s = _store(tmp_path, write_batch_size=2, compact_every_fragments=4, compaction_quiet_s=0.0)
+    real = s._maintain
+    started, release = threading.Event(), threading.Event()
+
+    def slow_maintain() -> None:  # a compaction that takes as long as we want
+        started.set()
+        release.wait(30)
+        real()
+
+    s._maintain = slow_maintain  # type: ignore[method-assign]
+    s._compactor._maintain = slow_maintain
+    for i in range(4):
+        s.upsert([make_ki(f"Person {i}", "Somewhere")])
+    assert started.wait(10), "compaction was not requested"
+    worst = 0.0
+    for i in range(4, 10):  # the compaction is "running" now
+        t0 = time.perf_counter()
+        assert s.upsert([make_ki(f"Person {i}", "Somewhere")]).ok
+        worst = max(worst, time.perf_counter() - t0)
+    assert worst < 1.0 and s.fragment_count() >= 4 and s.compaction.runs == 0
+    release.set()
+    assert s.wait_for_maintenance(60)
+    assert s.compaction.runs >= 1 and s.count() == 10
+    s.close()
+
+
+def test_background_compaction_retries_when_a_write_wins_the_commit(tmp_path: Path) -> None:
+    s = _store(tmp_path, write_batch_size=2, compact_every_fragments=3, compaction_quiet_s=0.0)
+    real = s._maintain
+    calls = {"n": 0}
+
+    def flaky() -> None:
+        calls["n"] += 1
+        if calls["n"] <= 2:
+            raise RuntimeError("lance error: Retryable commit conflict for version 7: preempted")
+        real()
+
+    s._compactor._maintain = flaky
+    for i in range(3):
+        s.upsert([make_ki(f"Person {i}", "Somewhere")])
+    assert s.wait_for_maintenance(60)
+    assert (s.compaction.preempted, s.compaction.runs) == (2, 1)
+    assert s.fragment_count() < 3
+    s.close()
+
+
+def test_writer_retries_a_commit_lost_to_compaction() -> None:
+    from kitune.retrieval.lance_maintenance import retry_conflicts
+
+    attempts = []
+
+    def commit() -> str:
+        attempts.append(1)
+        if len(attempts) < 3:
+            raise RuntimeError("Retryable commit conflict for version 9")
+        return "ok"
+
+    assert retry_conflicts(commit, sleep=lambda s: None) == "ok" and len(attempts) == 3
+    with pytest.raises(ValueError):
+        retry_conflicts(lambda: (_ for _ in ()).throw(ValueError("schema mismatch")), sleep=lambda s: None)
+
+
+def test_optimize_is_synchronous_and_does_not_change_the_fingerprint(tmp_path: Path) -> None:
+    s = _store(tmp_path, write_batch_size=1, compact_every_fragments=1000)
+    s.upsert([make_ki(f"Person {i}", "Somewhere") for i in range(6)])
+    fp = s.fingerprint()
+    assert s.fragment_count() == 6
+    s.optimize()
+    assert s.fragment_count() == 1 and s.fingerprint() == fp
+    s.upsert([make_ki("Person 99", "Elsewhere")])
+    assert s.fingerprint() != fp
 
 
 def test_sql_values_are_validated_and_quoted(tmp_path: Path) -> None:
@@ -217,6 +295,7 @@ def test_ann_index_is_built_past_the_threshold_and_used(tmp_path: Path) -> None:
         for i in range(320)
     ]
     assert s.upsert(kis).ok
+    assert s.wait_for_maintenance(60)  # the ANN index is built by background maintenance (issue 14)
     kinds = {tuple(i.columns): i.index_type for i in s._table.list_indices()}
     assert "vector" in {c[0] for c in kinds}
     hits = s.search(QueryPlan(semantic="Person 123 lives in town 12.", size=3)).hits
@@ -240,3 +319,18 @@ def test_lance_stores_satisfy_the_protocols(tmp_path: Path) -> None:
 
     assert isinstance(_store(tmp_path / "a"), Store)
     assert isinstance(LanceCorpusStore(tmp_path / "b", HashEmbedder(dim=8)), CorpusStore)
+
+
+def test_lance_tag_branch_matches_bare_slug_and_refuses_triple_filters(tmp_path: Path) -> None:
+    from kitune.errors import StoreError
+    from kitune.schema import Filter, QueryPlan
+
+    s = _store(tmp_path)
+    tagged = make_ki("Acme Corp", "Berlin")
+    bare = make_ki("Widget", "Thing", tags=["acme-corp"])
+    s.upsert([tagged, bare, make_ki("Other", "Thing")])
+    hits = s.search(QueryPlan(entity_tags=("entity:acme-corp",), size=10)).hits
+    assert sorted(h.ki.id for h in hits) == sorted([tagged.id, bare.id])
+    flt = Filter().model_copy(update={"subjects": ("Acme Corp",)})
+    with pytest.raises(StoreError, match="subject/predicate filters are not supported by the embedded store"):
+        s.count(flt)

@@ -93,3 +93,39 @@ def test_corpus_replace_by_docid() -> None:
     hits = cs.search("pasta salted water", k=3)
     assert all("pasta" not in s for h in hits for s in h.snippets)
     assert cs.search("bake bread degrees", k=1)[0].docid == "300"
+
+
+def test_serve_stale_flag_and_explicit_statuses() -> None:
+    """Stale KIs are served only when retrieval.serve_stale is set or the filter names statuses."""
+    from kitune.retrieval.memory import effective_filter
+    from kitune.schema import Filter
+
+    plan = QueryPlan(lexical="x")
+    assert effective_filter(plan, RetrievalConfig()).statuses == ("active",)
+    assert effective_filter(plan, RetrievalConfig(serve_stale=True)).statuses == ("active", "stale")
+    named = QueryPlan(lexical="x", filters=Filter(statuses=("stale",)))
+    assert effective_filter(named, RetrievalConfig()).statuses == ("stale",)
+    stale = make_ki("Pierre Curie", "Marie Curie", status="stale")
+    served = MemoryStore(retrieval=RetrievalConfig(serve_stale=True))
+    served.upsert([stale])
+    assert [h.ki.id for h in served.search(QueryPlan(lexical="Pierre Curie")).hits] == [stale.id]
+    default = MemoryStore()
+    default.upsert([stale])
+    assert default.search(QueryPlan(lexical="Pierre Curie")).hits == []
+
+
+def test_tag_branch_matches_bare_slug_and_filter_on_subject_predicate() -> None:
+    """The tag branch matches entity:<slug> or the bare slug; a filter can name subject/predicate."""
+    from kitune.schema import Filter
+
+    tagged = make_ki("Acme Corp", "Berlin", predicate="located_in")
+    bare = make_ki("Widget", "Thing", tags=["acme-corp"], title="Widgets are made by a company.")
+    neither = make_ki("Other", "Thing")
+    store = MemoryStore()
+    store.upsert([tagged, bare, neither])
+    hits = store.search(QueryPlan(entity_tags=("entity:acme-corp",), size=10)).hits
+    assert sorted(h.ki.id for h in hits) == sorted([tagged.id, bare.id])
+    flt = Filter().model_copy(update={"subjects": ("Acme Corp",), "predicates": ("located_in",)})
+    assert store.count(flt) == 1
+    plan = QueryPlan(lexical="Berlin Widgets Thing", filters=flt)
+    assert [h.ki.id for h in store.search(plan).hits] == [tagged.id]

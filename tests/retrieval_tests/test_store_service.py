@@ -112,3 +112,56 @@ def test_cli_help_teaches() -> None:
     res = CliRunner().invoke(app, ["expire", "--help"])
     assert res.exit_code == 0
     assert "stale_after_days" in res.output and "--now" in res.output
+
+
+class _OptimizeCounter(MemoryStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.optimized = 0
+
+    def optimize(self) -> None:
+        self.optimized += 1
+
+
+def test_index_jsonl_optimizes_once_after_the_bulk_load(tmp_path: Path) -> None:
+    path = tmp_path / "kis.jsonl"
+    _write_jsonl(path)
+    store = _OptimizeCounter()
+    index_jsonl(store, path, batch_size=1)
+    assert store.optimized == 1
+
+
+def test_retention_from_config_and_refresh_helpers() -> None:
+    from kitune.config import load_config
+    from kitune.schema import Filter
+    from kitune.service.stores import refresh_derived, refresh_documents, retention_from
+
+    cfg = load_config(overrides={"lifecycle.stale_after_days": 5})
+    assert retention_from(cfg) == {
+        "disambiguation": timedelta(days=5),
+        "source_description": timedelta(days=5),
+    }
+    cfg = load_config(overrides={"lifecycle.derived_stale_after_days": 40})
+    assert set(retention_from(cfg).values()) == {timedelta(days=40)}
+    store = MemoryStore()
+    old = T0 - timedelta(days=20)
+    fact = make_ki("A", "B", docid="d1", last_seen=old, status="expired")
+    other = make_ki("C", "D", docid="d2", last_seen=old)
+    dis = make_ki("A", "E", docid="d1", last_seen=old, subtype="disambiguation")
+    store.upsert([fact, other, dis])
+    assert refresh_documents(store, ["d1", "d9"], T0) == 1  # the dataset fact only
+    assert store.get(fact.id).payload.status == "active" and store.get(fact.id).payload.last_seen == T0
+    assert store.get(dis.id).payload.last_seen == old and store.get(other.id).payload.last_seen == old
+    assert refresh_derived(store, ["d2"], T0) == 0
+    assert refresh_derived(store, ["d1"], T0) == 1
+    assert store.count(Filter(statuses=("active",))) == 3
+
+
+def test_cli_reindex_refuses_the_embedded_store(tmp_path: Path) -> None:
+    from kitune.cli import _register, app
+
+    _register()
+    res = CliRunner().invoke(app, ["reindex", "--from", "kitune-kis", "--config", str(_config(tmp_path))])
+    assert res.exit_code != 0 and "reindex needs store.type=elasticsearch" in res.output
+    res = CliRunner().invoke(app, ["reindex", "--help"])
+    assert res.exit_code == 0 and "--from" in res.output

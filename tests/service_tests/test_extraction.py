@@ -17,7 +17,7 @@ from kitune.ki import KI, ki_id
 from kitune.programs.fact_extractor import FactExtractor
 from kitune.retrieval.base import WriteResult
 from kitune.retrieval.memory import MemoryStore
-from kitune.schema import Document
+from kitune.schema import Document, Filter
 from kitune.service.extraction import default_state_path, extract_corpus, load_documents, read_state
 from kitune.usage import TokenLedger
 
@@ -331,6 +331,115 @@ def test_flush_interval_commits_each_finished_doc_so_a_crash_loses_little(tmp_pa
     state = tmp_path / "state.jsonl"
     seen_in_state: list[set[str]] = []
     cfg = _cfg(**{"extraction.write_batch_size": 256, "extraction.flush_interval_s": 0.0})
-    _run(DummyLM(_answers()), store, cfg, state, on_result=lambda r: seen_in_state.append(set(read_state(state))))
+    _run(
+        DummyLM(_answers()),
+        store,
+        cfg,
+        state,
+        on_result=lambda r: seen_in_state.append(set(read_state(state))),
+    )
     assert store.batches == [2, 2, 2, 2, 2, 2]
     assert seen_in_state[0] == {"d0"} and seen_in_state[2] == {"d0", "d1", "d2"}
+
+
+# -- lifecycle (issue 14) ---------------------------------------------------------------------
+
+
+def test_rerun_of_an_unchanged_corpus_refreshes_last_seen_without_llm_calls(tmp_path: Path) -> None:
+    """The reproduced bug: KIs extracted 15 days ago, same corpus re-run, sweep → all still active."""
+    from datetime import timedelta
+
+    from kitune.service.stores import expire_kis
+
+    store = MemoryStore()
+    state = tmp_path / "state.jsonl"
+    first = _run(DummyLM(_answers()), store, _cfg(), state)
+    assert first.kis_written == 12
+    later = NOW + timedelta(days=15)
+    lm = DummyLM([])  # any LM call would fail: there is no answer to give
+    with dspy.context(lm=lm):
+        second = extract_corpus(
+            DOCS,
+            store,
+            FactExtractor.from_config(_cfg()),
+            cfg=_cfg(),
+            state_path=state,
+            progress=False,
+            now=later,
+        )
+    assert lm.history == []
+    assert (second.docs_done, second.docs_skipped, second.docs_changed, second.kis_refreshed) == (0, 6, 0, 12)
+    assert {k.payload.last_seen for k in store.iter_kis()} == {later}
+    swept = expire_kis(store, now=later + timedelta(days=1), stale_after=timedelta(days=7))
+    assert (swept.stale, swept.expired) == (0, 0)
+    assert store.count(Filter(statuses=("active",))) == 12
+
+
+def test_changed_document_is_re_extracted_and_a_gone_document_starts_its_clock(tmp_path: Path) -> None:
+    from datetime import timedelta
+
+    from kitune.service.stores import expire_kis
+
+    store = MemoryStore()
+    state = tmp_path / "state.jsonl"
+    _run(DummyLM(_answers()), store, _cfg(), state)
+    lines = [json.loads(line) for line in state.read_text().splitlines()]
+    assert all(len(line["hash"]) == 32 for line in lines)
+    later = NOW + timedelta(days=10)
+    changed = Document(docid="d0", text=DOCS[0].text + " Company0 was renamed.")
+    corpus = [changed, *DOCS[1:5]]  # d5 left the corpus
+    lm = DummyLM(_answers())
+    with dspy.context(lm=lm):
+        report = extract_corpus(
+            corpus,
+            store,
+            FactExtractor.from_config(_cfg()),
+            cfg=_cfg(),
+            state_path=state,
+            progress=False,
+            now=later,
+        )
+    assert len(lm.history) == 1  # only the changed d0 went to the model
+    assert (report.docs_done, report.docs_skipped, report.docs_changed, report.kis_refreshed) == (1, 4, 1, 8)
+    seen = {k.evidence_doc_ids[0]: k.payload.last_seen for k in store.iter_kis()}
+    assert seen == {**{f"d{i}": later for i in range(5)}, "d5": NOW}
+    swept = expire_kis(store, now=NOW + timedelta(days=15), stale_after=timedelta(days=7))
+    assert (swept.stale, swept.expired) == (0, 2)  # d5's two KIs: unseen 15 days > 2 x 7
+    assert {k.evidence_doc_ids[0] for k in store.iter_kis(Filter(statuses=("expired",)))} == {"d5"}
+    assert store.count() == 12  # nothing deleted
+
+
+def test_derived_kis_are_kept_while_their_evidence_documents_exist(tmp_path: Path) -> None:
+    from datetime import timedelta
+
+    from kitune.testing.store_contract import make_ki
+
+    store = MemoryStore()
+    old = NOW - timedelta(days=20)
+    present = make_ki("Company1", "Company2", docid="d1", subtype="disambiguation", last_seen=old)
+    present.evidence_doc_ids = ["d1", "d2"]
+    gone = make_ki("Company1", "Company9", docid="d1", subtype="disambiguation", last_seen=old)
+    gone.evidence_doc_ids = ["d1", "d9"]
+    source = make_ki("Corpus", "Widgets", docid="d3", subtype="source_description", last_seen=old)
+    store.upsert([present, gone, source])
+    report = _run(DummyLM(_answers()), store, _cfg(), None)
+    assert report.derived_refreshed == 2
+    assert store.get(present.id).payload.last_seen == NOW
+    assert store.get(source.id).payload.last_seen == NOW
+    assert store.get(gone.id).payload.last_seen == old
+    # "age": derived KIs are only refreshed when re-written
+    store2 = MemoryStore()
+    store2.upsert([present])
+    aged = _run(DummyLM(_answers()), store2, _cfg(**{"lifecycle.derived_retention": "age"}), None)
+    assert aged.derived_refreshed == 0 and store2.get(present.id).payload.last_seen == old
+
+
+def test_state_written_before_hashes_counts_as_unchanged(tmp_path: Path) -> None:
+    store = MemoryStore()
+    state = tmp_path / "state.jsonl"
+    _run(DummyLM(_answers()), store, _cfg(), state)
+    legacy = [json.loads(line) for line in state.read_text().splitlines()]
+    state.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "hash"}) + "\n" for r in legacy))
+    lm = DummyLM([])
+    report = _run(lm, store, _cfg(), state)
+    assert lm.history == [] and (report.docs_skipped, report.kis_refreshed) == (6, 12)

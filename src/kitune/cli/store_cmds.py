@@ -1,7 +1,7 @@
-"""Store commands: ``kitune index``, ``kitune expire``, ``kitune stats``.
+"""Store commands: ``kitune index``, ``kitune expire``, ``kitune stats``, ``kitune reindex``.
 
-``kitune index``, ``kitune expire``, ``kitune stats``: load KIs into the configured store, run
-the lifecycle sweep, and count what the store holds.
+Load KIs into the configured store, run the lifecycle sweep, count what the store holds, and
+move an Elasticsearch store to the current mapping.
 """
 
 from __future__ import annotations
@@ -102,20 +102,22 @@ def expire(
 ) -> None:
     """Run the KI lifecycle sweep on the configured store.
 
-    KIs unseen (not re-extracted) for lifecycle.stale_after_days (default 7) become stale; unseen
-    for twice that, or past their expires_at, they become expired. Expired KIs are left out of
-    retrieval unless a filter asks for them. Status only moves forward; re-indexing a KI makes it
-    active again. Use --now to replay the sweep at another time.
+    KIs unseen (not re-extracted, and their document not seen unchanged by `kitune extract`) for
+    lifecycle.stale_after_days (default 7) become stale; unseen for twice that, or past their
+    expires_at, they become expired. Disambiguation and source-description KIs use
+    lifecycle.derived_stale_after_days. Only active KIs are served unless a filter asks for more.
+    Status only moves forward and nothing is deleted; re-seeing a KI makes it active again. Running
+    it twice changes nothing the second time. Use --now to replay the sweep at another time.
 
     Example: kitune expire --now 2026-12-31
     """
-    from kitune.service.stores import expire_kis, stale_after_from
+    from kitune.service.stores import expire_kis, retention_from, stale_after_from
 
     cfg, store = _open_store(config)
     window = timedelta(days=stale_after_days) if stale_after_days is not None else stale_after_from(cfg)
     when = _parse_now(now)
     try:
-        result = expire_kis(store, now=when, stale_after=window)
+        result = expire_kis(store, now=when, stale_after=window, retention=retention_from(cfg))
     except KituneError as e:
         fail(str(e))
     finally:
@@ -181,6 +183,38 @@ def stats(
         out.print(table)
 
 
+def reindex(
+    source: Annotated[
+        str, typer.Option("--from", help="The old Elasticsearch index to copy KIs from.", show_default=False)
+    ],
+    config: ConfigOption = None,
+) -> None:
+    """Create the configured Elasticsearch index with the current mapping and copy every KI into it.
+
+    Use it after an upgrade changes the published mapping: set store.index to a NEW name in the
+    config, run this with --from the old index, check the counts, then delete the old index.
+    The old index is only read; KIs keep their status and last_seen. Exit code 1 when any KI
+    failed to copy.
+
+    Example: kitune reindex --from kitune-kis --config kitune.yaml   (store.index: kitune-kis-v2)
+    """
+    from kitune.service.stores import reindex_elasticsearch
+
+    cfg = get_config(config)
+    try:
+        result = reindex_elasticsearch(cfg, source)
+    except KituneError as e:
+        fail(str(e))
+    typer.echo(
+        f"reindex {source} → {getattr(cfg.store, 'index', '?')}: {result.submitted} read, "
+        f"{result.indexed} indexed, {len(result.failed)} failed"
+    )
+    for f in result.failed[:20]:
+        console.print(f"[red]failed {f.id}:[/] {f.reason}")
+    if not result.ok:
+        raise typer.Exit(1)
+
+
 def _help(func: object) -> str:
     """The docstring with each paragraph joined into one line, so Typer reflows it to the terminal."""
     import inspect
@@ -194,3 +228,4 @@ def register(app: typer.Typer) -> None:
     app.command("index", help=_help(index))(index)
     app.command("expire", help=_help(expire))(expire)
     app.command("stats", help=_help(stats))(stats)
+    app.command("reindex", help=_help(reindex))(reindex)

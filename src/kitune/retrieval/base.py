@@ -9,7 +9,18 @@ Cross-backend rules (every implementation, checked by ``kitune.testing.store_con
   always; one bad KI never aborts its siblings.
 * **Ordering**: search results are best first; ``score`` is higher-is-better and comparable
   only within one result list. Ties break by KI id ascending, so results are deterministic.
-* **Filters**: expired KIs are excluded unless the plan's filter asks for them.
+* **Filters**: ``search`` serves only ``active`` KIs unless the plan's filter names its
+  ``statuses`` (or ``retrieval.serve_stale`` is set, which adds ``stale``); ``count``/``iter_kis``
+  apply the filter as given (a default :class:`~kitune.schema.Filter` excludes expired only).
+* **Lifecycle**: status moves only by ``sweep`` (forward: active → stale → expired, by
+  ``last_seen`` age, per-subtype windows), ``set_status``, or a re-sighting (``upsert`` of the KI,
+  or ``mark_seen``), which sets ``last_seen`` and makes it ``active`` again. Nothing in the
+  lifecycle deletes a KI; ``sweep`` is idempotent for a given ``now``.
+* **Fingerprint**: ``fingerprint()`` is an opaque string that changes after every write that
+  changes stored KIs (``upsert`` of ≥ 1 KI, ``delete`` that removed one, ``set_status``/``sweep``
+  that changed one, ``mark_seen`` that found one) and never after reads. Equal strings from one
+  store mean no KI was written in between. Backends may also change it on maintenance (LanceDB
+  compaction) — a false "changed", never a false "unchanged".
 * **Copies**: returned KIs are copies; mutating them never changes the store.
 * **Thread safety**: one instance may be shared by threads (reads concurrent with one writer);
   a second process may read the same on-disk store.
@@ -19,7 +30,7 @@ Cross-backend rules (every implementation, checked by ``kitune.testing.store_con
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
@@ -167,8 +178,33 @@ class Store(Protocol):
         """Set ``payload.status`` on every KI passing ``filters``. Returns how many changed."""
         ...
 
-    def sweep(self, now: datetime, stale_after: timedelta) -> SweepResult:
-        """Mark KIs unseen for ``stale_after`` stale and for twice that expired (or past expires_at)."""
+    def sweep(
+        self, now: datetime, stale_after: timedelta, *, retention: Mapping[str, timedelta] | None = None
+    ) -> SweepResult:
+        """Move KIs forward: unseen for their window → stale, for twice it (or past expires_at) → expired.
+
+        Args:
+            now: the reference time, UTC.
+            stale_after: the window of every subtype not in ``retention``.
+            retention: payload subtype → its own window (e.g. ``{"disambiguation": 30 days}``).
+
+        Status only; never deletes; a second sweep with the same ``now`` changes nothing.
+        """
+        ...
+
+    def mark_seen(self, ki_ids: Sequence[str], now: datetime) -> int:
+        """Record a re-sighting without re-writing the KIs: ``last_seen = now``, status ``active``.
+
+        Unknown ids are ignored. Returns how many KIs were found and refreshed.
+        """
+        ...
+
+    def fingerprint(self) -> str:
+        """An opaque string that changes whenever a KI is written (see the module docstring)."""
+        ...
+
+    def optimize(self) -> None:
+        """Fold pending writes into the indices (compaction); call after a bulk load. May be a no-op."""
         ...
 
     def close(self) -> None:
@@ -196,7 +232,9 @@ class CorpusStore(Protocol):
         """Insert or replace documents by ``docid`` (chunking them)."""
         ...
 
-    def search(self, query: str, *, k: int = 10, snippets_per_hit: int = 3, snippet_chars: int = 700) -> list[CorpusHit]:
+    def search(
+        self, query: str, *, k: int = 10, snippets_per_hit: int = 3, snippet_chars: int = 700
+    ) -> list[CorpusHit]:
         """Return at most ``k`` documents, best first, each with its best snippets."""
         ...
 

@@ -1,22 +1,20 @@
-"""Elasticsearch 9.x KI store: the backend users scale out to.
+"""Elasticsearch KI store (8.18+; one FORK/FUSE query on 9.2+): the backend users scale out to.
 
-Imports the ``elasticsearch`` client lazily (``pip install 'kitune[elasticsearch]'``). Pure
-helpers carry the logic and are unit-tested against golden files without a server:
+Imports the ``elasticsearch`` client lazily (``pip install 'kitune[elasticsearch]'``). What is
+sent is built by the pure helpers in :mod:`kitune.retrieval.es_query` (mapping, filters, ES|QL;
+unit-tested against golden files and Elastic's ES|QL grammar without a server). Here:
 
-* :func:`es_mapping` — ``title`` as ``text``, ``description`` as ``semantic_text`` on the
-  configured inference endpoint, tags/ids as ``keyword``, the full KI kept in a disabled object.
-* :func:`to_es_filter` — a :class:`~kitune.schema.Filter` as a Query DSL ``bool`` filter.
 * :func:`bulk_operations`, :func:`bulk_write` — bulk bodies and a writer that inspects every
   item (``errors: true`` arrives with HTTP 200), retries only 429 items with bounded
   exponential backoff, never retries 4xx mapping errors, and returns a
   :class:`~kitune.retrieval.base.WriteResult` with ``indexed + failed == submitted`` (case S1).
-* :func:`compile_esql` — ONE ES|QL query: ``FROM … METADATA _id, _index, _score``, a status
-  filter, ``FORK`` with up to three branches (tags, ``MATCH`` on title, ``MATCH`` on the
-  semantic description), each ``SORT _score DESC | LIMIT n``, then ``FUSE RRF`` with the
-  configured constant and weights, ``SORT _score DESC`` and an explicit ``LIMIT`` (case S4).
-  Every user/LLM value travels as a named ES|QL parameter; only validated integers, the
-  configured index name and config numbers are written into the text.
-* :func:`compile_facets` — the second ``STATS COUNT(*) BY …`` query for facets.
+* :func:`wrap_es_error` — every client error becomes a kitune store error carrying the HTTP
+  status and Elasticsearch's reason (:class:`ElasticsearchRequestError`), or
+  :class:`~kitune.errors.StoreUnavailableError` when no response came back.
+* :class:`ElasticsearchStore` — start-up reads the cluster version (``GET /``): 9.2+ (and
+  Serverless) run one FORK/FUSE query, 8.18–9.1 run each branch alone and fuse client-side with
+  :func:`~kitune.retrieval.fusion.rrf_fuse` (same constant, weights and ranks), older clusters
+  get a :class:`~kitune.errors.ConfigError` naming the minimum.
 
 Start-up check (case S2): ``GET _inference/<id>`` must succeed before any index is created;
 otherwise :class:`~kitune.errors.ConfigError` says "inference endpoint <id> not found" and no
@@ -25,371 +23,89 @@ index exists.
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
-from typing import Any
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
 
 from pydantic import ValidationError
 
 from kitune.config import ElasticsearchStoreConfig, RetrievalConfig
-from kitune.errors import ConfigError, DocumentNotFoundError, StoreError, StoreUnavailableError
+from kitune.errors import ConfigError, DocumentNotFoundError
 from kitune.ki import KI, KIStatus
 from kitune.retrieval.base import Hit, SearchResult, SweepResult, WriteFailure, WriteResult
-from kitune.retrieval.fusion import aggregate
-from kitune.retrieval.memory import effective_filter, validate_ki
+from kitune.retrieval.es_client import (
+    ElasticsearchRequestError,
+    bulk_operations,
+    bulk_write,
+    wrap_es_error,
+)
+from kitune.retrieval.es_query import (
+    BACKEND,
+    EsqlQuery,
+    check_index_name,
+    compile_branch_queries,
+    compile_esql,
+    compile_facets,
+    es_mapping,
+    esql_mode,
+    facet_column,
+    ki_to_source,
+    parse_version,
+    parse_warnings,
+    source_to_ki,
+    stats_fingerprint,
+    sweep_queries,
+    to_es_filter,
+)
+from kitune.retrieval.fusion import aggregate, branch_weights, rrf_fuse
+from kitune.retrieval.memory import validate_ki
 from kitune.schema import Filter, QueryPlan
 
 __all__ = [
+    "ElasticsearchRequestError",
     "ElasticsearchStore",
     "EsqlQuery",
     "bulk_operations",
     "bulk_write",
+    "compile_branch_queries",
     "compile_esql",
     "compile_facets",
     "es_mapping",
     "ki_to_source",
     "parse_warnings",
     "source_to_ki",
+    "sweep_queries",
     "to_es_filter",
+    "wrap_es_error",
 ]
-
-BACKEND = "elasticsearch"
-_INDEX_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,254}$")
-_FACET_FIELDS = {"tags": "tags", "doc": "evidence_doc_ids", "status": "status", "subtype": "subtype"}
-
-
-@dataclass(frozen=True)
-class EsqlQuery:
-    """An ES|QL request: the query text, its named parameters and an optional DSL pre-filter."""
-
-    query: str
-    params: list[dict[str, Any]] = field(default_factory=list)
-    """Named parameters, ``[{"name": value}, …]``, in order of first use."""
-    filter: dict[str, Any] | None = None
-    """Query DSL applied before the ES|QL query runs (non-scoring)."""
-    branches: tuple[str, ...] = ()
-    """Branch names in FORK order (``fork1`` is the first)."""
-
-    def to_json(self) -> dict[str, Any]:
-        """The request body as a JSON-able dict."""
-        body: dict[str, Any] = {"query": self.query, "params": self.params}
-        if self.filter is not None:
-            body["filter"] = self.filter
-        return body
-
-
-def check_index_name(index: str) -> str:
-    """Return ``index`` if it is a valid lowercase index name.
-
-    Raises:
-        ConfigError: the name has characters outside ``a-z0-9._-`` or starts badly.
-    """
-    if not _INDEX_RE.match(index):
-        raise ConfigError(f"store.index {index!r} is not a valid index name: use lowercase a-z0-9 . _ -")
-    return index
-
-
-def es_mapping(inference_id: str) -> dict[str, Any]:
-    """The KI index mapping (``semantic_text`` description on ``inference_id``)."""
-    return {
-        "dynamic": "strict",
-        "properties": {
-            "id": {"type": "keyword"},
-            "title": {"type": "text"},
-            "description": {"type": "semantic_text", "inference_id": inference_id},
-            "tags": {"type": "keyword"},
-            "evidence_doc_ids": {"type": "keyword"},
-            "status": {"type": "keyword"},
-            "subtype": {"type": "keyword"},
-            "confidence": {"type": "integer"},
-            "last_seen": {"type": "date"},
-            "expires_at": {"type": "date"},
-            "prompt_version": {"type": "keyword"},
-            "ki": {"type": "object", "enabled": False},
-        },
-    }
-
-
-def ki_to_source(ki: KI) -> dict[str, Any]:
-    """The document body for one KI (flat fields for search plus the full KI under ``ki``)."""
-    data = ki.model_dump(mode="json")
-    return {
-        "id": ki.id,
-        "title": ki.title,
-        "description": ki.description,
-        "tags": list(ki.tags),
-        "evidence_doc_ids": list(ki.evidence_doc_ids),
-        "status": ki.payload.status,
-        "subtype": ki.payload.subtype,
-        "confidence": ki.payload.confidence,
-        "last_seen": data["payload"]["last_seen"],
-        "expires_at": data["payload"]["expires_at"],
-        "prompt_version": ki.prompt_version,
-        "ki": data,
-    }
-
-
-def source_to_ki(source: Mapping[str, Any]) -> KI:
-    """Rebuild the KI from a stored document; ``status`` comes from its field (update-by-query)."""
-    ki = KI.model_validate(source["ki"])
-    ki.payload.status = source.get("status", ki.payload.status)
-    return ki
-
-
-def to_es_filter(f: Filter | None, *, include_status: bool = True) -> dict[str, Any] | None:
-    """Translate a filter into a Query DSL ``bool`` filter (pure; values go in as terms).
-
-    Args:
-        f: the filter, or None for no filtering.
-        include_status: also filter on ``statuses`` (the search puts statuses in the ES|QL text).
-
-    Returns:
-        ``{"bool": {"filter": [...]}}`` or None when nothing is filtered.
-    """
-    if f is None:
-        return None
-    clauses: list[dict[str, Any]] = []
-    if include_status and f.statuses and set(f.statuses) != {"active", "stale", "expired"}:
-        clauses.append({"terms": {"status": list(f.statuses)}})
-    clauses.extend({"term": {"tags": t}} for t in f.tags_all)
-    if f.tags_any:
-        clauses.append({"terms": {"tags": list(f.tags_any)}})
-    if f.doc_ids:
-        clauses.append({"terms": {"evidence_doc_ids": list(f.doc_ids)}})
-    if f.subtypes:
-        clauses.append({"terms": {"subtype": list(f.subtypes)}})
-    if f.min_confidence > 0:
-        clauses.append({"range": {"confidence": {"gte": f.min_confidence}}})
-    return {"bool": {"filter": clauses}} if clauses else None
-
-
-def bulk_operations(index: str, docs: Sequence[tuple[str, Mapping[str, Any]]]) -> list[dict[str, Any]]:
-    """Bulk body for ``(id, source)`` pairs: one ``index`` action (replace by id) + source each."""
-    ops: list[dict[str, Any]] = []
-    for doc_id, source in docs:
-        ops.append({"index": {"_index": index, "_id": doc_id}})
-        ops.append(dict(source))
-    return ops
-
-
-def _item_outcome(item: Mapping[str, Any]) -> tuple[int, str]:
-    action = next(iter(item.values())) if item else {}
-    status = int(action.get("status", 0))
-    error = action.get("error")
-    if isinstance(error, Mapping):
-        reason = f"{error.get('type', 'error')}: {error.get('reason', '')}".strip()
-    else:
-        reason = str(error or "")
-    return status, reason
-
-
-def bulk_write(
-    client: Any,
-    index: str,
-    docs: Sequence[tuple[str, Mapping[str, Any]]],
-    *,
-    chunk_size: int = 500,
-    max_retries: int = 5,
-    backoff_s: float = 0.5,
-    max_backoff_s: float = 30.0,
-    refresh: str | bool | None = None,
-    sleep: Callable[[float], None] = time.sleep,
-) -> WriteResult:
-    """Bulk-index ``docs`` in chunks, checking every item.
-
-    * 2xx items count as indexed; 429 items (and whole-request 429s) are retried up to
-      ``max_retries`` times, waiting ``min(backoff_s * 2**attempt, max_backoff_s)`` seconds;
-    * any other failure (400 mapping errors, 404, …) is reported at once, never retried;
-    * a chunk that fails for a non-429 reason reports all its documents; later chunks still run.
-
-    Returns:
-        ``WriteResult`` with ``indexed + len(failed) == len(docs)``.
-
-    Raises:
-        StoreUnavailableError: the cluster cannot be reached at all.
-    """
-    from elasticsearch import ApiError, TransportError
-
-    indexed = 0
-    failed: list[WriteFailure] = []
-    for start in range(0, len(docs), chunk_size):
-        pending = list(docs[start : start + chunk_size])
-        attempt = 0
-        while pending:
-            retry: list[tuple[str, Mapping[str, Any]]] = []
-            last_reason = "es_rejected_execution_exception"
-            try:
-                resp = client.bulk(operations=bulk_operations(index, pending), refresh=refresh)
-                body = resp.body if hasattr(resp, "body") else resp
-                items = list(body.get("items", []))
-                for pos, (doc_id, source) in enumerate(pending):
-                    if pos >= len(items):
-                        failed.append(WriteFailure(id=doc_id, reason="no item in the bulk response"))
-                        continue
-                    status, reason = _item_outcome(items[pos])
-                    if 200 <= status < 300:
-                        indexed += 1
-                    elif status == 429:
-                        retry.append((doc_id, source))
-                        last_reason = reason
-                    else:
-                        failed.append(
-                            WriteFailure(id=doc_id, reason=reason or f"status {status}", status=status)
-                        )
-            except ApiError as e:
-                if e.meta.status == 429:
-                    retry = pending
-                    last_reason = f"whole bulk request rejected: {e.message}"
-                else:
-                    failed.extend(
-                        WriteFailure(id=d, reason=f"bulk request failed: {e.message}", status=e.meta.status)
-                        for d, _ in pending
-                    )
-            except TransportError as e:
-                raise StoreUnavailableError(
-                    f"Elasticsearch unreachable during bulk: {e}", backend=BACKEND
-                ) from e
-            if retry and attempt < max_retries:
-                sleep(min(backoff_s * (2**attempt), max_backoff_s))
-                attempt += 1
-            elif retry:
-                failed.extend(
-                    WriteFailure(id=d, reason=f"429 after {max_retries} retries: {last_reason}", status=429)
-                    for d, _ in retry
-                )
-                retry = []
-            pending = retry
-    return WriteResult(submitted=len(docs), indexed=indexed, failed=failed)
-
-
-def _params(prefix: str, values: Sequence[Any], params: list[dict[str, Any]]) -> list[str]:
-    names = []
-    for i, v in enumerate(values):
-        name = f"{prefix}{i}"
-        params.append({name: v})
-        names.append(f"?{name}")
-    return names
-
-
-def compile_esql(plan: QueryPlan, index: str, retrieval: RetrievalConfig) -> EsqlQuery:
-    """Compile a plan into one ES|QL hybrid query (see the module docstring).
-
-    A plan with one branch input skips FORK/FUSE (FORK needs two branches). Filters other than
-    status go in the DSL ``filter``; the configured confidence floor applies.
-
-    Raises:
-        StoreError: the plan has no branch input.
-    """
-    check_index_name(index)
-    if plan.is_empty():
-        raise StoreError(
-            "the query plan has no entity tags, lexical or semantic text: nothing to search", backend=BACKEND
-        )
-    flt = effective_filter(plan, retrieval)
-    params: list[dict[str, Any]] = []
-    n = int(retrieval.branch_size)
-    lines = [f"FROM {index} METADATA _id, _index, _score"]
-    statuses = list(flt.statuses) or ["active", "stale", "expired"]
-    lines.append(f"| WHERE status IN ({', '.join(_params('status', statuses, params))})")
-    branches: list[tuple[str, str]] = []
-    if plan.entity_tags:
-        tag_names = _params("tag", list(plan.entity_tags), params)
-        branches.append(("tag", " OR ".join(f"MATCH(tags, {p})" for p in tag_names)))
-    if plan.lexical.strip():
-        params.append({"lexical": plan.lexical})
-        branches.append(("lexical", "MATCH(title, ?lexical)"))
-    if plan.semantic.strip():
-        params.append({"semantic": plan.semantic})
-        branches.append(("semantic", "MATCH(description, ?semantic)"))
-    weights = {
-        "tag": retrieval.tag_weight,
-        "lexical": retrieval.lexical_weight,
-        "semantic": retrieval.semantic_weight,
-    }
-    if len(branches) == 1:
-        lines.append(f"| WHERE {branches[0][1]}")
-    else:
-        forks = [f"(WHERE {cond} | SORT _score DESC | LIMIT {n})" for _, cond in branches]
-        lines.append("| FORK " + "\n       ".join(forks))
-        options = {
-            "rank_constant": int(retrieval.rrf_k),
-            "weights": {f"fork{i + 1}": float(weights[name]) for i, (name, _) in enumerate(branches)},
-        }
-        lines.append(f"| FUSE RRF WITH {json.dumps(options)}")
-    lines.append("| SORT _score DESC")
-    lines.append("| KEEP _id, _score")
-    lines.append(f"| LIMIT {int(plan.size)}")
-    return EsqlQuery(
-        query="\n".join(lines),
-        params=params,
-        filter=to_es_filter(flt, include_status=False),
-        branches=tuple(name for name, _ in branches),
-    )
-
-
-def compile_facets(index: str, filters: Filter | None, by: str = "tags", limit: int = 100) -> EsqlQuery:
-    """The facet query: ``STATS n = COUNT(*) BY <field>`` over KIs passing ``filters``.
-
-    Args:
-        index: the KI index.
-        filters: conditions on the counted KIs (None: all).
-        by: ``tags``, ``doc``, ``status`` or ``subtype``.
-        limit: most groups returned (explicit LIMIT, case S4), 1–10000.
-
-    Raises:
-        StoreError: unknown ``by`` or ``limit`` out of range.
-    """
-    check_index_name(index)
-    if by not in _FACET_FIELDS:
-        raise StoreError(f"unknown facet {by!r}: use one of {', '.join(_FACET_FIELDS)}", backend=BACKEND)
-    if not 1 <= limit <= 10_000:
-        raise StoreError(f"facet limit {limit} out of range: use 1..10000", backend=BACKEND)
-    col = _FACET_FIELDS[by]
-    query = f"FROM {index}\n| STATS n = COUNT(*) BY {col}\n| SORT n DESC, {col} ASC\n| LIMIT {int(limit)}"
-    return EsqlQuery(query=query, params=[], filter=to_es_filter(filters))
-
-
-def parse_warnings(headers: Mapping[str, str] | None) -> tuple[bool, tuple[str, ...]]:
-    """Read ES|QL ``Warning`` headers.
-
-    Returns:
-        ``(truncated, warnings)``: truncated is True when a warning mentions a (default) LIMIT or
-        a result cap.
-    """
-    if not headers:
-        return False, ()
-    raw = [v for k, v in headers.items() if k.lower() == "warning"]
-    warnings: list[str] = []
-    for value in raw:
-        warnings.extend(p.strip() for p in re.split(r",\s*(?=\d{3}\s)", value) if p.strip())
-    truncated = any(re.search(r"limit|truncat|result window", w, re.IGNORECASE) for w in warnings)
-    return truncated, tuple(warnings)
 
 
 class ElasticsearchStore:
-    """Elasticsearch 9.x :class:`~kitune.retrieval.base.Store`.
+    """Elasticsearch :class:`~kitune.retrieval.base.Store` (8.18+; see the module docstring).
 
-    Fusion runs server-side (``FUSE``), so ``Hit.branches`` is empty; ``SearchResult.compiled`` is
-    the ES|QL text; aggregations are computed over the returned hits (as on every backend), and
-    :meth:`facets` runs the ``STATS … BY`` query over every matching KI.
+    On 9.2+ fusion runs server-side (``FUSE``), so ``Hit.branches`` is empty; on 8.18–9.1 each
+    branch is its own query and ``Hit.branches`` holds the per-branch ranks.
+    ``SearchResult.compiled`` is the ES|QL text (per-branch queries joined by a blank line);
+    aggregations are computed over the returned hits (as on every backend), and :meth:`facets`
+    runs the ``STATS … BY`` query over every matching KI.
 
     Args:
         client: an ``elasticsearch.Elasticsearch`` (or any object with the same methods).
         index: KI index name (created with :func:`es_mapping` if missing).
         inference_id: the ``semantic_text`` inference endpoint; must exist (case S2).
-        retrieval: RRF constant, branch weights and size, confidence floor.
+        retrieval: RRF constant, branch weights and size, confidence floor, serve_stale.
         bulk_chunk_size: documents per bulk request.
         max_retries: retries of 429 items.
         refresh: ``refresh`` for writes (``"wait_for"`` makes writes visible before returning).
+        create_index: create the index if it is missing (False: it must exist).
 
     Raises:
-        ConfigError: the inference endpoint does not exist, or the index name is invalid.
+        ConfigError: the cluster is older than 8.18, the inference endpoint does not exist, or
+            the index name is invalid.
         StoreUnavailableError: the cluster cannot be reached.
+        ElasticsearchRequestError: the cluster answered a start-up request with an error.
     """
 
     backend = BACKEND
@@ -405,6 +121,7 @@ class ElasticsearchStore:
         max_retries: int = 5,
         refresh: str | bool = "wait_for",
         sleep: Callable[[float], None] = time.sleep,
+        create_index: bool = True,
     ) -> None:
         self.client = client
         self.index = check_index_name(index)
@@ -414,13 +131,26 @@ class ElasticsearchStore:
         self.max_retries = max_retries
         self.refresh = refresh
         self._sleep = sleep
-        self._preflight()
+        self.version: tuple[int, int, int] | None = None
+        """Cluster version read at start-up (None: Serverless)."""
+        self.esql_mode: Literal["fuse", "per_branch"] = "fuse"
+        """``fuse`` (9.2+: one FORK/FUSE query) or ``per_branch`` (8.18–9.1: client-side RRF)."""
+        self._preflight(create_index)
 
     @classmethod
     def from_config(
-        cls, cfg: ElasticsearchStoreConfig, *, retrieval: RetrievalConfig | None = None
+        cls,
+        cfg: ElasticsearchStoreConfig,
+        *,
+        retrieval: RetrievalConfig | None = None,
+        index: str | None = None,
     ) -> ElasticsearchStore:
         """Connect using the URL (and optional API key) in the env vars ``cfg`` names.
+
+        Args:
+            cfg: the store section.
+            retrieval: retrieval knobs.
+            index: overrides ``cfg.index`` (e.g. the old index of a reindex).
 
         Raises:
             ConfigError: the URL variable is unset, or see the class doc.
@@ -436,17 +166,30 @@ class ElasticsearchStore:
         client = Elasticsearch(url, api_key=api_key or None, request_timeout=30)
         return cls(
             client,
-            index=cfg.index,
+            index=index or cfg.index,
             inference_id=cfg.inference_id,
             retrieval=retrieval,
             bulk_chunk_size=cfg.bulk_chunk_size,
             max_retries=cfg.max_retries,
+            create_index=index is None,
         )
 
-    # -- start-up ----------------------------------------------------------------------------
-    def _preflight(self) -> None:
-        from elasticsearch import ApiError, NotFoundError, TransportError
+    def _call(self, what: str, fn: Callable[..., Any], **kwargs: Any) -> Any:
+        """Run one client call; every client error becomes a kitune store error (:func:`wrap_es_error`)."""
+        from elasticsearch import ApiError, TransportError
 
+        try:
+            return fn(**kwargs)
+        except (ApiError, TransportError) as e:
+            raise wrap_es_error(what, self.index, e) from e
+
+    # -- start-up ----------------------------------------------------------------------------
+    def _preflight(self, create_index: bool) -> None:
+        from elasticsearch import NotFoundError
+
+        info = self._call("GET / (version check)", self.client.info)
+        self.version = parse_version(info.body if hasattr(info, "body") else info)
+        self.esql_mode = esql_mode(self.version)
         try:
             self.client.inference.get(inference_id=self.inference_id)
         except NotFoundError as e:
@@ -454,14 +197,25 @@ class ElasticsearchStore:
                 f"inference endpoint {self.inference_id} not found: create it (PUT _inference/...) or set "
                 "store.inference_id to an existing endpoint; no index was created"
             ) from e
-        except TransportError as e:
-            raise StoreUnavailableError(f"Elasticsearch unreachable: {e}", backend=BACKEND) from e
-        try:
-            if not self.client.indices.exists(index=self.index):
-                self.client.indices.create(index=self.index, mappings=es_mapping(self.inference_id))
-        except ApiError as e:
-            if getattr(e, "error", "") != "resource_already_exists_exception":
-                raise StoreError(f"cannot create index {self.index}: {e.message}", backend=BACKEND) from e
+        except Exception as e:
+            from elasticsearch import ApiError, TransportError
+
+            if isinstance(e, (ApiError, TransportError)):
+                raise wrap_es_error(f"GET _inference/{self.inference_id}", self.index, e) from e
+            raise
+        if not self._call("indices.exists", self.client.indices.exists, index=self.index):
+            if not create_index:
+                raise ConfigError(f"index {self.index} does not exist: check the index name")
+            try:
+                self._call(
+                    "indices.create",
+                    self.client.indices.create,
+                    index=self.index,
+                    mappings=es_mapping(self.inference_id),
+                )
+            except ElasticsearchRequestError as e:
+                if e.error_type != "resource_already_exists_exception":
+                    raise
 
     # -- writes -------------------------------------------------------------------------------
     def upsert(self, kis: Sequence[KI]) -> WriteResult:
@@ -497,14 +251,22 @@ class ElasticsearchStore:
         ids = list(dict.fromkeys(ki_ids))
         if not ids:
             return 0
-        resp = self.client.delete_by_query(index=self.index, query={"ids": {"values": ids}}, refresh=True)
+        resp = self._call(
+            "delete_by_query",
+            self.client.delete_by_query,
+            index=self.index,
+            query={"ids": {"values": ids}},
+            refresh=True,
+        )
         return int(resp["deleted"])
 
     def set_status(self, filters: Filter, status: KIStatus) -> int:
         """Set ``status`` on every KI passing ``filters`` (update-by-query); returns how many changed."""
         base = to_es_filter(filters) or {"bool": {"filter": []}}
         query = {"bool": {"filter": [base], "must_not": [{"term": {"status": status}}]}}
-        resp = self.client.update_by_query(
+        resp = self._call(
+            "update_by_query",
+            self.client.update_by_query,
             index=self.index,
             query=query,
             refresh=True,
@@ -513,38 +275,63 @@ class ElasticsearchStore:
         )
         return int(resp["updated"])
 
-    def sweep(self, now: datetime, stale_after: timedelta) -> SweepResult:
-        """Expire, then mark stale, by ``last_seen``/``expires_at`` ranges (status only moves forward)."""
-        iso = now.isoformat()
-        expired_q = {
-            "bool": {
-                "must_not": [{"term": {"status": "expired"}}],
-                "should": [
-                    {"range": {"last_seen": {"lt": (now - 2 * stale_after).isoformat()}}},
-                    {"range": {"expires_at": {"lte": iso}}},
-                ],
-                "minimum_should_match": 1,
-            }
-        }
-        stale_q = {
-            "bool": {
-                "filter": [
-                    {"term": {"status": "active"}},
-                    {"range": {"last_seen": {"lt": (now - stale_after).isoformat()}}},
-                ]
-            }
-        }
-        out = []
-        for query, status in ((expired_q, "expired"), (stale_q, "stale")):
-            resp = self.client.update_by_query(
+    def sweep(
+        self, now: datetime, stale_after: timedelta, *, retention: Mapping[str, timedelta] | None = None
+    ) -> SweepResult:
+        """Expire, then mark stale, by ``last_seen``/``expires_at`` ranges, per subtype window.
+
+        Status only moves forward; nothing is deleted (see :func:`sweep_queries`).
+        """
+        expired = stale = 0
+        for query, status in sweep_queries(now, stale_after, retention):
+            resp = self._call(
+                "update_by_query",
+                self.client.update_by_query,
                 index=self.index,
                 query=query,
                 refresh=True,
                 conflicts="proceed",
                 script={"source": "ctx._source.status = params.status", "params": {"status": status}},
             )
-            out.append(int(resp["updated"]))
-        return SweepResult(stale=out[1], expired=out[0])
+            if status == "expired":
+                expired += int(resp["updated"])
+            else:
+                stale += int(resp["updated"])
+        return SweepResult(stale=stale, expired=expired)
+
+    def mark_seen(self, ki_ids: Sequence[str], now: datetime) -> int:
+        """Set ``last_seen = now`` and status ``active`` (update-by-query on ids); returns how many."""
+        ids = list(dict.fromkeys(ki_ids))
+        n = 0
+        seen = now.astimezone(UTC).isoformat().replace("+00:00", "Z")
+        for start in range(0, len(ids), 1000):
+            resp = self._call(
+                "update_by_query",
+                self.client.update_by_query,
+                index=self.index,
+                query={"ids": {"values": ids[start : start + 1000]}},
+                refresh=True,
+                conflicts="proceed",
+                script={
+                    "source": "ctx._source.status = 'active'; ctx._source.last_seen = params.now",
+                    "params": {"now": seen},
+                },
+            )
+            n += int(resp["updated"])
+        return n
+
+    def fingerprint(self) -> str:
+        """Hash of each primary shard's ``max_seq_no`` (plus the index uuid).
+
+        Every index, update and delete operation raises its shard's ``max_seq_no``, which never goes
+        back (restarts included), so any KI write changes the fingerprint; reads and merges do not.
+        """
+        resp = self._call("indices.stats", self.client.indices.stats, index=self.index, level="shards")
+        return stats_fingerprint(resp.body if hasattr(resp, "body") else resp, self.index)
+
+    def optimize(self) -> None:
+        """Nothing to do: Elasticsearch merges segments itself."""
+        return None
 
     # -- reads --------------------------------------------------------------------------------
     def get(self, ki_id: str) -> KI:
@@ -555,15 +342,21 @@ class ElasticsearchStore:
             resp = self.client.get(index=self.index, id=ki_id)
         except NotFoundError:
             raise DocumentNotFoundError(ki_id, backend=BACKEND) from None
+        except Exception as e:
+            from elasticsearch import ApiError, TransportError
+
+            if isinstance(e, (ApiError, TransportError)):
+                raise wrap_es_error("get", self.index, e) from e
+            raise
         return source_to_ki(resp["_source"])
 
     def count(self, filters: Filter | None = None) -> int:
         """Count KIs passing ``filters`` (all when None)."""
         query = to_es_filter(filters)
-        resp = (
-            self.client.count(index=self.index, query=query) if query else self.client.count(index=self.index)
-        )
-        return int(resp["count"])
+        kwargs: dict[str, Any] = {"index": self.index}
+        if query:
+            kwargs["query"] = query
+        return int(self._call("count", self.client.count, **kwargs)["count"])
 
     def iter_kis(self, filters: Filter | None = None, *, page_size: int = 1000) -> Iterator[KI]:
         """Yield KIs passing ``filters`` (all when None), by id ascending.
@@ -571,7 +364,9 @@ class ElasticsearchStore:
         Yield KIs by id ascending, paging with a point in time + ``search_after`` (never
         ``from + size``, case S4).
         """
-        pit = self.client.open_point_in_time(index=self.index, keep_alive="2m")["id"]
+        pit = self._call(
+            "open_point_in_time", self.client.open_point_in_time, index=self.index, keep_alive="2m"
+        )["id"]
         query = to_es_filter(filters) or {"match_all": {}}
         after: list[Any] | None = None
         try:
@@ -584,7 +379,7 @@ class ElasticsearchStore:
                 }
                 if after is not None:
                     kwargs["search_after"] = after
-                resp = self.client.search(**kwargs)
+                resp = self._call("search", self.client.search, **kwargs)
                 hits = resp["hits"]["hits"]
                 for h in hits:
                     yield source_to_ki(h["_source"])
@@ -593,50 +388,74 @@ class ElasticsearchStore:
                 after = hits[-1]["sort"]
                 pit = resp.get("pit_id", pit)
         finally:
-            self.client.close_point_in_time(id=pit)
+            self._call("close_point_in_time", self.client.close_point_in_time, id=pit)
+
+    def queries(self, plan: QueryPlan) -> list[EsqlQuery]:
+        """The ES|QL requests ``search`` sends for ``plan``: one on 9.2+, one per branch before."""
+        if plan.is_empty():
+            return []
+        if self.esql_mode == "fuse":
+            return [compile_esql(plan, self.index, self.retrieval)]
+        return compile_branch_queries(plan, self.index, self.retrieval)
 
     def compile(self, plan: QueryPlan) -> str:
-        """The ES|QL text ``search`` runs for ``plan`` (parameters shown by :func:`compile_esql`).
+        """The ES|QL text ``search`` runs for ``plan`` (per-branch queries joined by a blank line).
 
         Returns ``""`` for a plan with no branch input (nothing would run).
         """
-        if plan.is_empty():
-            return ""
-        return compile_esql(plan, self.index, self.retrieval).query
+        return "\n\n".join(q.query for q in self.queries(plan))
 
-    def search(self, plan: QueryPlan) -> SearchResult:
-        """Run the one ES|QL hybrid query, then fetch the KIs with ``mget``; ties break by id."""
-        t0 = time.perf_counter()
-        if plan.is_empty():
-            return SearchResult(hits=[], aggregations=aggregate([]), compiled="")
-        q = compile_esql(plan, self.index, self.retrieval)
+    def _esql(self, q: EsqlQuery) -> tuple[list[tuple[str, float]], tuple[str, ...], bool]:
         kwargs: dict[str, Any] = {"query": q.query, "params": q.params, "format": "json"}
         if q.filter is not None:
             kwargs["filter"] = q.filter
-        resp = self.client.esql.query(**kwargs)
+        resp = self._call("ES|QL query", self.client.esql.query, **kwargs)
         body = resp.body if hasattr(resp, "body") else resp
-        headers = getattr(getattr(resp, "meta", None), "headers", None)
-        truncated, warnings = parse_warnings(headers)
+        truncated, warnings = parse_warnings(getattr(getattr(resp, "meta", None), "headers", None))
         cols = [c["name"] for c in body.get("columns", [])]
         rows = [dict(zip(cols, v, strict=False)) for v in body.get("values", [])]
         scored = sorted(
             ((str(r["_id"]), float(r["_score"] or 0.0)) for r in rows), key=lambda p: (-p[1], p[0])
         )
+        return scored, warnings, truncated
+
+    def search(self, plan: QueryPlan) -> SearchResult:
+        """Run the hybrid query (FUSE, or per-branch + client RRF), then ``mget`` the KIs; ties by id."""
+        t0 = time.perf_counter()
+        queries = self.queries(plan)
+        if not queries:
+            return SearchResult(hits=[], aggregations=aggregate([]), compiled="")
+        warnings: list[str] = []
+        truncated = False
+        if self.esql_mode == "fuse":
+            scored, warns, truncated = self._esql(queries[0])
+            warnings += warns
+            ranked = [(i, s, {}) for i, s in scored]
+        else:
+            rankings: dict[str, list[str]] = {}
+            for q in queries:
+                rows, warns, cut = self._esql(q)
+                rankings[q.branches[0]] = [i for i, _ in rows]
+                warnings += warns
+                truncated = truncated or cut
+            r = self.retrieval
+            fused = rrf_fuse(rankings, branch_weights(r), r.rrf_k)[: plan.size]
+            ranked = [(f.id, f.score, f.branches) for f in fused]
         kis: dict[str, KI] = {}
-        if scored:
-            got = self.client.mget(index=self.index, ids=[i for i, _ in scored])
+        if ranked:
+            got = self._call("mget", self.client.mget, index=self.index, ids=[i for i, _, _ in ranked])
             kis = {d["_id"]: source_to_ki(d["_source"]) for d in got["docs"] if d.get("found")}
         hits = [
-            Hit(ki=kis[i], score=s, rank=rank)
-            for rank, (i, s) in enumerate(((i, s) for i, s in scored if i in kis), start=1)
+            Hit(ki=kis[i], score=s, rank=rank, branches=dict(b))
+            for rank, (i, s, b) in enumerate(((i, s, b) for i, s, b in ranked if i in kis), start=1)
         ]
         return SearchResult(
             hits=hits,
             aggregations=aggregate(h.ki for h in hits),
-            compiled=q.query,
+            compiled="\n\n".join(q.query for q in queries),
             took_ms=(time.perf_counter() - t0) * 1000,
             truncated=truncated,
-            warnings=warnings,
+            warnings=tuple(warnings),
         )
 
     def facets(self, filters: Filter | None = None, by: str = "tags", limit: int = 100) -> dict[str, int]:
@@ -645,12 +464,40 @@ class ElasticsearchStore:
         kwargs: dict[str, Any] = {"query": q.query, "format": "json"}
         if q.filter is not None:
             kwargs["filter"] = q.filter
-        body = self.client.esql.query(**kwargs)
+        body = self._call("ES|QL facets", self.client.esql.query, **kwargs)
         body = body.body if hasattr(body, "body") else body
         cols = [c["name"] for c in body.get("columns", [])]
-        return {
-            str(r[cols.index(_FACET_FIELDS[by])]): int(r[cols.index("n")]) for r in body.get("values", [])
-        }
+        col = facet_column(by)
+        return {str(r[cols.index(col)]): int(r[cols.index("n")]) for r in body.get("values", [])}
+
+    def reindex_from(self, source_index: str, *, page_size: int = 500) -> WriteResult:
+        """Copy every KI of ``source_index`` (any earlier kitune mapping) into this store's index.
+
+        Reads the old index by point in time (each document's ``ki`` object) and bulk-writes the
+        KIs with the current mapping's fields; status and ``last_seen`` are kept.
+
+        Raises:
+            ConfigError: ``source_index`` is this store's own index or an invalid name.
+        """
+        check_index_name(source_index)
+        if source_index == self.index:
+            raise ConfigError(f"reindex source and target are both {self.index}: pass the old index name")
+        old = ElasticsearchStore.__new__(ElasticsearchStore)
+        old.__dict__.update(self.__dict__)
+        old.index = source_index
+        submitted = indexed = 0
+        failed: list[WriteFailure] = []
+        batch: list[KI] = []
+        for ki in old.iter_kis(page_size=page_size):
+            batch.append(ki)
+            if len(batch) >= page_size:
+                r = self.upsert(batch)
+                submitted, indexed, failed = submitted + r.submitted, indexed + r.indexed, failed + r.failed
+                batch = []
+        if batch:
+            r = self.upsert(batch)
+            submitted, indexed, failed = submitted + r.submitted, indexed + r.indexed, failed + r.failed
+        return WriteResult(submitted=submitted, indexed=indexed, failed=failed)
 
     def close(self) -> None:
         """Close the client. Idempotent."""

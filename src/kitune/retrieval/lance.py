@@ -16,31 +16,30 @@ LanceDB 0.40 gotchas handled here (each has a test in ``tests/retrieval_tests/te
   the filter hits a scalar index raises ``TakeExec requires … _rowid``; every ordered query here
   selects its order column.
 * **Fragments.** Each commit adds a fragment and reads slow down until ``optimize()``: writes go
-  in batches of ``write_batch_size`` and the table is compacted once it has
-  ``compact_every_fragments`` fragments.
+  in batches of ``write_batch_size``; once the table has ``compact_every_fragments`` fragments a
+  background compactor (:mod:`kitune.retrieval.lance_maintenance`) compacts it in a quiet moment,
+  off the write path (``background_compaction=False``: inline, as before). Bulk loads call
+  :meth:`LanceStore.optimize` themselves. The ANN index is built by maintenance, never inside
+  an ``upsert``.
 * **Durability.** Lance commits are atomic (a version exists once its manifest is written), so a
   killed process never loses a committed batch and never exposes a half-written one. Lance does
   not fsync, so after every committed batch the new files and their folders are fsync'ed: a
   committed batch also survives power loss once ``upsert`` returns.
 
-Filters are pushed down as SQL ``where`` strings built only from validated values (statuses and
-subtypes from fixed sets, tags by regex, doc ids by a conservative regex), each quoted.
+Filters are pushed down as SQL ``where`` strings (:mod:`kitune.retrieval.lance_sql`).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from datetime import UTC, datetime, timedelta
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
 from pydantic import ValidationError
 
 from kitune.config import LanceStoreConfig, RetrievalConfig
@@ -49,114 +48,28 @@ from kitune.ki import KI, KIStatus
 from kitune.retrieval.base import Hit, SearchResult, SweepResult, WriteFailure, WriteResult
 from kitune.retrieval.embedders import Embedder, HashEmbedder
 from kitune.retrieval.fusion import aggregate, branch_weights, rrf_fuse
+from kitune.retrieval.lance_maintenance import CompactionStats, Compactor, retry_conflicts
+from kitune.retrieval.lance_search import branch_lexical, branch_semantic, branch_tag, compile_plan
+from kitune.retrieval.lance_sql import (
+    EPOCH,
+    SAFE_VALUE_RE,
+    STATUSES,
+    SUBTYPES,
+    check_table_schema,
+    filter_to_sql,
+    fsync_path,
+    ki_rows,
+    ki_schema,
+    micros,
+    sql_and,
+    sql_quote,
+)
 from kitune.retrieval.memory import effective_filter, validate_ki
 from kitune.schema import Filter, QueryPlan
 
 __all__ = ["LanceStore", "filter_to_sql", "ki_schema", "sql_quote"]
 
-_SAFE_VALUE_RE = re.compile(r"^[A-Za-z0-9._:/@+-]{1,256}$")
-_STATUSES = ("active", "stale", "expired")
-_SUBTYPES = ("dataset_fact", "disambiguation", "source_description")
-_ID_COLUMNS = ["id", "json", "status"]
-
-
-def ki_schema(dim: int) -> pa.Schema:
-    """The KI table schema for embeddings of ``dim`` floats (list fields named ``item``)."""
-    strings = pa.list_(pa.field("item", pa.string()))
-    return pa.schema(
-        [
-            pa.field("id", pa.string(), nullable=False),
-            pa.field("title", pa.string()),
-            pa.field("description", pa.string()),
-            pa.field("tags", strings),
-            pa.field("docids", strings),
-            pa.field("status", pa.string()),
-            pa.field("confidence", pa.int32()),
-            pa.field("subtype", pa.string()),
-            pa.field("last_seen_us", pa.int64()),
-            pa.field("expires_at_us", pa.int64()),
-            pa.field("json", pa.string()),
-            pa.field("vector", pa.list_(pa.float32(), dim)),
-        ]
-    )
-
-
-def sql_quote(value: str) -> str:
-    """Quote a validated value as a SQL string literal.
-
-    Raises:
-        StoreError: ``value`` has characters outside ``[A-Za-z0-9._:/@+-]`` or is empty/over 256
-            chars (ids, tags and doc ids never need more; LLM text never reaches SQL).
-    """
-    if not _SAFE_VALUE_RE.match(value):
-        raise StoreError(
-            f"refusing to put {value!r} into a LanceDB filter: ids, tags and doc ids may only use "
-            "A-Z a-z 0-9 . _ : / @ + - (at most 256 chars)",
-            backend="lancedb",
-        )
-    return "'" + value.replace("'", "''") + "'"
-
-
-def _sql_list(values: Sequence[str]) -> str:
-    return "[" + ", ".join(sql_quote(v) for v in values) + "]"
-
-
-def filter_to_sql(f: Filter | None) -> str | None:
-    """Translate a :class:`~kitune.schema.Filter` into a LanceDB SQL ``where`` string.
-
-    Returns:
-        The predicate, or None when nothing is filtered.
-
-    Raises:
-        StoreError: a status/subtype outside the known sets, or an unsafe tag or doc id.
-    """
-    if f is None:
-        return None
-    parts: list[str] = []
-    if f.statuses and set(f.statuses) != set(_STATUSES):
-        bad = [s for s in f.statuses if s not in _STATUSES]
-        if bad:
-            raise StoreError(f"unknown status {bad}: use active, stale or expired", backend="lancedb")
-        parts.append("status IN (" + ", ".join(sql_quote(s) for s in f.statuses) + ")")
-    if f.tags_all:
-        parts.append(f"array_has_all(tags, {_sql_list(f.tags_all)})")
-    if f.tags_any:
-        parts.append(f"array_has_any(tags, {_sql_list(f.tags_any)})")
-    if f.doc_ids:
-        parts.append(f"array_has_any(docids, {_sql_list(f.doc_ids)})")
-    if f.subtypes:
-        bad = [s for s in f.subtypes if s not in _SUBTYPES]
-        if bad:
-            raise StoreError(f"unknown subtype {bad}: use one of {', '.join(_SUBTYPES)}", backend="lancedb")
-        parts.append("subtype IN (" + ", ".join(sql_quote(s) for s in f.subtypes) + ")")
-    if f.min_confidence > 0:
-        parts.append(f"confidence >= {int(f.min_confidence)}")
-    return " AND ".join(f"({p})" for p in parts) or None
-
-
-def _and(*preds: str | None) -> str | None:
-    kept = [p for p in preds if p]
-    return " AND ".join(f"({p})" for p in kept) or None
-
-
-def _micros(dt: datetime) -> int:
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=UTC)
-    return int(dt.timestamp() * 1_000_000)
-
-
-def _fsync_path(path: Path, directory: bool = False) -> None:
-    flags = os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if directory else 0)
-    try:
-        fd = os.open(path, flags)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+_ID_COLUMNS = ["id", "json", "status", "last_seen_us"]
 
 
 class LanceStore:
@@ -204,6 +117,13 @@ class LanceStore:
         self._synced: set[str] = set()
         self._indexed_rows = -1
         self._has_fts = False
+        self._maintenance_versions: dict[int, int] = {}
+        self._sync_lock = threading.Lock()
+        self._maint_lock = threading.Lock()
+        self._writes = 0
+        self._compactor = Compactor(self._background_maintain, quiet_s=self.config.compaction_quiet_s)
+        self._maint_table: Any = None
+        self._stale_view = False
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             self._db = lancedb.connect(str(self.path), read_consistency_interval=read_consistency)
@@ -215,32 +135,13 @@ class LanceStore:
         name = self.config.table
         if name in names:
             self._table = self._db.open_table(name)
-            self._check_schema(self._table.schema)
+            check_table_schema(self._table.schema, self.config.table, self.path, self.embedder.dim)
             self._has_fts = any(tuple(i.columns) == ("title",) for i in self._table.list_indices())
         else:
             self._table = self._db.create_table(name, schema=self.schema)
             self._sync_files()
 
     # -- housekeeping -------------------------------------------------------------------------
-    def _check_schema(self, schema: pa.Schema) -> None:
-        for col in ("tags", "docids"):
-            field = schema.field(col).type
-            if pa.types.is_list(field) and field.value_field.name != "item":
-                raise StoreError(
-                    f"table {self.config.table!r} at {self.path} stores {col} as "
-                    f"list<{field.value_field.name}: string>, which silently disables the label-list "
-                    "index; re-create it (delete the folder and run `kitune index` again)",
-                    backend=self.backend,
-                )
-        vec = schema.field("vector").type
-        if vec.list_size != self.embedder.dim:
-            raise StoreError(
-                f"table {self.config.table!r} at {self.path} holds {vec.list_size}-dim vectors but the "
-                f"embedder makes {self.embedder.dim}-dim ones: set embedder.dim={vec.list_size} or use a "
-                "new store path",
-                backend=self.backend,
-            )
-
     @property
     def table_dir(self) -> Path:
         """The table's folder on disk."""
@@ -250,28 +151,34 @@ class LanceStore:
         """Fsync every file under the table folder not synced before, then every folder."""
         if not self.fsync:
             return
+        with self._sync_lock:
+            self._sync_files_locked()
+
+    def _sync_files_locked(self) -> None:
         root = self.table_dir
         for dirpath, _dirnames, filenames in os.walk(root):
             for fn in filenames:
                 full = os.path.join(dirpath, fn)
                 if full not in self._synced:
-                    _fsync_path(Path(full))
+                    fsync_path(Path(full))
                     self._synced.add(full)
-            _fsync_path(Path(dirpath), directory=True)
-        _fsync_path(self.path, directory=True)
+            fsync_path(Path(dirpath), directory=True)
+        fsync_path(self.path, directory=True)
 
     def fragment_count(self) -> int:
         """Number of data fragments (grows by one per commit until compaction)."""
         stats: Any = self._table.stats()
         return int(stats["fragment_stats"]["num_fragments"])
 
-    def _ensure_indices(self) -> None:
-        rows = self._table.count_rows()
-        if rows == 0 or rows == self._indexed_rows:
+    def _ensure_indices(self, *, ann: bool = False, table: Any = None) -> None:
+        """Create the missing scalar/FTS indices (cheap); with ``ann``, also the vector index (slow)."""
+        table = self._table if table is None else table
+        rows = table.count_rows()
+        if rows == 0 or (rows == self._indexed_rows and not ann):
             return
         from lancedb.index import FTS, Bitmap, BTree, LabelList
 
-        existing = {tuple(i.columns): i.index_type for i in self._table.list_indices()}
+        existing = {tuple(i.columns): i.index_type for i in table.list_indices()}
         wanted: list[tuple[str, Any]] = [
             ("id", BTree()),
             ("tags", LabelList()),
@@ -281,39 +188,86 @@ class LanceStore:
         ]
         for col, cfg in wanted:
             if (col,) not in existing:
-                self._table.create_index(col, config=cfg, replace=True)
-        if rows >= self.ann_min_rows and ("vector",) not in existing:
-            self._table.create_index(metric="cosine", vector_column_name="vector", index_type="IVF_HNSW_SQ")
+                retry_conflicts(lambda col=col, cfg=cfg: table.create_index(col, config=cfg, replace=True))
+        if ann and rows >= self.ann_min_rows and ("vector",) not in existing:
+            table.create_index(metric="cosine", vector_column_name="vector", index_type="IVF_HNSW_SQ")
         self._indexed_rows = rows
         self._has_fts = True
 
-    def optimize(self) -> None:
-        """Compact fragments and fold new rows into the indices (LanceDB ``optimize()``)."""
-        with self._write_lock:
-            self._ensure_indices()
-            self._table.optimize()
+    def _needs_maintenance(self) -> bool:
+        if self.fragment_count() >= self.config.compact_every_fragments:
+            return True
+        if self._table.count_rows() < self.ann_min_rows:
+            return False
+        return not any(tuple(i.columns) == ("vector",) for i in self._table.list_indices())
+
+    def _maintain(self, table: Any = None) -> None:
+        """Build the ANN index if due, compact and fold new rows into the indices (on ``table``)."""
+        table = self._table if table is None else table
+        with self._maint_lock:
+            writes, before = self._writes, int(table.version)
+            data_version = self._maintenance_versions.get(before, before)
+            self._ensure_indices(ann=True, table=table)
+            table.optimize()
+            if self._writes == writes:  # nothing was written meanwhile: this version holds the same KIs
+                self._maintenance_versions[int(table.version)] = data_version
             self._sync_files()
 
-    # -- writes -------------------------------------------------------------------------------
-    def _rows(self, kis: Sequence[KI]) -> pa.Table:
-        vectors = self.embedder.embed([k.description for k in kis])
-        cols: dict[str, list[Any]] = {name: [] for name in self.schema.names}
-        for ki, vec in zip(kis, vectors, strict=True):
-            cols["id"].append(ki.id)
-            cols["title"].append(ki.title)
-            cols["description"].append(ki.description)
-            cols["tags"].append(list(ki.tags))
-            cols["docids"].append(list(ki.evidence_doc_ids))
-            cols["status"].append(ki.payload.status)
-            cols["confidence"].append(ki.payload.confidence)
-            cols["subtype"].append(ki.payload.subtype)
-            cols["last_seen_us"].append(_micros(ki.payload.last_seen))
-            cols["expires_at_us"].append(_micros(ki.payload.expires_at) if ki.payload.expires_at else None)
-            cols["json"].append(ki.model_dump_json())
-            cols["vector"].append(np.asarray(vec, dtype=np.float32))
-        # explicit schema: list<item: string>, never list<element: string> (label-list index)
-        return pa.Table.from_pydict(cols, schema=self.schema)
+    def _background_maintain(self) -> None:
+        """The compactor's run: :meth:`_maintain` on a table handle of its own, without the write lock.
 
+        LanceDB serialises the operations of one table handle, so compacting through the writer's
+        handle would block its next upsert; a second handle does not. A concurrent write wins the
+        commit and this raises a retryable conflict, which the compactor retries.
+        """
+        if self._maint_table is None:
+            import lancedb
+
+            self._maint_table = lancedb.connect(str(self.path)).open_table(self.config.table)
+        else:
+            self._maint_table.checkout_latest()
+        self._maintain(self._maint_table)
+        self._stale_view = True  # the writer's handle moves to the compacted version on its next use
+
+    def _refresh_view(self) -> None:
+        if self._stale_view:
+            self._stale_view = False
+            self._table.checkout_latest()
+
+    def optimize(self) -> None:
+        """Compact fragments, build the ANN index if due and fold new rows into the indices, now.
+
+        Synchronous and exclusive (holds the write lock): call it after a bulk load so the first
+        queries are fast. Routine compaction happens in the background (see the module docstring).
+        """
+        with self._write_lock:
+            self._maintain()
+            self._compactor.cancel_pending()
+
+    @property
+    def compaction(self) -> CompactionStats:
+        """What the background compactor did: runs, preempted attempts, last duration."""
+        return self._compactor.stats
+
+    def wait_for_maintenance(self, timeout: float | None = None) -> bool:
+        """Block until no background compaction is pending (True) or ``timeout`` s pass (False).
+
+        On True, this instance reads the compacted version from then on.
+        """
+        done = self._compactor.wait(timeout)
+        if done:
+            with self._write_lock:
+                self._refresh_view()
+        return done
+
+    def _after_write(self) -> None:
+        """Bookkeeping after a committed write (caller holds the write lock)."""
+        self._writes += 1
+        self._compactor.wrote()
+        self._refresh_view()
+        self._sync_files()
+
+    # -- writes -------------------------------------------------------------------------------
     def upsert(self, kis: Sequence[KI]) -> WriteResult:
         """Insert or replace KIs by id, in committed batches of ``write_batch_size``.
 
@@ -341,12 +295,15 @@ class LanceStore:
             for start in range(0, len(items), batch_size):
                 batch = items[start : start + batch_size]
                 try:
-                    data = self._rows(batch)
-                    (
-                        self._table.merge_insert("id")
-                        .when_matched_update_all()
-                        .when_not_matched_insert_all()
-                        .execute(data)
+                    vectors = self.embedder.embed([k.description for k in batch])
+                    data = ki_rows(batch, vectors, self.schema)
+                    retry_conflicts(
+                        lambda data=data: (
+                            self._table.merge_insert("id")
+                            .when_matched_update_all()
+                            .when_not_matched_insert_all()
+                            .execute(data)
+                        )
                     )
                 except Exception as e:  # one failed commit reports its batch, never aborts the rest
                     failed.extend(
@@ -356,12 +313,19 @@ class LanceStore:
                     )
                     continue
                 written += sum(copies[k.id] for k in batch)
-                self._sync_files()
-                if self.fragment_count() >= self.config.compact_every_fragments:
-                    self.optimize()
+                self._after_write()
             if written:
                 self._ensure_indices()
+                self._schedule_maintenance()
         return WriteResult(submitted=len(kis), indexed=written, failed=failed)
+
+    def _schedule_maintenance(self) -> None:
+        if not self._needs_maintenance():
+            return
+        if self.config.background_compaction:
+            self._compactor.request()
+        else:
+            self.optimize()
 
     def delete(self, ki_ids: Sequence[str]) -> int:
         """Delete KIs by id; unknown ids are ignored. Returns how many were deleted."""
@@ -372,44 +336,98 @@ class LanceStore:
         with self._write_lock:
             n = self._table.count_rows(pred)
             if n:
-                self._table.delete(pred)
-                self._sync_files()
+                retry_conflicts(lambda: self._table.delete(pred))
+                self._after_write()
             return n
 
     def set_status(self, filters: Filter, status: KIStatus) -> int:
         """Set ``status`` on every KI passing ``filters``; returns how many changed."""
-        if status not in _STATUSES:
+        if status not in STATUSES:
             raise StoreError(f"unknown status {status!r}: use active, stale or expired", backend=self.backend)
-        pred = _and(filter_to_sql(filters), f"status != {sql_quote(status)}") or "true"
+        pred = sql_and(filter_to_sql(filters), f"status != {sql_quote(status)}") or "true"
         with self._write_lock:
-            result = self._table.update(where=pred, values={"status": status})
-            self._sync_files()
+            result = retry_conflicts(lambda: self._table.update(where=pred, values={"status": status}))
+            self._after_write()
         return int(result.rows_updated)
 
-    def sweep(self, now: datetime, stale_after: timedelta) -> SweepResult:
-        """Run the lifecycle sweep with two ``update(where=...)`` calls.
+    def sweep(
+        self, now: datetime, stale_after: timedelta, *, retention: Mapping[str, timedelta] | None = None
+    ) -> SweepResult:
+        """Run the lifecycle sweep with two ``update(where=...)`` calls per distinct window.
 
-        Expire KIs unseen for twice ``stale_after`` or past ``expires_at``, then mark KIs unseen
-        for ``stale_after`` stale. Status only moves forward.
+        Expire KIs unseen for twice their window or past ``expires_at``, then mark KIs unseen
+        for their window stale (window: ``retention[subtype]``, else ``stale_after``). Status only
+        moves forward; nothing is deleted.
         """
-        now_us = _micros(now)
-        stale_us = int(stale_after.total_seconds() * 1_000_000)
-        expire_pred = (
-            f"status != 'expired' AND (last_seen_us < {now_us - 2 * stale_us} "
-            f"OR (expires_at_us IS NOT NULL AND expires_at_us <= {now_us}))"
+        now_us = micros(now)
+        overrides = {k: v for k, v in (retention or {}).items() if k in SUBTYPES}
+        groups: list[tuple[str | None, timedelta]] = [
+            (f"subtype = {sql_quote(k)}", v) for k, v in sorted(overrides.items())
+        ]
+        rest = (
+            "subtype NOT IN (" + ", ".join(sql_quote(k) for k in sorted(overrides)) + ")"
+            if overrides
+            else None
         )
-        stale_pred = f"status = 'active' AND last_seen_us < {now_us - stale_us}"
+        groups.append((rest, stale_after))
+        expired = stale = 0
         with self._write_lock:
-            expired = self._table.update(where=expire_pred, values={"status": "expired"}).rows_updated
-            stale = self._table.update(where=stale_pred, values={"status": "stale"}).rows_updated
-            self._sync_files()
+            for subtype_pred, window in groups:
+                window_us = window // timedelta(microseconds=1)
+                expire_pred = sql_and(
+                    subtype_pred,
+                    f"status != 'expired' AND (last_seen_us < {now_us - 2 * window_us} "
+                    f"OR (expires_at_us IS NOT NULL AND expires_at_us <= {now_us}))",
+                )
+                stale_pred = sql_and(
+                    subtype_pred, f"status = 'active' AND last_seen_us < {now_us - window_us}"
+                )
+                expired += retry_conflicts(
+                    lambda p=expire_pred: self._table.update(where=p, values={"status": "expired"})
+                ).rows_updated
+                stale += retry_conflicts(
+                    lambda p=stale_pred: self._table.update(where=p, values={"status": "stale"})
+                ).rows_updated
+            self._after_write()
         return SweepResult(stale=int(stale), expired=int(expired))
+
+    def mark_seen(self, ki_ids: Sequence[str], now: datetime) -> int:
+        """Set ``last_seen = now`` and status ``active`` on the given KIs (column update, no re-embedding).
+
+        Returns how many KIs were found. Unknown or unsafe ids are ignored.
+        """
+        ids = [i for i in dict.fromkeys(ki_ids) if SAFE_VALUE_RE.match(i)]
+        n = 0
+        with self._write_lock:
+            for start in range(0, len(ids), 500):
+                pred = "id IN (" + ", ".join(sql_quote(i) for i in ids[start : start + 500]) + ")"
+                result = retry_conflicts(
+                    lambda pred=pred: self._table.update(
+                        where=pred, values={"status": "active", "last_seen_us": micros(now)}
+                    )
+                )
+                n += int(result.rows_updated)
+            self._after_write()
+        return n
+
+    def fingerprint(self) -> str:
+        """``lancedb:<table folder>@<version>``: the table version moves on every commit.
+
+        Versions made by this instance's own compaction (:meth:`optimize`) map back to the data
+        version they compacted, so compaction alone does not change the fingerprint.
+        """
+        version = int(self._table.version)
+        version = self._maintenance_versions.get(version, version)
+        return f"lancedb:{self.table_dir}@{version}"
 
     # -- reads --------------------------------------------------------------------------------
     @staticmethod
     def _to_ki(row: dict[str, Any]) -> KI:
         ki = KI.model_validate(json.loads(row["json"]))
         ki.payload.status = row["status"]  # status lives in its column (update-by-filter)
+        seen_us = row.get("last_seen_us")  # so does last_seen (mark_seen)
+        if seen_us is not None and micros(ki.payload.last_seen) != seen_us:
+            ki.payload.last_seen = EPOCH + timedelta(microseconds=int(seen_us))
         return ki
 
     def get(self, ki_id: str) -> KI:
@@ -442,7 +460,7 @@ class LanceStore:
         base = filter_to_sql(filters)
         last: str | None = None
         while True:
-            pred = _and(base, f"id > {sql_quote(last)}" if last is not None else None)
+            pred = sql_and(base, f"id > {sql_quote(last)}" if last is not None else None)
             query = self._table.search()
             if pred:
                 query = query.where(pred)
@@ -462,90 +480,25 @@ class LanceStore:
 
     def compile(self, plan: QueryPlan) -> dict[str, Any]:
         """The plan as this store runs it: per-branch SQL filters and the RRF settings (JSON-able)."""
-        r = self.retrieval
-        where = filter_to_sql(effective_filter(plan, r))
-        tag_pred = (
-            _and(where, f"array_has_any(tags, {_sql_list(plan.entity_tags)})") if plan.entity_tags else None
-        )
-        return {
-            "backend": self.backend,
-            "table": self.config.table,
-            "where": where,
-            "branches": {
-                "tag": {"where": tag_pred, "limit": r.branch_size} if plan.entity_tags else None,
-                "lexical": {"match": plan.lexical, "column": "title", "limit": r.branch_size}
-                if plan.lexical.strip()
-                else None,
-                "semantic": {
-                    "text": plan.semantic,
-                    "column": "vector",
-                    "metric": "cosine",
-                    "limit": r.branch_size,
-                }
-                if plan.semantic.strip()
-                else None,
-            },
-            "rrf_k": r.rrf_k,
-            "weights": branch_weights(r),
-            "size": plan.size,
-        }
-
-    def _branch_tag(self, plan: QueryPlan, where: str | None, n: int) -> list[str]:
-        from lancedb.query import ColumnOrdering
-
-        pred = _and(where, f"array_has_any(tags, {_sql_list(plan.entity_tags)})")
-        assert pred is not None
-        rows = (
-            self._table.search()
-            .where(pred)
-            .select(["id", "tags"])
-            .order_by([ColumnOrdering(column_name="id", ascending=True)])
-            .limit(max(n * 20, 200))
-            .to_list()
-        )
-        wanted = set(plan.entity_tags)
-        counted = sorted(((len(wanted & set(r["tags"])), r["id"]) for r in rows), key=lambda c: (-c[0], c[1]))
-        return [i for _, i in counted[:n]]
-
-    def _branch_lexical(self, plan: QueryPlan, where: str | None, n: int) -> list[str]:
-        from lancedb.query import MatchQuery
-
-        if not self._has_fts:  # another process may have built it since we opened the table
-            self._has_fts = any(tuple(i.columns) == ("title",) for i in self._table.list_indices())
-            if not self._has_fts:
-                return []
-        match = MatchQuery(plan.lexical, "title")  # type: ignore[call-arg]  # pydantic defaults
-        query = self._table.search(match, query_type="fts")
-        if where:
-            query = query.where(where, prefilter=True)
-        rows = query.select(["id", "_score"]).limit(n).to_list()
-        rows.sort(key=lambda r: (-float(r["_score"]), r["id"]))
-        return [r["id"] for r in rows]
-
-    def _branch_semantic(self, plan: QueryPlan, where: str | None, n: int) -> list[str]:
-        vec = self.embedder.embed([plan.semantic])[0]
-        search: Any = self._table.search(vec, vector_column_name="vector", query_type="vector")
-        query = search.distance_type("cosine")
-        if where:
-            query = query.where(where, prefilter=True)
-        rows = query.select(["id", "_distance"]).limit(n).to_list()
-        rows.sort(key=lambda r: (round(float(r["_distance"]), 6), r["id"]))
-        return [r["id"] for r in rows]
+        return compile_plan(plan, self.config.table, self.retrieval)
 
     def search(self, plan: QueryPlan) -> SearchResult:
         """Hybrid tag + BM25 + vector retrieval fused with weighted RRF in Python."""
         t0 = time.perf_counter()
+        self._refresh_view()
         r = self.retrieval
         where = filter_to_sql(effective_filter(plan, r))
         n = r.branch_size
         rankings: dict[str, list[str]] = {}
         if self._table.count_rows() > 0:
             if plan.entity_tags:
-                rankings["tag"] = self._branch_tag(plan, where, n)
+                rankings["tag"] = branch_tag(self._table, plan, where, n)
             if plan.lexical.strip():
-                rankings["lexical"] = self._branch_lexical(plan, where, n)
+                rankings["lexical"] = self._lexical(plan, where, n)
             if plan.semantic.strip():
-                rankings["semantic"] = self._branch_semantic(plan, where, n)
+                rankings["semantic"] = branch_semantic(
+                    self._table, self.embedder.embed([plan.semantic])[0], where, n
+                )
         fused = rrf_fuse(rankings, branch_weights(r), r.rrf_k)[: plan.size]
         kis = self._fetch([f.id for f in fused])
         hits = [
@@ -559,7 +512,15 @@ class LanceStore:
             took_ms=(time.perf_counter() - t0) * 1000,
         )
 
+    def _lexical(self, plan: QueryPlan, where: str | None, n: int) -> list[str]:
+        if not self._has_fts:  # another process may have built it since we opened the table
+            self._has_fts = any(tuple(i.columns) == ("title",) for i in self._table.list_indices())
+            if not self._has_fts:
+                return []
+        return branch_lexical(self._table, plan, where, n)
+
     def close(self) -> None:
-        """Flush (fsync) and release the table. Idempotent."""
+        """Let a background compaction in progress finish, flush (fsync) and release the table. Idempotent."""
+        self._compactor.close()
         with self._write_lock:
             self._sync_files()

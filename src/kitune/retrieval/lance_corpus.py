@@ -23,7 +23,8 @@ from kitune.errors import DocumentNotFoundError, StoreError, StoreUnavailableErr
 from kitune.retrieval.base import CorpusHit, WriteFailure, WriteResult
 from kitune.retrieval.embedders import Embedder, HashEmbedder
 from kitune.retrieval.fusion import chunk_text, rrf_fuse
-from kitune.retrieval.lance import _fsync_path, sql_quote
+from kitune.retrieval.lance_sql import fsync_path as _fsync_path
+from kitune.retrieval.lance_sql import sql_quote
 from kitune.retrieval.memory import group_chunks
 from kitune.schema import Document
 

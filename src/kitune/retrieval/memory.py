@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -31,9 +32,14 @@ __all__ = [
     "MemoryCorpusStore",
     "MemoryStore",
     "effective_filter",
+    "filter_triples",
     "group_chunks",
+    "passes",
     "sweep_status",
+    "tag_forms",
+    "tag_matches",
     "validate_ki",
+    "window_for",
 ]
 
 _STATUS_ORDER = {"active": 0, "stale": 1, "expired": 2}
@@ -49,21 +55,71 @@ def validate_ki(ki: KI) -> KI:
 
 
 def effective_filter(plan: QueryPlan, retrieval: RetrievalConfig) -> Filter:
-    """The plan's filter with the configured confidence floor applied (the higher floor wins)."""
+    """The filter a search applies: the plan's, with the serving statuses and confidence floor.
+
+    A plan whose filter does not set ``statuses`` is served ``active`` KIs only (plus ``stale``
+    ones when ``retrieval.serve_stale``); a filter that names its statuses gets exactly those.
+    The configured confidence floor applies when higher than the plan's.
+    """
     f = plan.filters
+    update: dict[str, Any] = {}
+    if "statuses" not in f.model_fields_set:
+        update["statuses"] = ("active", "stale") if retrieval.serve_stale else ("active",)
     if retrieval.confidence_floor > f.min_confidence:
-        return f.model_copy(update={"min_confidence": retrieval.confidence_floor})
-    return f
+        update["min_confidence"] = retrieval.confidence_floor
+    return f.model_copy(update=update) if update else f
 
 
-def sweep_status(ki: KI, now: datetime, stale_after: timedelta) -> KIStatus | None:
+def filter_triples(f: Filter) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``(subjects, predicates)`` a filter restricts the KI triple to (empty: no restriction).
+
+    Read from ``Filter.subjects`` / ``Filter.predicates`` when the schema has them.
+    """
+    return tuple(getattr(f, "subjects", ()) or ()), tuple(getattr(f, "predicates", ()) or ())
+
+
+def passes(f: Filter, ki: KI) -> bool:
+    """``f.evaluate(ki)`` plus the subject/predicate conditions of :func:`filter_triples` (exact match)."""
+    if not f.evaluate(ki):
+        return False
+    subjects, predicates = filter_triples(f)
+    props = ki.payload.properties
+    if subjects and props.subject not in subjects:
+        return False
+    return not (predicates and props.predicate not in predicates)
+
+
+def tag_forms(entity_tags: Sequence[str]) -> list[tuple[str, str]]:
+    """``(entity:<slug>, <slug>)`` per plan tag: the tag branch matches either form."""
+    return [(t, t.split(":", 1)[1]) for t in entity_tags]
+
+
+def tag_matches(forms: Sequence[tuple[str, str]], tags: Sequence[str]) -> int:
+    """How many plan entities a KI's tags name, as ``entity:<slug>`` or as the bare slug."""
+    have = set(tags)
+    return sum(1 for full, bare in forms if full in have or bare in have)
+
+
+def window_for(subtype: str, stale_after: timedelta, retention: Mapping[str, timedelta] | None) -> timedelta:
+    """The stale window of a KI subtype: ``retention[subtype]`` if given, else ``stale_after``."""
+    if retention and subtype in retention:
+        return retention[subtype]
+    return stale_after
+
+
+def sweep_status(
+    ki: KI, now: datetime, stale_after: timedelta, retention: Mapping[str, timedelta] | None = None
+) -> KIStatus | None:
     """Return the status a sweep moves ``ki`` to, or None when it stays.
 
-    The status a sweep moves ``ki`` to, or None when it stays. Status only moves forward
-    (active → stale → expired); a sweep never revives a KI.
+    Status only moves forward (active → stale → expired); a sweep never revives a KI. The window
+    is :func:`window_for` the KI's subtype.
     """
     target = lifecycle_status(
-        ki.payload.last_seen, now, stale_after=stale_after, expires_at=ki.payload.expires_at
+        ki.payload.last_seen,
+        now,
+        stale_after=window_for(ki.payload.subtype, stale_after, retention),
+        expires_at=ki.payload.expires_at,
     )
     if _STATUS_ORDER[target] > _STATUS_ORDER[ki.payload.status]:
         return target
@@ -91,6 +147,17 @@ class MemoryStore:
         self._vectors: dict[str, np.ndarray] = {}
         self._lock = threading.RLock()
         self._bm25: BM25 | None = None
+        self._instance = uuid.uuid4().hex[:12]
+        self._generation = 0
+
+    def fingerprint(self) -> str:
+        """``memory:<instance>:<writes>``; the counter grows on every write that changes a KI."""
+        with self._lock:
+            return f"memory:{self._instance}:{self._generation}"
+
+    def optimize(self) -> None:
+        """Nothing to compact."""
+        return None
 
     # -- writes -------------------------------------------------------------------------------
     def upsert(self, kis: Sequence[KI]) -> WriteResult:
@@ -115,6 +182,7 @@ class MemoryStore:
                     self._kis[ki_id] = ki
                     self._vectors[ki_id] = vec
                 self._bm25 = None
+                self._generation += 1
         return WriteResult(submitted=len(kis), indexed=len(good) + duplicates, failed=failed)
 
     def delete(self, ki_ids: Sequence[str]) -> int:
@@ -127,6 +195,7 @@ class MemoryStore:
                     n += 1
             if n:
                 self._bm25 = None
+                self._generation += 1
             return n
 
     def set_status(self, filters: Filter, status: KIStatus) -> int:
@@ -134,22 +203,39 @@ class MemoryStore:
         with self._lock:
             n = 0
             for ki in self._kis.values():
-                if filters.evaluate(ki) and ki.payload.status != status:
+                if passes(filters, ki) and ki.payload.status != status:
                     ki.payload.status = status
                     n += 1
+            self._generation += bool(n)
             return n
 
-    def sweep(self, now: datetime, stale_after: timedelta) -> SweepResult:
-        """Move KIs forward in their lifecycle (see :func:`sweep_status`)."""
+    def sweep(
+        self, now: datetime, stale_after: timedelta, *, retention: Mapping[str, timedelta] | None = None
+    ) -> SweepResult:
+        """Move KIs forward in their lifecycle (see :func:`sweep_status`); never deletes."""
         stale = expired = 0
         with self._lock:
             for ki in self._kis.values():
-                target = sweep_status(ki, now, stale_after)
+                target = sweep_status(ki, now, stale_after, retention)
                 if target is not None:
                     ki.payload.status = target
                     stale += target == "stale"
                     expired += target == "expired"
+            self._generation += bool(stale or expired)
         return SweepResult(stale=stale, expired=expired)
+
+    def mark_seen(self, ki_ids: Sequence[str], now: datetime) -> int:
+        """Set ``last_seen = now`` and status ``active`` on the given KIs; returns how many exist."""
+        with self._lock:
+            n = 0
+            for i in dict.fromkeys(ki_ids):
+                ki = self._kis.get(i)
+                if ki is not None:
+                    ki.payload.last_seen = now
+                    ki.payload.status = "active"
+                    n += 1
+            self._generation += bool(n)
+            return n
 
     # -- reads --------------------------------------------------------------------------------
     def get(self, ki_id: str) -> KI:
@@ -165,12 +251,12 @@ class MemoryStore:
         with self._lock:
             if filters is None:
                 return len(self._kis)
-            return sum(1 for ki in self._kis.values() if filters.evaluate(ki))
+            return sum(1 for ki in self._kis.values() if passes(filters, ki))
 
     def iter_kis(self, filters: Filter | None = None) -> Iterator[KI]:
         """Yield copies of KIs passing ``filters`` (all when None), by id ascending."""
         with self._lock:
-            ids = sorted(i for i, ki in self._kis.items() if filters is None or filters.evaluate(ki))
+            ids = sorted(i for i, ki in self._kis.items() if filters is None or passes(filters, ki))
         for i in ids:
             with self._lock:
                 ki = self._kis.get(i)
@@ -197,11 +283,11 @@ class MemoryStore:
         flt = effective_filter(plan, r)
         n = r.branch_size
         with self._lock:
-            pool = sorted(i for i, ki in self._kis.items() if flt.evaluate(ki))
+            pool = sorted(i for i, ki in self._kis.items() if passes(flt, ki))
             rankings: dict[str, list[str]] = {}
             if plan.entity_tags and pool:
-                wanted = set(plan.entity_tags)
-                counted = [(i, len(wanted & set(self._kis[i].tags))) for i in pool]
+                forms = tag_forms(plan.entity_tags)
+                counted = [(i, tag_matches(forms, self._kis[i].tags)) for i in pool]
                 counted = [c for c in counted if c[1] > 0]
                 counted.sort(key=lambda c: (-c[1], c[0]))
                 rankings["tag"] = [i for i, _ in counted[:n]]

@@ -7,9 +7,16 @@
   (:meth:`kitune.usage.TokenLedger.stage`) and a ``dspy.context(lm=...)`` set by the caller hold
   inside the workers. Results do not depend on the number of workers.
 * **Resume** — a JSONL state file gets one line per finished document
-  (``{"docid", "status", "kis", "error", "prompt_version", "at"}``). A rerun skips documents
+  (``{"docid", "status", "kis", "error", "prompt_version", "at", "hash"}``). A rerun skips documents
   whose last status is ``ok`` and retries ``failed`` ones. A truncated last line (a crash while
   writing) is ignored.
+* **Lifecycle** — ``hash`` is the document's content hash (:func:`content_hash`). A rerun
+  re-extracts an ``ok`` document whose hash changed; one whose hash is unchanged (or was never
+  recorded) is skipped with no LLM call and its KIs get ``last_seen = now``
+  (:func:`kitune.service.stores.refresh_documents`), so a stable corpus never goes stale. With
+  ``lifecycle.derived_retention = "while_evidence"``, disambiguation and source-description KIs
+  whose evidence documents are all in ``docs`` are refreshed too. KIs of documents absent from
+  ``docs`` are left alone: their clock runs from the last run that saw them.
 * **Commit before done** — KIs are buffered and written with ``store.upsert`` in batches of
   ``cfg.extraction.write_batch_size`` (or sooner, once ``cfg.extraction.flush_interval_s`` has
   passed since the last write, so a slow LLM never leaves hours of finished documents
@@ -27,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import hashlib
 import json
 import os
 import time
@@ -42,6 +50,7 @@ from kitune.errors import ConfigError, LMAuthError, StoreUnavailableError
 from kitune.ki import KI, utcnow
 from kitune.programs.fact_extractor import DocExtraction, FactExtractor
 from kitune.schema import Document
+from kitune.service.stores import refresh_derived, refresh_documents
 
 if TYPE_CHECKING:
     from kitune.config import KituneConfig
@@ -50,6 +59,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ExtractionReport",
+    "content_hash",
     "default_state_path",
     "extract_corpus",
     "load_documents",
@@ -70,7 +80,7 @@ class ExtractionReport:
     docs_failed: int
     """Documents recorded ``failed`` in this run (retried on the next run)."""
     docs_skipped: int
-    """Documents already ``ok`` in the state file (not re-extracted)."""
+    """Documents already ``ok`` in the state file with unchanged content (not re-extracted)."""
     kis_written: int
     """KIs the store accepted in this run."""
     write_failures: int = 0
@@ -97,6 +107,12 @@ class ExtractionReport:
     """The extractor's prompt version."""
     wall_s: float = 0.0
     """Wall time in seconds."""
+    docs_changed: int = 0
+    """Documents ``ok`` before whose content hash changed, re-extracted in this run."""
+    kis_refreshed: int = 0
+    """KIs of skipped (unchanged) documents whose ``last_seen`` was refreshed, without an LLM call."""
+    derived_refreshed: int = 0
+    """Disambiguation/source-description KIs refreshed because all their evidence documents are present."""
 
     @property
     def kis_per_doc(self) -> float:
@@ -109,6 +125,9 @@ class ExtractionReport:
             ("documents", str(self.docs_total)),
             ("done", str(self.docs_done)),
             ("skipped (already done)", str(self.docs_skipped)),
+            ("re-extracted (content changed)", str(self.docs_changed)),
+            ("KIs refreshed (unchanged docs)", str(self.kis_refreshed)),
+            ("derived KIs refreshed", str(self.derived_refreshed)),
             ("failed", str(self.docs_failed)),
             ("KIs written", str(self.kis_written)),
             ("KIs per doc", f"{self.kis_per_doc:.1f}"),
@@ -132,6 +151,31 @@ def default_state_path(cfg: KituneConfig, prompt_version: str) -> Path:
     """``<workdir>/extraction/<corpus>.<prompt version>.state.jsonl`` (one resume file per prompt)."""
     safe = prompt_version.replace("@", "-").replace("/", "-")
     return cfg.workdir / "extraction" / f"{cfg.corpus_name}.{safe}.state.jsonl"
+
+
+def content_hash(doc: Document) -> str:
+    """SHA-256 (first 32 hex chars) of a document's title and text: what decides "unchanged"."""
+    h = hashlib.sha256()
+    h.update((doc.title or "").encode("utf-8"))
+    h.update(b"\x1f")
+    h.update(doc.text.encode("utf-8"))
+    return h.hexdigest()[:32]
+
+
+def read_state_hashes(path: Path | None) -> dict[str, str]:
+    """Read a state file into ``docid → content hash`` of its last ``ok`` line with a hash."""
+    if path is None or not path.is_file():
+        return {}
+    hashes: dict[str, str] = {}
+    with path.open(encoding="utf-8") as fh:
+        for line in fh:
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(rec, dict) and rec.get("status") == "ok" and isinstance(rec.get("hash"), str):
+                hashes[str(rec.get("docid"))] = rec["hash"]
+    return hashes
 
 
 def read_state(path: Path | None) -> dict[str, str]:
@@ -178,7 +222,7 @@ class _StateWriter:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._fh = path.open("a", encoding="utf-8")
 
-    def write(self, docid: str, status: str, kis: int, error: str = "") -> None:
+    def write(self, docid: str, status: str, kis: int, error: str = "", content: str = "") -> None:
         if self._fh is None:
             return
         rec = {
@@ -189,6 +233,8 @@ class _StateWriter:
             "prompt_version": self.prompt_version,
             "at": utcnow().isoformat(),
         }
+        if content:
+            rec["hash"] = content
         self._fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
 
     def sync(self) -> None:
@@ -313,8 +359,10 @@ def extract_corpus(
     The caller scopes the LM (``with dspy.context(lm=...)``); it reaches the worker threads.
 
     Args:
-        docs: the corpus; repeated docids are extracted once (first wins).
-        store: any :class:`kitune.retrieval.base.Store`; only ``upsert`` is called.
+        docs: the corpus; repeated docids are extracted once (first wins). Documents not in it
+            are treated as gone (their KIs are not refreshed).
+        store: any :class:`kitune.retrieval.base.Store`: ``upsert`` for new KIs, ``iter_kis`` +
+            ``mark_seen`` for the KIs of unchanged documents (see the module docstring).
         extractor: the program (its limits and prompt version apply).
         cfg: ``cfg.extraction.concurrency`` and ``write_batch_size`` are used.
         ledger: token ledger the LM records into; calls made here are tagged stage ``extract``
@@ -339,7 +387,9 @@ def extract_corpus(
         first.setdefault(d.docid, d)
     unique = list(first.values())
     state = read_state(state_path)
-    todo = [d for d in unique if state.get(d.docid) != "ok"]
+    hashes = {d.docid: content_hash(d) for d in unique}
+    unchanged, changed = _unchanged_docs(unique, state, read_state_hashes(state_path), hashes)
+    todo = [d for d in unique if d.docid not in unchanged]
     skipped = len(unique) - len(todo)
     marker = ledger.snapshot() if ledger is not None else 0
     writer = _StateWriter(state_path, extractor.prompt_version)
@@ -374,7 +424,7 @@ def extract_corpus(
                 writer.write(res.docid, "failed", len(res.kis), reason)
             else:
                 done += 1
-                writer.write(res.docid, "ok", len(res.kis))
+                writer.write(res.docid, "ok", len(res.kis), content=hashes.get(res.docid, ""))
         writer.sync()
         buffer.clear()
         pending.clear()
@@ -398,6 +448,10 @@ def extract_corpus(
         if on_result is not None:
             on_result(res)
         bar.advance(finished, written + len(buffer), len(failed))
+
+    kis_refreshed = derived_refreshed = 0
+    if unchanged:
+        kis_refreshed = refresh_documents(store, sorted(unchanged), run_now)
 
     stage: contextlib.AbstractContextManager[None] = (
         ledger.stage("extract") if ledger is not None else contextlib.nullcontext()
@@ -436,6 +490,10 @@ def extract_corpus(
                     flush()
                 raise
             flush()
+        if written:
+            store.optimize()  # a run is a bulk load: compact and index before the first query
+        if cfg.lifecycle.derived_retention == "while_evidence":
+            derived_refreshed = refresh_derived(store, first, run_now)
     finally:
         bar.close()
         writer.close()
@@ -455,4 +513,27 @@ def extract_corpus(
         truncated=tuple(sorted(truncated)),
         prompt_version=extractor.prompt_version,
         wall_s=time.monotonic() - started,
+        docs_changed=len(changed),
+        kis_refreshed=kis_refreshed,
+        derived_refreshed=derived_refreshed,
     )
+
+
+def _unchanged_docs(
+    docs: Sequence[Document], state: dict[str, str], old_hashes: dict[str, str], hashes: dict[str, str]
+) -> tuple[set[str], set[str]]:
+    """Split the ``ok`` documents into unchanged (skip + refresh) and changed (re-extract).
+
+    A document ``ok`` in a state file written before hashes were recorded counts as unchanged.
+    """
+    unchanged: set[str] = set()
+    changed: set[str] = set()
+    for d in docs:
+        if state.get(d.docid) != "ok":
+            continue
+        old = old_hashes.get(d.docid)
+        if old is None or old == hashes[d.docid]:
+            unchanged.add(d.docid)
+        else:
+            changed.add(d.docid)
+    return unchanged, changed

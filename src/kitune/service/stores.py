@@ -1,13 +1,20 @@
 """Store operations shared by the CLI and the HTTP API.
 
 Store operations the CLI and the HTTP API share: load KIs from JSONL, run the lifecycle sweep,
-count KIs by status, tag and document.
+record re-sightings of documents (:func:`refresh_documents`, :func:`refresh_derived`), count KIs
+by status, tag and document.
+
+The lifecycle (DESIGN part 3): a KI's clock is its ``last_seen``. Extraction refreshes it for
+every KI of a document it sees again — re-extracted, or unchanged and skipped (no LLM call) — so
+the KIs of a document that left the corpus start ageing from the last run that saw it.
+Disambiguation and source-description KIs follow ``lifecycle.derived_retention``. The sweep
+moves status forward by age (stale after the window, expired after twice it); it never deletes.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -16,7 +23,7 @@ from typing import TYPE_CHECKING
 from pydantic import ValidationError
 
 from kitune.errors import DataError
-from kitune.ki import KI, utcnow
+from kitune.ki import DERIVED_SUBTYPES, KI, utcnow
 from kitune.retrieval.base import Store, SweepResult, WriteFailure, WriteResult
 from kitune.retrieval.fusion import aggregate
 from kitune.schema import Filter
@@ -31,6 +38,10 @@ __all__ = [
     "expire_kis",
     "index_jsonl",
     "iter_ki_jsonl",
+    "refresh_derived",
+    "refresh_documents",
+    "reindex_elasticsearch",
+    "retention_from",
     "stale_after_from",
     "store_stats",
 ]
@@ -159,6 +170,8 @@ def index_jsonl(store: Store, path: str | Path, *, batch_size: int = 512) -> Ind
         if len(batch) >= max(1, batch_size):
             flush()
     flush()
+    if indexed:
+        store.optimize()  # a bulk load folds its rows into the indices before the first query
     return IndexReport(
         path=str(path),
         lines=lines,
@@ -168,24 +181,83 @@ def index_jsonl(store: Store, path: str | Path, *, batch_size: int = 512) -> Ind
 
 
 def expire_kis(
-    store: Store, *, now: datetime | None = None, stale_after: timedelta = timedelta(days=7)
+    store: Store,
+    *,
+    now: datetime | None = None,
+    stale_after: timedelta = timedelta(days=7),
+    retention: Mapping[str, timedelta] | None = None,
 ) -> SweepResult:
-    """Run the lifecycle sweep on ``store``.
+    """Run the lifecycle sweep on ``store`` (status only, never deletes, idempotent).
 
-    Run the lifecycle sweep: unseen for ``stale_after`` → stale, for twice that (or past
-    ``expires_at``) → expired.
+    Unseen for the window → stale, for twice it (or past ``expires_at``) → expired.
 
     Args:
         store: the store to sweep.
         now: the reference time (UTC); default the current time.
         stale_after: the stale window (expiry is at twice this).
+        retention: subtype → its own window (see :func:`retention_from`).
     """
-    return store.sweep(now or utcnow(), stale_after)
+    return store.sweep(now or utcnow(), stale_after, retention=retention)
 
 
 def stale_after_from(cfg: KituneConfig) -> timedelta:
     """The configured stale window (``lifecycle.stale_after_days``)."""
     return timedelta(days=cfg.lifecycle.stale_after_days)
+
+
+def retention_from(cfg: KituneConfig) -> dict[str, timedelta]:
+    """Per-subtype windows for the sweep.
+
+    Disambiguation and source-description KIs get ``lifecycle.derived_stale_after_days``
+    (default: the same as ``stale_after_days``).
+    """
+    days = cfg.lifecycle.derived_stale_after_days or cfg.lifecycle.stale_after_days
+    return dict.fromkeys(DERIVED_SUBTYPES, timedelta(days=days))
+
+
+def refresh_documents(store: Store, docids: Iterable[str], now: datetime, *, chunk: int = 500) -> int:
+    """Record that documents were seen again unchanged: their dataset-fact KIs get ``last_seen = now``.
+
+    The no-LLM path for an unchanged document (same content hash): its KIs are re-activated as
+    if re-extracted. Disambiguation and source-description KIs are left to
+    :func:`refresh_derived`.
+
+    Args:
+        store: the KI store.
+        docids: documents seen unchanged.
+        now: the sighting time (UTC).
+        chunk: documents per store filter.
+
+    Returns:
+        How many KIs were refreshed.
+    """
+    ids = list(dict.fromkeys(docids))
+    n = 0
+    for start in range(0, len(ids), chunk):
+        flt = Filter(statuses=(), doc_ids=tuple(ids[start : start + chunk]), subtypes=("dataset_fact",))
+        ki_ids = [k.id for k in store.iter_kis(flt)]
+        if ki_ids:
+            n += store.mark_seen(ki_ids, now)
+    return n
+
+
+def refresh_derived(store: Store, corpus_docids: Iterable[str], now: datetime) -> int:
+    """Keep disambiguation and source-description KIs while their evidence documents exist.
+
+    Every such KI whose evidence documents are all in ``corpus_docids`` gets ``last_seen = now``;
+    one whose evidence lost a document is left alone, so its clock runs from the last run that
+    saw them all (then the sweep ages it with its own window).
+
+    Returns:
+        How many KIs were refreshed.
+    """
+    present = set(corpus_docids)
+    keep = [
+        k.id
+        for k in store.iter_kis(Filter(statuses=(), subtypes=DERIVED_SUBTYPES))
+        if k.evidence_doc_ids and set(k.evidence_doc_ids) <= present
+    ]
+    return store.mark_seen(keep, now) if keep else 0
 
 
 def store_stats(store: Store, *, top: int = 20) -> StoreStats:
@@ -203,3 +275,35 @@ def store_stats(store: Store, *, top: int = 20) -> StoreStats:
         by_doc=dict(list(aggs.by_doc.items())[:cut]),
         by_entity=dict(list(aggs.by_entity.items())[:cut]),
     )
+
+
+def reindex_elasticsearch(cfg: KituneConfig, source_index: str) -> WriteResult:
+    """Create ``cfg.store.index`` with the current mapping and copy every KI of ``source_index`` into it.
+
+    Args:
+        cfg: a config whose store is Elasticsearch; ``store.index`` names the NEW index.
+        source_index: the old index (any earlier kitune mapping; it is only read).
+
+    Returns:
+        The merged write result (``indexed + failed == submitted``).
+
+    Raises:
+        ConfigError: the store is not Elasticsearch, the source is the target, or see
+            :class:`kitune.retrieval.elasticsearch.ElasticsearchStore`.
+        StoreError: a request failed (with the HTTP status and Elasticsearch's reason).
+    """
+    from kitune.config import ElasticsearchStoreConfig
+    from kitune.errors import ConfigError
+
+    if not isinstance(cfg.store, ElasticsearchStoreConfig):
+        raise ConfigError(
+            f"reindex needs store.type=elasticsearch (the config has {cfg.store.type}): the embedded store "
+            "has no mapping to migrate"
+        )
+    from kitune.retrieval.elasticsearch import ElasticsearchStore
+
+    target = ElasticsearchStore.from_config(cfg.store, retrieval=cfg.retrieval)
+    try:
+        return target.reindex_from(source_index)
+    finally:
+        target.close()

@@ -271,7 +271,8 @@ class StoreContract:
         result = store.search(QueryPlan(entity_tags=("entity:marie-curie", "entity:warsaw"), size=10))
         ids = _ids(result)
         assert ids[0] == corpus["curie_born"].id  # carries both tags
-        assert set(ids) == {corpus["curie_born"].id, corpus["curie_prize"].id, corpus["stale"].id}
+        # the stale Pierre Curie KI also carries entity:marie-curie but is not served by default
+        assert set(ids) == {corpus["curie_born"].id, corpus["curie_prize"].id}
         assert [h.rank for h in result.hits] == list(range(1, len(ids) + 1))
         assert all(a.score >= b.score for a, b in zip(result.hits, result.hits[1:], strict=False))
         if self.reports_branch_ranks:
@@ -389,6 +390,141 @@ class StoreContract:
         store.upsert([seen])
         assert store.get(aging.id).payload.status == "active"
         assert store.sweep(T0 + timedelta(days=1), timedelta(days=7)).stale == 0
+
+    def test_search_serves_only_active_unless_the_filter_names_statuses(
+        self, store: Store, corpus: dict[str, KI]
+    ) -> None:
+        """Contract: stale KIs are not served by default; a filter naming statuses includes them."""
+        plan = QueryPlan(entity_tags=("entity:pierre-curie",), lexical="Pierre Curie married", size=10)
+        assert corpus["stale"].id not in _ids(store.search(plan))
+        with_stale = plan.model_copy(update={"filters": Filter(statuses=("active", "stale"))})
+        assert _ids(store.search(with_stale))[0] == corpus["stale"].id
+        # counting applies the filter as given: a default Filter still counts stale KIs
+        assert store.count(Filter()) == 5
+
+    def test_sweep_never_deletes_and_is_idempotent(self, store: Store, corpus: dict[str, KI]) -> None:
+        """Contract: the sweep changes status only, never deletes; repeating it changes nothing."""
+        later = T0 + timedelta(days=30)
+        first = store.sweep(later, timedelta(days=7))
+        assert (first.stale, first.expired) == (0, 5)  # 4 active + 1 stale, all unseen for 30 days
+        assert store.count() == 6
+        assert store.count(Filter(statuses=("expired",))) == 6
+        for ki in corpus.values():
+            got = store.get(ki.id)
+            assert got.title == ki.title and got.payload.last_seen == ki.payload.last_seen
+        again = store.sweep(later, timedelta(days=7))
+        assert (again.stale, again.expired) == (0, 0)
+        assert store.count() == 6
+
+    def test_sweep_uses_per_subtype_retention(self, store: Store) -> None:
+        """Contract: disambiguation/source-description KIs age with their own window."""
+        ten_days = T0 - timedelta(days=10)
+        fact = make_ki("Fact", "Ten days", last_seen=ten_days)
+        dis = make_ki("Dis", "Ten days", last_seen=ten_days, subtype="disambiguation")
+        src = make_ki("Src", "Ten days", last_seen=ten_days, subtype="source_description")
+        old_src = make_ki(
+            "Src", "Forty days", last_seen=T0 - timedelta(days=40), subtype="source_description"
+        )
+        store.upsert([fact, dis, src, old_src])
+        retention = {"disambiguation": timedelta(days=30), "source_description": timedelta(days=15)}
+        result = store.sweep(T0, timedelta(days=7), retention=retention)
+        assert (result.stale, result.expired) == (1, 1)
+        assert [store.get(k.id).payload.status for k in (fact, dis, src, old_src)] == [
+            "stale",
+            "active",
+            "active",
+            "expired",
+        ]
+        # without the override the disambiguation KI follows the default window
+        assert store.sweep(T0, timedelta(days=7)).stale == 2
+
+    def test_mark_seen_refreshes_and_revives(self, store: Store, corpus: dict[str, KI]) -> None:
+        """Contract: mark_seen sets last_seen and makes the KI active again, without re-writing it."""
+        later = T0 + timedelta(days=20)
+        store.sweep(later, timedelta(days=7))
+        old, louvre = corpus["old"], corpus["louvre"]
+        assert store.get(louvre.id).payload.status == "expired"
+        assert store.mark_seen([old.id, louvre.id, "ki-000000000000000000000000"], later) == 2
+        for ki in (old, louvre):
+            got = store.get(ki.id)
+            assert (got.payload.status, got.payload.last_seen) == ("active", later)
+            assert got.title == ki.title and got.payload.evidence == ki.payload.evidence
+        assert store.get(corpus["eiffel"].id).payload.status == "expired"
+        assert _ids(store.search(QueryPlan(lexical="Louvre museum", size=3)))[0] == louvre.id
+        assert store.sweep(later + timedelta(days=1), timedelta(days=7)) == store.sweep(
+            later + timedelta(days=1), timedelta(days=7)
+        )
+        assert store.get(louvre.id).payload.status == "active"
+        assert store.mark_seen([], later) == 0
+
+    def test_lifecycle_of_a_corpus_rerun(self, store: Store) -> None:
+        """Contract: the re-run scenario of issue 14 with store primitives.
+
+        Six KIs seen 15 days ago; the corpus is seen again with d1 unchanged and d2 gone: d1's
+        facts and the disambiguation whose evidence is all present are refreshed, the rest expire.
+        """
+        seen = T0 - timedelta(days=15)
+        d1 = [make_ki(f"Alpha {i}", "One", docid="d1", last_seen=seen) for i in range(3)]
+        d2 = [make_ki("Beta", "Two", docid="d2", last_seen=seen)]
+        dis_ok = make_ki("Alpha 0", "Gamma", docid="d1", last_seen=seen, subtype="disambiguation")
+        dis_ok.evidence_doc_ids = ["d1", "d3"]
+        dis_gone = make_ki("Alpha 1", "Beta", docid="d1", last_seen=seen, subtype="disambiguation")
+        dis_gone.evidence_doc_ids = ["d1", "d2"]
+        assert store.upsert([*d1, *d2, dis_ok, dis_gone]).ok
+        corpus_now = {"d1", "d3"}
+        facts = [
+            k.id for k in store.iter_kis(Filter(statuses=(), doc_ids=("d1",), subtypes=("dataset_fact",)))
+        ]
+        assert sorted(facts) == sorted(k.id for k in d1)
+        assert store.mark_seen(facts, T0) == 3
+        derived = [
+            k.id
+            for k in store.iter_kis(Filter(statuses=(), subtypes=("disambiguation", "source_description")))
+            if set(k.evidence_doc_ids) <= corpus_now
+        ]
+        assert derived == [dis_ok.id]
+        store.mark_seen(derived, T0)
+        result = store.sweep(T0, timedelta(days=7))
+        assert (result.stale, result.expired) == (0, 2)
+        status = {k.id: k.payload.status for k in store.iter_kis()}
+        assert status == {
+            **dict.fromkeys(facts, "active"),
+            dis_ok.id: "active",
+            d2[0].id: "expired",
+            dis_gone.id: "expired",
+        }
+        assert store.count() == 6
+
+    def test_fingerprint_changes_on_every_write_and_never_on_reads(
+        self, store: Store, corpus: dict[str, KI]
+    ) -> None:
+        """Contract: fingerprint() moves on upsert/delete/status change/mark_seen, not on reads."""
+        fp = store.fingerprint()
+        assert isinstance(fp, str) and fp
+        store.search(QueryPlan(lexical="Paris", semantic="Paris", size=3))
+        store.get(corpus["eiffel"].id)
+        store.count(Filter())
+        list(store.iter_kis())
+        store.compile(QueryPlan(lexical="Paris"))
+        assert store.fingerprint() == fp
+        seen = {fp}
+
+        def changed() -> None:
+            now = store.fingerprint()
+            assert now not in seen, "fingerprint did not change after a write"
+            seen.add(now)
+            assert store.fingerprint() == now  # stable while nothing is written
+
+        store.upsert([make_ki("New", "Fact")])
+        changed()
+        assert store.set_status(Filter(doc_ids=("d2",)), "stale") == 2
+        changed()
+        assert store.sweep(T0 + timedelta(days=30), timedelta(days=7)).expired > 0
+        changed()
+        assert store.mark_seen([corpus["eiffel"].id], T0) == 1
+        changed()
+        assert store.delete([corpus["louvre"].id]) == 1
+        changed()
 
     # -- concurrency -------------------------------------------------------------------------
     def test_concurrent_reads_with_one_writer(self, store: Store, corpus: dict[str, KI]) -> None:
