@@ -90,6 +90,8 @@ class Trace:
     evidence_recall: float | None = None
     """|seen ∩ evidence| / |evidence| in 0.0–1.0; None when the question has no evidence docs."""
     errors: list[str] = field(default_factory=list)
+    category: str = ""
+    """The question's category (e.g. ``"temporal"``), empty when the dataset has none."""
 
     @property
     def is_graded(self) -> bool:
@@ -195,6 +197,7 @@ def build_trace(question: Question, skill: str, episode: Episode, *, judge: Judg
         evidence_docids=list(question.evidence_docids),
         evidence_recall=evidence_recall(episode.doc_ids_seen, question.evidence_docids),
         errors=list(episode.errors),
+        category=question.category,
     )
 
 
@@ -211,4 +214,5 @@ def failed_trace(question: Question, skill: str, error: str, *, wall_time_s: flo
         evidence_recall=evidence_recall((), question.evidence_docids),
         wall_time_s=round(wall_time_s, 4),
         errors=[error],
+        category=question.category,
     )
