@@ -11,6 +11,7 @@ import pytest
 from kitune.data.dialogue import (
     annotate_dates,
     chunk_session,
+    dialogue_tags,
     format_date,
     indexed_units,
     ki_turn_ids,
@@ -181,3 +182,26 @@ def test_real_locomo_sessions() -> None:
     assert turn_indexed_view(first["text"], date_text=first["date"]).endswith(
         '- [D1:3] "yesterday" = 7 May 2023\n- [D1:14] "last year" = 2022'
     )
+
+
+def test_dialogue_tags_are_valid_ki_tags_and_read_back() -> None:
+    from kitune.ki import KI
+
+    tags = dialogue_tags(SESSION, ["support group yesterday", "Hey Mel!", "nowhere"])
+    assert tags == ["d1-3", "d1-1", "session-2023-05-08"]
+    ki = KI.from_fact(
+        docid="26001",
+        title="Caroline went to an LGBTQ support group on 7 May 2023",
+        description="Caroline said she went to an LGBTQ support group the day before the session.",
+        subject="Caroline",
+        predicate="attended",
+        obj="LGBTQ support group",
+        evidence=["support group yesterday"],
+        confidence=80,
+        tags=tags,
+    )
+    assert ki_turn_ids(ki.model_dump(mode="json"), {"26001": SESSION}) == {
+        ("26001", "D1:3"),
+        ("26001", "D1:1"),
+    }
+    assert dialogue_tags("Plain prose. Another.", ["Plain prose."]) == []

@@ -33,6 +33,7 @@ __all__ = [
     "Unit",
     "annotate_dates",
     "chunk_session",
+    "dialogue_tags",
     "format_date",
     "indexed_units",
     "ki_turn_ids",
@@ -330,6 +331,32 @@ def turn_indexed_view(text: str, *, date_text: str = "") -> str:
         if notes:
             lines += ["", "Relative dates resolved against the session date:", *notes]
     return "\n".join(lines)
+
+
+def dialogue_tags(text: str, spans: Iterable[str], *, date_text: str = "") -> list[str]:
+    """KI tags carrying a fact's evidence turns and session date (valid KI tags, plain form).
+
+    ``d3-5`` for each turn an evidence span quotes (document order, read back by
+    :func:`ki_turn_ids`), then ``session-2023-05-08`` for the session date when known.
+
+    Args:
+        text: the dialogue document (or chunk) the spans were checked against.
+        spans: the fact's verbatim evidence spans.
+        date_text: the session date (``Document.metadata["date"]``); default: from the header.
+
+    Returns:
+        The tags, unique; ``[]`` for prose (no turns) when no date is known.
+    """
+    turns: dict[str, None] = {}
+    for span in spans:
+        for t in turns_for_span(text, span):
+            if t.startswith("D"):
+                turns.setdefault("d" + t[1:].replace(":", "-"), None)
+    out = list(turns)
+    session = parse_session(text, date_text=date_text)
+    if session.turns and session.date is not None:
+        out.append(f"session-{session.date.isoformat()}")
+    return out
 
 
 def _strings(value: Any) -> Iterable[str]:
