@@ -118,12 +118,17 @@ def test_bad_reply_overflow_and_lm_error_are_episodes_not_raises() -> None:
     )
     runner = FullContextRunner(model, conv, doc_ids=["1001"])
     bad, as_tool, overflow, down = (runner.run("q") for _ in range(4))
-    assert bad.status == "failed" and bad.steps[0].kind == "invalid" and "unparseable" in bad.errors[0]
+    # a bad reply is the model's mistake (graded wrong, no judge call), not an outage
+    assert bad.status == "budget_exhausted" and bad.steps[0].kind == "invalid"
+    assert "unparseable" in bad.errors[0] and bad.exhausted_by == "steps" and bad.timed_out
     assert bad.exact_answer == "" and bad.input_tokens == 100  # usage still counted
-    assert as_tool.status == "failed" and "has no tools" in as_tool.errors[0]
+    graded = build_trace(Question("q", "?", "x"), "full-context", bad, judge=lambda **k: 1 / 0)
+    assert (graded.judge_status, graded.judge_correct) == ("graded", False)
+    assert as_tool.status == "budget_exhausted" and "has no tools" in as_tool.errors[0]
     assert (
         overflow.status == "context_overflow" and overflow.doc_ids_seen == () and overflow.input_tokens == 0
     )
+    assert overflow.errors == ("step 1: context window exceeded: too long",)
     assert (
         down.status == "failed" and down.steps[0].kind == "lm_error" and "LMRateLimitError" in down.errors[0]
     )
@@ -214,15 +219,20 @@ def test_run_eval_full_context_judges_after_all_answers(tmp_path: Path) -> None:
 
 
 def test_judge_pending_rules() -> None:
-    q = {
-        x.query_id: x
-        for x in [Question("a", "?", "yes"), Question("b", "?", "yes"), Question("c", "?", "yes")]
-    }
+    q = {x: Question(x, "?", "yes") for x in "abcd"}
     base = dict(skill="full-context", question="?", gold_answer="yes")
     traces = [
-        Trace(query_id="a", exact_answer="yes", **base),
-        Trace(query_id="b", exact_answer="", status="failed", **base),
-        Trace(query_id="c", exact_answer="yes", judge_status="graded", judge_correct=False, **base),
+        Trace(query_id="a", exact_answer="yes", status="answered", **base),
+        Trace(query_id="b", exact_answer="", status="budget_exhausted", **base),
+        Trace(
+            query_id="c",
+            exact_answer="yes",
+            status="answered",
+            judge_status="graded",
+            judge_correct=False,
+            **base,
+        ),
+        Trace(query_id="d", exact_answer="", status="failed", **base),
     ]
 
     def boom(**kw):
@@ -233,6 +243,7 @@ def test_judge_pending_rules() -> None:
         ("graded", True),
         ("graded", False),  # no answer is wrong, without a judge call
         ("graded", False),  # already judged: untouched
+        ("not_run", None),  # failed (its LLM calls failed): never graded
     ]
     errs = judge_pending(list(q.values()), traces[:1], boom)
     assert errs[0].judge_status == "grader_error" and errs[0].judge_error == "RuntimeError: judge down"

@@ -16,9 +16,11 @@ replaces that prefix, which is why the service judges full-context runs after al
 from the traces: the first question's latency against the later ones'.
 
 Each question is one call with the agent's JSON answer format
-(:data:`kitune.evaluation.protocol.ANSWER_FORMAT`); tokens come from the provider's usage. A
-reply that is not an answer is a ``failed`` episode (no retry: one call per question is the
-arm's definition); a context that does not fit is ``context_overflow``.
+(:data:`kitune.evaluation.protocol.ANSWER_FORMAT`); tokens come from the provider's usage. The
+arm's budget is that one call (no retry), so a reply that is not an answer is the model's
+mistake, graded wrong: ``budget_exhausted`` with no answer (``exhausted_by="steps"``). A
+context that does not fit is ``context_overflow`` (also graded wrong); an LM failure after the
+LM layer's retries (outage, auth, timeout) is ``failed`` and is not graded.
 """
 
 from __future__ import annotations
@@ -177,16 +179,18 @@ class FullContextRunner:
         """Ask once.
 
         Returns:
-            ``answered`` with the parsed answer; ``failed`` when the reply is not an answer or
-            the call raised an :class:`LMError`; ``context_overflow`` when the conversation does
-            not fit the model's context. Never raises for those.
+            ``answered`` with the parsed answer; ``budget_exhausted`` (no answer, step kind
+            ``invalid``) when the reply is not an answer; ``context_overflow`` when the
+            conversation does not fit the model's context; ``failed`` when the call raised
+            another :class:`LMError`. Never raises for those.
         """
         start = self.clock()
         messages = full_context_messages(self.conversation, question)
         try:
             resp = self.model.complete(messages, json_mode=True, max_tokens=self.max_output_tokens)
         except LMContextWindowError as e:
-            return self._episode(question, "context_overflow", start, Step(1, "lm_error", error=f"{e}"), None)
+            step = Step(1, "lm_error", error=f"context window exceeded: {e}")
+            return self._episode(question, "context_overflow", start, step, None)
         except LMError as e:
             err = f"{type(e).__name__}: {e}"
             return self._episode(question, "failed", start, Step(1, "lm_error", error=err), None)
@@ -211,7 +215,9 @@ class FullContextRunner:
             latency_s=latency,
             reply=resp.text[:REPLY_KEEP_CHARS],
         )
-        return self._episode(question, "answered" if answer is not None else "failed", start, step, answer)
+        return self._episode(
+            question, "answered" if answer is not None else "budget_exhausted", start, step, answer
+        )
 
     def _episode(
         self, question: str, status: EpisodeStatus, start: float, step: Step, answer: AnswerAction | None
@@ -226,6 +232,8 @@ class FullContextRunner:
             wall_time_s=self.clock() - start,
             doc_ids_seen=self.doc_ids if status != "context_overflow" else (),
             errors=(f"step 1: {step.error}",) if step.error else (),
+            timed_out=status == "budget_exhausted",
+            exhausted_by="steps" if status == "budget_exhausted" else None,
         )
 
 

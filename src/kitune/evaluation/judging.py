@@ -4,7 +4,8 @@ Why: the full-context arm relies on the local server's prompt cache (the convers
 evaluated between questions); a judge call on the same server in between would replace it. So
 such a run answers every question first and is judged here afterwards. The verdict rules are
 those of :func:`kitune.evaluation.metrics.build_trace`: no answer is graded wrong, a judge that
-raises or returns no verdict is a grader error (never "incorrect").
+raises or returns no verdict is a grader error (never "incorrect"), and a ``failed`` trace (its
+LLM calls failed: an outage is not a wrong answer) is left ungraded.
 
 Resumable: each judged trace is appended to the traces file; readers keep the last line per
 (skill, query id), so a crash loses at most the verdict being written.
@@ -68,6 +69,8 @@ def judge_pending(
 ) -> list[Trace]:
     """Judge every trace not judged yet (``judge_status == "not_run"``, or a grader error).
 
+    Traces with ``status == "failed"`` are never judged (returned as they are).
+
     Args:
         questions: the run's questions (gold answers); matched to traces by query id.
         traces: the run's traces, e.g. from :func:`kitune.evaluation.harness.evaluate`.
@@ -77,7 +80,7 @@ def judge_pending(
 
     Returns:
         The traces in input order, judged ones replaced; ``len(result) == len(traces)``.
-        Failed traces (no answer) are graded wrong like in :func:`build_trace`.
+        Traces without an answer (other than failed ones) are graded wrong without a judge call.
 
     Raises:
         KeyError: a trace's query id is not among ``questions``.
@@ -86,7 +89,9 @@ def judge_pending(
     writer = TraceWriter(traces_path) if traces_path is not None else None
     out: list[Trace] = []
     for t in traces:
-        pending = t.judge_status == "not_run" or (retry_grader_errors and t.judge_status == "grader_error")
+        pending = t.status != "failed" and (
+            t.judge_status == "not_run" or (retry_grader_errors and t.judge_status == "grader_error")
+        )
         if not pending:
             out.append(t)
             continue
