@@ -1,18 +1,29 @@
 from __future__ import annotations
 
+import json
+
 import pytest
 from eval_fakes import DOCS, FakeCorpusStore, fake_context
 
 from kitune.config import KituneConfig
+from kitune.data.loaders import Question
 from kitune.errors import HarnessError
+from kitune.evaluation.agent import Agent
+from kitune.evaluation.metrics import build_trace
 from kitune.evaluation.tools import (
     ContextObservation,
+    Observation,
+    ObservationPart,
     baseline_toolbox,
     build_toolbox,
     canonical_call,
+    cap_observation,
     cap_text,
     in_context_toolbox,
 )
+from kitune.retrieval.base import CorpusHit
+from kitune.schema import Document
+from kitune.testing.chat import ScriptedChatModel
 
 
 def test_cap_text_marker_and_bound() -> None:
@@ -100,3 +111,118 @@ def test_placeholder_arguments_are_refused() -> None:
     store = FakeCorpusStore(DOCS)
     obs = baseline_toolbox(store).call("search", {"query": "<keywords>"})
     assert obs.error and "placeholder" in obs.error and store.searches == []
+
+
+# --- the published baseline and the cap: only what is shown in full counts as seen ----------------
+
+
+class ThreeSnippetStore(FakeCorpusStore):
+    """Every document matches; each hit has 3 snippets of ``snippet_chars`` and a falling score."""
+
+    def search(self, query, *, k=10, snippets_per_hit=3, snippet_chars=700):
+        self.searches.append(query)
+        ids = sorted(self.docs)[:k]
+        return [
+            CorpusHit(
+                docid=d,
+                title=f"Title {d}",
+                snippets=[(f"{d}-{j} " * 400)[:snippet_chars] for j in range(snippets_per_hit)],
+                score=1.0 / (i + 1),
+            )
+            for i, d in enumerate(ids)
+        ]
+
+
+STORE_DOCS = [
+    Document(docid=f"p{i:02d}", title=f"Title p{i:02d}", text=f"text {i} " * 400) for i in range(12)
+]
+
+
+def test_published_baseline_search_shows_ten_hits_with_scores_uncapped() -> None:
+    box = baseline_toolbox(ThreeSnippetStore(STORE_DOCS))  # defaults: 10 hits, 3 x 700 chars, no cap
+    assert box.max_chars is None
+    obs = box.call("search", {"query": "anything"})
+    assert obs.doc_ids == tuple(f"p{i:02d}" for i in range(10)) and obs.n_results == 10
+    assert not obs.truncated and len(obs.text) > 21_000
+    assert obs.text.startswith("1. [p00] Title p00 (score 1)\n  … p00-0 ")
+    assert "\n10. [p09] Title p09 (score 0.1)\n" in obs.text
+    snippet_lines = [line for line in obs.text.splitlines() if line.startswith("  … ")]
+    assert len(snippet_lines) == 30 and all(len(line) == 4 + 700 for line in snippet_lines)
+
+
+def test_cap_keeps_whole_hits_and_counts_only_those_as_seen() -> None:
+    box = baseline_toolbox(ThreeSnippetStore(STORE_DOCS), max_chars=8000)
+    obs = box.call("search", {"query": "anything"})
+    # each hit is ~2,140 characters: 3 fit under 8,000 with the marker, the 4th does not
+    assert obs.doc_ids == ("p00", "p01", "p02") and obs.truncated and len(obs.text) <= 8000
+    assert obs.n_results == 10  # found, not shown
+    assert "…[truncated: showed 3 of 10 results (" in obs.text and "[p03]" not in obs.text
+    assert obs.text.count("\n  … ") == 9  # the 3 hits kept are whole
+
+
+def test_agent_seen_and_evidence_recall_follow_the_cap() -> None:
+    q = Question(query_id="q", query="?", answer="x", evidence_docids=("p01", "p05"))
+
+    def run(max_chars: int | None):
+        model = ScriptedChatModel(
+            [tool_call("search", query="anything"), '{"answer": {"exact_answer": "x", "confidence": 50}}']
+        )
+        ep = Agent(model, baseline_toolbox(ThreeSnippetStore(STORE_DOCS), max_chars=max_chars)).run("?")
+        return build_trace(q, "baseline", ep)
+
+    capped, uncapped = run(8000), run(None)
+    assert capped.doc_ids_seen == ["p00", "p01", "p02"] and capped.evidence_recall == 0.5
+    assert capped.steps[0]["truncated"] is True
+    assert uncapped.doc_ids_seen == [f"p{i:02d}" for i in range(10)] and uncapped.evidence_recall == 1.0
+
+
+def test_first_hit_too_long_shows_its_head_and_counts_nothing() -> None:
+    obs = baseline_toolbox(ThreeSnippetStore(STORE_DOCS), max_chars=500).call("search", {"query": "a"})
+    assert obs.doc_ids == () and obs.truncated and len(obs.text) <= 500
+    assert obs.text.startswith("1. [p00] Title p00")
+
+
+def test_fetched_document_cut_is_not_counted_as_seen() -> None:
+    big = Document(docid="big", title="Big", text="Paris " * 200)
+    box = baseline_toolbox(FakeCorpusStore([*DOCS, big]), max_chars=500)
+    cut = box.call("get_by_doc_id", {"docid": "big"})
+    assert cut.truncated and cut.doc_ids == () and cut.text.startswith("[big] Big\nParis")
+    whole = box.call("get_by_doc_id", {"docid": "d1"})
+    assert not whole.truncated and whole.doc_ids == ("d1",)
+
+
+def test_cut_ki_text_keeps_ids_cited_in_complete_lines_only() -> None:
+    lines = [f"{i}. [ki-{i}] fact {i} (docs: d{i})".ljust(99, ".") for i in range(1, 6)]
+    lines[4] = lines[4].replace("(docs: d5)", "(docs: d5, d1)")
+    text = "\n".join(lines)
+    obs = Observation(text=text, doc_ids=("d1", "d2", "d3", "d4", "d5"), n_results=5)
+    cut = cap_observation(obs, 300)
+    # 300 characters minus the ~80-character marker: lines 1-2 whole, line 3 partly shown
+    assert cut.text.startswith(lines[0] + "\n" + lines[1] + "\n" + lines[2][:10])
+    assert cut.doc_ids == ("d1", "d2") and cut.truncated and len(cut.text) <= 300
+    assert cap_observation(obs, None) is obs and cap_observation(obs, 10_000) is obs
+
+
+def test_cap_observation_parts_prefix() -> None:
+    parts = tuple(ObservationPart(text="x" * 100, doc_ids=(f"d{i}", "shared")) for i in range(5))
+    obs = Observation(text="\n".join(p.text for p in parts), doc_ids=(), parts=parts)
+    cut = cap_observation(obs, 350)  # 100 + 1 + 100 = 201 plus a ~110-character marker
+    assert cut.doc_ids == ("d0", "shared", "d1") and len(cut.parts) == 2
+    assert "showed 2 of 5 results (201 of 504 characters)" in cut.text and len(cut.text) <= 350
+
+
+def test_both_skills_get_the_same_cap_and_the_same_cut() -> None:
+    cfg = KituneConfig()
+    cfg.agent.observation_max_chars = 8000
+    store = ThreeSnippetStore(STORE_DOCS)
+    base = build_toolbox("baseline", cfg, corpus_store=store)
+    ctx = build_toolbox("in-context", cfg, corpus_store=store, get_context=fake_context({}))
+    assert base.max_chars == ctx.max_chars == 8000
+    ctx.call("get_context", {"query": "a"})
+    ctx.call("get_context", {"query": "b"})  # two failed look-ups open the fallback search
+    a, b = base.call("search", {"query": "anything"}), ctx.call("search", {"query": "anything"})
+    assert a.text == b.text and a.doc_ids == b.doc_ids == ("p00", "p01", "p02")
+
+
+def tool_call(name: str, **args: str) -> str:
+    return json.dumps({"tool": name, "args": args})

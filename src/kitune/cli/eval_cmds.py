@@ -40,7 +40,7 @@ def _summary_table(title: str, rows: list[list[str]], header: list[str]) -> Tabl
 
 
 def eval_command(
-    skill: Annotated[str, typer.Option("--skill", help="baseline | in-context | closed-book")],
+    skill: Annotated[str, typer.Option("--skill", help="baseline | in-context | closed-book | full-context")],
     data: Annotated[
         Path, typer.Option("--data", help="Dataset directory (BrowseComp-Plus layout or JSONL).")
     ],

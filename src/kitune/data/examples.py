@@ -87,7 +87,9 @@ def to_dspy_examples(questions: Sequence[Question]) -> list[dspy.Example]:
     """Build ``dspy.Example`` objects with ``question`` as the only input.
 
     Each example carries ``question``, ``answer``, ``aliases`` (list), ``query_id``,
-    ``evidence_docids`` (list) and ``gold_docids`` (list). ``len(result) == len(questions)``.
+    ``evidence_docids`` (list), ``gold_docids`` (list), ``category`` (str, may be empty) and
+    ``evidence_turns`` (list of turn ids such as ``"D3:5"``, empty for non-dialogue data).
+    ``len(result) == len(questions)``.
     """
     import dspy
 
@@ -99,6 +101,8 @@ def to_dspy_examples(questions: Sequence[Question]) -> list[dspy.Example]:
             query_id=q.query_id,
             evidence_docids=list(q.evidence_docids),
             gold_docids=list(q.gold_docids),
+            category=q.category,
+            evidence_turns=list(q.evidence_turns),
         ).with_inputs("question")
         for q in questions
     ]

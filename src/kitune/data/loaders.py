@@ -9,7 +9,8 @@ Two layouts are read:
 * **Plain JSONL**: a documents file (one document per line; ``docid``/``id``/``doc_id`` and
   ``text``/``contents``) and a questions file (one question per line with ``query_id``/``id``,
   ``query``/``question``, ``answer`` and optionally ``aliases``/``answer_aliases``,
-  ``evidence_docids``, ``gold_docids``, ``dataset``, ``hops``). A directory holding
+  ``evidence_docids``, ``gold_docids``, ``dataset``, ``hops``, ``category``,
+  ``evidence_turns``/``evidence_dia_ids``). A directory holding
   ``documents.jsonl`` + ``questions.jsonl`` is read the same way.
 
 Errors: a missing file, an invalid question line, a duplicate id, a qrel naming an unknown
@@ -77,6 +78,12 @@ class Question:
     """Origin dataset, e.g. ``"musique"``."""
     hops: str = ""
     """Hop label as given, e.g. ``"2hop"``."""
+    category: str = ""
+    """Question category as given, e.g. ``"temporal"`` (LoCoMo: single-hop, multi-hop, temporal,
+    open-domain); empty when the dataset has none. Reports break accuracy down by it."""
+    evidence_turns: tuple[str, ...] = ()
+    """Ids of the dialogue turns holding the evidence (LoCoMo ``evidence_dia_ids``, e.g.
+    ``("D1:3",)``: session 1, turn 3), in file order; empty for non-dialogue data."""
 
     @property
     def golds(self) -> tuple[str, ...]:
@@ -94,6 +101,8 @@ class Question:
             "gold_docids": list(self.gold_docids),
             "dataset": self.dataset,
             "hops": self.hops,
+            "category": self.category,
+            "evidence_turns": list(self.evidence_turns),
         }
 
 
@@ -332,6 +341,13 @@ def _question_from_record(record: dict[str, Any], path: Path, lineno: int) -> Qu
         gold_docids=_str_list(_first(record, ("gold_docids", "gold_doc_ids")), path, lineno, "gold_docids"),
         dataset=str(record.get("dataset") or ""),
         hops=str(record.get("hops") or ""),
+        category=str(_first(record, ("category", "question_category")) or "").strip(),
+        evidence_turns=_str_list(
+            _first(record, ("evidence_turns", "evidence_dia_ids", "evidence_turn_ids")),
+            path,
+            lineno,
+            "evidence_turns",
+        ),
     )
 
 
@@ -430,6 +446,8 @@ def _load_browsecomp(root: Path, doc_ids: Collection[str] | None) -> list[Questi
                 gold_docids=tuple(golds.get(qid, q.gold_docids)),
                 dataset=q.dataset,
                 hops=q.hops,
+                category=q.category,
+                evidence_turns=q.evidence_turns,
             )
         )
     return out

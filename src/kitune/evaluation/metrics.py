@@ -111,6 +111,8 @@ class Trace:
     failure: str | None = None
     """Why the question failed (``"<LMError type>: <message>"``, or the exception a run raised);
     set exactly when ``status == "failed"``; such a trace is never graded."""
+    category: str = ""
+    """The question's category (e.g. ``"temporal"``), empty when the dataset has none."""
 
     @property
     def is_graded(self) -> bool:
@@ -258,6 +260,7 @@ def build_trace(question: Question, skill: str, episode: Episode, *, judge: Judg
         evidence_docids=list(question.evidence_docids),
         evidence_recall=evidence_recall(episode.doc_ids_seen, question.evidence_docids),
         errors=list(episode.errors),
+        category=question.category,
     )
 
 
@@ -275,4 +278,5 @@ def failed_trace(question: Question, skill: str, error: str, *, wall_time_s: flo
         wall_time_s=round(wall_time_s, 4),
         errors=[error],
         failure=error,
+        category=question.category,
     )

@@ -12,9 +12,23 @@ Skills:
   answer after it but looks up again or turns to search (the KIs it got did not answer).
 * ``closed-book`` — no tools.
 
-Every tool returns an :class:`Observation`: text capped at ``max_chars`` with a truncation
-marker (case A1), the doc ids it showed, and an error string for a failed call. Tools never
-raise for a model mistake or a backend failure; the error is in the observation.
+Every tool returns an :class:`Observation`: its text, the doc ids it showed, and an error string
+for a failed call. Tools never raise for a model mistake or a backend failure; the error is in
+the observation.
+
+The search result is the published BrowseComp-Plus baseline's: up to ``search_hits`` (10) hits,
+each with its doc id, title, score (and url when the store gives one) and up to
+``snippets_per_hit`` (3) snippets of at most ``snippet_chars`` (700) characters. The one cap on
+a tool result, ``max_chars`` (``agent.observation_max_chars``), is optional (None: no cap) and
+the same for every skill. When it cuts a result (case A1), whole results are dropped, a marker
+says how many were shown, and **only what was shown in full counts as seen**
+(``Observation.doc_ids`` → ``Episode.doc_ids_seen`` → evidence recall):
+
+* a result made of parts (search hits; a fetched document is one part): the parts that fit
+  whole are shown and their doc ids kept; when not even the first part fits, its head is shown
+  and no doc id is kept (a fetched document cut by the cap is not counted as seen);
+* a result without parts (rendered KIs): the text is cut and only the doc ids still cited in its
+  complete visible lines are kept.
 """
 
 from __future__ import annotations
@@ -35,12 +49,14 @@ __all__ = [
     "SKILLS",
     "ContextObservation",
     "Observation",
+    "ObservationPart",
     "Skill",
     "Tool",
     "Toolbox",
     "baseline_toolbox",
     "build_toolbox",
     "canonical_call",
+    "cap_observation",
     "cap_text",
     "closed_book_toolbox",
     "in_context_toolbox",
@@ -53,13 +69,24 @@ FAILED_LOOKUPS_BEFORE_SEARCH = 2
 
 
 @dataclass(frozen=True)
+class ObservationPart:
+    """One result inside an observation (a search hit): the unit a cap keeps or drops whole."""
+
+    text: str
+    """The part's text as shown (no trailing newline); parts are joined with one newline."""
+    doc_ids: tuple[str, ...] = ()
+    """Documents this part shows."""
+
+
+@dataclass(frozen=True)
 class Observation:
     """What one tool call returned to the agent."""
 
     text: str
-    """Text shown to the model, at most the toolbox's ``max_chars`` characters."""
+    """Text shown to the model, at most the toolbox's ``max_chars`` characters when it has one."""
     doc_ids: tuple[str, ...] = ()
-    """Documents this observation showed (cited KI evidence, search hits, a fetched doc)."""
+    """Documents this observation showed in full (cited KI evidence, search hits, a fetched
+    doc); a cap removes the ids of what it cut."""
     error: str | None = None
     """Set when the call failed (bad arguments, unknown tool, backend error, not allowed yet)."""
     truncated: bool = False
@@ -70,6 +97,9 @@ class Observation:
     """LLM input tokens the tool itself spent (e.g. a query rewrite); 0 for plain tools."""
     output_tokens: int = 0
     """LLM output tokens the tool itself spent."""
+    parts: tuple[ObservationPart, ...] = ()
+    """The results ``text`` is made of (``text == "\\n".join(p.text for p in parts)``), when the
+    tool has separable results; a cap then keeps whole parts. Empty: ``text`` is one block."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +131,60 @@ def cap_text(text: str, max_chars: int) -> tuple[str, bool]:
     return text[:keep] + marker.format(keep), True
 
 
+_PART_MARKER = (
+    "\n…[truncated: showed {shown} of {total} results ({chars} of {all_chars} characters); "
+    "the rest is not shown: narrow the query]"
+)
+
+
+def _cited(text: str, docid: str) -> bool:
+    return re.search(rf"(?<![\w-]){re.escape(docid)}(?![\w-])", text) is not None
+
+
+def cap_observation(obs: Observation, max_chars: int | None) -> Observation:
+    """Cap an observation's text at ``max_chars``, keeping only the doc ids it still shows in full.
+
+    Args:
+        obs: the tool's observation (uncapped).
+        max_chars: the cap in characters (>= 200 in practice); None: no cap.
+
+    Returns:
+        ``obs`` unchanged when it fits (or no cap). Otherwise a copy with ``truncated=True``,
+        ``len(text) <= max_chars``, and ``doc_ids`` reduced to what was shown in full: with
+        ``parts``, the ids of the parts kept whole (in order, a prefix of the parts; none when
+        even the first part does not fit, whose head is then shown); without ``parts``, the ids
+        still cited (as whole tokens) in the complete lines of the visible text (a partly shown
+        last line does not count).
+    """
+    if max_chars is None or len(obs.text) <= max_chars:
+        return obs
+    if obs.parts:
+        total = len(obs.parts)
+        reserve = len(_PART_MARKER.format(shown=total, total=total, chars=max_chars, all_chars=len(obs.text)))
+        shown: list[ObservationPart] = []
+        used = 0
+        for part in obs.parts:
+            add = len(part.text) + (1 if shown else 0)
+            if used + add + reserve > max_chars:
+                break
+            shown.append(part)
+            used += add
+        if shown:
+            body = "\n".join(p.text for p in shown)
+            marker = _PART_MARKER.format(
+                shown=len(shown), total=total, chars=len(body), all_chars=len(obs.text)
+            )
+            ids = tuple(dict.fromkeys(d for p in shown for d in p.doc_ids))
+            return replace(obs, text=body + marker, doc_ids=ids, truncated=True, parts=tuple(shown))
+        text, _ = cap_text(obs.text, max_chars)
+        return replace(obs, text=text, doc_ids=(), truncated=True, parts=())
+    text, _ = cap_text(obs.text, max_chars)
+    visible = text[: text.rfind("\n…[truncated:")]
+    complete = visible[: visible.rfind("\n")] if "\n" in visible else ""
+    ids = tuple(d for d in obs.doc_ids if _cited(complete, d))
+    return replace(obs, text=text, doc_ids=ids, truncated=True)
+
+
 @dataclass(frozen=True)
 class Tool:
     """One tool: name, prompt description, argument names → descriptions, and the function."""
@@ -120,7 +204,8 @@ class Toolbox:
 
     skill: Skill
     tools: dict[str, Tool] = field(default_factory=dict)
-    max_chars: int = 8000
+    max_chars: int | None = None
+    """Cap on one tool result in characters (see :func:`cap_observation`); None: no cap."""
     failed_lookups: int = 0
     pending_lookup: bool = False
     """True while the last ``get_context`` returned KIs and the agent has not acted on it yet."""
@@ -139,7 +224,8 @@ class Toolbox:
         """Run one tool; never raises for a bad call or a backend failure.
 
         Returns:
-            The observation, text capped at ``max_chars``; ``error`` set on failure.
+            The observation capped by :func:`cap_observation` (``doc_ids`` only what was shown
+            in full); ``error`` set on failure.
         """
         tool = self.tools.get(name)
         if tool is None:
@@ -167,12 +253,10 @@ class Toolbox:
             raise
         except Exception as e:  # a backend failure is data for the trace, not a crash
             return self._error(f"{name} failed: {type(e).__name__}: {e}")
-        text, truncated = cap_text(obs.text, self.max_chars)
-        return replace(obs, text=text, truncated=truncated or obs.truncated)
+        return cap_observation(obs, self.max_chars)
 
     def _error(self, message: str) -> Observation:
-        text, truncated = cap_text(f"ERROR: {message}", self.max_chars)
-        return Observation(text=text, error=message, truncated=truncated)
+        return cap_observation(Observation(text=f"ERROR: {message}", error=message), self.max_chars)
 
 
 def _render_hits(store: CorpusStore, query: str, k: int, snippets: int, chars: int) -> Observation:
@@ -181,17 +265,24 @@ def _render_hits(store: CorpusStore, query: str, k: int, snippets: int, chars: i
         return Observation(text=f"No documents matched {query!r}. Try other keywords.", n_results=0)
     parts = []
     for i, h in enumerate(hits[:k], start=1):
-        body = "\n".join(f"  … {s[:chars]}" for s in h.snippets[:snippets])
-        parts.append(f"{i}. [{h.docid}] {h.title}\n{body}")
+        url = str(getattr(h, "url", "") or "")
+        head = f"{i}. [{h.docid}] {h.title} (score {h.score:.4g}{f'; url {url}' if url else ''})"
+        body = "".join(f"\n  … {s[:chars]}" for s in h.snippets[:snippets])
+        parts.append(ObservationPart(text=head + body, doc_ids=(h.docid,)))
     return Observation(
-        text="\n".join(parts), doc_ids=tuple(h.docid for h in hits[:k]), n_results=len(hits[:k])
+        text="\n".join(p.text for p in parts),
+        doc_ids=tuple(h.docid for h in hits[:k]),
+        n_results=len(parts),
+        parts=tuple(parts),
     )
 
 
 def _get_doc(store: CorpusStore, docid: str) -> Observation:
     doc = store.get(docid.strip("[] "))
     title = f" {doc.title}" if doc.title else ""
-    return Observation(text=f"[{doc.docid}]{title}\n{doc.text}", doc_ids=(doc.docid,), n_results=1)
+    text = f"[{doc.docid}]{title}\n{doc.text}"
+    part = ObservationPart(text=text, doc_ids=(doc.docid,))
+    return Observation(text=text, doc_ids=(doc.docid,), n_results=1, parts=(part,))
 
 
 def baseline_toolbox(
@@ -200,14 +291,18 @@ def baseline_toolbox(
     search_hits: int = 10,
     snippets_per_hit: int = 3,
     snippet_chars: int = 700,
-    max_chars: int = 8000,
+    max_chars: int | None = None,
 ) -> Toolbox:
-    """``search`` + ``get_by_doc_id`` over a corpus store (the search-and-fetch baseline)."""
+    """``search`` + ``get_by_doc_id`` over a corpus store (the search-and-fetch baseline).
+
+    Defaults are the published baseline's: 10 hits, 3 snippets of at most 700 characters each,
+    no cap on a tool result (``max_chars`` None; see :func:`cap_observation`).
+    """
     box = Toolbox(skill="baseline", max_chars=max_chars)
     box.tools["search"] = Tool(
         "search",
         f"Search the document collection; returns up to {search_hits} documents as [docid] title "
-        f"with up to {snippets_per_hit} snippets each.",
+        f"with their score and up to {snippets_per_hit} snippets each.",
         {"query": "keywords"},
         lambda query: _render_hits(store, query, search_hits, snippets_per_hit, snippet_chars),
     )
@@ -227,9 +322,12 @@ def in_context_toolbox(
     search_hits: int = 10,
     snippets_per_hit: int = 3,
     snippet_chars: int = 700,
-    max_chars: int = 8000,
+    max_chars: int | None = None,
 ) -> Toolbox:
-    """``get_context`` over pre-computed KIs, plus a gated raw ``search`` when a store is given."""
+    """``get_context`` over pre-computed KIs, plus a gated raw ``search`` when a store is given.
+
+    Limits and the cap are the same as :func:`baseline_toolbox`'s, so both skills are cut alike.
+    """
     box = Toolbox(skill="in-context", max_chars=max_chars)
 
     def _lookup(query: str) -> Observation:
@@ -302,6 +400,8 @@ def build_toolbox(
     get_context: Callable[[str], ContextObservation] | None = None,
 ) -> Toolbox:
     """Build a fresh toolbox for ``skill`` with limits from ``cfg.retrieval`` and ``cfg.agent``.
+
+    Every skill gets the same cap, ``cfg.agent.observation_max_chars`` (None: no cap).
 
     Raises:
         HarnessError: a skill's required dependency is missing (baseline needs

@@ -33,10 +33,11 @@ from kitune.data.loaders import Question, load_corpus, load_questions
 from kitune.errors import ConfigError, DataError, HarnessError
 from kitune.evaluation.agent import Agent
 from kitune.evaluation.budget import Budget
-from kitune.evaluation.harness import evaluate
+from kitune.evaluation.full_context import EVAL_SKILLS, FULL_CONTEXT, full_context_factory
+from kitune.evaluation.harness import AgentFactory, evaluate
 from kitune.evaluation.metrics import JudgeFn, Trace
 from kitune.evaluation.report import ReportFiles, RunSummary, load_run, summarize, write_report
-from kitune.evaluation.tools import SKILLS, ContextObservation, Skill, build_toolbox
+from kitune.evaluation.tools import ContextObservation, Skill, build_toolbox
 from kitune.usage import TokenLedger
 
 if TYPE_CHECKING:
@@ -184,7 +185,8 @@ def run_eval(
 
     Args:
         cfg: configuration (``workdir``, ``agent`` budget/concurrency, ``retrieval`` limits).
-        skill: ``baseline``, ``in-context`` or ``closed-book``.
+        skill: ``baseline``, ``in-context``, ``closed-book`` or ``full-context`` (the question's
+            whole conversation in the prompt, one call; judged after all answers).
         data_dir: dataset directory (BrowseComp-Plus layout or documents/questions JSONL).
         split: ``all``, ``tune`` or ``validation`` (seeded by ``cfg.optimize``).
         limit: first N questions of the split.
@@ -218,8 +220,8 @@ def run_eval(
         exist. LMAuthError: an LLM call was refused for authentication (the run stopped;
         finished traces are kept). Other LMError subclasses only from building the LMs.
     """
-    if skill not in SKILLS:
-        raise ConfigError(f"unknown skill {skill!r}: use one of {', '.join(SKILLS)}")
+    if skill not in EVAL_SKILLS:
+        raise ConfigError(f"unknown skill {skill!r}: use one of {', '.join(EVAL_SKILLS)}")
     if (disambiguation or rewrite or prompt_select or packaged) and skill != "in-context":
         raise ConfigError(
             "--disambiguation, --rewrite, --prompt-version and --packaged only apply to --skill in-context"
@@ -287,6 +289,11 @@ def run_eval(
         box = build_toolbox(skill, cfg, corpus_store=corpus_store, get_context=context_fn)
         return Agent(model, box, budget=budget, max_output_tokens=cfg.lm.agent.max_tokens)
 
+    agent_factory: AgentFactory = factory
+    if skill == FULL_CONTEXT:  # the whole conversation in the prompt, one answer call, no tools
+        docs = load_corpus(data)
+        agent_factory = full_context_factory(model, docs, max_output_tokens=cfg.lm.agent.max_tokens)
+
     params = {
         "skill": skill,
         "rewrite": rewrite,
@@ -311,16 +318,23 @@ def run_eval(
     (run_dir / "run.json").write_text(json.dumps(params, indent=2), encoding="utf-8")
     traces_path = run_dir / "traces.jsonl"
     with ledger.stage(f"eval:{skill}"):
+        # full-context is judged after all answers: a judge call in between would evict the
+        # conversation from the local server's prompt cache.
+        judge_after = skill == FULL_CONTEXT and use_judge and judge is not None
         traces = evaluate(
             questions,
-            factory,
+            agent_factory,
             skill=skill,
             concurrency=concurrency or cfg.agent.concurrency,
             traces_path=traces_path,
-            judge=judge if use_judge else None,
+            judge=judge if use_judge and not judge_after else None,
             progress=progress,
             on_trace=on_trace,
         )
+        if judge_after and judge is not None:
+            from kitune.evaluation.judging import judge_pending
+
+            traces = judge_pending(questions, traces, judge, traces_path=traces_path)
     summary = summarize(traces, name)
     usage = {f"{r}/{s}": t for (r, s), t in ledger.by_role_stage().items()}
     (run_dir / "summary.json").write_text(json.dumps(summary.to_dict(), indent=2), encoding="utf-8")
