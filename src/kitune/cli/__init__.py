@@ -37,6 +37,7 @@ def _register() -> None:
         context_cmds,
         lm_cmds,
         loop_cmds,
+        mcp_cmds,
         store_cmds,
     )
 
@@ -49,6 +50,7 @@ def _register() -> None:
         context_cmds,
         eval_cmds,
         loop_cmds,
+        mcp_cmds,
     ):
         module.register(app)
     _REGISTERED = True
