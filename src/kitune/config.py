@@ -204,6 +204,12 @@ class AgentConfig(_Section):
     timeout_s: float | None = Field(default=None, gt=0, description="Optional wall-clock budget per question.")
     observation_max_chars: int = Field(default=8000, ge=200, description="Cap on one tool result.")
     concurrency: int = Field(default=2, ge=1, le=64, description="Questions run in parallel.")
+    tool_calling: Literal["auto", "native", "json"] = Field(
+        default="auto",
+        description="How the agent calls tools: native function calling (tools=), the JSON-in-text protocol, "
+        "or auto (native when LiteLLM says the agent model supports function calling; json for the "
+        "embedded model and unknown gateway models).",
+    )
 
 
 class LifecycleConfig(_Section):
