@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kitune.cli.common import ConfigOption, fail, get_config
+from kitune.cli.recording_opts import RecordOption, ReplayOption, record_overrides, with_recording
 from kitune.errors import KituneError
 
 if TYPE_CHECKING:
@@ -30,6 +31,7 @@ def _summary_table(title: str, rows: list[list[str]], header: list[str]) -> Tabl
     return table
 
 
+@with_recording
 def eval_command(
     skill: Annotated[str, typer.Option("--skill", help="baseline | in-context | closed-book")],
     data: Annotated[
@@ -59,12 +61,14 @@ def eval_command(
     ] = False,
     no_judge: Annotated[bool, typer.Option("--no-judge", help="Skip the LLM judge (EM/F1 only).")] = False,
     config: ConfigOption = None,
+    record: RecordOption = None,
+    replay: ReplayOption = None,
 ) -> None:
     """Run the budgeted agent on a dataset slice; traces go to <workdir>/runs/<run-name>/ (resumable)."""
     from kitune.evaluation.report import ROWS, format_cell
     from kitune.service.evaluation import run_eval
 
-    cfg = get_config(config)
+    cfg = get_config(config, record_overrides(record, replay) or None)
     if split not in ("all", "tune", "validation"):
         fail(f"--split {split!r}: use all, tune or validation")
     try:
