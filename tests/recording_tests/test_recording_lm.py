@@ -146,3 +146,50 @@ def test_hash_ignores_endpoint_and_cache_flags_but_not_parameters() -> None:
     assert base != request_hash("openai/m", msgs, {"temperature": 0.7, "max_tokens": 5})
     assert base != request_hash("openai/other", msgs, {"temperature": 0.0, "max_tokens": 5})
     assert len(base) == 64
+
+
+def test_native_tool_call_episode_replays_identically(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kitune.evaluation.agent import Agent
+    from kitune.evaluation.budget import Budget
+    from kitune.evaluation.tools import closed_book_toolbox
+    from kitune.lm import LiteLLMChatModel
+
+    def call(arguments: str) -> Reply:
+        body = {
+            "id": "x",
+            "object": "chat.completion",
+            "created": 1,
+            "model": "stub-model",
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": "tool_calls",
+                    "message": {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [
+                            {
+                                "id": "call_9",
+                                "type": "function",
+                                "function": {"name": "answer", "arguments": arguments},
+                            }
+                        ],
+                    },
+                }
+            ],
+            "usage": {"prompt_tokens": 77, "completion_tokens": 8, "total_tokens": 85},
+        }
+        return Reply._json(200, body, label="tool_call")
+
+    rec = tmp_path / "rec"
+    extra = {"agent.tool_calling": "native"}
+    with StubServer([call('{"explanation": "e", "exact_answer": "Oslo", "confidence": 90}')]) as stub:
+        chat = LiteLLMChatModel(_cfg(monkeypatch, stub, **extra, **{"lm.record_dir": str(rec)}), "agent")
+        live = Agent(chat, closed_book_toolbox(), budget=Budget(max_steps=2)).run("Capital of Norway?")
+    offline_chat = LiteLLMChatModel(_cfg(monkeypatch, None, **extra, **{"lm.replay_dir": str(rec)}), "agent")
+    again = Agent(offline_chat, closed_book_toolbox(), budget=Budget(max_steps=2)).run("Capital of Norway?")
+    assert live.tool_mode == again.tool_mode == "native" and again.exact_answer == "Oslo"
+    assert [s.to_dict() for s in again.steps] == [s.to_dict() for s in live.steps]
+    assert (again.input_tokens, again.output_tokens) == (77, 8)
