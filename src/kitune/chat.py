@@ -65,7 +65,7 @@ class ChatResponse:
     tool_calls: tuple[ToolCall, ...] = ()
     """Native function calls (only when ``tools`` were sent), in the model's order."""
     latency_s: float | None = None
-    """The call's wall time as recorded, for a replayed response (None: measure it)."""
+    """The call's wall time in seconds as stored by ``--record``/``--replay`` (None: the caller measures)."""
 
 
 @runtime_checkable

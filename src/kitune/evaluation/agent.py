@@ -233,7 +233,9 @@ class _Run:
         self.a = agent
         self.question = question
         self.native = agent.tool_mode == "native"
-        self.offset = 0.0  # replayed calls: recorded latency minus measured, so budgets see recorded time
+        # Recorded/replayed calls report their stored latency; the clock is shifted by (stored -
+        # measured) so steps, wall time and the timeout budget see the same time in both runs.
+        self.offset = 0.0
         self.meter = BudgetMeter(agent.budget, clock=self._now)
         self.start = self._now()
         self.steps: list[Step] = []
