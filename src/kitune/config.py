@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from kitune.errors import ConfigError
@@ -121,6 +121,22 @@ class LMConfig(_Section):
     )
     local: LocalModelConfig = Field(default_factory=LocalModelConfig, description="Embedded local model.")
     cache: bool = Field(default=False, description="Use DSPy's response cache (usage still recorded).")
+    record_dir: Path | None = Field(
+        default=None,
+        description="Record every LLM call (request hash, response, usage, finish reason) to <dir>/calls.jsonl "
+        "(the CLI's --record DIR).",
+    )
+    replay_dir: Path | None = Field(
+        default=None,
+        description="Answer every LLM call from <dir>/calls.jsonl, contacting no provider; an unrecorded call "
+        "fails naming it (the CLI's --replay DIR).",
+    )
+
+    @model_validator(mode="after")
+    def _record_or_replay(self) -> LMConfig:
+        if self.record_dir is not None and self.replay_dir is not None:
+            raise ValueError("lm.record_dir and lm.replay_dir are both set: record or replay, not both")
+        return self
 
     def role(self, role: Role) -> LMRoleConfig:
         """Return the config of ``role``."""
@@ -218,6 +234,12 @@ class AgentConfig(_Section):
     timeout_s: float | None = Field(default=None, gt=0, description="Optional wall-clock budget per question.")
     observation_max_chars: int = Field(default=8000, ge=200, description="Cap on one tool result.")
     concurrency: int = Field(default=2, ge=1, le=64, description="Questions run in parallel.")
+    tool_calling: Literal["auto", "native", "json"] = Field(
+        default="auto",
+        description="How the agent calls tools: native function calling (tools=), the JSON-in-text protocol, "
+        "or auto (native when LiteLLM says the agent model supports function calling; json for the "
+        "embedded model and unknown gateway models).",
+    )
 
 
 class LifecycleConfig(_Section):

@@ -41,7 +41,7 @@ from typing import Any
 import dspy
 from dspy.adapters.json_adapter import _get_structured_outputs_response_format
 
-from kitune.chat import ChatMessage, ChatResponse
+from kitune.chat import ChatMessage, ChatResponse, ToolCall, ToolMode
 from kitune.config import KituneConfig, LMRoleConfig, Role
 from kitune.errors import (
     ConfigError,
@@ -54,6 +54,9 @@ from kitune.errors import (
     LMTimeoutError,
     ResponseFormatError,
 )
+from kitune.recording import CallRecorder, get_recorder, request_hash
+from kitune.recording import capture as recording_capture
+from kitune.recording import rebuild_error as rebuild_recorded_error
 from kitune.usage import CallRecord, TokenLedger, current_stage, estimate_tokens
 
 __all__ = [
@@ -480,6 +483,10 @@ class KituneLM(dspy.LM):  # type: ignore[misc]
         self.fallback_counts: dict[str, int] = {}
         self.backoff_base_s = backoff_base_s
         self.max_wait_s = max_wait_s
+        self.recorder: CallRecorder | None = None
+        """Records or replays every call (``--record``/``--replay``; set by :func:`build_lm`)."""
+        self.model_identity = resolved.model
+        """The model as configured (before the local server's alias): part of the recording hash."""
         self._rng = random.Random(seed)
         self._counts_lock = threading.Lock()
         super().__init__(
@@ -513,6 +520,9 @@ class KituneLM(dspy.LM):  # type: ignore[misc]
         with _FORMAT_LOCK:
             _FORMAT_LEVEL[self._capability_key] = max(_FORMAT_LEVEL.get(self._capability_key, 0), new)
         name = f"{FORMAT_LEVELS[sent_level]}->{FORMAT_LEVELS[new]}"
+        cap = recording_capture()
+        if cap is not None:
+            cap.downgrades.append(name)
         with self._counts_lock:
             self.fallback_counts[name] = self.fallback_counts.get(name, 0) + 1
         logger.warning(
@@ -554,6 +564,19 @@ class KituneLM(dspy.LM):  # type: ignore[misc]
         failed: bool = False,
         cache_hit: bool = False,
     ) -> None:
+        cap = recording_capture()
+        if cap is not None:
+            cap.ledger.append(
+                {
+                    "model": self.resolved.model,
+                    "input_tokens": input_tokens,
+                    "output_tokens": output_tokens,
+                    "cache_hit": cache_hit,
+                    "estimated": estimated,
+                    "failed": failed,
+                    "latency_s": round(latency_s, 4),
+                }
+            )
         if self.ledger is None:
             return
         self.ledger.record(
@@ -728,6 +751,8 @@ class KituneLM(dspy.LM):  # type: ignore[misc]
         """
         import litellm
 
+        if self.recorder is not None and not kwargs.pop("_kitune_recording", False):
+            return self._recorded_forward(prompt, messages, kwargs)
         msgs = list(messages) if messages else [{"role": "user", "content": prompt or ""}]
         refresh = bool(kwargs.pop("_kitune_refresh", False))
         use_cache = bool(kwargs.pop("cache", self.cache)) or refresh
@@ -760,6 +785,58 @@ class KituneLM(dspy.LM):  # type: ignore[misc]
         if key is not None:
             usage = {k: v for k, v in response._hidden_params["kitune_usage"].items() if k != "cache_hit"}
             dspy.cache.put(key, {"kitune_response": response.model_dump(), "kitune_usage": usage})
+        return response
+
+    # -- record / replay (kitune.recording) -------------------------------------------------
+
+    def _recorded_forward(
+        self, prompt: str | None, messages: list[dict[str, Any]] | None, kwargs: dict[str, Any]
+    ) -> Any:
+        """:meth:`forward` through :attr:`recorder`: record the real call, or answer from the file."""
+        import litellm
+
+        assert self.recorder is not None
+        msgs = [dict(m) for m in messages] if messages else [{"role": "user", "content": prompt or ""}]
+        params = {**self.kwargs, **kwargs}
+        if "response_format" in params:
+            params["response_format"] = _normalise_format(params["response_format"])
+        params = {k: v for k, v in params.items() if v is not None}
+        digest = request_hash(self.model_identity, msgs, params)
+        rec = self.recorder
+        if rec.mode == "record":
+            return rec.record_call(
+                digest=digest,
+                role=self.role,
+                model=self.model_identity,
+                messages=msgs,
+                params=params,
+                run=lambda: self.forward(prompt, messages, _kitune_recording=True, **kwargs),
+                started=time.monotonic(),
+                clock=time.monotonic,
+            )
+        entry = rec.lookup(digest, role=self.role, model=self.model_identity, messages=msgs)
+        for name in entry.get("downgrades") or []:
+            sent = FORMAT_LEVELS.index(name.split("->", 1)[0])
+            with _FORMAT_LOCK:
+                already = _FORMAT_LEVEL.get(self._capability_key, 0) > sent
+            if not already:
+                self._downgrade(sent)
+        for r in entry.get("ledger") or []:
+            self._record(
+                input_tokens=int(r["input_tokens"]),
+                output_tokens=int(r["output_tokens"]),
+                latency_s=float(r.get("latency_s", 0.0)),
+                estimated=bool(r.get("estimated")),
+                failed=bool(r.get("failed")),
+                cache_hit=bool(r.get("cache_hit")),
+            )
+        if entry.get("error"):
+            raise rebuild_recorded_error(entry["error"])
+        response = litellm.ModelResponse(**entry["response"])
+        response._hidden_params["kitune_usage"] = {
+            **entry["usage"],
+            "recorded_latency_s": float(entry.get("latency_s") or 0.0),
+        }
         return response
 
     async def aforward(
@@ -822,7 +899,12 @@ def build_lm(
     Raises:
         ConfigError: see :func:`resolve_role`.
     """
+    if cfg.lm.replay_dir is not None:  # offline: no env vars, no local server, no provider
+        lm = KituneLM(_resolve_offline(cfg, role), ledger=ledger, cache=cfg.lm.cache, **lm_kwargs)
+        lm.recorder = get_recorder(cfg.lm.replay_dir, "replay")
+        return lm
     resolved = resolve_role(cfg, role)
+    identity = resolved.model
     if resolved.is_local:
         from kitune.localmodel import get_local_server
 
@@ -830,17 +912,52 @@ def build_lm(
         resolved = replace(
             resolved, model=f"openai/{server.model_alias}", api_base=server.api_base, api_key=_LOCAL_KEY
         )
-    return KituneLM(resolved, ledger=ledger, cache=cfg.lm.cache, **lm_kwargs)
+    lm = KituneLM(resolved, ledger=ledger, cache=cfg.lm.cache, **lm_kwargs)
+    lm.model_identity = identity
+    lm.recorder = get_recorder(cfg.lm.record_dir, "record")
+    return lm
+
+
+def _resolve_offline(cfg: KituneConfig, role: Role) -> ResolvedLM:
+    """:func:`resolve_role` without reading the environment (replay: no key or gateway URL needed).
+
+    The model string is the same as when recording (gateway routing included), so hashes match.
+    """
+    rc = cfg.lm.role(role)
+    gw = cfg.lm.gateway
+    model = rc.model or gw.default_model
+    if model is None:
+        return ResolvedLM(
+            model=f"openai/{cfg.lm.local.model}",
+            api_base=None,
+            api_key=None,
+            key_env=None,
+            base_env=None,
+            is_local=True,
+            **_role_settings(rc, role),
+        )
+    if rc.api_base_env or gw.base_url_env:
+        model = _route_through_gateway(model)
+    return ResolvedLM(
+        model=model, api_base=None, api_key=None, key_env=None, base_env=None, is_local=False,
+        **_role_settings(rc, role),
+    )
 
 
 class LiteLLMChatModel:
     """:class:`kitune.chat.ChatModel` over :class:`KituneLM` (same errors, timeouts, retries, ledger).
 
     Args:
-        cfg: the loaded config.
+        cfg: the loaded config (``agent.tool_calling`` picks :attr:`tool_mode`).
         role: the role whose settings apply (usually ``"agent"``).
         ledger: token ledger (None: not recorded).
         lm: use this LM instead of building one (tests, shared LMs).
+        tool_mode: ``"native"`` or ``"json"``; None: from ``cfg.agent.tool_calling`` (``auto``:
+            native when ``litellm.supports_function_calling`` says so for the model; always json
+            for the embedded local model).
+
+    Attributes:
+        tool_mode: the agent's tool mode with this model (read by :class:`kitune.evaluation.agent.Agent`).
     """
 
     def __init__(
@@ -850,6 +967,7 @@ class LiteLLMChatModel:
         *,
         ledger: TokenLedger | None = None,
         lm: KituneLM | None = None,
+        tool_mode: ToolMode | None = None,
     ) -> None:
         if lm is None:
             if cfg is None:
@@ -858,9 +976,17 @@ class LiteLLMChatModel:
                 )
             lm = build_lm(cfg, role, ledger=ledger)
         self.lm = lm
+        setting = tool_mode or (cfg.agent.tool_calling if cfg is not None else "auto")
+        self.tool_mode: ToolMode = setting if setting != "auto" else _auto_tool_mode(lm.resolved)
 
     def complete(
-        self, messages: Sequence[ChatMessage], *, json_mode: bool = False, max_tokens: int | None = None
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        json_mode: bool = False,
+        max_tokens: int | None = None,
+        tools: Sequence[dict[str, Any]] | None = None,
+        tool_choice: str | dict[str, Any] | None = None,
     ) -> ChatResponse:
         """Complete ``messages``; see :meth:`kitune.chat.ChatModel.complete`.
 
@@ -873,9 +999,23 @@ class LiteLLMChatModel:
             kwargs["response_format"] = {"type": "json_object"}
         if max_tokens is not None:
             kwargs["max_tokens"] = max_tokens
+        if tools:
+            kwargs["tools"] = [dict(t) for t in tools]
+            if tool_choice is not None:
+                kwargs["tool_choice"] = tool_choice
         response = self.lm.forward(messages=[dict(m) for m in messages], **kwargs)
         usage = response._hidden_params["kitune_usage"]
         choice = response.choices[0]
+        calls = tuple(
+            ToolCall(
+                id=str(getattr(c, "id", "") or f"call_{i}"),
+                name=str(c.function.name or ""),
+                arguments=c.function.arguments if isinstance(c.function.arguments, str) else json.dumps(
+                    c.function.arguments
+                ),
+            )
+            for i, c in enumerate(getattr(choice.message, "tool_calls", None) or [])
+        )
         return ChatResponse(
             text=choice.message.content or "",
             input_tokens=usage["input_tokens"],
@@ -883,4 +1023,18 @@ class LiteLLMChatModel:
             estimated=usage["estimated"],
             finish_reason=choice.finish_reason,
             model=getattr(response, "model", "") or "",
+            tool_calls=calls,
+            latency_s=usage.get("recorded_latency_s"),
         )
+
+
+def _auto_tool_mode(resolved: ResolvedLM) -> ToolMode:
+    """``native`` when LiteLLM knows ``resolved.model`` supports function calling, else ``json``."""
+    if resolved.is_local:
+        return "json"
+    import litellm
+
+    try:
+        return "native" if litellm.supports_function_calling(model=resolved.model) else "json"
+    except Exception:  # unknown model names raise in some LiteLLM versions
+        return "json"

@@ -204,3 +204,114 @@ def test_steps_keep_the_raw_reply_capped() -> None:
     ep = _agent(model).run("q")
     assert ep.steps[0].reply == "x" * 500 and ep.steps[1].reply.startswith('{"answer"')
     assert ep.steps[0].to_dict()["reply"] == "x" * 500
+
+
+# -- native tool calling (issue 16) ---------------------------------------------------------------
+
+from kitune.chat import ChatResponse, ToolCall  # noqa: E402
+from kitune.evaluation.metrics import build_trace  # noqa: E402
+from kitune.testing.chat import native_turn  # noqa: E402
+
+
+class _Ticks:
+    """A clock that advances 0.5 s per reading, so latencies and wall time are exact."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        self.t += 0.5
+        return self.t
+
+
+def _both_modes(script: list[str], *, max_steps: int = 43, usage: tuple[int, int] = (150, 12)):
+    from kitune.data.loaders import Question
+
+    q = Question(
+        query_id="q1", query="What is the capital of France?", answer="Paris", evidence_docids=("d1",)
+    )
+    out = {}
+    for mode in ("json", "native"):
+        turns = script if mode == "json" else [native_turn(t, call_id=f"c{i}", usage=usage) for i, t in
+                                                enumerate(script)]
+        model = ScriptedChatModel(turns, usage=usage, tool_mode=mode)
+        agent = Agent(model, baseline_toolbox(FakeCorpusStore(DOCS)), budget=Budget(max_steps=max_steps),
+                      clock=_Ticks())
+        ep = agent.run(q.query)
+        out[mode] = (ep, build_trace(q, "baseline", ep).to_dict(), model)
+    return out
+
+
+def test_same_scripted_episode_gives_equal_traces_in_both_modes() -> None:
+    script = [
+        tool("search", query="capital France"),
+        "hmm, let me think",  # invalid in both modes
+        tool("search", query="capital France"),  # identical call: answered from the trace
+        tool("get_by_doc_id", docid="d1"),
+        answer("Paris", 90, "Document [d1] says so."),
+    ]
+    runs = _both_modes(script)
+    (ej, tj, mj), (en, tn, mn) = runs["json"], runs["native"]
+    assert ej.tool_mode == "json" and en.tool_mode == "native"
+    assert tj == tn  # steps (kinds, args, observation sizes, doc ids, errors, tokens, latency, reply), totals
+    assert [s["kind"] for s in tn["steps"]] == ["tool", "invalid", "tool", "tool", "answer"]
+    assert tn["steps"][2]["repeated"] is True and tn["tool_calls"] == {"search": 1, "get_by_doc_id": 1}
+    assert (tn["input_tokens"], tn["output_tokens"]) == (5 * 150, 5 * 12)
+    assert tn["exact_answer"] == "Paris" and tn["confidence"] == 90
+    assert tn["steps"][-1]["reply"] == script[-1]  # the answer call rendered as the JSON protocol
+    # JSON mode sends no tools; native mode sends the toolbox's schemas plus `answer`, never json_mode.
+    assert all(c.tools is None and c.json_mode for c in mj.calls)
+    assert all(not c.json_mode for c in mn.calls)
+    names = [t["function"]["name"] for t in mn.calls[0].tools]
+    assert names == ["search", "get_by_doc_id", "answer"]
+    assert mn.calls[0].tools[0]["function"]["parameters"]["required"] == ["query"]
+    # Native observations go back as tool messages answering the call id.
+    msgs = mn.calls[1].messages
+    assert msgs[-2]["tool_calls"][0]["id"] == "c0" and msgs[-1]["role"] == "tool"
+    assert msgs[-1]["tool_call_id"] == "c0" and "[d1] Paris" in msgs[-1]["content"]
+    assert "Call one of the tools, or call answer" in mn.calls[2].messages[-1]["content"]
+
+
+def test_force_commit_is_equal_in_both_modes_and_native_forces_the_answer_function() -> None:
+    script = [tool("search", query=f"q{i}") for i in range(3)] + [answer("Paris", 40)]
+    runs = _both_modes(script, max_steps=3)
+    (_, tj, _), (en, tn, mn) = runs["json"], runs["native"]
+    assert tj == tn
+    assert en.status == "budget_exhausted" and en.force_committed and en.exhausted_by == "steps"
+    assert en.exact_answer == "Paris" and [s.kind for s in en.steps][-1] == "force_commit"
+    last = mn.calls[-1]
+    assert [t["function"]["name"] for t in last.tools] == ["answer"]
+    assert last.tool_choice == {"type": "function", "function": {"name": "answer"}}
+    assert "budget is spent" in last.messages[-1]["content"] and len(mn.calls) == 4
+
+
+def test_native_runs_only_the_first_call_and_answers_the_rest() -> None:
+    two = ChatResponse(
+        text="", input_tokens=50, output_tokens=5,
+        tool_calls=(ToolCall("a", "search", '{"query": "Paris"}'), ToolCall("b", "search", '{"query": "x"}')),
+    )
+    bad_args = ChatResponse(text="", input_tokens=50, output_tokens=5,
+                            tool_calls=(ToolCall("c", "search", '["not", "an", "object"]'),))
+    model = ScriptedChatModel([two, bad_args, native_turn(answer("Paris"), call_id="d")], tool_mode="native")
+    store = FakeCorpusStore(DOCS)
+    ep = Agent(model, baseline_toolbox(store)).run("q")
+    assert store.searches == ["Paris"]
+    tool_msgs = [m for m in model.calls[1].messages if m["role"] == "tool"]
+    assert [m["tool_call_id"] for m in tool_msgs] == ["a", "b"]
+    assert "one tool call per turn" in tool_msgs[1]["content"]
+    assert ep.steps[1].kind == "invalid" and "not a JSON object" in (ep.steps[1].error or "")
+    assert model.calls[2].messages[-1] == {
+        "role": "tool", "tool_call_id": "c",
+        "content": model.calls[2].messages[-1]["content"],
+    } and model.calls[2].messages[-1]["content"].startswith("ERROR:")
+    assert ep.status == "answered" and ep.exact_answer == "Paris"
+
+
+def test_native_text_answer_is_accepted_and_mode_override_wins() -> None:
+    model = ScriptedChatModel([answer("Lyon")], tool_mode="native")
+    ep = Agent(model, closed_book_toolbox()).run("q")
+    assert ep.tool_mode == "native" and ep.exact_answer == "Lyon"
+    assert [t["function"]["name"] for t in model.calls[0].tools] == ["answer"]
+    forced_json = ScriptedChatModel([answer("Lyon")], tool_mode="native")
+    ep2 = Agent(forced_json, closed_book_toolbox(), tool_mode="json").run("q")
+    assert ep2.tool_mode == "json" and forced_json.calls[0].tools is None

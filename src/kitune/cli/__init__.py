@@ -37,6 +37,7 @@ def _register() -> None:
         context_cmds,
         lm_cmds,
         loop_cmds,
+        mcp_cmds,
         store_cmds,
         traces_cmds,
         watch_cmds,
@@ -53,6 +54,7 @@ def _register() -> None:
         loop_cmds,
         traces_cmds,
         watch_cmds,
+        mcp_cmds,
     ):
         module.register(app)
     _REGISTERED = True

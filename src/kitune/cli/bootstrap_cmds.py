@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kitune.cli.common import ConfigOption, fail, get_config
+from kitune.cli.recording_opts import RecordOption, ReplayOption, record_overrides, with_recording
 from kitune.errors import KituneError
 
 __all__ = ["bootstrap", "register"]
@@ -22,6 +23,7 @@ __all__ = ["bootstrap", "register"]
 out = Console()
 
 
+@with_recording
 def bootstrap(
     corpus: Annotated[
         Path,
@@ -71,6 +73,8 @@ def bootstrap(
         bool, typer.Option("--register/--no-register", help="Register the draft in the prompt registry.")
     ] = True,
     track: Annotated[bool, typer.Option("--track/--no-track", help="Log the run to MLflow.")] = True,
+    record: RecordOption = None,
+    replay: ReplayOption = None,
 ) -> None:
     """Look at a new corpus and start it off: sample, describe, draft the extractor, describe the source.
 
@@ -88,7 +92,7 @@ def bootstrap(
     from kitune.service.bootstrap import bootstrap_corpus
     from kitune.usage import TokenLedger
 
-    overrides: dict[str, object] = {}
+    overrides: dict[str, object] = record_overrides(record, replay)
     if name:
         overrides["corpus_name"] = name
     cfg = get_config(config, overrides or None)

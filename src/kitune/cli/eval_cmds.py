@@ -17,6 +17,7 @@ from rich.table import Table
 
 from kitune.cli.common import ConfigOption, console, fail, get_config
 from kitune.cli.context_cmds import PackagedOption, PromptVersionOption
+from kitune.cli.recording_opts import RecordOption, ReplayOption, record_overrides, with_recording
 from kitune.errors import KituneError, LMAuthError
 
 if TYPE_CHECKING:
@@ -39,6 +40,7 @@ def _summary_table(title: str, rows: list[list[str]], header: list[str]) -> Tabl
     return table
 
 
+@with_recording
 def eval_command(
     skill: Annotated[str, typer.Option("--skill", help="baseline | in-context | closed-book | full-context")],
     data: Annotated[
@@ -70,6 +72,8 @@ def eval_command(
     prompt_version: PromptVersionOption = None,
     packaged: PackagedOption = False,
     config: ConfigOption = None,
+    record: RecordOption = None,
+    replay: ReplayOption = None,
 ) -> None:
     """Run the budgeted agent on a dataset slice; traces go to <workdir>/runs/<run-name>/ (resumable).
 
@@ -81,7 +85,7 @@ def eval_command(
     from kitune.service.evaluation import run_eval
     from kitune.service.prompts import parse_prompt_selection
 
-    cfg = get_config(config)
+    cfg = get_config(config, record_overrides(record, replay) or None)
     if split not in ("all", "tune", "validation"):
         fail(f"--split {split!r}: use all, tune or validation")
     try:

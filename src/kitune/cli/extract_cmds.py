@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kitune.cli.common import ConfigOption, fail, get_config
+from kitune.cli.recording_opts import RecordOption, ReplayOption, record_overrides, with_recording
 from kitune.config import KituneConfig
 from kitune.errors import KituneError
 
@@ -27,6 +28,7 @@ __all__ = ["extract", "register"]
 out = Console()
 
 
+@with_recording
 def extract(
     data: Annotated[
         Path,
@@ -80,6 +82,8 @@ def extract(
         int | None, typer.Option(min=1, help="Documents in parallel (default: extraction.concurrency).")
     ] = None,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show the progress bar.")] = True,
+    record: RecordOption = None,
+    replay: ReplayOption = None,
 ) -> None:
     """Extract KIs from every document under --data and write them to the configured store.
 
@@ -96,7 +100,7 @@ def extract(
     from kitune.service.prompts import versioned_store_cfg
     from kitune.usage import TokenLedger
 
-    overrides: dict[str, object] = {}
+    overrides: dict[str, object] = record_overrides(record, replay)
     if concurrency is not None:
         overrides["extraction.concurrency"] = concurrency
     cfg = get_config(config, overrides or None)

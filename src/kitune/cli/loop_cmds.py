@@ -17,6 +17,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from kitune.cli.common import ConfigOption, fail, get_config
+from kitune.cli.recording_opts import RecordOption, ReplayOption, record_overrides, with_recording
 from kitune.errors import KituneError
 
 __all__ = ["demo_cmd", "drift_app", "optimize_cmd", "prompts_app", "register", "register_loop"]
@@ -264,6 +265,7 @@ def _mlflow_hint(uri: str) -> str:
     return f"MLflow runs: mlflow ui --backend-store-uri {uri}"
 
 
+@with_recording
 def optimize_cmd(
     data: DataOption,
     config: ConfigOption = None,
@@ -290,6 +292,8 @@ def optimize_cmd(
     ] = True,
     run_name: RunNameOption = "optimize",
     progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
+    record: RecordOption = None,
+    replay: ReplayOption = None,
 ) -> None:
     """Run (or resume) the self-improvement loop: extract → evaluate → improve → validate → accept → log.
 
@@ -298,7 +302,7 @@ def optimize_cmd(
     """
     from kitune.service.optimize import OptimizeOptions, run_optimize
 
-    cfg = get_config(config)
+    cfg = get_config(config, record_overrides(record, replay) or None)
     choice = optimizer or cfg.optimize.optimizer
     if choice not in ("gepa", "mipro"):
         fail(f"--optimizer {choice!r}: use gepa or mipro")
@@ -418,6 +422,7 @@ def _demo_table(summaries: Sequence[Any]) -> Table:
     return table
 
 
+@with_recording
 def demo_cmd(
     data: Annotated[
         Path | None, typer.Option("--data", "-d", help="Dataset folder (default: ../shared/data/fixture).")
@@ -438,6 +443,8 @@ def demo_cmd(
     ] = None,
     workdir: Annotated[Path | None, typer.Option(help="Work folder (the demo uses <workdir>/demo).")] = None,
     progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
+    record: RecordOption = None,
+    replay: ReplayOption = None,
 ) -> None:
     """The main job: extract KIs, compare baseline / in-context / in-context + disambiguation, optimise once.
 
@@ -451,6 +458,7 @@ def demo_cmd(
     started = time.monotonic()
     path = config if config is not None else default_demo_config()
     overrides: dict[str, object] = {"workdir": str(workdir)} if workdir is not None else {}
+    overrides.update(record_overrides(record, replay))
     cfg = get_config(path if path.is_file() or config is not None else None, overrides or None)
     if optimizer not in ("gepa", "mipro"):
         fail(f"--optimizer {optimizer!r}: use gepa or mipro")

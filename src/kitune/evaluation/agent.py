@@ -1,7 +1,14 @@
 """The budgeted tool-using agent: one question in, one :class:`Episode` out.
 
-The loop talks to a :class:`kitune.chat.ChatModel` with the JSON text protocol of
-:mod:`kitune.evaluation.protocol`. Model mistakes are data, not exceptions:
+The loop talks to a :class:`kitune.chat.ChatModel` in one of two tool modes
+(:data:`kitune.chat.ToolMode`): ``json`` — the JSON text protocol of
+:mod:`kitune.evaluation.protocol`, for any model (the embedded one included); ``native`` —
+function schemas sent as ``tools=`` and tool-call messages (:mod:`kitune.evaluation.native`),
+for models with function calling. The mode comes from the ``tool_mode`` argument, else the
+model's own ``tool_mode`` attribute (``LiteLLMChatModel`` sets it from ``agent.tool_calling``),
+else ``json``; it is recorded on the :class:`Episode`. Budgets, repeats, force-commit, traces
+and token accounting are the same in both modes, and a Step's ``reply`` holds the JSON-protocol
+text of the action either way. Model mistakes are data, not exceptions:
 
 * a malformed reply or a bad tool call is recorded on its :class:`Step` (``error``) and the
   model is told what was wrong; the loop continues;
@@ -26,9 +33,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from kitune.chat import ChatMessage, ChatModel, ChatResponse
+from kitune.chat import ChatMessage, ChatModel, ChatResponse, ToolCall, ToolMode
 from kitune.errors import LMContextWindowError, LMError, ParseError
 from kitune.evaluation.budget import Budget, BudgetMeter
+from kitune.evaluation.native import (
+    ANSWER_TOOL,
+    NativeTurn,
+    answer_schema,
+    native_force_commit_prompt,
+    native_system_prompt,
+    read_native_reply,
+    tool_schemas,
+)
 from kitune.evaluation.protocol import (
     AnswerAction,
     ToolAction,
@@ -134,6 +150,8 @@ class Episode:
     """Every doc id shown to the model, first-seen order, unique."""
     errors: tuple[str, ...] = ()
     """Step errors and LM errors, in order."""
+    tool_mode: ToolMode = "json"
+    """How tools were offered to the model: ``json`` (text protocol) or ``native`` (function calling)."""
 
     @property
     def input_tokens(self) -> int:
@@ -167,6 +185,10 @@ class Agent:
         trimmed_observation_chars: per-observation cap in the trimmed trace used after a
             context overflow; at most 4 observations, most recent, are kept.
         clock: monotonic clock in seconds (injectable for tests).
+        tool_mode: ``json`` or ``native`` (None: the model's ``tool_mode`` attribute, else ``json``).
+
+    Raises:
+        ValueError: ``tool_mode`` (given or from the model) is not ``json`` or ``native``.
     """
 
     def __init__(
@@ -178,7 +200,12 @@ class Agent:
         max_output_tokens: int | None = None,
         trimmed_observation_chars: int = 1200,
         clock: Callable[[], float] = time.monotonic,
+        tool_mode: ToolMode | None = None,
     ) -> None:
+        mode = tool_mode or getattr(model, "tool_mode", None) or "json"
+        if mode not in ("json", "native"):
+            raise ValueError(f"tool_mode={mode!r}: use 'json' or 'native'")
+        self.tool_mode: ToolMode = mode
         self.model = model
         self.toolbox = toolbox
         self.budget = budget or Budget()
@@ -205,8 +232,12 @@ class _Run:
     def __init__(self, agent: Agent, question: str) -> None:
         self.a = agent
         self.question = question
-        self.meter = BudgetMeter(agent.budget, clock=agent.clock)
-        self.start = agent.clock()
+        self.native = agent.tool_mode == "native"
+        # Recorded/replayed calls report their stored latency; the clock is shifted by (stored -
+        # measured) so steps, wall time and the timeout budget see the same time in both runs.
+        self.offset = 0.0
+        self.meter = BudgetMeter(agent.budget, clock=self._now)
+        self.start = self._now()
         self.steps: list[Step] = []
         self.errors: list[str] = []
         self.tool_calls: dict[str, int] = {}
@@ -217,17 +248,37 @@ class _Run:
         self.identical_run = 0
         self.repeated = 0
         self.blocked = 0
-        system = system_prompt(agent.toolbox.skill, agent.toolbox.describe(), agent.budget.max_steps)
+        if self.native:
+            self.tools = tool_schemas(agent.toolbox)
+            system = native_system_prompt(agent.toolbox.skill, agent.budget.max_steps)
+        else:
+            self.tools = []
+            system = system_prompt(agent.toolbox.skill, agent.toolbox.describe(), agent.budget.max_steps)
         self.head: list[ChatMessage] = [
             {"role": "system", "content": system},
             {"role": "user", "content": f"Question: {question}"},
         ]
         self.messages: list[ChatMessage] = list(self.head)
 
-    def _call(self, messages: list[ChatMessage]) -> tuple[ChatResponse, float]:
+    def _now(self) -> float:
+        return self.a.clock() + self.offset
+
+    def _call(self, messages: list[ChatMessage], *, final: bool = False) -> tuple[ChatResponse, float]:
         t0 = self.a.clock()
-        resp = self.a.model.complete(messages, json_mode=True, max_tokens=self.a.max_output_tokens)
-        return resp, self.a.clock() - t0
+        if not self.native:
+            resp = self.a.model.complete(messages, json_mode=True, max_tokens=self.a.max_output_tokens)
+        elif final:  # force-commit: only the answer function, and it must be called
+            forced = {"type": "function", "function": {"name": ANSWER_TOOL}}
+            resp = self.a.model.complete(
+                messages, max_tokens=self.a.max_output_tokens, tools=[answer_schema()], tool_choice=forced
+            )
+        else:
+            resp = self.a.model.complete(messages, max_tokens=self.a.max_output_tokens, tools=self.tools)
+        measured = self.a.clock() - t0
+        if resp.latency_s is None:
+            return resp, measured
+        self.offset += resp.latency_s - measured
+        return resp, resp.latency_s
 
     def _episode(self, status: EpisodeStatus, answer: AnswerAction | None = None, **kw: Any) -> Episode:
         return Episode(
@@ -240,13 +291,18 @@ class _Run:
             tool_calls=dict(self.tool_calls),
             repeated_calls=self.repeated,
             repeated_call_blocked=self.blocked,
-            wall_time_s=self.a.clock() - self.start,
+            wall_time_s=self._now() - self.start,
             doc_ids_seen=tuple(self.seen),
             errors=tuple(self.errors),
+            tool_mode=self.a.tool_mode,
             **kw,
         )
 
-    def _step(self, kind: StepKind, resp: ChatResponse | None, latency: float, **kw: Any) -> None:
+    def _step(
+        self, kind: StepKind, resp: ChatResponse | None, latency: float, reply: str | None = None, **kw: Any
+    ) -> None:
+        if reply is None:
+            reply = resp.text if resp else ""
         if kw.get("error"):
             self.errors.append(f"step {len(self.steps) + 1}: {kw['error']}")
         self.steps.append(
@@ -256,7 +312,7 @@ class _Run:
                 input_tokens=resp.input_tokens if resp else 0,
                 output_tokens=resp.output_tokens if resp else 0,
                 latency_s=latency,
-                reply=(resp.text[:REPLY_KEEP_CHARS] if resp else ""),
+                reply=reply[:REPLY_KEEP_CHARS],
                 **kw,
             )
         )
@@ -275,24 +331,56 @@ class _Run:
                 self._step("lm_error", None, 0.0, error=f"{type(e).__name__}: {e}")
                 return self._episode("failed")
             self.meter.charge(input_tokens=resp.input_tokens, output_tokens=resp.output_tokens)
-            try:
-                action = parse_action(resp.text)
-            except ParseError as e:
-                self._step("invalid", resp, latency, error=str(e))
-                self._feed(resp.text, f"ERROR: {e}")
+            turn = self._read(resp)
+            if turn.action is None:
+                self._step("invalid", resp, latency, reply=turn.reply, error=turn.error)
+                hint = " Call one of the tools, or call answer with your final answer." if self.native else ""
+                self._feed(resp, turn, f"ERROR: {turn.error}{hint}")
                 continue
-            if isinstance(action, AnswerAction):
-                self._step("answer", resp, latency)
-                return self._episode("answered", action)
-            self._tool_step(action, resp, latency)
+            if isinstance(turn.action, AnswerAction):
+                self._step("answer", resp, latency, reply=turn.reply)
+                return self._episode("answered", turn.action)
+            self._tool_step(turn.action, resp, latency, turn)
         return self._force_commit(overflow)
 
-    def _feed(self, reply: str, observation: str) -> None:
-        left = self.meter.steps_left
-        self.messages.append({"role": "assistant", "content": reply})
-        self.messages.append({"role": "user", "content": f"{observation}\n\n[{left} step(s) left]"})
+    def _read(self, resp: ChatResponse) -> NativeTurn:
+        """The reply as an action (both modes); ``action=None`` with ``error`` when unusable."""
+        if self.native:
+            return read_native_reply(resp)
+        try:
+            return NativeTurn(parse_action(resp.text), None, resp.text, None)
+        except ParseError as e:
+            return NativeTurn(None, str(e), resp.text, None)
 
-    def _tool_step(self, action: ToolAction, resp: ChatResponse, latency: float) -> None:
+    def _feed(self, resp: ChatResponse, turn: NativeTurn, observation: str, tool: str | None = None) -> None:
+        """Append the model's reply and what it gets back, with the steps left."""
+        left = self.meter.steps_left
+        if turn.call is None:  # JSON mode, or a native reply that held no function call
+            shown = f"Observation from {tool}:\n{observation}" if tool else observation
+            self.messages.append({"role": "assistant", "content": resp.text})
+            self.messages.append({"role": "user", "content": f"{shown}\n\n[{left} step(s) left]"})
+            return
+        calls: list[ToolCall] = [turn.call, *turn.skipped]
+        self.messages.append(
+            {"role": "assistant", "content": resp.text or None, "tool_calls": [c.to_message() for c in calls]}
+        )
+        self.messages.append(
+            {
+                "role": "tool",
+                "tool_call_id": turn.call.id,
+                "content": f"{observation}\n\n[{left} step(s) left]",
+            }
+        )
+        for extra in turn.skipped:
+            self.messages.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": extra.id,
+                    "content": "ERROR: one tool call per turn; this call was not run. Call it next turn.",
+                }
+            )
+
+    def _tool_step(self, action: ToolAction, resp: ChatResponse, latency: float, turn: NativeTurn) -> None:
         key = canonical_call(action.tool, action.args)
         self.identical_run = self.identical_run + 1 if key == self.last_key else 1
         self.last_key = key
@@ -332,6 +420,7 @@ class _Run:
             "tool",
             resp,
             latency,
+            reply=turn.reply,
             tool=action.tool,
             args=dict(action.args),
             observation_chars=len(obs.text),
@@ -343,7 +432,7 @@ class _Run:
             tool_input_tokens=obs.input_tokens,
             tool_output_tokens=obs.output_tokens,
         )
-        self._feed(resp.text, f"Observation from {action.tool}:\n{obs.text}")
+        self._feed(resp, turn, obs.text, tool=action.tool)
 
     def _trimmed(self) -> list[ChatMessage]:
         cap = self.a.trimmed_observation_chars
@@ -354,10 +443,11 @@ class _Run:
     def _force_commit(self, overflow: bool) -> Episode:
         exhausted = None if overflow else self.meter.exhausted_by()
         status: EpisodeStatus = "context_overflow" if overflow else "budget_exhausted"
-        prompt: ChatMessage = {"role": "user", "content": force_commit_prompt()}
+        text = native_force_commit_prompt() if self.native else force_commit_prompt()
+        prompt: ChatMessage = {"role": "user", "content": text}
         messages = [*self._trimmed(), prompt] if overflow else [*self.messages, prompt]
         try:
-            resp, latency = self._call(messages)
+            resp, latency = self._call(messages, final=True)
         except LMContextWindowError as e:
             if overflow:
                 self._step("lm_error", None, 0.0, error=f"force-commit context window exceeded: {e}")
@@ -366,7 +456,7 @@ class _Run:
             self._step("lm_error", None, 0.0, error=f"force-commit context window exceeded: {e}")
             status = "context_overflow"
             try:
-                resp, latency = self._call([*self._trimmed(), prompt])
+                resp, latency = self._call([*self._trimmed(), prompt], final=True)
             except LMError as e2:
                 self._step("lm_error", None, 0.0, error=f"{type(e2).__name__}: {e2}")
                 return self._episode(status, exhausted_by=exhausted, timed_out=True)
@@ -375,15 +465,14 @@ class _Run:
             return self._episode(status, exhausted_by=exhausted, timed_out=not overflow)
         answer: AnswerAction | None = None
         error: str | None = None
-        try:
-            action = parse_action(resp.text)
-            if isinstance(action, AnswerAction):
-                answer = action
-            else:
-                error = f"force-commit reply was a tool call ({action.tool}), not an answer"
-        except ParseError as e:
-            error = f"force-commit reply unparseable: {e}"
-        self._step("force_commit", resp, latency, error=error)
+        turn = self._read(resp)
+        if isinstance(turn.action, AnswerAction):
+            answer = turn.action
+        elif isinstance(turn.action, ToolAction):
+            error = f"force-commit reply was a tool call ({turn.action.tool}), not an answer"
+        else:
+            error = f"force-commit reply unparseable: {turn.error}"
+        self._step("force_commit", resp, latency, reply=turn.reply, error=error)
         return self._episode(
             status,
             answer,

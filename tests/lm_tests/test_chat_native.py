@@ -1,0 +1,109 @@
+"""LiteLLMChatModel in native tool mode against the OpenAI-compatible stub (issue 16)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from kitune.config import KituneConfig
+from kitune.evaluation.agent import Agent
+from kitune.evaluation.budget import Budget
+from kitune.evaluation.tools import closed_book_toolbox
+from kitune.lm import LiteLLMChatModel, _auto_tool_mode, resolve_role
+from kitune.testing.openai_stub import Reply, StubServer
+from kitune.usage import TokenLedger
+
+CfgFactory = Callable[..., KituneConfig]
+
+
+def _tool_reply(name: str, arguments: str, usage: tuple[int, int] = (60, 9)) -> Reply:
+    body: dict[str, Any] = {
+        "id": "chatcmpl-stub",
+        "object": "chat.completion",
+        "created": 1_700_000_000,
+        "model": "stub-model",
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": "tool_calls",
+                "message": {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": "call_7",
+                            "type": "function",
+                            "function": {"name": name, "arguments": arguments},
+                        }
+                    ],
+                },
+            }
+        ],
+        "usage": {"prompt_tokens": usage[0], "completion_tokens": usage[1], "total_tokens": sum(usage)},
+    }
+    return Reply._json(200, body, label="tool_call")
+
+
+def test_mode_follows_config_and_litellm_capabilities(gateway_cfg: CfgFactory) -> None:
+    assert LiteLLMChatModel(gateway_cfg(), "agent").tool_mode == "json"  # unknown gateway model
+    known = gateway_cfg(**{"lm.gateway.default_model": "gpt-4o-mini"})
+    assert LiteLLMChatModel(known, "agent").tool_mode == "native"  # LiteLLM: supports function calling
+    forced = gateway_cfg(**{"agent.tool_calling": "native"})
+    assert LiteLLMChatModel(forced, "agent").tool_mode == "native"
+    off = gateway_cfg(**{"lm.gateway.default_model": "gpt-4o-mini", "agent.tool_calling": "json"})
+    assert LiteLLMChatModel(off, "agent").tool_mode == "json"
+    from kitune.config import load_config
+
+    assert _auto_tool_mode(resolve_role(load_config(), "agent")) == "json"  # the embedded local model
+
+
+def test_native_episode_sends_tools_and_reads_tool_calls(gateway_cfg: CfgFactory, stub: StubServer) -> None:
+    stub.push(_tool_reply("answer", '{"explanation": "known", "exact_answer": "Paris", "confidence": 70}'))
+    ledger = TokenLedger()
+    chat = LiteLLMChatModel(gateway_cfg(**{"agent.tool_calling": "native"}), "agent", ledger=ledger)
+    ep = Agent(chat, closed_book_toolbox(), budget=Budget(max_steps=3)).run("Capital of France?")
+    assert ep.tool_mode == "native" and ep.status == "answered" and ep.exact_answer == "Paris"
+    assert (
+        (ep.input_tokens, ep.output_tokens)
+        == (60, 9)
+        == (ledger.totals(role="agent")["input_tokens"], ledger.totals(role="agent")["output_tokens"])
+    )
+    sent = stub.chat_requests[0].body
+    assert [t["function"]["name"] for t in sent["tools"]] == ["answer"]
+    assert "response_format" not in sent
+
+
+def test_tool_call_message_round_trips_to_the_provider(gateway_cfg: CfgFactory, stub: StubServer) -> None:
+    stub.push(_tool_reply("answer", '{"exact_answer": "Paris"}'))
+    chat = LiteLLMChatModel(gateway_cfg(), "agent", tool_mode="native")
+    history = [
+        {"role": "user", "content": "q"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "search", "arguments": '{"query": "x"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "1. [d1] Paris"},
+    ]
+    forced = {"type": "function", "function": {"name": "answer"}}
+    resp = chat.complete(
+        history,
+        tools=[
+            {
+                "type": "function",
+                "function": {"name": "answer", "parameters": {"type": "object", "properties": {}}},
+            }
+        ],
+        tool_choice=forced,
+    )
+    assert resp.tool_calls[0].name == "answer" and resp.tool_calls[0].id == "call_7"
+    assert resp.finish_reason == "tool_calls" and resp.text == ""
+    body = stub.chat_requests[0].body
+    assert body["tool_choice"] == forced
+    assert body["messages"][2] == {"role": "tool", "tool_call_id": "call_1", "content": "1. [d1] Paris"}
