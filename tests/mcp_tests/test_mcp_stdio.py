@@ -52,7 +52,10 @@ def config_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
         encoding="utf-8",
     )
     cfg = load_config(path)
-    store = create_store(cfg)
+    # kitune mcp serves the production extractor's KI table, like serve/context/extract
+    from kitune.service.prompts import production_setting
+
+    store = create_store(production_setting(cfg).store_cfg)
     result = store.upsert(
         [
             _ki("d1", "Acme Corp", "Springfield", "Acme Corp is headquartered in Springfield.", tags=["org"]),

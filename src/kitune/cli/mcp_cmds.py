@@ -13,6 +13,7 @@ from typing import Annotated
 import typer
 
 from kitune.cli.common import ConfigOption, fail, get_config
+from kitune.cli.context_cmds import PackagedOption, PromptVersionOption
 from kitune.errors import KituneError
 
 __all__ = ["mcp_command", "register"]
@@ -30,9 +31,15 @@ def mcp_command(
     no_rewrite: Annotated[
         bool, typer.Option("--no-rewrite", help="Skip the LLM rewrite; search with the question as typed.")
     ] = False,
+    prompt_version: PromptVersionOption = None,
+    packaged: PackagedOption = False,
     config: ConfigOption = None,
 ) -> None:
-    """Serve kitune's context tools over the Model Context Protocol (stdio or streamable HTTP)."""
+    """Serve kitune's context tools over the Model Context Protocol (stdio or streamable HTTP).
+
+    Serves the production prompt versions and their KI table, like ``kitune serve`` (printed on
+    stderr; stdout is the protocol); --prompt-version or --packaged choose others.
+    """
     if transport not in ("stdio", "http"):
         fail(f"--transport {transport!r}: use stdio or http")
     try:
@@ -48,9 +55,11 @@ def mcp_command(
         except KituneError as e:
             fail(str(e))
     cfg = get_config(config)
-    from kitune.cli.context_cmds import _build
+    from kitune.cli.context_cmds import _build, resolve_setting
 
-    store, rewriter, ledger = _build(cfg, use_rewriter=not no_rewrite)
+    shown = ("extractor",) if no_rewrite else ("extractor", "rewriter")
+    setting = resolve_setting(cfg, prompt_version, packaged, programs=shown)
+    store, rewriter, ledger = _build(cfg, setting, use_rewriter=not no_rewrite)
     server = create_mcp_server(cfg, store=store, rewriter=rewriter, ledger=ledger)
     try:
         run_mcp(
