@@ -8,7 +8,7 @@ hand them to :func:`kitune.mcp_server.create_mcp_server` and run the chosen tran
 from __future__ import annotations
 
 import os
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 
@@ -21,7 +21,7 @@ __all__ = ["mcp_command", "register"]
 
 def mcp_command(
     transport: Annotated[
-        str,
+        Literal["stdio", "http"],
         typer.Option("--transport", "-t", help="stdio (the client starts kitune) or http (streamable HTTP)."),
     ] = "stdio",
     host: Annotated[
