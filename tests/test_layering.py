@@ -8,13 +8,13 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "kitune"
 # lower number = lower layer; a module may import only same-or-lower layers.
 LAYERS = {
     "errors": 0, "config": 0, "text": 0, "usage": 0, "chat": 0, "ki": 0, "schema": 0,
-    "lm": 1, "localmodel": 1,
+    "lm": 1, "localmodel": 1, "recording": 1,
     "programs": 2, "retrieval": 2, "data": 2,
     "evaluation": 3,
     "optimizers": 4,
     "experiments": 5,
     "service": 6,
-    "cli": 7, "server": 7, "__main__": 8,
+    "cli": 7, "server": 7, "mcp_server": 7, "__main__": 8,
     "testing": 9,
 }
 

@@ -232,7 +232,13 @@ class AgentConfig(_Section):
     max_steps: int = Field(default=43, ge=1, le=500, description="Step budget per question.")
     max_tokens: int | None = Field(default=None, ge=1, description="Optional input-token budget per question.")
     timeout_s: float | None = Field(default=None, gt=0, description="Optional wall-clock budget per question.")
-    observation_max_chars: int = Field(default=8000, ge=200, description="Cap on one tool result.")
+    observation_max_chars: int | None = Field(
+        default=None,
+        ge=200,
+        description="Cap on one tool result in characters, the same for every skill (None: no cap, the "
+        "published baseline: 10 hits × 3 snippets of ≤ 700 characters). Whole results are cut and only "
+        "what was shown counts as seen.",
+    )
     concurrency: int = Field(default=2, ge=1, le=64, description="Questions run in parallel.")
     tool_calling: Literal["auto", "native", "json"] = Field(
         default="auto",

@@ -113,6 +113,8 @@ class Trace:
     set exactly when ``status == "failed"``; such a trace is never graded."""
     category: str = ""
     """The question's category (e.g. ``"temporal"``), empty when the dataset has none."""
+    tool_mode: str = "json"
+    """How the agent called tools: ``native`` (the provider's tool calling) or ``json`` (JSON in text)."""
 
     @property
     def is_graded(self) -> bool:
@@ -261,6 +263,7 @@ def build_trace(question: Question, skill: str, episode: Episode, *, judge: Judg
         evidence_recall=evidence_recall(episode.doc_ids_seen, question.evidence_docids),
         errors=list(episode.errors),
         category=question.category,
+        tool_mode=getattr(episode, "tool_mode", "json"),
     )
 
 

@@ -363,6 +363,11 @@ def write_report(
     if plot is not None:
         md += ["", "![accuracy vs input tokens](report.png)"]
     md += _comparison_md(comparisons)
+    from kitune.evaluation.categories import category_markdown  # categories imports report
+
+    by_category = category_markdown(runs)
+    if by_category:
+        md += ["", *by_category]
     md_path = out / "report.md"
     md_path.write_text("\n".join(md) + "\n", encoding="utf-8")
     cells = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows)

@@ -314,6 +314,7 @@ def run_eval(
         "observation_max_chars": cfg.agent.observation_max_chars,
         "search_hits": cfg.retrieval.search_hits,
         "prompt_versions": versions,
+        "tool_calling": getattr(chat_model, "tool_mode", "json"),
     }
     (run_dir / "run.json").write_text(json.dumps(params, indent=2), encoding="utf-8")
     traces_path = run_dir / "traces.jsonl"
