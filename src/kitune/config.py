@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextvars
 import os
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -47,6 +48,7 @@ __all__ = [
     "TrackingConfig",
     "load_config",
     "mask_secrets",
+    "with_overrides",
 ]
 
 Role = Literal["extract", "rewrite", "agent", "judge", "reflection"]
@@ -417,6 +419,29 @@ def _dotted_to_nested(overrides: dict[str, Any]) -> dict[str, Any]:
     return nested
 
 
+def with_overrides(cfg: KituneConfig, overrides: Mapping[str, Any]) -> KituneConfig:
+    """``cfg`` with dotted-key ``overrides`` applied and re-validated; ``cfg`` is not changed.
+
+    The one override merger: :func:`load_config` and the loop's knob settings both use it. The
+    environment is not read again, so an override always wins.
+
+    Args:
+        cfg: the configuration.
+        overrides: dotted keys, e.g. ``{"retrieval.rrf_k": 30}``; empty: ``cfg`` itself.
+
+    Raises:
+        pydantic.ValidationError: an override has an invalid value (the error names the setting).
+    """
+    if not overrides:
+        return cfg
+    merged = _deep_merge(cfg.model_dump(mode="python"), _dotted_to_nested(dict(overrides)))
+    token = _IGNORE_ENV.set(True)
+    try:
+        return KituneConfig.model_validate(merged)
+    finally:
+        _IGNORE_ENV.reset(token)
+
+
 def load_config(path: Path | str | None = None, overrides: dict[str, Any] | None = None) -> KituneConfig:
     """Load the effective configuration.
 
@@ -442,14 +467,7 @@ def load_config(path: Path | str | None = None, overrides: dict[str, Any] | None
             "environment variable and name that variable instead (e.g. api_key_env: MY_PROVIDER_KEY)"
         )
     try:
-        cfg = KituneConfig(**data)
-        if overrides:
-            merged = _deep_merge(cfg.model_dump(mode="python"), _dotted_to_nested(overrides))
-            token = _IGNORE_ENV.set(True)
-            try:
-                cfg = KituneConfig.model_validate(merged)
-            finally:
-                _IGNORE_ENV.reset(token)
+        cfg = with_overrides(KituneConfig(**data), overrides or {})
     except ValidationError as e:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()

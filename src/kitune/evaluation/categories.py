@@ -13,7 +13,7 @@ import json
 from collections.abc import Mapping, Sequence
 
 from kitune.evaluation.metrics import Trace
-from kitune.evaluation.report import RunSummary, summarize
+from kitune.evaluation.summary import RunSummary, summarize
 
 __all__ = [
     "ALL",

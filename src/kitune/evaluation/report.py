@@ -16,17 +16,19 @@ from __future__ import annotations
 import html
 import itertools
 import json
-import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from kitune.errors import DataError
+from kitune.evaluation.categories import category_markdown
 from kitune.evaluation.comparison import RunComparison, compare_runs
 from kitune.evaluation.harness import read_traces
 from kitune.evaluation.metrics import Trace
+from kitune.evaluation.summary import GRADER_ERROR_THRESHOLD, RunSummary, summarize, wilson_interval
 
 __all__ = [
+    "GRADER_ERROR_THRESHOLD",
     "ROWS",
     "ReportFiles",
     "RunSummary",
@@ -36,109 +38,6 @@ __all__ = [
     "wilson_interval",
     "write_report",
 ]
-
-GRADER_ERROR_THRESHOLD = 0.05
-"""Above this share of grader errors a run is marked incomplete."""
-
-
-def wilson_interval(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
-    """Wilson score interval for ``k`` successes in ``n`` trials (95% by default).
-
-    Returns:
-        ``(low, high)`` in 0.0–1.0; ``(0.0, 0.0)`` when ``n == 0``.
-    """
-    if n <= 0:
-        return 0.0, 0.0
-    p = k / n
-    denom = 1 + z * z / n
-    center = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return max(0.0, center - half), min(1.0, center + half)
-
-
-@dataclass(frozen=True)
-class RunSummary:
-    """Aggregates over one run's traces."""
-
-    name: str
-    n_total: int
-    n_graded: int
-    n_grader_errors: int
-    n_failed: int
-    """Questions whose run raised or ended in status ``failed``."""
-    n_correct: int
-    accuracy: float | None
-    """n_correct / n_graded, None when nothing was graded."""
-    ci_low: float
-    ci_high: float
-    """95% Wilson interval of ``accuracy``."""
-    em: float
-    """Mean exact match over all questions, 0.0–1.0."""
-    f1: float
-    """Mean token F1 over all questions."""
-    input_tokens: int
-    input_tokens_per_question: float
-    output_tokens: int
-    tool_input_tokens: int
-    """LLM input tokens spent inside tools (query rewrites); the plot adds them to the agent's."""
-    timeouts: int
-    """Questions whose budget ran out before an answer."""
-    force_committed: int
-    force_commit_rescues: int
-    """Force-committed and judged correct."""
-    context_overflows: int
-    evidence_recall: float | None
-    """Mean over questions that have evidence docs."""
-    search_calls: int
-    tool_calls: int
-    repeated_call_blocked: int
-    wall_time_s: float
-    """Sum of per-question wall times (not the run's elapsed time when concurrent)."""
-    incomplete: bool
-    """Grader-error share above 5%."""
-
-    def to_dict(self) -> dict[str, object]:
-        """JSON-able dict."""
-        return asdict(self)
-
-
-def summarize(traces: Sequence[Trace], name: str = "run") -> RunSummary:
-    """Aggregate traces into a :class:`RunSummary` (see its field docs for definitions)."""
-    n = len(traces)
-    graded = [t for t in traces if t.is_graded]
-    correct = sum(1 for t in graded if t.judge_correct)
-    grader_errors = sum(1 for t in traces if t.judge_status == "grader_error")
-    low, high = wilson_interval(correct, len(graded))
-    recalls = [t.evidence_recall for t in traces if t.evidence_recall is not None]
-    in_tok = sum(t.input_tokens for t in traces)
-    return RunSummary(
-        name=name,
-        n_total=n,
-        n_graded=len(graded),
-        n_grader_errors=grader_errors,
-        n_failed=sum(1 for t in traces if t.status == "failed"),
-        n_correct=correct,
-        accuracy=correct / len(graded) if graded else None,
-        ci_low=low,
-        ci_high=high,
-        em=sum(t.em for t in traces) / n if n else 0.0,
-        f1=sum(t.f1 for t in traces) / n if n else 0.0,
-        input_tokens=in_tok,
-        input_tokens_per_question=in_tok / n if n else 0.0,
-        output_tokens=sum(t.output_tokens for t in traces),
-        tool_input_tokens=sum(t.tool_input_tokens for t in traces),
-        timeouts=sum(1 for t in traces if t.timed_out),
-        force_committed=sum(1 for t in traces if t.force_committed),
-        force_commit_rescues=sum(1 for t in traces if t.force_committed and t.judge_correct is True),
-        context_overflows=sum(1 for t in traces if t.status == "context_overflow"),
-        evidence_recall=sum(recalls) / len(recalls) if recalls else None,
-        search_calls=sum(t.tool_calls.get("search", 0) for t in traces),
-        tool_calls=sum(sum(t.tool_calls.values()) for t in traces),
-        repeated_call_blocked=sum(t.repeated_call_blocked for t in traces),
-        wall_time_s=sum(t.wall_time_s for t in traces),
-        incomplete=bool(n) and grader_errors / n > GRADER_ERROR_THRESHOLD,
-    )
-
 
 def _pct(x: float | None) -> str:
     return "–" if x is None else f"{100 * x:.1f}%"
@@ -363,8 +262,6 @@ def write_report(
     if plot is not None:
         md += ["", "![accuracy vs input tokens](report.png)"]
     md += _comparison_md(comparisons)
-    from kitune.evaluation.categories import category_markdown  # categories imports report
-
     by_category = category_markdown(runs)
     if by_category:
         md += ["", *by_category]

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from kitune.programs.instructions import prompt_name
 from kitune.errors import PromptNotFoundError, TrackingError
 from kitune.experiments.tracking import disable_mlflow_telemetry
 
@@ -42,24 +43,6 @@ _NAME_BAD = re.compile(r"[^A-Za-z0-9_.\-]+")
 
 PACKAGED_TAG = "kitune.packaged"
 """Tag set to the instruction version (``<program>@<sha8>``) on a version holding the packaged text."""
-
-
-def prompt_name(corpus: str, program: str) -> str:
-    """The registry name of ``program``'s prompt for ``corpus``: ``kitune-<corpus>-<program>``.
-
-    Characters outside ``[A-Za-z0-9_.-]`` (MLflow's prompt-name rule) become ``-``; case is
-    lowered. Deterministic.
-
-    Raises:
-        ValueError: ``corpus`` or ``program`` is empty after sanitising.
-    """
-    parts = []
-    for label, value in (("corpus", corpus), ("program", program)):
-        clean = _NAME_BAD.sub("-", value.strip().lower()).strip("-.")
-        if not clean:
-            raise ValueError(f"{label} name {value!r} has no usable characters for a prompt name")
-        parts.append(clean)
-    return f"kitune-{parts[0]}-{parts[1]}"
 
 
 @dataclass(frozen=True)

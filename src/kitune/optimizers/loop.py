@@ -250,8 +250,7 @@ def initial_prompts(
     Raises:
         ConfigError: a program has no packaged instruction.
     """
-    from kitune.experiments.prompts import prompt_name
-    from kitune.programs.instructions import load_instruction
+    from kitune.programs.instructions import load_instruction, prompt_name
 
     out: dict[str, str] = {}
     for program in programs:
@@ -441,7 +440,7 @@ def _register(
     programs: Sequence[str],
     tags: Mapping[str, str],
 ) -> dict[str, int]:
-    from kitune.experiments.prompts import prompt_name
+    from kitune.programs.instructions import prompt_name
 
     versions: dict[str, int] = {}
     for program in programs:
@@ -517,7 +516,7 @@ def run_loop(
     if not 0.0 <= max_failed_share <= 1.0:
         raise ValueError(f"max_failed_share={max_failed_share}: use a share between 0 and 1")
     from kitune.evaluation.report import wilson_interval
-    from kitune.experiments.tracking import log_candidate, log_program_state
+    from kitune.optimizers.artifacts import log_candidate, log_program_state
 
     state_path = state_dir / "loop_state.json"
     history, saved, reference = _read_state(state_path)

@@ -16,6 +16,7 @@ from importlib import resources
 from kitune.errors import ConfigError
 
 __all__ = [
+    "prompt_name",
     "Instruction",
     "available_instructions",
     "instruction_version",
@@ -92,3 +93,25 @@ def resolve_instruction(name: str, instructions: str | None) -> tuple[str, str]:
         loaded = load_instruction(name)
         return loaded.text, loaded.version
     return instructions, instruction_version(name, instructions)
+
+
+_NAME_BAD = re.compile(r"[^A-Za-z0-9_.\-]+")
+"""Characters MLflow does not allow in a prompt name."""
+
+
+def prompt_name(corpus: str, program: str) -> str:
+    """The registry name of ``program``'s prompt for ``corpus``: ``kitune-<corpus>-<program>``.
+
+    Characters outside ``[A-Za-z0-9_.-]`` (MLflow's prompt-name rule) become ``-``; case is
+    lowered. Deterministic.
+
+    Raises:
+        ValueError: ``corpus`` or ``program`` is empty after sanitising.
+    """
+    parts = []
+    for label, value in (("corpus", corpus), ("program", program)):
+        clean = _NAME_BAD.sub("-", value.strip().lower()).strip("-.")
+        if not clean:
+            raise ValueError(f"{label} name {value!r} has no usable characters for a prompt name")
+        parts.append(clean)
+    return f"kitune-{parts[0]}-{parts[1]}"

@@ -240,7 +240,7 @@ def run_demo(
         )
     finally:
         env.close()
-    from kitune.service.drift import write_fingerprint
+    from kitune.service.slice_fingerprint import write_fingerprint
 
     write_fingerprint(state_dir, questions, documents, oopts)
     report = write_report(

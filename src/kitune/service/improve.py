@@ -169,9 +169,8 @@ def optimize_program(
 
 def knob_objective(env: ServiceLoopEnv, setting: Setting) -> Callable[[dict[str, int | float]], float]:
     """LLM-free knob objective: share of tuning questions whose top KIs (plain plan) state the answer."""
-    from kitune.config import RetrievalConfig
+    from kitune.config import RetrievalConfig, with_overrides
     from kitune.service.context import get_context
-    from kitune.service.optimize import with_overrides
 
     store = env.store_for(setting)
     base = env.setting_cfg(setting)

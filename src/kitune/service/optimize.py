@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from kitune.config import KituneConfig
+from kitune.config import KituneConfig, with_overrides
 from kitune.data.examples import split_questions
 from kitune.data.loaders import Question
 from kitune.errors import ConfigError, DataError, DocumentNotFoundError, OptimizationError
@@ -197,20 +197,6 @@ def select_documents(
     others = sorted((d for d in corpus if d.docid not in wanted), key=lambda d: d.docid)
     picked = random.Random(seed).sample(others, min(max(distractors, 0), len(others)))
     return evidence, picked
-
-
-def with_overrides(cfg: KituneConfig, overrides: Mapping[str, Any]) -> KituneConfig:
-    """``cfg`` with dotted-key ``overrides`` applied and re-validated (a bad value raises ValidationError)."""
-    if not overrides:
-        return cfg
-    data = cfg.model_dump(mode="python")
-    for dotted, value in overrides.items():
-        node = data
-        parts = dotted.split(".")
-        for part in parts[:-1]:
-            node = node[part]
-        node[parts[-1]] = value
-    return KituneConfig.model_validate(data)
 
 
 class ServiceLoopEnv:
@@ -738,7 +724,7 @@ def run_optimize(
         )
     finally:
         env.close()
-    from kitune.service.drift import write_fingerprint
+    from kitune.service.slice_fingerprint import write_fingerprint
 
     write_fingerprint(state_dir, questions, documents, opts)
     usage = {f"{r}/{s}": t for (r, s), t in ledger.by_role_stage().items()}

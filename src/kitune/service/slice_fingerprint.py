@@ -1,0 +1,84 @@
+"""What a loop run saw: content hashes of its questions and documents (``<state>/fingerprint.json``).
+
+``kitune optimize`` writes it when a run ends; ``kitune drift`` reads it to find the questions and
+documents that are new or changed since. Its own module so the loop and drift both use it
+without importing each other.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kitune.data.loaders import Question
+from kitune.errors import DataError
+from kitune.ki import utcnow
+from kitune.schema import Document
+
+if TYPE_CHECKING:
+    from kitune.service.optimize import OptimizeOptions
+
+__all__ = ["FINGERPRINT", "fingerprint", "read_fingerprint", "write_fingerprint"]
+
+
+def _sha(*parts: Any) -> str:
+    return hashlib.sha256(json.dumps(parts, ensure_ascii=False, sort_keys=True).encode("utf-8")).hexdigest()[
+        :16
+    ]
+
+
+FINGERPRINT = "fingerprint.json"
+
+
+def fingerprint(questions: Sequence[Question], documents: Sequence[Document]) -> dict[str, dict[str, str]]:
+    """``{"questions": {id: hash}, "documents": {id: hash}}`` (deterministic content hashes)."""
+    return {
+        "questions": {
+            q.query_id: _sha(q.query, q.answer, list(q.aliases), list(q.evidence_docids), list(q.gold_docids))
+            for q in questions
+        },
+        "documents": {d.docid: _sha(d.title, d.text) for d in documents},
+    }
+
+
+def write_fingerprint(
+    state_dir: Path, questions: Sequence[Question], documents: Sequence[Document], opts: OptimizeOptions
+) -> Path:
+    """Store what a run saw (and its slice options) as ``<state_dir>/fingerprint.json``."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    data = {
+        **fingerprint(questions, documents),
+        "options": {
+            "questions": opts.questions,
+            "distractors": opts.distractors,
+            "programs": list(opts.programs),
+        },
+        "at": utcnow().isoformat(),
+    }
+    path = state_dir / FINGERPRINT
+    path.write_text(json.dumps(data, indent=2), encoding="utf-8")
+    return path
+
+
+def read_fingerprint(state_dir: Path) -> dict[str, Any]:
+    """The stored fingerprint.
+
+    Raises:
+        DataError: no fingerprint (run ``kitune optimize`` first) or it is unreadable.
+    """
+    path = state_dir / FINGERPRINT
+    if not path.is_file():
+        raise DataError(
+            f"no {FINGERPRINT} in {state_dir}: run `kitune optimize` (same --run-name) before `kitune drift`",
+            path=str(path),
+        )
+    try:
+        data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path} is not valid JSON ({e}); rerun `kitune optimize`", path=str(path)) from e
+    return data
+
+
