@@ -7,8 +7,11 @@ and failed runs are excluded from the denominator and reported as counts (case J
 Beside the table, a report compares runs question by question
 (:mod:`kitune.evaluation.comparison`): for each pair — by default each run against the one
 before it, so ``baseline, in-context, iteration-1, …`` gives baseline → in-context and
-iteration → iteration — the flips (fixed / broken question ids) and the questions that got
-more expensive in input tokens, with the reasons read off their traces.
+iteration → iteration — the flips (fixed / broken question ids, with the failure kind each
+had before / has after) and the questions that got more expensive in input tokens, with the
+reasons read off their traces. Each run's column counts its failures by kind
+(:mod:`kitune.evaluation.failures`: wrong entity, wrong number, no candidate, out of budget,
+grader error, failed).
 """
 
 from __future__ import annotations
@@ -18,11 +21,12 @@ import itertools
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from kitune.errors import DataError
 from kitune.evaluation.comparison import RunComparison, compare_runs
+from kitune.evaluation.failures import FAILURE_KINDS, count_failure_kinds
 from kitune.evaluation.harness import read_traces
 from kitune.evaluation.metrics import Trace
 
@@ -96,6 +100,9 @@ class RunSummary:
     """Sum of per-question wall times (not the run's elapsed time when concurrent)."""
     incomplete: bool
     """Grader-error share above 5%."""
+    failure_kinds: dict[str, int] = field(default_factory=dict)
+    """Failure kind → count (every kind of :data:`~kitune.evaluation.failures.FAILURE_KINDS`,
+    0 when absent), by :func:`~kitune.evaluation.failures.classify_failure`'s rules."""
 
     def to_dict(self) -> dict[str, object]:
         """JSON-able dict."""
@@ -137,6 +144,7 @@ def summarize(traces: Sequence[Trace], name: str = "run") -> RunSummary:
         repeated_call_blocked=sum(t.repeated_call_blocked for t in traces),
         wall_time_s=sum(t.wall_time_s for t in traces),
         incomplete=bool(n) and grader_errors / n > GRADER_ERROR_THRESHOLD,
+        failure_kinds=count_failure_kinds(traces),
     )
 
 
@@ -148,6 +156,7 @@ ROWS: list[tuple[str, str]] = [
     ("judge-correct", "judge"),
     ("95% CI", "ci"),
     ("graded / grader errors / failed", "counts"),
+    *((f"failure kind: {kind.replace('_', ' ')}", f"failure:{kind}") for kind in FAILURE_KINDS),
     ("EM", "em"),
     ("F1", "f1"),
     ("input tokens", "input_tokens"),
@@ -186,6 +195,8 @@ def format_cell(s: RunSummary, key: str) -> str:
         return f"{s.input_tokens_per_question:.1f}"
     if key == "wall_time_s":
         return f"{s.wall_time_s:.1f}"
+    if key.startswith("failure:"):
+        return str(s.failure_kinds.get(key.removeprefix("failure:"), 0))
     return str(getattr(s, key))
 
 
@@ -259,7 +270,9 @@ def _comparison_md(comparisons: Sequence[RunComparison]) -> list[str]:
     md.append("")
     for c in comparisons:
         f = c.flips
-        md.append(f"- {f.before} → {f.after}: fixed {_ids(f.fixed)}; broken {_ids(f.broken)}")
+        fixed = _ids([f"{q} (was {f.fixed_kinds[q].replace('_', ' ')})" for q in f.fixed])
+        broken = _ids([f"{q} (now {f.broken_kinds[q].replace('_', ' ')})" for q in f.broken])
+        md.append(f"- {f.before} → {f.after}: fixed {fixed}; broken {broken}")
     md += ["", "## Questions that got more expensive (input tokens, agent + tools)"]
     for c in comparisons:
         more = c.more_expensive
