@@ -41,6 +41,7 @@ def tr(qid: str, skill: str, correct: bool | None, steps: list[dict], **kw) -> T
         skill=skill,
         question="?",
         gold_answer="g",
+        exact_answer="Portland",
         status="answered",
         judge_correct=correct,
         judge_status="graded" if correct is not None else "grader_error",
@@ -73,6 +74,8 @@ IN_CONTEXT = [
             step(4, "search", 3000, chars=5000),
             step(5, None, 4000),
         ],
+        gold_answer="1889",
+        exact_answer="1887",
     ),
     # still correct; KIs found but did not answer → search; timed out
     tr(
@@ -165,8 +168,24 @@ def test_report_shows_flips_and_more_expensive_questions(tmp_path: Path) -> None
     md = files.markdown.read_text(encoding="utf-8")
     assert "| baseline → in-context | 1 | 1 | +0 | 1 | 1 | 2 |" in md
     assert "| in-context → iteration-1 | 0 | 1 | -1 | 3 | 2 | 0 |" in md
-    assert "- baseline → in-context: fixed a; broken b" in md
-    assert "- in-context → iteration-1: fixed –; broken a" in md
+    assert "- baseline → in-context: fixed a (was wrong entity); broken b (now wrong number)" in md
+    assert "- in-context → iteration-1: fixed –; broken a (now wrong entity)" in md
+    rows = {
+        line.split(" | ")[0].lstrip("| "): line.strip("| \n").split(" | ")[1:] for line in md.splitlines()
+    }
+    # baseline: a, d wrong (wrong entity), e a grader error; in-context: b wrong number, d wrong entity
+    assert rows["failure kind: wrong entity"] == ["2", "1", "2"]
+    assert rows["failure kind: wrong number"] == ["0", "1", "1"]
+    assert rows["failure kind: grader error"] == ["1", "0", "0"]
+    assert rows["failure kind: no candidate"] == ["0", "0", "0"]
+    assert files.summaries[1].failure_kinds == {
+        "wrong_entity": 1,
+        "wrong_number": 1,
+        "no_candidate": 0,
+        "out_of_budget": 0,
+        "grader_error": 0,
+        "failed": 0,
+    }
     assert "### baseline → in-context: 3 of 5 questions cost more (net +6,300 tokens)" in md
     assert (
         "| b | 3,000 | 9,700 | +6,700 | 3.23 | no KI covered it → fell back to raw search (2 searches); "
@@ -179,6 +198,8 @@ def test_report_shows_flips_and_more_expensive_questions(tmp_path: Path) -> None
         ("in-context", "iteration-1"),
     ]
     assert data[0]["flips"]["fixed"] == ["a"] and data[0]["flips"]["counts"]["not_compared"] == 2
+    assert data[0]["flips"]["fixed_kinds"] == {"a": "wrong_entity"}
+    assert data[0]["flips"]["broken_kinds"] == {"b": "wrong_number"}
     assert data[0]["token_deltas"][0] == {
         "query_id": "b",
         "before": 3000,

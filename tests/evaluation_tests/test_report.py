@@ -96,6 +96,15 @@ def test_summarize_equals_hand_computed() -> None:
     assert s.search_calls == 6 and s.tool_calls == 7 and s.repeated_call_blocked == 2
     assert s.wall_time_s == 10.0
     assert s.incomplete is True  # 1/4 grader errors > 5%
+    # "3" timed out with no answer; "4" could not be graded
+    assert s.failure_kinds == {
+        "wrong_entity": 0,
+        "wrong_number": 0,
+        "no_candidate": 0,
+        "out_of_budget": 1,
+        "grader_error": 1,
+        "failed": 0,
+    }
 
 
 def test_report_numbers_equal_traces(tmp_path: Path) -> None:
@@ -128,6 +137,11 @@ def test_report_numbers_equal_traces(tmp_path: Path) -> None:
     assert rows["timeouts"] == ["2", "0"] and rows["force-commits (rescued)"] == ["2 (1)", "0 (0)"]
     assert rows["evidence recall"] == ["0.500", "–"] and rows["search calls"] == ["6", "0"]
     assert rows["wall time (s)"] == ["10.0", "0.0"]
+    # the closed-book answer is blank without running out of budget: no candidate
+    assert rows["failure kind: out of budget"] == ["1", "0"] and rows["failure kind: no candidate"] == [
+        "0",
+        "1",
+    ]
     data = json.loads(files.summary_json.read_text())
     assert data[0]["input_tokens"] == 6500 and data[1]["name"] == "closed"
     assert files.plot is not None and files.plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

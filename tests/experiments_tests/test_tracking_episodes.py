@@ -46,6 +46,7 @@ def _trace(qid: str, *, correct: bool | None, status: str = "answered") -> Trace
         steps=[s.to_dict() for s in steps],
         n_steps=len(steps),
         wall_time_s=3.0,
+        failure="LMAuthError: 401 invalid key" if status == "failed" else None,
     )
 
 
@@ -106,6 +107,11 @@ def test_recording_and_null_trackers_log_episodes_to_the_run() -> None:
     assert run.episodes[1].tags["kitune.failure_kind"] == "wrong_number"
     # episodes of one call do not overlap and keep their order
     assert all(a.end_ns < b.start_ns for a, b in zip(run.episodes, run.episodes[1:], strict=False))
+    # without failure_kinds each trace is classified (kitune.evaluation.failures)
+    with tracker.run("iteration-1"):
+        tracker.log_episodes(TRACES, name="it1")
+    tags = [e.tags.get("kitune.failure_kind") for e in tracker.by_name("iteration-1").episodes]
+    assert tags == [None, "wrong_entity", "failed"]
     null = NullTracker()
     with null.run("x"):
         assert null.log_episodes(TRACES[:2]) == ["null-trace-1", "null-trace-2"]
@@ -210,6 +216,9 @@ def test_mlflow_episodes_are_traces_with_a_span_per_step(mlflow_tracker: MlflowT
 
     failed = client.get_trace(ids[2])
     assert failed.info.state.value == "ERROR" and failed.info.tags["kitune.correct"] == "ungraded"
+    failed_root = next(s for s in failed.data.spans if s.parent_id is None)
+    assert failed_root.status.description == "LMAuthError: 401 invalid key"
+    assert failed.info.tags["kitune.failure_kind"] == "failed"  # classified when not given
 
 
 def test_mlflow_episodes_of_a_broken_store_are_recorded_not_raised(tmp_path: Path) -> None:

@@ -121,9 +121,9 @@ def test_round_runs_on_what_is_new_and_resumes_after_an_interruption(setup: tupl
     ]
     r2 = tracker.runs[1]
     assert (
-        r2.params["resumed"] == "True"
-        and r2.params["questions"] == "2"
-        and r2.params["trace_source"] == "default"
+        r2.params["loop.resumed"] == "True"
+        and r2.params["loop.questions"] == "2"
+        and r2.params["loop.trace_source"] == "default"
     )
     assert r2.metrics == {"questions": 2.0, "new_traces": 2.0}  # no labels in these traces
     assert r2.artifacts["dataset/questions.jsonl"].decode().count("\n") == 2
@@ -218,4 +218,7 @@ def test_loop_round_runs_the_real_optimize_on_imported_traces(tmp_path: Path) ->
     assert loop_run.metrics["production_accuracy_new"] == 0.5  # two of four answered "Lyon"
     assert tracker.by_name("iteration-0").parent_run_id == loop_run.run_id  # nested under the round
     assert "tune_accuracy" in tracker.by_name("iteration-0").metrics
+    # run_optimize logged its invocation params on the round's run, without clashing with the loop's
+    assert loop_run.params["programs"] == "extractor" and loop_run.params["loop.questions"] == "4"
+    assert tracker.failures == ()
     assert (cfg.workdir / "optimize" / "loop-default-001" / "loop_state.json").is_file()

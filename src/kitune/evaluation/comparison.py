@@ -8,6 +8,8 @@ exact match when no judge ran (``judge_status == "not_run"``); ``ungraded`` for 
 or a failed run (status ``failed``). **Flips** compare questions present in both runs by
 ``query_id``: *fixed* (wrong → correct), *broken* (correct → wrong), *still correct*,
 *still wrong*; a question ungraded in either run, or present in one run only, is *not compared*.
+A fixed question carries its failure kind before, a broken one its failure kind after
+(:func:`kitune.evaluation.failures.classify_failure`).
 
 **Token cost** of a question is its input tokens: the agent's plus those its tools spent
 (query rewrites), the same quantity the report's plot uses. For every question in both runs,
@@ -18,10 +20,11 @@ expensive the reasons :func:`cost_reasons` reads off the two traces (rules in it
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from kitune.errors import DataError
+from kitune.evaluation.failures import classify_failure
 from kitune.evaluation.metrics import Trace
 
 __all__ = [
@@ -65,6 +68,10 @@ class RunFlips:
     still_wrong: tuple[str, ...]
     not_compared: tuple[str, ...]
     """Ungraded in either run (grader error, failed run) or present in one run only."""
+    fixed_kinds: dict[str, str] = field(default_factory=dict)
+    """Fixed question id → its failure kind *before* (what got fixed)."""
+    broken_kinds: dict[str, str] = field(default_factory=dict)
+    """Broken question id → its failure kind *after* (how it now fails)."""
 
     @property
     def counts(self) -> dict[str, int]:
@@ -106,6 +113,8 @@ def compare_flips(
         buckets[key].append(qid)
     buckets["nc"].extend(qid for qid in prior if qid not in now)
     return RunFlips(
+        fixed_kinds={q: str(classify_failure(prior[q])) for q in buckets["fixed"]},
+        broken_kinds={q: str(classify_failure(now[q])) for q in buckets["broken"]},
         before=before_name,
         after=after_name,
         fixed=tuple(buckets["fixed"]),
@@ -169,7 +178,8 @@ def cost_reasons(before: Trace, after: Trace) -> list[str]:
         return []
     reasons: list[str] = []
     if after.status == "failed":
-        reasons.append(f"run failed: {after.errors[0] if after.errors else 'no error recorded'}"[:200])
+        why = after.failure or (after.errors[0] if after.errors else "no error recorded")
+        reasons.append(f"run failed: {why}"[:200])
     if after.timed_out and not before.timed_out:
         reasons.append(f"budget ran out ({after.exhausted_by or 'budget'})")
     if after.status == "context_overflow" and before.status != "context_overflow":

@@ -7,8 +7,11 @@ and failed runs are excluded from the denominator and reported as counts (case J
 Beside the table, a report compares runs question by question
 (:mod:`kitune.evaluation.comparison`): for each pair — by default each run against the one
 before it, so ``baseline, in-context, iteration-1, …`` gives baseline → in-context and
-iteration → iteration — the flips (fixed / broken question ids) and the questions that got
-more expensive in input tokens, with the reasons read off their traces.
+iteration → iteration — the flips (fixed / broken question ids, with the failure kind each
+had before / has after) and the questions that got more expensive in input tokens, with the
+reasons read off their traces. Each run's column counts its failures by kind
+(:mod:`kitune.evaluation.failures`: wrong entity, wrong number, no candidate, out of budget,
+grader error, failed).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from pathlib import Path
 from kitune.errors import DataError
 from kitune.evaluation.categories import category_markdown
 from kitune.evaluation.comparison import RunComparison, compare_runs
+from kitune.evaluation.failures import FAILURE_KINDS
 from kitune.evaluation.harness import read_traces
 from kitune.evaluation.metrics import Trace
 from kitune.evaluation.summary import GRADER_ERROR_THRESHOLD, RunSummary, summarize, wilson_interval
@@ -47,6 +51,7 @@ ROWS: list[tuple[str, str]] = [
     ("judge-correct", "judge"),
     ("95% CI", "ci"),
     ("graded / grader errors / failed", "counts"),
+    *((f"failure kind: {kind.replace('_', ' ')}", f"failure:{kind}") for kind in FAILURE_KINDS),
     ("EM", "em"),
     ("F1", "f1"),
     ("input tokens", "input_tokens"),
@@ -85,6 +90,8 @@ def format_cell(s: RunSummary, key: str) -> str:
         return f"{s.input_tokens_per_question:.1f}"
     if key == "wall_time_s":
         return f"{s.wall_time_s:.1f}"
+    if key.startswith("failure:"):
+        return str(s.failure_kinds.get(key.removeprefix("failure:"), 0))
     return str(getattr(s, key))
 
 
@@ -158,7 +165,9 @@ def _comparison_md(comparisons: Sequence[RunComparison]) -> list[str]:
     md.append("")
     for c in comparisons:
         f = c.flips
-        md.append(f"- {f.before} → {f.after}: fixed {_ids(f.fixed)}; broken {_ids(f.broken)}")
+        fixed = _ids([f"{q} (was {f.fixed_kinds[q].replace('_', ' ')})" for q in f.fixed])
+        broken = _ids([f"{q} (now {f.broken_kinds[q].replace('_', ' ')})" for q in f.broken])
+        md.append(f"- {f.before} → {f.after}: fixed {fixed}; broken {broken}")
     md += ["", "## Questions that got more expensive (input tokens, agent + tools)"]
     for c in comparisons:
         more = c.more_expensive

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
+from kitune.evaluation.failures import count_failure_kinds
 from kitune.evaluation.metrics import Trace
 
 __all__ = ["GRADER_ERROR_THRESHOLD", "RunSummary", "summarize", "wilson_interval"]
@@ -76,6 +77,9 @@ class RunSummary:
     """Sum of per-question wall times (not the run's elapsed time when concurrent)."""
     incomplete: bool
     """Grader-error share above 5%."""
+    failure_kinds: dict[str, int] = field(default_factory=dict)
+    """Failure kind → count (every kind of :data:`~kitune.evaluation.failures.FAILURE_KINDS`,
+    0 when absent), by :func:`~kitune.evaluation.failures.classify_failure`'s rules."""
 
     def to_dict(self) -> dict[str, object]:
         """JSON-able dict."""
@@ -117,6 +121,5 @@ def summarize(traces: Sequence[Trace], name: str = "run") -> RunSummary:
         repeated_call_blocked=sum(t.repeated_call_blocked for t in traces),
         wall_time_s=sum(t.wall_time_s for t in traces),
         incomplete=bool(n) and grader_errors / n > GRADER_ERROR_THRESHOLD,
+        failure_kinds=count_failure_kinds(traces),
     )
-
-

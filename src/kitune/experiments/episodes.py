@@ -68,7 +68,7 @@ class EpisodeRecord:
     attributes: dict[str, Any]
     """Root-span attributes: ``kitune.query_id``, ``skill``, ``status``, ``gold_answer``,
     ``judge_correct``, ``judge_status``, token totals, ``timed_out``, ``force_committed``,
-    ``failure_kind``, ``n_steps``, ``errors``."""
+    ``failure_kind``, ``n_steps``, ``errors``, ``failure`` (why a failed run failed)."""
     tags: dict[str, str]
     """Trace tags: ``kitune.query_id``, ``kitune.skill``, ``kitune.status``, ``kitune.correct``
     (``true`` / ``false`` / ``ungraded``) and ``kitune.failure_kind`` when known."""
@@ -183,6 +183,7 @@ def episode_record(
         "kitune.force_committed": trace.force_committed,
         "kitune.failure_kind": failure_kind or "",
         "kitune.errors": _cut(list(trace.errors)),
+        "kitune.failure": _cut(trace.failure or ""),
     }
     return EpisodeRecord(
         name=f"{name}/{trace.query_id}",

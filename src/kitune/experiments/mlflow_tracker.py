@@ -267,8 +267,9 @@ def _episode_spans(record: EpisodeRecord, otel_trace_id: int, trace_id: str) -> 
             )
         )
 
-    errors = record.attributes.get("kitune.errors") or []
-    root_error = "; ".join(map(str, errors))[:1000] if not record.ok else None
+    a = record.attributes
+    failure = a.get("kitune.failure") or "; ".join(map(str, a.get("kitune.errors") or []))
+    root_error = (failure or "the question's run failed")[:1000] if not record.ok else None
     out = [
         span(
             record.name,

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from kitune.errors import TrackingError
+from kitune.evaluation.failures import classify_failure
 from kitune.experiments.episodes import EpisodeRecord, episode_record
 from kitune.experiments.tracking_names import (
     MAX_PARAM_CHARS,
@@ -297,7 +298,8 @@ class BaseTracker:
             run_id: the run to link them to (else the current run, resolved as for metrics).
             name: trace-name prefix; each trace is named ``<name>/<query_id>``, e.g.
                 ``iteration-1/validation/q17``.
-            failure_kinds: query id → failure kind, added as tag ``kitune.failure_kind``.
+            failure_kinds: query id → failure kind (tag ``kitune.failure_kind``); questions not
+                in it get :func:`kitune.evaluation.failures.classify_failure` of their trace.
 
         Returns:
             Backend trace ids of the logged episodes in input order (failed ones left out and
@@ -314,9 +316,9 @@ class BaseTracker:
         for trace in traces:
             target = f"{name}/{trace.query_id}"
             try:
-                record = episode_record(
-                    trace, name=name, start_ns=start, failure_kind=kinds.get(trace.query_id)
-                )
+                qid = trace.query_id
+                kind = kinds[qid] if qid in kinds else classify_failure(trace)
+                record = episode_record(trace, name=name, start_ns=start, failure_kind=kind)
                 start = record.end_ns + 1000
                 ids.append(self._backend_log_episode(rid, record))
             except Exception as e:

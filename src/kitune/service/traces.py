@@ -304,6 +304,9 @@ def to_trace(pt: ProductionTrace) -> Trace:
         evidence_docids=list(pt.evidence_docids),
         evidence_recall=evidence_recall(pt.doc_ids_seen, pt.evidence_docids),
         errors=list(pt.errors),
+        failure=(pt.errors[0] if pt.errors else "the production run failed")
+        if pt.status == "failed"
+        else None,
     )
 
 

@@ -121,8 +121,9 @@ def loop_once(
         optimize: ``run_optimize`` (injected in tests).
         log: progress lines.
         **optimize_kwargs: passed to ``optimize`` (``deps``, ``tracker``, ``registry``). The
-            round opens a top-level tracking run named after its optimize run (params: round,
-            trace source, questions, new traces, resumed, …; metrics: ``questions``,
+            round opens a top-level tracking run named after its optimize run (params
+            ``loop.round``, ``loop.trace_source``, ``loop.corpus``, ``loop.questions``,
+            ``loop.new_traces``, ``loop.resumed``; metrics: ``questions``,
             ``new_traces``, ``production_accuracy_new`` over the labelled new traces; artefact
             ``dataset/questions.jsonl``); the optimisation's iteration runs nest under it.
             ``tracker`` defaults to ``create_tracker(cfg)``.
@@ -170,16 +171,14 @@ def loop_once(
         tracker = optimize_kwargs.pop("tracker", None) or create_tracker(cfg)
         labels = [state["traces"].get(t, {}).get("correct") for t in pending["trace_ids"]]
         labelled = [c for c in labels if c is not None]
+        # "loop." names: run_optimize logs its own params (iterations, programs, …) on this run
         params = {
-            "round": pending["round"],
-            "trace_source": opts.name,
-            "corpus": str(opts.corpus),
-            "questions": pending["questions"],
-            "new_traces": len(pending["trace_ids"]),
-            "resumed": resumed,
-            "iterations": opts.iterations,
-            "optimizer": opts.optimizer,
-            "programs": ",".join(opts.programs) if opts.programs else "default",
+            "loop.round": pending["round"],
+            "loop.trace_source": opts.name,
+            "loop.corpus": str(opts.corpus),
+            "loop.questions": pending["questions"],
+            "loop.new_traces": len(pending["trace_ids"]),
+            "loop.resumed": resumed,
         }
         tags = {"kitune.kind": "loop", "kitune.trace_source": opts.name}
         # One parent run per round; run_optimize's iteration runs nest under it.
