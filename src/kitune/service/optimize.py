@@ -95,13 +95,14 @@ DISAMBIGUATION_KINDS = ("wrong_entity", "wrong_number")
 def store_fingerprint(store: Store) -> str:
     """16 hex characters identifying the KI store's content: ids, statuses, titles, descriptions.
 
-    Changes whenever a KI is written, changed, expired or deleted; the same content in any
-    order gives the same fingerprint. Uses the store's own ``fingerprint()`` when it has one;
-    otherwise reads every KI (fine at loop scale, a few thousand KIs).
+    Changes whenever a KI is written, changed, expired or deleted. Uses the store's own
+    ``fingerprint()`` (its write version; every store of the protocol has one) when present;
+    otherwise a hash of every KI's id, status, title and description (the same content in any
+    order gives the same fingerprint; fine at loop scale).
     """
     own = getattr(store, "fingerprint", None)
-    if callable(own):
-        return str(own())
+    if callable(own):  # the store's own write version (any text): hashed to a file-name-safe token
+        return hashlib.sha256(str(own()).encode("utf-8")).hexdigest()[:16]
     rows = sorted(
         f"{k.id}\t{k.payload.status}\t{k.title}\t{k.description}" for k in store.iter_kis(Filter(statuses=()))
     )
