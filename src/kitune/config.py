@@ -35,6 +35,7 @@ __all__ = [
     "EmbedderConfig",
     "ExtractionConfig",
     "GatewayConfig",
+    "GradingConfig",
     "KituneConfig",
     "LMConfig",
     "LMRoleConfig",
@@ -228,6 +229,17 @@ class ExtractionConfig(_Section):
     )
 
 
+class GradingConfig(_Section):
+    """How answers are graded."""
+
+    grader: Literal["llm", "match"] = Field(
+        default="llm",
+        description="llm: the judge role's model grades each answer (BrowseComp-style); match: deterministic "
+        "answer matching (yes/no rule, exact match after normalisation, gold contained as whole words), no "
+        "LLM — use it when the judge model is too weak to grade (the embedded 1.5B model).",
+    )
+
+
 class AgentConfig(_Section):
     """Eval agent budget and concurrency."""
 
@@ -330,6 +342,7 @@ class KituneConfig(BaseSettings):
     retrieval: RetrievalConfig = Field(default_factory=RetrievalConfig, description="Retrieval knobs.")
     extraction: ExtractionConfig = Field(default_factory=ExtractionConfig, description="Extraction.")
     agent: AgentConfig = Field(default_factory=AgentConfig, description="Eval agent.")
+    grading: GradingConfig = Field(default_factory=GradingConfig, description="Answer grading.")
     lifecycle: LifecycleConfig = Field(default_factory=LifecycleConfig, description="KI lifecycle.")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="MLflow tracking.")
     optimize: OptimizeConfig = Field(default_factory=OptimizeConfig, description="Optimisation loop.")

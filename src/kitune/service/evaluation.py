@@ -90,7 +90,11 @@ def default_run_name(
 
 
 def make_judge(cfg: KituneConfig, ledger: TokenLedger | None) -> JudgeFn:
-    """The default judge: :func:`kitune.programs.judge.judge_answer` with the ``judge`` role's LM."""
+    """The judge ``grading.grader`` selects: the ``judge`` role's LM (``llm``) or answer matching (``match``)."""
+    if cfg.grading.grader == "match":
+        from kitune.evaluation.grading import match_judge
+
+        return match_judge
     from kitune.lm import build_lm
     from kitune.programs.judge import Judge
 
