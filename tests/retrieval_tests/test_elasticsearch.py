@@ -224,9 +224,16 @@ class FakeES:
             return {"endpoints": [{"inference_id": inference_id}]}
 
         self.inference = SimpleNamespace(get=get_endpoint)
+        self.mappings: dict[str, dict[str, Any]] = {}
+
+        def create(*, index: str, mappings: dict[str, Any]) -> None:
+            self.created.append(index)
+            self.mappings[index] = mappings
+
         self.indices = SimpleNamespace(
             exists=lambda *, index: index in self.created,
-            create=lambda *, index, mappings: self.created.append(index),
+            create=create,
+            get_mapping=lambda *, index: {index: {"mappings": self.mappings[index]}},
         )
         self.esql = SimpleNamespace(query=self._esql)
 
@@ -545,6 +552,9 @@ def test_tag_branch_matches_the_bare_slug_and_filters_on_subject_predicate() -> 
 def test_reindex_copies_every_ki_with_the_new_fields() -> None:
     client = RecordingES()
     old = ElasticsearchStore(client, index="kitune-kis-v1", inference_id="e")
+    client.mappings["kitune-kis-v1"] = {"properties": {"title": {"type": "text"}, "ki": {"type": "object"}}}
+    with pytest.raises(ConfigError, match=r"earlier kitune mapping.*kitune reindex --from kitune-kis-v1"):
+        ElasticsearchStore(client, index="kitune-kis-v1", inference_id="e")
     kis = [make_ki(f"Person {i}", "X", status="stale" if i == 2 else "active") for i in range(5)]
     for k in kis:  # documents written with the old mapping: no title_text/subject fields
         src = ki_to_source(k)

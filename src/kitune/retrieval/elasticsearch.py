@@ -45,6 +45,7 @@ from kitune.retrieval.es_query import (
     BACKEND,
     EsqlQuery,
     check_index_name,
+    check_mapping_current,
     compile_branch_queries,
     compile_esql,
     compile_facets,
@@ -216,6 +217,12 @@ class ElasticsearchStore:
             except ElasticsearchRequestError as e:
                 if e.error_type != "resource_already_exists_exception":
                     raise
+        elif create_index:
+            self._check_mapping()
+
+    def _check_mapping(self) -> None:
+        resp = self._call("indices.get_mapping", self.client.indices.get_mapping, index=self.index)
+        check_mapping_current(resp.body if hasattr(resp, "body") else resp)
 
     # -- writes -------------------------------------------------------------------------------
     def upsert(self, kis: Sequence[KI]) -> WriteResult:

@@ -41,6 +41,7 @@ __all__ = [
     "MIN_VERSION",
     "EsqlQuery",
     "check_index_name",
+    "check_mapping_current",
     "compile_branch_queries",
     "compile_esql",
     "compile_facets",
@@ -160,6 +161,20 @@ def es_mapping(inference_id: str) -> dict[str, Any]:
             "ki": {"type": "object", "enabled": False},
         },
     }
+
+
+def check_mapping_current(mappings: Mapping[str, Any]) -> None:
+    """Refuse indices created with an earlier kitune mapping (a ``GET <index>/_mapping`` body).
+
+    Raises:
+        ConfigError: an index lacks ``title_text`` (its queries would fail): names the reindex command.
+    """
+    for name, data in mappings.items():
+        if "title_text" not in data.get("mappings", {}).get("properties", {}):
+            raise ConfigError(
+                f"index {name} has an earlier kitune mapping (no title_text field): set store.index to a "
+                f"new name and run `kitune reindex --from {name}`"
+            )
 
 
 def ki_to_source(ki: KI) -> dict[str, Any]:
