@@ -45,8 +45,9 @@ class Document:
 class Filter(BaseModel):
     """Backend-neutral KI filter. Empty fields do not filter. All given conditions must hold.
 
-    ``statuses`` defaults to ``["active", "stale"]``: expired KIs are excluded from retrieval
-    unless asked for.
+    ``statuses``: search serves only active KIs when ``statuses`` is not set; a default Filter in
+    ``count``/``iter_kis`` excludes only expired ones. ``subjects``/``predicates`` match the KI's
+    triple exactly (stores without triple columns refuse them with a clear error).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -57,6 +58,8 @@ class Filter(BaseModel):
     doc_ids: tuple[str, ...] = Field(default=(), description="KI evidence must include one of these docs.")
     subtypes: tuple[str, ...] = Field(default=(), description="Allowed payload subtypes.")
     min_confidence: int = Field(default=0, ge=0, le=100, description="Confidence floor, 0–100.")
+    subjects: tuple[str, ...] = Field(default=(), description="Triple subject must be one of these (exact).")
+    predicates: tuple[str, ...] = Field(default=(), description="Triple predicate must be one of these (exact).")
 
     @field_validator("statuses")
     @classmethod
@@ -86,6 +89,11 @@ class Filter(BaseModel):
         if self.doc_ids and not (set(self.doc_ids) & set(ki.evidence_doc_ids)):
             return False
         if self.subtypes and ki.payload.subtype not in self.subtypes:
+            return False
+        props = ki.payload.properties
+        if self.subjects and props.subject not in self.subjects:
+            return False
+        if self.predicates and props.predicate not in self.predicates:
             return False
         return ki.payload.confidence >= self.min_confidence
 
@@ -135,7 +143,8 @@ class QueryPlan(BaseModel):
     @classmethod
     def plain(cls, question: str, *, size: int = 10, filters: Filter | None = None) -> QueryPlan:
         """The fallback plan: the question as both lexical and semantic text, entity tags guessed
-        from capitalised word runs. Deterministic."""
+        from capitalised word runs. Deterministic.
+        """
         from kitune.ki import entity_tag
 
         q = " ".join(question.split())

@@ -42,6 +42,7 @@ from kitune.service.slice_fingerprint import (
 
 __all__ = ["DriftReport", "drift_check", "drift_run", "fingerprint", "read_fingerprint", "write_fingerprint"]
 
+
 @dataclass(frozen=True)
 class DriftReport:
     """What :func:`drift_check` found."""
@@ -185,9 +186,11 @@ def drift_check(
             summary = summarize(traces, "drift")
             score, accuracy = summary.accuracy, summary.accuracy
         store = env.store_for(setting)
-        from datetime import timedelta
 
-        swept = store.sweep(utcnow(), timedelta(days=cfg.lifecycle.stale_after_days))
+        from kitune.service.stores import expire_kis, retention_from, stale_after_from
+
+        # derived KIs (disambiguation, source descriptions) keep their own window
+        swept = expire_kis(store, stale_after=stale_after_from(cfg), retention=retention_from(cfg))
         by_status = {s: store.count(Filter(statuses=(s,))) for s in ("active", "stale", "expired")}
     finally:
         env.close()
