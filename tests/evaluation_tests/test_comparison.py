@@ -188,7 +188,7 @@ def test_report_shows_flips_and_more_expensive_questions(tmp_path: Path) -> None
     }
     assert "### baseline → in-context: 3 of 5 questions cost more (net +6,300 tokens)" in md
     assert (
-        "| b | 3,000 | 9,700 | +6,700 | 3.23 | no KI covered it → fell back to raw search (2 searches); "
+        "| b | 3,000 | 9,700 | +6,700 | +223% | no KI covered it → fell back to raw search (2 searches); "
         "more steps (2 → 5); longer observations (+11000 chars) |"
     ) in md
     assert "### in-context → iteration-1: 0 of 6 questions cost more (net -400 tokens)" in md

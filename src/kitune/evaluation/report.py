@@ -179,9 +179,9 @@ def _comparison_md(comparisons: Sequence[RunComparison]) -> list[str]:
         ]
         if not more:
             continue
-        md += ["", "| question | before | after | Δ | × | why |", "|---|---|---|---|---|---|"]
+        md += ["", "| question | before | after | Δ | Δ % | why |", "|---|---|---|---|---|---|"]
         for d in more[:MAX_DELTA_ROWS]:
-            ratio = "–" if d.ratio is None else f"{d.ratio:.2f}"
+            ratio = "–" if d.ratio is None else f"{100 * (d.ratio - 1):+.0f}%"
             md.append(
                 f"| {d.query_id} | {d.before:,} | {d.after:,} | {d.delta:+,} | {ratio} "
                 f"| {'; '.join(d.reasons)} |"

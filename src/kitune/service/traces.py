@@ -142,7 +142,7 @@ class TraceFolder:
             KituneError: ``kind="loop"`` and another ``kitune loop`` is running on this folder.
         """
         self.root.mkdir(parents=True, exist_ok=True)
-        with open(self.root / f".{kind}.lock", "w") as fh:
+        with open(self.root / f".{kind}.lock", "w", encoding="utf-8") as fh:
             try:
                 fcntl.flock(fh, fcntl.LOCK_EX | (fcntl.LOCK_NB if kind == "loop" else 0))
             except BlockingIOError as e:
