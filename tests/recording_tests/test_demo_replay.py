@@ -119,6 +119,8 @@ def _traces(root: Path) -> dict[str, list[dict[str, Any]]]:
     out = {}
     demo = root / "demo"
     for path in sorted([*demo.glob("runs/*.jsonl"), *demo.glob("optimize/*/evals/*.jsonl")]):
+        if path.name == "observations.jsonl":  # the loop's look-up log, not traces
+            continue
         rows = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines()]
         for r in rows:
             r.pop("wall_time_s")

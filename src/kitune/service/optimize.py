@@ -95,14 +95,12 @@ DISAMBIGUATION_KINDS = ("wrong_entity", "wrong_number")
 def store_fingerprint(store: Store) -> str:
     """16 hex characters identifying the KI store's content: ids, statuses, titles, descriptions.
 
-    Changes whenever a KI is written, changed, expired or deleted. Uses the store's own
-    ``fingerprint()`` (its write version; every store of the protocol has one) when present;
-    otherwise a hash of every KI's id, status, title and description (the same content in any
-    order gives the same fingerprint; fine at loop scale).
+    Content-addressed, so it is the same for the same KIs in any store instance, process or
+    folder (a rerun and a ``--replay`` find their cached evaluations), and changes whenever a KI
+    is written, changed, expired or deleted; the order of KIs does not matter. It reads every KI
+    (a few thousand at loop scale: milliseconds; ``Store.fingerprint()`` is the cheap
+    write-version alternative, but it names the store's folder and so differs between runs).
     """
-    own = getattr(store, "fingerprint", None)
-    if callable(own):  # the store's own write version (any text): hashed to a file-name-safe token
-        return hashlib.sha256(str(own()).encode("utf-8")).hexdigest()[:16]
     rows = sorted(
         f"{k.id}\t{k.payload.status}\t{k.title}\t{k.description}" for k in store.iter_kis(Filter(statuses=()))
     )
