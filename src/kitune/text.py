@@ -4,12 +4,24 @@ Two different foldings live here, and each is applied identically to both sides 
 comparison (so it is symmetric and idempotent):
 
 * :func:`fold_text` — *presentation-only* folding for verbatim checks (evidence spans,
-  the disambiguation-title guardrail). It maps typographic dashes, quotes, apostrophes,
-  ellipses and exotic whitespace to ASCII, applies NFC and collapses runs of spaces. It never
-  changes words, so a paraphrase still fails (case E1 in ``shared/cases/failure-cases.md``).
-* :func:`normalize_answer` — SQuAD-style answer normalisation for EM/F1: fold_text, then
-  lower-case, drop punctuation (but keep apostrophes inside words), drop articles, drop
-  thousands separators (``1,000`` → ``1000``).
+  the disambiguation-title guardrail). It never changes words, so a paraphrase still fails
+  (case E1 in ``shared/cases/failure-cases.md``). What it folds, and nothing else:
+
+  - canonical composition (NFC), so a decomposed (NFD) document — common from macOS and some
+    PDF pipelines — matches a precomposed quote and the other way round;
+  - compatibility *width* forms: full-width ASCII (``２０２４年``, ``（``), half-width katakana
+    and CJK punctuation (``ｶﾞ`` → ``ガ``), full-/half-width signs (``￥``) — the NFKC mapping
+    of those blocks only, so superscripts, fractions, circled digits and ``™`` stay distinct;
+  - typographic ligatures U+FB00–U+FB06 (``ﬁ`` → ``fi``, ``ﬂ`` → ``fl`` …) as PDFs emit them;
+  - typographic dashes, quotes, apostrophes and ellipses to ASCII; every Unicode whitespace to
+    one space (runs collapsed, ends stripped); zero-width characters and soft hyphens removed.
+
+* :func:`normalize_answer` — answer normalisation for EM/F1 (see its docstring for the rules
+  on abbreviations, articles, numbers, currency and percentages).
+
+:func:`find_span` locates a quote through an *offset map* from every folded character back to
+the original characters it came from, so the span it returns is always an exact slice of the
+original document, whatever folding the match needed.
 """
 
 from __future__ import annotations
@@ -18,8 +30,17 @@ import re
 import string
 import unicodedata
 from collections import Counter
+from dataclasses import dataclass
 
-__all__ = ["exact_match", "find_span", "fold_text", "normalize_answer", "token_f1"]
+__all__ = [
+    "FoldedText",
+    "exact_match",
+    "find_span",
+    "fold_map",
+    "fold_text",
+    "normalize_answer",
+    "token_f1",
+]
 
 _CHAR_MAP: dict[int, str] = {}
 for _cp in range(0x2010, 0x2016):  # hyphen, non-breaking hyphen, figure dash, en/em dash, bar
@@ -34,28 +55,92 @@ _CHAR_MAP[0x2026] = "..."
 for _cp in (0x200B, 0x200C, 0x200D, 0xFEFF):  # zero-width characters
     _CHAR_MAP[_cp] = ""
 
+# Compatibility blocks folded with their NFKC mapping (and nothing else of NFKC):
+_COMPAT_RANGES: tuple[tuple[int, int], ...] = (
+    (0xFB00, 0xFB06),  # Latin ligatures ﬀ ﬁ ﬂ ﬃ ﬄ ﬅ ﬆ
+    (0xFF01, 0xFF5E),  # full-width ASCII
+    (0xFF5F, 0xFFDC),  # full-width brackets, half-width CJK punctuation, katakana, hangul
+    (0xFFE0, 0xFFE2),  # full-width ¢ £ ¬ (U+FFE3 ￣ is left: NFKC gives space + macron)
+    (0xFFE4, 0xFFE6),  # full-width ¦ ¥ ₩
+    (0xFFE8, 0xFFEE),  # half-width arrows and shapes
+)
 
-def _fold_char(ch: str) -> str:
+
+def _fold_plain(ch: str) -> str:
     mapped = _CHAR_MAP.get(ord(ch))
     if mapped is not None:
         return mapped
-    if ch.isspace():
-        return " "
-    return ch
+    return " " if ch.isspace() else ch
 
 
-def _fold_with_offsets(text: str) -> tuple[str, list[int]]:
-    """Fold ``text`` and return (folded, offsets) with ``offsets[i]`` = index in ``text``.
+def _fold_char(ch: str) -> str:
+    cp = ord(ch)
+    if cp >= 0xFB00 and any(lo <= cp <= hi for lo, hi in _COMPAT_RANGES):
+        return "".join(_fold_plain(c) for c in unicodedata.normalize("NFKC", ch))
+    return _fold_plain(ch)
 
-    ``offsets`` has ``len(folded) + 1`` entries; the last one is ``len(text)``. NFC is applied
-    per character cluster so offsets stay exact for the usual precomposed input.
+
+@dataclass(frozen=True)
+class FoldedText:
+    """A folded text plus, for each folded character, the original characters it came from.
+
+    ``starts[k]:ends[k]`` is the slice of the original text that produced ``text[k]`` (a whole
+    cluster: a base character and the combining marks NFC merged into it, or one ligature).
     """
-    out: list[str] = []
-    offsets: list[int] = []
-    prev_space = True  # strips leading spaces
+
+    text: str
+    """The folded text (equal to ``fold_text(original)``)."""
+    starts: tuple[int, ...]
+    """Per folded character: start offset of its source cluster in the original."""
+    ends: tuple[int, ...]
+    """Per folded character: end offset (exclusive) of its source cluster in the original."""
+
+    def original_span(self, pos: int, length: int) -> tuple[int, int] | None:
+        """The original ``(start, end)`` of ``text[pos:pos + length]``, or None when the slice
+        starts or ends inside a cluster (e.g. ``"i"`` out of ``"ﬁ"``), which is not a verbatim match."""
+        if length < 1 or pos < 0 or pos + length > len(self.text):
+            return None
+        last = pos + length - 1
+        if pos > 0 and (self.starts[pos - 1], self.ends[pos - 1]) == (self.starts[pos], self.ends[pos]):
+            return None
+        nxt = last + 1
+        if nxt < len(self.text) and (self.starts[nxt], self.ends[nxt]) == (self.starts[last], self.ends[last]):
+            return None
+        return self.starts[pos], self.ends[last]
+
+
+def fold_map(text: str) -> FoldedText:
+    """Fold ``text`` (see the module docstring) and keep the offset map back to it.
+
+    Args:
+        text: any string (the original document).
+
+    Returns:
+        :class:`FoldedText` whose ``text`` is ``fold_text(text)``. Linear in ``len(text)``.
+    """
+    clusters: list[list[object]] = []  # [start, end, piece]
     for i, ch in enumerate(text):
-        piece = unicodedata.normalize("NFC", _fold_char(ch))
-        for p in piece:
+        piece = _fold_char(ch)
+        if ord(ch) >= 0x300 and piece:
+            last = len(clusters) - 1
+            while last >= 0 and not clusters[last][2]:  # zero-width characters in between
+                last -= 1
+            if last >= 0:
+                joined = str(clusters[last][2]) + piece
+                composed = unicodedata.normalize("NFC", joined)
+                if unicodedata.combining(piece[0]) or composed != joined:
+                    clusters[last][1] = i + 1
+                    clusters[last][2] = composed
+                    del clusters[last + 1 :]
+                    continue
+            piece = unicodedata.normalize("NFC", piece)
+        clusters.append([i, i + 1, piece])
+    out: list[str] = []
+    starts: list[int] = []
+    ends: list[int] = []
+    prev_space = True  # strips leading spaces
+    for start, end, piece in clusters:
+        for p in str(piece):
             if p == " ":
                 if prev_space:
                     continue
@@ -63,13 +148,13 @@ def _fold_with_offsets(text: str) -> tuple[str, list[int]]:
             else:
                 prev_space = False
             out.append(p)
-            offsets.append(i)
-    # Strip one trailing space, if any.
-    if out and out[-1] == " ":
+            starts.append(int(start))  # type: ignore[call-overload]
+            ends.append(int(end))  # type: ignore[call-overload]
+    if out and out[-1] == " ":  # strip one trailing space
         out.pop()
-        offsets.pop()
-    offsets.append(len(text))
-    return "".join(out), offsets
+        starts.pop()
+        ends.pop()
+    return FoldedText("".join(out), tuple(starts), tuple(ends))
 
 
 def fold_text(text: str) -> str:
@@ -79,12 +164,12 @@ def fold_text(text: str) -> str:
         text: any string.
 
     Returns:
-        The NFC string with dashes (U+2010–U+2015, U+2212) → ``-``, curly/prime/modifier
-        apostrophes → ``'``, curly double quotes → ``"``, ``…`` → ``...``, every Unicode
-        whitespace → one space (runs collapsed, ends stripped), zero-width characters removed.
-        Idempotent: ``fold_text(fold_text(s)) == fold_text(s)``.
+        The NFC string with width forms and ligatures folded, dashes (U+2010–U+2015, U+2212)
+        → ``-``, curly/prime/modifier apostrophes → ``'``, curly double quotes → ``"``, ``…`` →
+        ``...``, every Unicode whitespace → one space (runs collapsed, ends stripped),
+        zero-width characters removed. Idempotent: ``fold_text(fold_text(s)) == fold_text(s)``.
     """
-    return _fold_with_offsets(unicodedata.normalize("NFC", text))[0]
+    return fold_map(text).text
 
 
 def find_span(document: str, quote: str) -> tuple[int, int] | None:
@@ -95,28 +180,23 @@ def find_span(document: str, quote: str) -> tuple[int, int] | None:
         quote: the evidence span the model claims is verbatim.
 
     Returns:
-        ``(start, end)`` character offsets into the *original* ``document`` such that
-        ``document[start:end]`` is the matched slice (with its typographic characters), or
-        ``None`` when the folded quote is empty or not a substring of the folded document.
+        ``(start, end)`` offsets into the *original* ``document``: ``document[start:end]`` is an
+        exact substring of the document (with its own accents, widths, ligatures and typographic
+        characters) whose folded form equals the folded quote. None when the folded quote is
+        empty, not a substring of the folded document, or only matches part of a folded cluster.
         The first occurrence wins.
     """
-    folded_quote = fold_text(quote)
-    if not folded_quote:
+    needle = fold_text(quote)
+    if not needle:
         return None
-    nfc_doc = unicodedata.normalize("NFC", document)
-    folded_doc, offsets = _fold_with_offsets(nfc_doc)
-    pos = folded_doc.find(folded_quote)
-    if pos < 0:
-        return None
-    start = offsets[pos]
-    end = offsets[pos + len(folded_quote) - 1] + 1
-    if nfc_doc is not document and nfc_doc != document:
-        # NFC changed the document's length; fall back to searching the NFC text's slice.
-        sliced = nfc_doc[start:end]
-        idx = document.find(sliced)
-        if idx >= 0:
-            return idx, idx + len(sliced)
-    return start, end
+    folded = fold_map(document)
+    pos = folded.text.find(needle)
+    while pos >= 0:
+        span = folded.original_span(pos, len(needle))
+        if span is not None:
+            return span
+        pos = folded.text.find(needle, pos + 1)
+    return None
 
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")

@@ -186,3 +186,16 @@ def test_long_description_keeps_its_leading_sentences_that_fit() -> None:
     one_sentence = "x" * 351
     drop = check_fact(replace(BASE, description=one_sentence), DOC, docid="d1", now=NOW)
     assert isinstance(drop, Drop) and drop.reason == "description_too_long"
+
+
+def test_nfd_document_stored_evidence_is_the_exact_original_slice() -> None:
+    import unicodedata
+
+    doc = unicodedata.normalize("NFD", "Café Müller was founded in Zürich in 1921. It closed in 1999.")
+    fact = replace(
+        BASE, subject="Café Müller", object="1921", evidence_span="Café Müller was founded in Zürich in 1921."
+    )
+    ki = check_fact(fact, doc, docid="d9", now=NOW)
+    assert not isinstance(ki, Drop)
+    assert ki.payload.evidence == [unicodedata.normalize("NFD", "Café Müller was founded in Zürich in 1921.")]
+    assert ki.payload.evidence[0] in doc
