@@ -31,6 +31,7 @@ import string
 import unicodedata
 from collections import Counter
 from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
 
 __all__ = [
     "FoldedText",
@@ -39,6 +40,7 @@ __all__ = [
     "fold_map",
     "fold_text",
     "normalize_answer",
+    "number_values",
     "token_f1",
 ]
 
@@ -199,19 +201,65 @@ def find_span(document: str, quote: str) -> tuple[int, int] | None:
     return None
 
 
-_ARTICLES = re.compile(r"\b(a|an|the)\b")
-_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}\b)")
+_LETTER = r"[^\W\d_]"
+_ABBREVIATION = re.compile(
+    rf"(?<![\w.])(?:(?:{_LETTER}\.\s?)+{_LETTER}\.|(?:{_LETTER}\.)+{_LETTER}(?![\w.]))"
+)
+_ARTICLES = frozenset({"a", "an", "the"})
 _PUNCT = set(string.punctuation) - {"'"}
+_CURRENCY_BEFORE = r"(?P<cur>us\$|[$€£¥₹₩])?\s?"
+_CURRENCY_WORDS = "usd|eur|gbp|jpy|cny|inr|chf|cad|aud|dollars?|euros?|yen"
+_NUMBER = re.compile(
+    rf"{_CURRENCY_BEFORE}(?<![\w.,])(?P<num>\d{{1,3}}(?:,\d{{3}})+(?:\.\d+)?|\d+(?:\.\d+)?)(?![\d]|[.,]\d)"
+    r"(?:\s?(?P<suffix>bn|mn|k|m|b)(?![\w]))?"
+    r"(?:\s+(?P<scale>thousand|million|billion|trillion)s?(?![\w]))?"
+    r"(?:\s?(?P<pct>%|percent(?![\w])|per\s+cent(?![\w])|pct(?![\w])))?"
+    rf"(?:\s?(?P<code>{_CURRENCY_WORDS})(?![\w]))?"
+)
+_SCALES = {"thousand": 3, "million": 6, "billion": 9, "trillion": 12, "k": 3, "m": 6, "mn": 6, "b": 9, "bn": 9}
+_NUMBER_TOKEN = re.compile(r"^\d+(?:\.\d+)?$")
+_YES_NO = frozenset({"yes", "no", "noanswer"})
+
+
+def _number_value(m: re.Match[str]) -> str:
+    value = Decimal(m.group("num").replace(",", ""))
+    suffix = m.group("suffix")
+    has_currency = bool(m.group("cur") or m.group("code"))
+    exponent = 0
+    if suffix and (has_currency or suffix in ("bn", "mn")):
+        exponent += _SCALES[suffix]
+        suffix = None
+    if m.group("scale"):
+        exponent += _SCALES[m.group("scale")]
+    text = format((value.scaleb(exponent)).normalize(), "f")
+    return f" {text}{suffix or ''} "
+
+
+def _collapse_abbreviation(m: re.Match[str]) -> str:
+    return "".join(ch for ch in m.group(0) if ch not in ". \t")
 
 
 def normalize_answer(text: str) -> str:
     """Normalise an answer for exact match / token F1.
 
-    Steps, applied identically to gold and prediction: :func:`fold_text` (so U+2019, U+2032,
-    U+02BC … all become ``'``), lower-case, remove thousands separators, replace punctuation
-    other than apostrophes with spaces, drop apostrophes at word edges (quotes) but keep them
-    inside words (``o'neill's``), drop the articles a/an/the, collapse whitespace.
-    Idempotent.
+    Steps, applied identically to gold and prediction (idempotent):
+
+    1. :func:`fold_text` (NFC, widths, ligatures; U+2019, U+2032, U+02BC … all become ``'``);
+    2. dotted abbreviations collapse: ``U.S.`` / ``U.S`` → ``US``, ``a.m.`` → ``am``,
+       ``A.A. Milne`` → ``AA Milne``, ``J. K. Rowling`` → ``JK Rowling``;
+    3. lower-case;
+    4. numbers become values (policy): thousands separators go (``1,000`` → ``1000``), trailing
+       decimal zeros go (``3.50`` → ``3.5``), scale words multiply (``1.5 million`` →
+       ``1500000``; ``bn``/``mn`` always, ``k``/``M``/``B`` only next to a currency, since
+       ``5K`` or ``100m`` alone are usually distances). Currency symbols and codes next to a
+       number (``$``, ``US$``, ``€``, ``USD``, ``dollars`` …) are dropped, and so are percent
+       marks (``%``, ``percent``, ``per cent``): like the SQuAD script, which deletes ``$`` and
+       ``%`` as punctuation, a unit is never the only difference that fails an answer, and a
+       fraction is never turned into a percentage (``0.5`` ≠ ``50%``);
+    5. the articles a/an/the are dropped only where they stand as separate words
+       (``A-ha`` keeps its ``a``);
+    6. punctuation other than apostrophes and decimal points becomes a space; apostrophes at
+       word edges (quotes) go, inside words they stay (``o'neill's``); whitespace collapses.
 
     Args:
         text: an answer string.
@@ -219,16 +267,54 @@ def normalize_answer(text: str) -> str:
     Returns:
         The normalised string (may be empty).
     """
-    s = fold_text(text).lower()
-    s = _THOUSANDS.sub("", s)
-    s = "".join(" " if ch in _PUNCT else ch for ch in s)
+    s = _ABBREVIATION.sub(_collapse_abbreviation, fold_text(text)).lower()
+    s = _NUMBER.sub(_number_value, s)
+    s = " ".join(t for t in s.split() if t.strip(string.punctuation + "'") not in _ARTICLES)
+    s = "".join(
+        " " if ch in _PUNCT and not (ch == "." and 0 < i < len(s) - 1 and s[i - 1].isdigit() and s[i + 1].isdigit())
+        else ch
+        for i, ch in enumerate(s)
+    )
     s = re.sub(r"(?<![a-z0-9])'|'(?![a-z0-9])", " ", s)
-    s = _ARTICLES.sub(" ", s)
     return " ".join(s.split())
+
+
+def number_values(text: str) -> list[Decimal]:
+    """The distinct numeric values in ``text`` after :func:`normalize_answer`, in order.
+
+    ``"$1.5B"`` → ``[Decimal("1500000000")]``; ``"between 70 and 72"`` → ``[70, 72]``.
+    """
+    out: list[Decimal] = []
+    for token in normalize_answer(text).split():
+        if _NUMBER_TOKEN.match(token):
+            try:
+                value = Decimal(token)
+            except InvalidOperation:  # pragma: no cover - the regex admits only decimals
+                continue
+            if value not in out:
+                out.append(value)
+    return out
+
+
+def _numeric_gold(gold: str) -> Decimal | None:
+    tokens = normalize_answer(gold).split()
+    if len(tokens) == 1 and _NUMBER_TOKEN.match(tokens[0]):
+        return Decimal(tokens[0])
+    return None
+
+
+def _same_number(prediction: str, gold: str) -> bool:
+    """Number rule: a gold that is one number matches a prediction stating exactly that one value
+    (``"The answer is 72, in total."`` for gold ``72``); two different values never match."""
+    value = _numeric_gold(gold)
+    return value is not None and number_values(prediction) == [value]
 
 
 def exact_match(prediction: str, golds: list[str] | tuple[str, ...] | str) -> bool:
     """Return True when the normalised prediction equals any normalised gold.
+
+    A gold that is a single number also matches a prediction whose only number has the same
+    value (see :func:`normalize_answer` for how numbers are read).
 
     Args:
         prediction: the predicted answer.
@@ -236,11 +322,17 @@ def exact_match(prediction: str, golds: list[str] | tuple[str, ...] | str) -> bo
     """
     candidates = [golds] if isinstance(golds, str) else list(golds)
     pred = normalize_answer(prediction)
-    return any(pred == normalize_answer(g) for g in candidates if g is not None)
+    return any(
+        pred == normalize_answer(g) or _same_number(prediction, g) for g in candidates if g is not None
+    )
 
 
 def token_f1(prediction: str, golds: list[str] | tuple[str, ...] | str) -> float:
     """Token-level F1 (SQuAD definition) against the best-matching gold.
+
+    HotpotQA's yes/no rule applies: when the normalised gold or prediction is ``yes``, ``no`` or
+    ``noanswer``, anything but the identical answer scores 0.0. A numeric gold matched by
+    :func:`exact_match`'s number rule scores 1.0.
 
     Args:
         prediction: the predicted answer.
@@ -250,10 +342,18 @@ def token_f1(prediction: str, golds: list[str] | tuple[str, ...] | str) -> float
         The maximum F1 over golds, in 0.0–1.0. Empty vs empty scores 1.0; empty vs non-empty 0.0.
     """
     candidates = [golds] if isinstance(golds, str) else list(golds)
-    pred_tokens = normalize_answer(prediction).split()
+    pred_norm = normalize_answer(prediction)
+    pred_tokens = pred_norm.split()
     best = 0.0
     for gold in candidates:
-        gold_tokens = normalize_answer(gold).split()
+        if gold is None:
+            continue
+        gold_norm = normalize_answer(gold)
+        if (pred_norm in _YES_NO or gold_norm in _YES_NO) and pred_norm != gold_norm:
+            continue
+        if _same_number(prediction, gold):
+            return 1.0
+        gold_tokens = gold_norm.split()
         if not pred_tokens or not gold_tokens:
             best = max(best, float(pred_tokens == gold_tokens))
             continue

@@ -128,3 +128,57 @@ def test_fold_is_idempotent_on_mixed_forms():
     for doc in (NFD_DOC, CJK_DOC, PDF_DOC):
         once = fold_text(doc)
         assert fold_text(once) == once
+
+
+# --- Answers compared fairly (issue 13 item 6) ------------------------------------------------
+
+import pytest  # noqa: E402
+
+from kitune.text import number_values  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    ("prediction", "gold", "em", "f1"),
+    [
+        # dotted abbreviations collapse before articles are dropped
+        ("US", "U.S.", True, 1.0),
+        ("3 am", "3 a.m.", True, 1.0),
+        ("J.K. Rowling", "J. K. Rowling", True, 1.0),
+        # the bug: an initial was dropped as the article "a" / left a stray "c"
+        ("Milne", "A.A. Milne", False, 2 / 3),
+        ("C Milan", "A.C. Milan", False, 0.5),
+        ("A-ha", "Ha", False, 2 / 3),  # "a" inside a hyphenated name is not an article
+        # numbers as values
+        ("The answer is 72, in total.", "72", True, 1.0),
+        ("between 70 and 72", "72", False, 0.4),
+        ("$1.5 billion", "1,500 million USD", True, 1.0),
+        ("$1.5B", "1,500 million USD", True, 1.0),
+        ("$1.5B", "$1.5 billion", True, 1.0),
+        ("3.50", "3.5", True, 1.0),
+        ("1.5 million", "15 million", False, 0.0),
+        ("5K run", "5000 run", False, 0.5),  # k/M/B only scale next to a currency
+        # percentages: the mark is dropped, a fraction is not a percentage
+        ("50%", "50 per cent", True, 1.0),
+        ("0.5", "50%", False, 0.0),
+        # HotpotQA yes/no rule
+        ("yes, it is", "yes", False, 0.0),
+        ("Yes.", "yes", True, 1.0),
+        ("no", "yes", False, 0.0),
+        ("yes", "yes and no", False, 0.0),
+    ],
+)
+def test_answer_pairs_score_exactly(prediction: str, gold: str, em: bool, f1: float) -> None:
+    assert exact_match(prediction, gold) is em
+    assert token_f1(prediction, gold) == pytest.approx(f1)
+
+
+def test_normalised_forms_and_idempotence():
+    assert normalize_answer("U.S.") == "us"
+    assert normalize_answer("3 a.m.") == "3 am"
+    assert normalize_answer("A.A. Milne") == "aa milne"
+    assert normalize_answer("$1.5B") == "1500000000"
+    assert normalize_answer("1,000.50 euros") == "1000.5"
+    assert normalize_answer("The Beatles") == "beatles"
+    for text in ("U.S.", "3 a.m.", "$1.5B", "A.A. Milne", "1,500 million USD", "5K run", "o'neill's"):
+        assert normalize_answer(normalize_answer(text)) == normalize_answer(text)
+    assert [str(v) for v in number_values("between 70 and 72.0, or 70")] == ["70", "72"]

@@ -172,3 +172,12 @@ def test_prompt_is_the_packaged_instruction() -> None:
     with pytest.raises(ValueError, match="attempts=0"):
         Judge(attempts=0)
     assert dspy.settings.lm is None
+
+
+def test_json_verdict_is_parsed_not_a_grader_error() -> None:
+    v = parse_grading('{"extracted_final_answer": "Paris", "reasoning": "same city", "correct": "yes", "confidence": 90}')
+    assert (v.status, v.correct, v.extracted_answer, v.confidence) == ("graded", True, "Paris", 90)
+    v = parse_grading('```json\n{"Correct": false, "extracted_final_answer": "None"}\n```')
+    assert (v.status, v.correct, v.extracted_answer) == ("graded", False, None)
+    v = parse_grading('{"correct": "maybe"}')
+    assert v.status == "grader_error" and v.correct is None

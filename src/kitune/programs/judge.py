@@ -17,6 +17,7 @@ from accuracy and counted, never scored as incorrect (case J3). Exact match and 
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -118,6 +119,43 @@ class JudgeVerdict:
         return self.status == "graded"
 
 
+_JSON_BOOL = {"yes": "yes", "true": "yes", "no": "no", "false": "no"}
+
+
+def _json_report(raw: str) -> tuple[str | None, str | None, int | None] | None:
+    """Read a grading written as a JSON object (``{"correct": "yes", ...}``).
+
+    Returns:
+        ``(verdict, extracted_answer, confidence)`` when ``raw`` holds a JSON object with a
+        ``correct`` key (any case); ``verdict`` is ``"yes"``/``"no"`` for yes/no/true/false
+        (strings or booleans) and None for any other value. None when there is no such object.
+    """
+    start, end = raw.find("{"), raw.rfind("}")
+    if start < 0 or end <= start:
+        return None
+    try:
+        obj = json.loads(raw[start : end + 1])
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(obj, dict):
+        return None
+    fields = {str(k).strip().casefold(): v for k, v in obj.items()}
+    if "correct" not in fields:
+        return None
+    value = fields["correct"]
+    key = ("true" if value else "false") if isinstance(value, bool) else str(value).strip().casefold()
+    verdict = _JSON_BOOL.get(key)
+    answer = fields.get("extracted_final_answer", fields.get("extracted_answer"))
+    extracted = None if answer is None or str(answer).strip().casefold() in ("", "none", "n/a") else str(answer)
+    confidence: int | None = None
+    raw_conf = fields.get("confidence")
+    if isinstance(raw_conf, int | float) and not isinstance(raw_conf, bool):
+        confidence = max(0, min(100, round(float(raw_conf))))
+    elif isinstance(raw_conf, str) and re.fullmatch(r"\s*\d{1,3}(?:\.\d+)?\s*%?\s*", raw_conf):
+        confidence = max(0, min(100, round(float(raw_conf.strip().rstrip("%")))))
+    return verdict, extracted, confidence
+
+
 def parse_grading(raw: str) -> JudgeVerdict:
     """Parse a grader report into a verdict (never raises).
 
@@ -125,20 +163,25 @@ def parse_grading(raw: str) -> JudgeVerdict:
         raw: the grader's report (see the module docstring for the format).
 
     Returns:
-        ``status="graded"`` with ``correct`` from the anchored ``correct: yes|no`` field, or
-        ``status="grader_error"`` with ``error="no parsable verdict in the grader output"`` and
+        ``status="graded"`` with ``correct`` from the anchored ``correct: yes|no`` field (or,
+        when the report is a JSON object with a ``correct`` key, from that key: ``"yes"``,
+        ``"no"``, ``true``, ``false``), or ``status="grader_error"`` with ``error="no parsable verdict in the grader output"`` and
         ``correct=None`` when that field is absent or holds another value.
     """
-    verdict = parse_anchored_verdict(raw, cues=("correct",), values=("yes", "no"), connectors=(":", "="))
-    extracted: str | None = None
-    m = list(_FIELD_RE["extracted"].finditer(raw or ""))
-    if m:
-        value = m[-1].group(1).strip().strip("*_ ").strip()
-        extracted = None if value.casefold() in ("", "none", "n/a") else value
-    confidence: int | None = None
-    c = list(_FIELD_RE["confidence"].finditer(raw or ""))
-    if c:
-        confidence = max(0, min(100, round(float(c[-1].group(1)))))
+    as_json = _json_report(raw or "")
+    if as_json is not None:
+        verdict, extracted, confidence = as_json
+    else:
+        verdict = parse_anchored_verdict(raw, cues=("correct",), values=("yes", "no"), connectors=(":", "="))
+        extracted = None
+        m = list(_FIELD_RE["extracted"].finditer(raw or ""))
+        if m:
+            value = m[-1].group(1).strip().strip("*_ ").strip()
+            extracted = None if value.casefold() in ("", "none", "n/a") else value
+        confidence = None
+        c = list(_FIELD_RE["confidence"].finditer(raw or ""))
+        if c:
+            confidence = max(0, min(100, round(float(c[-1].group(1)))))
     if verdict is None:
         return JudgeVerdict(
             correct=None, confidence=confidence, extracted_answer=extracted, status="grader_error",
