@@ -25,6 +25,8 @@ base URL, key) and validates it before any network call; :func:`build_lm` wraps 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import email.utils
 import json
 import logging
@@ -34,7 +36,7 @@ import re
 import threading
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -65,9 +67,11 @@ __all__ = [
     "adapter_for",
     "build_lm",
     "classify_error",
+    "finish_reason_of",
     "parse_retry_after",
     "reset_format_memory",
     "resolve_role",
+    "track_finish_reasons",
 ]
 
 logger = logging.getLogger(__name__)
@@ -447,6 +451,51 @@ def _content_of(response: Any) -> str:
         return ""
 
 
+# ---------------------------------------------------------------------------------------------
+# finish_reason of every call
+
+_FINISH_SINKS: contextvars.ContextVar[tuple[list[str | None], ...]] = contextvars.ContextVar(
+    "kitune_finish_sinks", default=()
+)
+
+
+@contextlib.contextmanager
+def track_finish_reasons() -> Iterator[list[str | None]]:
+    """Collect the ``finish_reason`` of every :class:`KituneLM` call made inside the block.
+
+    Yields a list that gets one entry per completed call (cache hits included), in call order:
+    ``"stop"``, ``"length"`` (cut at ``max_tokens``), ``"tool_calls"`` … or None when the
+    provider gave none. Blocks nest; worker threads started with a copy of the context report
+    into the same list. Calls through other ``dspy.LM`` classes are not seen.
+    """
+    sink: list[str | None] = []
+    token = _FINISH_SINKS.set((*_FINISH_SINKS.get(), sink))
+    try:
+        yield sink
+    finally:
+        _FINISH_SINKS.reset(token)
+
+
+def finish_reason_of(response: Any) -> str | None:
+    """The first choice's ``finish_reason`` of a LiteLLM/OpenAI response (None when absent)."""
+    try:
+        reason = response.choices[0].finish_reason
+    except (AttributeError, IndexError, TypeError, KeyError):
+        try:
+            reason = response["choices"][0]["finish_reason"]
+        except (IndexError, TypeError, KeyError):
+            return None
+    return str(reason) if reason is not None else None
+
+
+def _note_finish(response: Any) -> None:
+    sinks = _FINISH_SINKS.get()
+    if sinks:
+        reason = finish_reason_of(response)
+        for sink in sinks:
+            sink.append(reason)
+
+
 class KituneLM(dspy.LM):  # type: ignore[misc]
     """A ``dspy.LM`` that owns timeouts, retries, errors, the format ladder, cache and ledger.
 
@@ -755,11 +804,13 @@ class KituneLM(dspy.LM):  # type: ignore[misc]
                     cache_hit=True,
                 )
                 response._hidden_params["kitune_usage"] = {**usage, "cache_hit": True}
+                _note_finish(response)
                 return response
         response = self._send(msgs, dict(request))
         if key is not None:
             usage = {k: v for k, v in response._hidden_params["kitune_usage"].items() if k != "cache_hit"}
             dspy.cache.put(key, {"kitune_response": response.model_dump(), "kitune_usage": usage})
+        _note_finish(response)
         return response
 
     async def aforward(

@@ -211,3 +211,80 @@ def test_blank_document_makes_no_call() -> None:
     with dspy.context(lm=lm):
         result = FactExtractor().extract_document(Document(docid="e", text="  \n "))
     assert (result.status, result.kis, result.chunks, len(lm.history)) == ("ok", (), 0, 0)
+
+
+# --- finish_reason read on every call; a cut reply retried with more room (issue 13 item 4) ---
+
+from kitune.lm import KituneLM, ResolvedLM, reset_format_memory  # noqa: E402
+from kitune.testing.openai_stub import Reply, StubServer  # noqa: E402
+
+
+def _stub_lm(stub: StubServer, max_tokens: int = 512) -> KituneLM:
+    reset_format_memory()
+    resolved = ResolvedLM(
+        role="extract", model="openai/stub", api_base=stub.base_url, api_key="sk-test", key_env=None,
+        base_env=None, is_local=False, temperature=0.0, max_tokens=max_tokens, timeout_s=5.0, num_retries=0,
+    )
+    return KituneLM(resolved)
+
+
+CUT = json.dumps([FOUNDED, HQ])[: len(json.dumps([FOUNDED])) + 40]  # first record whole, second cut
+
+
+def test_length_cut_reply_is_retried_once_with_double_max_tokens() -> None:
+    with StubServer() as stub:
+        stub.push(Reply.ok(CUT, finish_reason="length"), Reply.ok(json.dumps([FOUNDED, HQ])))
+        with dspy.context(lm=_stub_lm(stub, max_tokens=512)):
+            result = FactExtractor().extract_document(DOC, now=NOW)
+        sent = [r.body["max_tokens"] for r in stub.chat_requests]
+    assert sent == [512, 1024]  # never the same size twice
+    assert result.status == "ok"
+    assert [k.payload.properties.object for k in result.kis] == ["1999", "Springfield"]
+    assert result.counters["truncated_replies"] == 1
+    assert result.counters["truncation_retries"] == 1
+    assert result.counters["lm_calls"] == 2
+    assert "kept_from_truncated" not in result.counters
+
+
+def test_reply_cut_twice_keeps_its_complete_records_and_is_partial() -> None:
+    with StubServer() as stub:
+        stub.push(Reply.ok(CUT, finish_reason="length"), Reply.ok(CUT, finish_reason="length"))
+        with dspy.context(lm=_stub_lm(stub, max_tokens=512)):
+            result = FactExtractor().extract_document(DOC, now=NOW)
+        sent = [r.body["max_tokens"] for r in stub.chat_requests]
+    assert sent == [512, 1024]
+    assert result.status == "partial"  # not ok: facts may be missing
+    assert [k.payload.properties.object for k in result.kis] == ["1999"]
+    assert result.counters["truncated_replies"] == 2
+    assert result.counters["kept_from_truncated"] == 1
+
+
+def test_length_cut_complete_json_still_counts_as_cut() -> None:
+    # The JSON happens to close, but the provider says the reply hit max_tokens: retried.
+    with StubServer() as stub:
+        stub.push(Reply.ok(json.dumps([FOUNDED]), finish_reason="length"), Reply.ok(json.dumps([FOUNDED, HQ])))
+        with dspy.context(lm=_stub_lm(stub, max_tokens=300)):
+            result = FactExtractor().extract_document(DOC, now=NOW)
+        sent = [r.body["max_tokens"] for r in stub.chat_requests]
+    assert sent == [300, 600]
+    assert result.status == "ok" and len(result.kis) == 2
+
+
+def test_at_the_token_cap_a_cut_chunk_is_split_in_two_halves() -> None:
+    with StubServer() as stub:
+        stub.push(
+            Reply.ok(CUT, finish_reason="length"),
+            Reply.ok(json.dumps([FOUNDED])),
+            Reply.ok(json.dumps([HQ])),
+        )
+        with dspy.context(lm=_stub_lm(stub, max_tokens=512)):
+            result = FactExtractor(max_retry_tokens=512).extract_document(DOC, now=NOW)
+        requests = stub.chat_requests
+    assert [r.body["max_tokens"] for r in requests] == [512, 512, 512]
+    halves = [r.body["messages"][-1]["content"] for r in requests[1:]]
+    assert "Acme Corp was founded in 1999 by Jane Roe." in halves[0]
+    assert "headquartered in Springfield" not in halves[0]
+    assert "Acme Corp is headquartered in Springfield." in halves[1]
+    assert result.status == "ok"
+    assert [k.payload.properties.object for k in result.kis] == ["1999", "Springfield"]
+    assert result.counters["truncation_splits"] == 1

@@ -12,11 +12,23 @@ Per document:
 1. the text is split into chunks of at most ``chunk_chars`` characters at paragraph, then
    sentence, then word boundaries (:func:`split_text`), so nothing past the model's context is
    silently dropped;
-2. each chunk gets one call; malformed output (no JSON, or records offered but none valid) is
-   retried once with the cache bypassed (``cache=False``, a new ``rollout_id``, temperature 0.7);
-   a chunk still malformed marks the *document* failed (its partial KIs are not returned);
-3. the guardrails (:mod:`kitune.programs.guardrails`) check each fact against its chunk's original
+2. each chunk gets one call, and its ``finish_reason`` is read
+   (:func:`kitune.lm.track_finish_reasons`; a reply whose JSON array was cut off counts too).
+   Malformed output (no JSON, or records offered but none valid) is retried once with the cache
+   bypassed (``cache=False``, a new ``rollout_id``, temperature 0.7); a chunk still malformed
+   marks the *document* failed (its partial KIs are not returned);
+3. a reply cut at its token limit (``finish_reason="length"``) is retried once **with more
+   room**, never at the same size: ``max_tokens`` doubled (up to ``max_retry_tokens``), or, when
+   the LM's ``max_tokens`` is unknown or already at that cap, the chunk split in two halves that
+   are extracted separately. When the retry is cut again, the complete records kept from it are
+   counted (``kept_from_truncated``) and the document's status is ``partial``, not ``ok``;
+4. the guardrails (:mod:`kitune.programs.guardrails`) check each fact against its chunk's original
    text and keep at most ``max_facts`` KIs for the whole document.
+
+Counters (``DocExtraction.counters``): ``lm_calls``, ``retries``, ``parse_failures``,
+``truncated_replies`` (replies cut at the token limit), ``truncation_retries`` (retries with a
+larger ``max_tokens``), ``truncation_splits`` (retries as two halves), ``kept_from_truncated``,
+plus the parser's and the guardrails' counters.
 """
 
 from __future__ import annotations
@@ -31,6 +43,7 @@ import dspy
 
 from kitune.errors import ParseError
 from kitune.ki import KI
+from kitune.lm import finish_reason_of, track_finish_reasons
 from kitune.programs.guardrails import apply_guardrails
 from kitune.programs.instructions import instruction_version, load_instruction
 from kitune.programs.parsing import FactCandidate, ParsedFacts, parse_facts
@@ -43,6 +56,9 @@ __all__ = ["DocExtraction", "ExtractFacts", "FactExtractor", "split_text"]
 
 RETRY_TEMPERATURE = 0.7
 """Temperature of the retry call, so a cache-bypassing retry can produce different text."""
+
+MAX_RETRY_TOKENS = 8192
+"""Default cap on the ``max_tokens`` of a retry after a reply was cut at its token limit."""
 
 
 class ExtractFacts(dspy.Signature):  # type: ignore[misc]
@@ -63,8 +79,10 @@ class DocExtraction:
     """What extracting one document produced."""
 
     docid: str
-    status: Literal["ok", "failed"]
-    """``failed``: a chunk stayed malformed after its retry, or the LM call raised."""
+    status: Literal["ok", "partial", "failed"]
+    """``partial``: a reply was still cut at its token limit after the retry with more room;
+    the complete records before the cut were kept (the document may be missing facts).
+    ``failed``: a chunk stayed malformed after its retry, or the LM call raised."""
     kis: tuple[KI, ...] = ()
     """Verified KIs (empty when failed), at most ``max_facts``."""
     drops: dict[str, int] = field(default_factory=dict)
@@ -127,6 +145,21 @@ def split_text(text: str, chunk_chars: int) -> list[tuple[int, str]]:
     return chunks
 
 
+def _halve(chunk: str) -> tuple[str, str] | None:
+    """Split ``chunk`` in two at the boundary nearest its middle (paragraph, sentence, space).
+
+    Returns None when the chunk has no boundary to cut at (a single long word).
+    """
+    middle = len(chunk) // 2
+    for pattern in (r"\n\s*\n", _SENTENCE_END.pattern, r"\s+"):
+        cuts = [m.end() for m in re.finditer(pattern, chunk) if 0 < m.end() < len(chunk)]
+        if cuts:
+            cut = min(cuts, key=lambda c: abs(c - middle))
+            if chunk[:cut].strip() and chunk[cut:].strip():
+                return chunk[:cut], chunk[cut:]
+    return None
+
+
 class FactExtractor(dspy.Module):  # type: ignore[misc]
     """Extract verified KIs from documents (see the module docstring for the steps).
 
@@ -136,6 +169,7 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
         chunk_chars: split documents longer than this many characters (≥ 1).
         corpus: corpus name for KI references (``index://<corpus>``).
         retries: extra calls for a chunk whose reply is malformed (default 1).
+        max_retry_tokens: cap on ``max_tokens`` when a reply cut at its token limit is retried.
 
     The one named predictor is ``extract``; its ``signature.instructions`` is the prompt text and
     :attr:`prompt_version` is ``extractor@<sha8>`` of that text.
@@ -149,6 +183,7 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
         chunk_chars: int = 6000,
         corpus: str = "corpus",
         retries: int = 1,
+        max_retry_tokens: int = MAX_RETRY_TOKENS,
     ) -> None:
         super().__init__()
         if instructions is None:
@@ -158,6 +193,7 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
         self.chunk_chars = chunk_chars
         self.corpus = corpus
         self.retries = retries
+        self.max_retry_tokens = max_retry_tokens
 
     @classmethod
     def from_config(cls, cfg: KituneConfig, instructions: str | None = None) -> FactExtractor:
@@ -174,44 +210,117 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
         """``extractor@<sha8>`` of the current instruction text (changes when optimisers rewrite it)."""
         return instruction_version("extractor", self.extract.signature.instructions)
 
-    def _complete(self, doc: Document, chunk: str, attempt: int) -> str:
+    def _lm(self) -> Any:
+        return self.extract.lm or dspy.settings.lm
+
+    def _complete(
+        self, doc: Document, chunk: str, attempt: int, max_tokens: int | None = None
+    ) -> tuple[str, str | None]:
+        """One call; returns ``(raw reply, finish_reason or None when the LM reported none)``."""
         config: dict[str, Any] = {}
         if attempt > 0:
             config = {"cache": False, "rollout_id": attempt, "temperature": RETRY_TEMPERATURE}
+        if max_tokens is not None:
+            config["max_tokens"] = max_tokens
         overrides: dict[str, Any] = {}
         if dspy.settings.adapter is None:
             # Our parser reads the raw reply; skip the adapter's second (JSON-mode) call.
             overrides["adapter"] = dspy.ChatAdapter(use_json_adapter_fallback=False)
-        with dspy.context(**overrides):
+        lm = self._lm()
+        seen = len(getattr(lm, "history", None) or [])
+        with dspy.context(**overrides), track_finish_reasons() as reasons:
             try:
                 pred = self.extract(docid=doc.docid, url=doc.url, title=doc.title, text=chunk, config=config)
+                raw = str(pred.facts_json or "")
             except dspy.utils.exceptions.AdapterParseError as e:
-                return str(e.lm_response or "")
-        return str(pred.facts_json or "")
+                raw = str(e.lm_response or "")
+        if reasons:
+            return raw, reasons[-1]
+        history = getattr(lm, "history", None) or []
+        if len(history) > seen and isinstance(history[-1], dict):  # another dspy.LM: read its record
+            return raw, finish_reason_of(history[-1].get("response"))
+        return raw, None
+
+    def _more_tokens(self) -> int | None:
+        """The ``max_tokens`` for a retry after a cut-off reply: double, capped; None if not larger."""
+        current = (getattr(self._lm(), "kwargs", None) or {}).get("max_tokens")
+        if not isinstance(current, int) or current < 1:
+            return None
+        bigger = min(current * 2, self.max_retry_tokens)
+        return bigger if bigger > current else None
 
     def _extract_chunk(
-        self, doc: Document, chunk: str, counts: Counter[str]
-    ) -> tuple[ParsedFacts | None, str, str]:
-        """Return (parsed, error, raw); parsed is None when the chunk stayed malformed."""
+        self, doc: Document, chunk: str, counts: Counter[str], *, may_grow: bool = True
+    ) -> tuple[list[FactCandidate] | None, bool, str, str]:
+        """Return ``(records, partial, error, raw)``; records is None when the chunk stayed malformed.
+
+        ``partial`` is True when the records come from a reply still cut at its token limit.
+        """
         error, raw = "", ""
-        for attempt in range(self.retries + 1):
+        salvage: ParsedFacts | None = None
+        room: int | None = None
+        attempt = 0
+        malformed_retries = 0
+        while True:
             if attempt:
                 counts["retries"] += 1
             counts["lm_calls"] += 1
-            raw = self._complete(doc, chunk, attempt)
+            raw, finish = self._complete(doc, chunk, attempt, room)
+            attempt += 1
+            parsed: ParsedFacts | None
             try:
                 parsed = parse_facts(raw)
             except ParseError as e:
+                parsed, error = None, str(e)
+            cut = finish == "length" or bool(parsed and parsed.counters.get("truncated_salvaged"))
+            if parsed is not None:
+                counts.update(parsed.counters)
+            if cut:
+                counts["truncated_replies"] += 1
+                if parsed is not None and parsed.records:
+                    salvage = parsed
+                if may_grow:
+                    may_grow = False
+                    room = self._more_tokens()
+                    if room is not None:
+                        counts["truncation_retries"] += 1
+                        continue
+                    halves = _halve(chunk)
+                    if halves is not None:
+                        counts["truncation_splits"] += 1
+                        return self._extract_halves(doc, halves, counts)
+                if salvage is not None:
+                    counts["kept_from_truncated"] += len(salvage.records)
+                    return list(salvage.records), True, "", ""
                 counts["parse_failures"] += 1
-                error = str(e)
-                continue
-            counts.update(parsed.counters)
-            if parsed.is_malformed:
+                return None, False, error or "the reply was cut at its token limit before one record ended", raw
+            if parsed is None or parsed.is_malformed:
                 counts["parse_failures"] += 1
-                error = "every record was rejected: " + "; ".join(err.message for err in parsed.errors[:3])
-                continue
-            return parsed, "", ""
-        return None, error, raw
+                if parsed is not None:
+                    error = "every record was rejected: " + "; ".join(
+                        err.message for err in parsed.errors[:3]
+                    )
+                if malformed_retries < self.retries:
+                    malformed_retries += 1
+                    continue
+                if salvage is not None:  # the bigger retry was malformed: keep what the cut reply had
+                    counts["kept_from_truncated"] += len(salvage.records)
+                    return list(salvage.records), True, "", ""
+                return None, False, error, raw
+            return list(parsed.records), False, "", ""
+
+    def _extract_halves(
+        self, doc: Document, halves: tuple[str, str], counts: Counter[str]
+    ) -> tuple[list[FactCandidate] | None, bool, str, str]:
+        records: list[FactCandidate] = []
+        partial = False
+        for half in halves:
+            got, cut, error, raw = self._extract_chunk(doc, half, counts, may_grow=False)
+            if got is None:
+                return None, False, error, raw
+            records.extend(got)
+            partial = partial or cut
+        return records, partial, "", ""
 
     def extract_document(self, doc: Document, *, now: datetime | None = None) -> DocExtraction:
         """Extract one document.
@@ -227,9 +336,10 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
         counts: Counter[str] = Counter()
         chunks = [(off, c) for off, c in split_text(doc.text, self.chunk_chars) if c.strip()]
         facts: list[tuple[FactCandidate, str]] = []
+        partial = False
         for _offset, chunk in chunks:
-            parsed, error, raw = self._extract_chunk(doc, chunk, counts)
-            if parsed is None:
+            records, cut, error, raw = self._extract_chunk(doc, chunk, counts)
+            if records is None:
                 return DocExtraction(
                     docid=doc.docid,
                     status="failed",
@@ -238,7 +348,8 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
                     error=error,
                     raw=raw,
                 )
-            facts.extend((fact, chunk) for fact in parsed.records)
+            partial = partial or cut
+            facts.extend((fact, chunk) for fact in records)
         result = apply_guardrails(
             facts,
             docid=doc.docid,
@@ -250,7 +361,7 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
         counts.update(result.counters)
         return DocExtraction(
             docid=doc.docid,
-            status="ok",
+            status="partial" if partial else "ok",
             kis=result.kis,
             drops=result.drop_counts,
             counters=dict(counts),

@@ -374,7 +374,7 @@ def extract_corpus(
                 writer.write(res.docid, "failed", len(res.kis), reason)
             else:
                 done += 1
-                writer.write(res.docid, "ok", len(res.kis))
+                writer.write(res.docid, res.status, len(res.kis))  # "ok" or "partial" (re-extracted next run)
         writer.sync()
         buffer.clear()
         pending.clear()
@@ -384,8 +384,8 @@ def extract_corpus(
         finished += 1
         counters.update(res.counters)
         drops.update(res.drops)
-        if res.status == "ok":
-            if res.counters.get("truncated_salvaged"):
+        if res.status in ("ok", "partial"):
+            if res.status == "partial":
                 truncated.add(res.docid)
             buffer.extend(res.kis)
             pending.append(res)
