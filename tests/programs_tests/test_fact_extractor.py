@@ -288,3 +288,11 @@ def test_at_the_token_cap_a_cut_chunk_is_split_in_two_halves() -> None:
     assert result.status == "ok"
     assert [k.payload.properties.object for k in result.kis] == ["1999", "Springfield"]
     assert result.counters["truncation_splits"] == 1
+
+
+def test_packaged_instruction_follows_the_published_rules() -> None:
+    text = load_instruction("extractor").text
+    assert "0-3 facts for a short or generic document" in text
+    assert "8-15 for a long, fact-dense one" in text
+    assert "avoid affiliated_with" in text
+    assert "even a single sentence" not in text  # the old rule pushed facts out of stubs
