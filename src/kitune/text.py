@@ -98,15 +98,21 @@ class FoldedText:
     """Per folded character: end offset (exclusive) of its source cluster in the original."""
 
     def original_span(self, pos: int, length: int) -> tuple[int, int] | None:
-        """The original ``(start, end)`` of ``text[pos:pos + length]``, or None when the slice
-        starts or ends inside a cluster (e.g. ``"i"`` out of ``"ﬁ"``), which is not a verbatim match."""
+        """The original ``(start, end)`` of ``text[pos:pos + length]``.
+
+        None when the slice starts or ends inside a cluster (e.g. ``"i"`` out of ``"ﬁ"``), which is
+        not a verbatim match.
+        """
         if length < 1 or pos < 0 or pos + length > len(self.text):
             return None
         last = pos + length - 1
         if pos > 0 and (self.starts[pos - 1], self.ends[pos - 1]) == (self.starts[pos], self.ends[pos]):
             return None
         nxt = last + 1
-        if nxt < len(self.text) and (self.starts[nxt], self.ends[nxt]) == (self.starts[last], self.ends[last]):
+        if nxt < len(self.text) and (self.starts[nxt], self.ends[nxt]) == (
+            self.starts[last],
+            self.ends[last],
+        ):
             return None
         return self.starts[pos], self.ends[last]
 
@@ -120,29 +126,33 @@ def fold_map(text: str) -> FoldedText:
     Returns:
         :class:`FoldedText` whose ``text`` is ``fold_text(text)``. Linear in ``len(text)``.
     """
-    clusters: list[list[object]] = []  # [start, end, piece]
+    c_start: list[int] = []  # per cluster: original start, end and folded piece
+    c_end: list[int] = []
+    c_piece: list[str] = []
     for i, ch in enumerate(text):
         piece = _fold_char(ch)
         if ord(ch) >= 0x300 and piece:
-            last = len(clusters) - 1
-            while last >= 0 and not clusters[last][2]:  # zero-width characters in between
+            last = len(c_piece) - 1
+            while last >= 0 and not c_piece[last]:  # zero-width characters in between
                 last -= 1
             if last >= 0:
-                joined = str(clusters[last][2]) + piece
+                joined = c_piece[last] + piece
                 composed = unicodedata.normalize("NFC", joined)
                 if unicodedata.combining(piece[0]) or composed != joined:
-                    clusters[last][1] = i + 1
-                    clusters[last][2] = composed
-                    del clusters[last + 1 :]
+                    c_end[last] = i + 1
+                    c_piece[last] = composed
+                    del c_start[last + 1 :], c_end[last + 1 :], c_piece[last + 1 :]
                     continue
             piece = unicodedata.normalize("NFC", piece)
-        clusters.append([i, i + 1, piece])
+        c_start.append(i)
+        c_end.append(i + 1)
+        c_piece.append(piece)
     out: list[str] = []
     starts: list[int] = []
     ends: list[int] = []
     prev_space = True  # strips leading spaces
-    for start, end, piece in clusters:
-        for p in str(piece):
+    for start, end, piece in zip(c_start, c_end, c_piece, strict=True):
+        for p in piece:
             if p == " ":
                 if prev_space:
                     continue
@@ -150,8 +160,8 @@ def fold_map(text: str) -> FoldedText:
             else:
                 prev_space = False
             out.append(p)
-            starts.append(int(start))  # type: ignore[call-overload]
-            ends.append(int(end))  # type: ignore[call-overload]
+            starts.append(start)
+            ends.append(end)
     if out and out[-1] == " ":  # strip one trailing space
         out.pop()
         starts.pop()
@@ -216,7 +226,9 @@ _NUMBER = re.compile(
     r"(?:\s?(?P<pct>%|percent(?![\w])|per\s+cent(?![\w])|pct(?![\w])))?"
     rf"(?:\s?(?P<code>{_CURRENCY_WORDS})(?![\w]))?"
 )
-_SCALES = {"thousand": 3, "million": 6, "billion": 9, "trillion": 12, "k": 3, "m": 6, "mn": 6, "b": 9, "bn": 9}
+_SCALES = {
+    "thousand": 3, "million": 6, "billion": 9, "trillion": 12, "k": 3, "m": 6, "mn": 6, "b": 9, "bn": 9,
+}
 _NUMBER_TOKEN = re.compile(r"^\d+(?:\.\d+)?$")
 _YES_NO = frozenset({"yes", "no", "noanswer"})
 
@@ -270,11 +282,8 @@ def normalize_answer(text: str) -> str:
     s = _ABBREVIATION.sub(_collapse_abbreviation, fold_text(text)).lower()
     s = _NUMBER.sub(_number_value, s)
     s = " ".join(t for t in s.split() if t.strip(string.punctuation + "'") not in _ARTICLES)
-    s = "".join(
-        " " if ch in _PUNCT and not (ch == "." and 0 < i < len(s) - 1 and s[i - 1].isdigit() and s[i + 1].isdigit())
-        else ch
-        for i, ch in enumerate(s)
-    )
+    s = re.sub(r"(?<=\d)\.(?=\d)", "\x00", s)  # decimal points survive punctuation removal
+    s = "".join(" " if ch in _PUNCT else ch for ch in s).replace("\x00", ".")
     s = re.sub(r"(?<![a-z0-9])'|'(?![a-z0-9])", " ", s)
     return " ".join(s.split())
 
@@ -304,8 +313,10 @@ def _numeric_gold(gold: str) -> Decimal | None:
 
 
 def _same_number(prediction: str, gold: str) -> bool:
-    """Number rule: a gold that is one number matches a prediction stating exactly that one value
-    (``"The answer is 72, in total."`` for gold ``72``); two different values never match."""
+    """Number rule: a one-number gold matches a prediction stating exactly that one value.
+
+    ``"The answer is 72, in total."`` matches gold ``72``; two different values never match.
+    """
     value = _numeric_gold(gold)
     return value is not None and number_values(prediction) == [value]
 

@@ -262,7 +262,9 @@ def test_reply_cut_twice_keeps_its_complete_records_and_is_partial() -> None:
 def test_length_cut_complete_json_still_counts_as_cut() -> None:
     # The JSON happens to close, but the provider says the reply hit max_tokens: retried.
     with StubServer() as stub:
-        stub.push(Reply.ok(json.dumps([FOUNDED]), finish_reason="length"), Reply.ok(json.dumps([FOUNDED, HQ])))
+        stub.push(
+            Reply.ok(json.dumps([FOUNDED]), finish_reason="length"), Reply.ok(json.dumps([FOUNDED, HQ]))
+        )
         with dspy.context(lm=_stub_lm(stub, max_tokens=300)):
             result = FactExtractor().extract_document(DOC, now=NOW)
         sent = [r.body["max_tokens"] for r in stub.chat_requests]

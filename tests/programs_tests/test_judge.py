@@ -175,7 +175,9 @@ def test_prompt_is_the_packaged_instruction() -> None:
 
 
 def test_json_verdict_is_parsed_not_a_grader_error() -> None:
-    v = parse_grading('{"extracted_final_answer": "Paris", "reasoning": "same city", "correct": "yes", "confidence": 90}')
+    v = parse_grading(
+        '{"extracted_final_answer": "Paris", "reasoning": "same city", "correct": "yes", "confidence": 90}'
+    )
     assert (v.status, v.correct, v.extracted_answer, v.confidence) == ("graded", True, "Paris", 90)
     v = parse_grading('```json\n{"Correct": false, "extracted_final_answer": "None"}\n```')
     assert (v.status, v.correct, v.extracted_answer) == ("graded", False, None)

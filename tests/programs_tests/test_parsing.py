@@ -322,7 +322,10 @@ def test_bad_record_inside_a_wrapper_and_a_fence() -> None:
 
 
 def test_missing_comma_record_reported_and_cut_tail_counted() -> None:
-    broken = '{"title": "X", "description": "D" "subject": "S", "predicate": "p", "object": "X", "evidence_span": "E"}'
+    broken = (
+        '{"title": "X", "description": "D" "subject": "S", "predicate": "p", "object": "X", '
+        '"evidence_span": "E"}'
+    )
     raw = "[" + _rec("A", "e1") + ", " + broken + ", " + _rec("C", "e3") + ', {"title": "cut'
     parsed = parse_facts(raw)
     assert [r.object for r in parsed.records] == ["A", "C"]

@@ -293,7 +293,8 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
                     counts["kept_from_truncated"] += len(salvage.records)
                     return list(salvage.records), True, "", ""
                 counts["parse_failures"] += 1
-                return None, False, error or "the reply was cut at its token limit before one record ended", raw
+                error = error or "the reply was cut at its token limit before one record ended"
+                return None, False, error, raw
             if parsed is None or parsed.is_malformed:
                 counts["parse_failures"] += 1
                 if parsed is not None:

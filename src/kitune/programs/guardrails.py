@@ -259,17 +259,17 @@ def check_fact(
     if predicate in VAGUE_PREDICATES:
         counts["vague_predicate"] += 1
     for name in ("title", "description", "subject", "object"):
-        m = _SOURCE_RE.search(getattr(fact, name))
-        if m:
-            return Drop("mentions_source", fact.title, f"{name} mentions {m.group(0)!r}")
+        source = _SOURCE_RE.search(getattr(fact, name))
+        if source:
+            return Drop("mentions_source", fact.title, f"{name} mentions {source.group(0)!r}")
     for name in ("title", "description", "subject", "object", "evidence_span", "predicate"):
-        m = _MARKER_RE.search(getattr(fact, name))
-        if m:
-            return Drop("benchmark_marker", fact.title, f"{name} holds {m.group(0)!r}")
+        marker = _MARKER_RE.search(getattr(fact, name))
+        if marker:
+            return Drop("benchmark_marker", fact.title, f"{name} holds {marker.group(0)!r}")
     for name in ("title", "description", "subject", "object", "evidence_span"):
-        m = _FORBIDDEN_RE.search(fold_text(getattr(fact, name)))
-        if m:
-            return Drop("forbidden_phrase", fact.title, f"{name} holds {m.group(0)!r}")
+        hit = _FORBIDDEN_RE.search(fold_text(getattr(fact, name)))
+        if hit:
+            return Drop("forbidden_phrase", fact.title, f"{name} holds {hit.group(0)!r}")
     tags = normalize_tags(fact.tags)
     if any(_MARKER_RE.search(t) for t in tags):
         return Drop("benchmark_marker", fact.title, "a tag names a benchmark")

@@ -146,7 +146,8 @@ def _json_report(raw: str) -> tuple[str | None, str | None, int | None] | None:
     key = ("true" if value else "false") if isinstance(value, bool) else str(value).strip().casefold()
     verdict = _JSON_BOOL.get(key)
     answer = fields.get("extracted_final_answer", fields.get("extracted_answer"))
-    extracted = None if answer is None or str(answer).strip().casefold() in ("", "none", "n/a") else str(answer)
+    empty = answer is None or str(answer).strip().casefold() in ("", "none", "n/a")
+    extracted = None if empty else str(answer)
     confidence: int | None = None
     raw_conf = fields.get("confidence")
     if isinstance(raw_conf, int | float) and not isinstance(raw_conf, bool):
@@ -165,7 +166,8 @@ def parse_grading(raw: str) -> JudgeVerdict:
     Returns:
         ``status="graded"`` with ``correct`` from the anchored ``correct: yes|no`` field (or,
         when the report is a JSON object with a ``correct`` key, from that key: ``"yes"``,
-        ``"no"``, ``true``, ``false``), or ``status="grader_error"`` with ``error="no parsable verdict in the grader output"`` and
+        ``"no"``, ``true``, ``false``), or ``status="grader_error"`` with
+        ``error="no parsable verdict in the grader output"`` and
         ``correct=None`` when that field is absent or holds another value.
     """
     as_json = _json_report(raw or "")

@@ -251,7 +251,8 @@ def _repair_array(text: str, start: int, counts: Counter[str]) -> list[Any] | No
     pos = start + 1
     kept = 0
     for item in repaired:
-        end = _find_from(text, pos, item) if out and isinstance(out[-1], _Malformed) else _decode_at(text, pos, item)
+        after_bad = bool(out) and isinstance(out[-1], _Malformed)
+        end = _find_from(text, pos, item) if after_bad else _decode_at(text, pos, item)
         if end is None:
             out.append(_Malformed(item))
             continue
