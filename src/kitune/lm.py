@@ -60,6 +60,7 @@ from kitune.usage import CallRecord, TokenLedger, current_stage, estimate_tokens
 
 __all__ = [
     "FORMAT_LEVELS",
+    "CallOutcome",
     "KituneLM",
     "LiteLLMChatModel",
     "LocalJSONAdapter",
@@ -67,11 +68,12 @@ __all__ = [
     "adapter_for",
     "build_lm",
     "classify_error",
+    "default_adapter",
     "finish_reason_of",
     "parse_retry_after",
     "reset_format_memory",
     "resolve_role",
-    "track_finish_reasons",
+    "track_calls",
 ]
 
 logger = logging.getLogger(__name__)
@@ -454,26 +456,37 @@ def _content_of(response: Any) -> str:
 # ---------------------------------------------------------------------------------------------
 # finish_reason of every call
 
-_FINISH_SINKS: contextvars.ContextVar[tuple[list[str | None], ...]] = contextvars.ContextVar(
-    "kitune_finish_sinks", default=()
+@dataclass(frozen=True)
+class CallOutcome:
+    """How one :class:`KituneLM` call ended, as seen by :func:`track_calls`."""
+
+    finish_reason: str | None
+    """``"stop"``, ``"length"`` (cut at ``max_tokens``), ``"tool_calls"`` …; None when not given."""
+    content: str
+    """The raw text of the first choice (what an adapter parsed, before any parsing)."""
+
+
+_CALL_SINKS: contextvars.ContextVar[tuple[list[CallOutcome], ...]] = contextvars.ContextVar(
+    "kitune_call_sinks", default=()
 )
 
 
 @contextlib.contextmanager
-def track_finish_reasons() -> Iterator[list[str | None]]:
-    """Collect the ``finish_reason`` of every :class:`KituneLM` call made inside the block.
+def track_calls() -> Iterator[list[CallOutcome]]:
+    """Collect how every :class:`KituneLM` call made inside the block ended.
 
-    Yields a list that gets one entry per completed call (cache hits included), in call order:
-    ``"stop"``, ``"length"`` (cut at ``max_tokens``), ``"tool_calls"`` … or None when the
-    provider gave none. Blocks nest; worker threads started with a copy of the context report
-    into the same list. Calls through other ``dspy.LM`` classes are not seen.
+    Yields a list that gets one :class:`CallOutcome` per completed call (cache hits included),
+    in call order, so a caller can read ``finish_reason`` on every call and see the raw reply
+    even when an adapter rewrote it in its error. Blocks nest; worker threads started with a
+    copy of the context report into the same list. Calls through other ``dspy.LM`` classes are
+    not seen.
     """
-    sink: list[str | None] = []
-    token = _FINISH_SINKS.set((*_FINISH_SINKS.get(), sink))
+    sink: list[CallOutcome] = []
+    token = _CALL_SINKS.set((*_CALL_SINKS.get(), sink))
     try:
         yield sink
     finally:
-        _FINISH_SINKS.reset(token)
+        _CALL_SINKS.reset(token)
 
 
 def finish_reason_of(response: Any) -> str | None:
@@ -489,11 +502,11 @@ def finish_reason_of(response: Any) -> str | None:
 
 
 def _note_finish(response: Any) -> None:
-    sinks = _FINISH_SINKS.get()
+    sinks = _CALL_SINKS.get()
     if sinks:
-        reason = finish_reason_of(response)
+        outcome = CallOutcome(finish_reason_of(response), _content_of(response))
         for sink in sinks:
-            sink.append(reason)
+            sink.append(outcome)
 
 
 class KituneLM(dspy.LM):  # type: ignore[misc]
@@ -850,9 +863,24 @@ class LocalJSONAdapter(dspy.JSONAdapter):  # type: ignore[misc]
 def adapter_for(lm: KituneLM) -> dspy.Adapter:
     """The adapter to use with ``lm``: :class:`LocalJSONAdapter` for the local model, else JSONAdapter.
 
-    Scope it with ``dspy.context(lm=lm, adapter=adapter_for(lm))``.
+    JSONAdapter sends the signature's output types as ``response_format`` (native structured
+    output where the provider supports it; the capability ladder downgrades to ``json_object`` or
+    prompt-only JSON when it does not). Scope it with ``dspy.context(lm=lm, adapter=adapter_for(lm))``.
     """
     return LocalJSONAdapter() if lm.resolved.is_local else dspy.JSONAdapter()
+
+
+def default_adapter(lm: Any) -> dspy.Adapter:
+    """The adapter a program uses when the DSPy context sets none.
+
+    :func:`adapter_for` for a :class:`KituneLM` (the output types become ``response_format``);
+    for any other ``dspy.LM`` (test doubles, plain LiteLLM) a ChatAdapter *without* its JSON
+    fallback, so a reply the adapter cannot parse costs no second call: the program's own
+    parser reads the raw reply instead.
+    """
+    if isinstance(lm, KituneLM):
+        return adapter_for(lm)
+    return dspy.ChatAdapter(use_json_adapter_fallback=False)
 
 
 def build_lm(

@@ -57,14 +57,14 @@ def test_rewritten_instruction_changes_the_prompt_version() -> None:
 
 def test_packaged_instruction_is_domain_neutral() -> None:
     text = load_instruction("extractor").text.lower()
-    for word in ("located_in", "founded_by", "position_held", "born_in", "member_of", "return []"):
+    for word in ("located_in", "founded_by", "position_held", "born_in", "member_of", "an empty list"):
         assert word in text
     for leak in ("musique", "hotpot", "browsecomp", "question:"):
         assert leak not in text
 
 
 def test_extracts_verified_kis_and_counts_drops() -> None:
-    lm = DummyLM({"founded in 1999": {"facts_json": json.dumps({"facts": [FOUNDED, HQ, INVENTED]})}})
+    lm = DummyLM({"founded in 1999": {"facts": json.dumps({"facts": [FOUNDED, HQ, INVENTED]})}})
     with dspy.context(lm=lm):
         result = FactExtractor(corpus="fixture").extract_document(DOC, now=NOW)
     assert result.status == "ok"
@@ -87,7 +87,7 @@ def test_extracts_verified_kis_and_counts_drops() -> None:
 
 def test_malformed_reply_is_retried_once_bypassing_the_cache_then_succeeds() -> None:
     lm = DummyLM(
-        [{"facts_json": "Let me analyze the document step by step"}, {"facts_json": json.dumps([FOUNDED])}]
+        [{"facts": "Let me analyze the document step by step"}, {"facts": json.dumps([FOUNDED])}]
     )
     with dspy.context(lm=lm):
         result = FactExtractor().extract_document(DOC, now=NOW)
@@ -101,19 +101,19 @@ def test_malformed_reply_is_retried_once_bypassing_the_cache_then_succeeds() -> 
 
 
 def test_still_malformed_after_retry_is_failed_with_raw_kept() -> None:
-    lm = DummyLM({"founded in 1999": {"facts_json": "1. Identify the organisations"}})
+    lm = DummyLM({"founded in 1999": {"facts": "1. Identify the organisations"}})
     with dspy.context(lm=lm):
         result = FactExtractor().extract_document(DOC, now=NOW)
     assert result.status == "failed"
     assert result.kis == ()
     assert "no JSON object found" in result.error
-    assert result.raw == "1. Identify the organisations"
+    assert "1. Identify the organisations" in result.raw  # the whole reply, as the model wrote it
     assert result.counters == {"lm_calls": 2, "retries": 1, "parse_failures": 2}
 
 
 def test_all_records_rejected_counts_as_malformed() -> None:
     bad = json.dumps([{"title": "T", "subject": "S"}])
-    lm = DummyLM({"founded in 1999": {"facts_json": bad}})
+    lm = DummyLM({"founded in 1999": {"facts": bad}})
     with dspy.context(lm=lm):
         result = FactExtractor().extract_document(DOC, now=NOW)
     assert result.status == "failed"
@@ -121,7 +121,7 @@ def test_all_records_rejected_counts_as_malformed() -> None:
 
 
 def test_empty_list_is_ok_with_zero_kis() -> None:
-    lm = DummyLM({"founded in 1999": {"facts_json": "[]"}})
+    lm = DummyLM({"founded in 1999": {"facts": "[]"}})
     with dspy.context(lm=lm):
         result = FactExtractor().extract_document(DOC)
     assert (result.status, result.kis, result.counters["lm_calls"]) == ("ok", (), 1)
@@ -151,9 +151,9 @@ def test_long_document_is_chunked_and_evidence_checked_per_chunk() -> None:
     late = fact("Springfield plant", "employee_count", "412", "The Springfield plant employs 412 workers")
     lm = DummyLM(
         {
-            "Acme Corp was founded": {"facts_json": json.dumps([FOUNDED])},
-            "employs 412": {"facts_json": json.dumps([late, FOUNDED])},
-            "Filler words": {"facts_json": "[]"},
+            "Acme Corp was founded": {"facts": json.dumps([FOUNDED])},
+            "employs 412": {"facts": json.dumps([late, FOUNDED])},
+            "Filler words": {"facts": "[]"},
         }
     )
     with dspy.context(lm=lm):
@@ -170,7 +170,7 @@ def test_evidence_outside_its_chunk_is_dropped() -> None:
     filler = "Filler words about nothing in particular. " * 20
     text = TEXT + "\n\n" + filler
     lm = DummyLM(
-        {"Acme Corp was founded": {"facts_json": "[]"}, "Filler words": {"facts_json": json.dumps([HQ])}}
+        {"Acme Corp was founded": {"facts": "[]"}, "Filler words": {"facts": json.dumps([HQ])}}
     )
     with dspy.context(lm=lm):
         result = FactExtractor(chunk_chars=500).extract_document(Document(docid="d8", text=text), now=NOW)
@@ -179,7 +179,7 @@ def test_evidence_outside_its_chunk_is_dropped() -> None:
 
 
 def test_max_facts_caps_the_document() -> None:
-    lm = DummyLM({"founded in 1999": {"facts_json": json.dumps([FOUNDED, HQ])}})
+    lm = DummyLM({"founded in 1999": {"facts": json.dumps([FOUNDED, HQ])}})
     with dspy.context(lm=lm):
         result = FactExtractor(max_facts=1).extract_document(DOC, now=NOW)
     assert len(result.kis) == 1 and result.drops == {"over_cap": 1}
@@ -194,7 +194,7 @@ def test_from_config_uses_extraction_settings() -> None:
 
 
 def test_forward_returns_prediction_with_kis() -> None:
-    lm = DummyLM({"founded in 1999": {"facts_json": json.dumps([FOUNDED])}})
+    lm = DummyLM({"founded in 1999": {"facts": json.dumps([FOUNDED])}})
     with dspy.context(lm=lm):
         pred = FactExtractor()(docid="d1", text=TEXT)
     assert pred.status == "ok"

@@ -2,10 +2,19 @@
 
 :class:`FactExtractor` is a DSPy module with one named predictor, ``extract``, whose
 ``signature.instructions`` is the text optimisers rewrite (it starts from the packaged
-``prompts/extractor.txt``). The predictor has a single string output, ``facts_json``; our own
-parser (:mod:`kitune.programs.parsing`) reads it, so reasoning blocks, fences, bare lists,
-envelopes and confidence drift are handled by tested code rather than by adapter luck. When the
-adapter cannot even find the field, the raw completion is parsed instead.
+``prompts/extractor.txt``, which describes only the task). The output is typed,
+``facts: list[FactRecord]`` (:mod:`kitune.programs.records`), so the format reaches the model
+through the adapter (:func:`kitune.lm.default_adapter`: the JSON schema in the prompt, or as
+``response_format`` for a :class:`kitune.lm.KituneLM`), not through the instruction. Every reply
+still goes through the per-record parser (:mod:`kitune.programs.parsing`): when the typed parse
+fails (one bad record fails the whole list, or a small model wraps it in prose), the raw
+completion is parsed instead, so reasoning blocks, fences, envelopes, a broken record and
+confidence drift cost only the records at fault.
+
+No ``dspy.Refine``/``BestOfN``: both resample the *whole* reply until a reward passes, which on
+the embedded model multiplies the extractor's cost (its largest) per document; the failures that
+matter here are handled more cheaply and deterministically — a cut reply is retried once with
+more room, a malformed one once with the cache bypassed, and bad records are dropped one by one.
 
 Per document:
 
@@ -13,7 +22,7 @@ Per document:
    sentence, then word boundaries (:func:`split_text`), so nothing past the model's context is
    silently dropped;
 2. each chunk gets one call, and its ``finish_reason`` is read
-   (:func:`kitune.lm.track_finish_reasons`; a reply whose JSON array was cut off counts too).
+   (:func:`kitune.lm.track_calls`; a reply whose JSON array was cut off counts too).
    Malformed output (no JSON, or records offered but none valid) is retried once with the cache
    bypassed (``cache=False``, a new ``rollout_id``, temperature 0.7); a chunk still malformed
    marks the *document* failed (its partial KIs are not returned);
@@ -33,6 +42,7 @@ plus the parser's and the guardrails' counters.
 
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -43,10 +53,11 @@ import dspy
 
 from kitune.errors import ParseError
 from kitune.ki import KI
-from kitune.lm import finish_reason_of, track_finish_reasons
+from kitune.lm import default_adapter, finish_reason_of, track_calls
 from kitune.programs.guardrails import apply_guardrails
 from kitune.programs.instructions import instruction_version, load_instruction
 from kitune.programs.parsing import FactCandidate, ParsedFacts, parse_facts
+from kitune.programs.records import FactRecord
 from kitune.schema import Document
 
 if TYPE_CHECKING:
@@ -62,15 +73,14 @@ MAX_RETRY_TOKENS = 8192
 
 
 class ExtractFacts(dspy.Signature):  # type: ignore[misc]
-    """Extract self-contained, evidence-backed facts from one document as a JSON array."""
+    """Extract self-contained, evidence-backed facts from one document."""
 
     docid: str = dspy.InputField(desc="Identifier of the document.")
     url: str = dspy.InputField(desc="Where the document comes from (may be empty).")
     title: str = dspy.InputField(desc="Title of the document (may be empty).")
     text: str = dspy.InputField(desc="The document text, or one part of a long document.")
-    facts_json: str = dspy.OutputField(
-        desc='A JSON array with one object per fact, each with the keys "title", "description", '
-        '"subject", "predicate", "object", "evidence_span", "confidence" and "tags".'
+    facts: list[FactRecord] = dspy.OutputField(
+        desc="The facts, most important first; an empty list when the text states none."
     )
 
 
@@ -143,6 +153,10 @@ def split_text(text: str, chunk_chars: int) -> list[tuple[int, str]]:
         chunks.append((start, text[start:end]))
         start = end
     return chunks
+
+
+def _as_dict(record: Any) -> Any:
+    return record.model_dump() if isinstance(record, FactRecord) else record
 
 
 def _halve(chunk: str) -> tuple[str, str] | None:
@@ -222,20 +236,22 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
             config = {"cache": False, "rollout_id": attempt, "temperature": RETRY_TEMPERATURE}
         if max_tokens is not None:
             config["max_tokens"] = max_tokens
+        lm = self._lm()
         overrides: dict[str, Any] = {}
         if dspy.settings.adapter is None:
-            # Our parser reads the raw reply; skip the adapter's second (JSON-mode) call.
-            overrides["adapter"] = dspy.ChatAdapter(use_json_adapter_fallback=False)
-        lm = self._lm()
+            overrides["adapter"] = default_adapter(lm)
         seen = len(getattr(lm, "history", None) or [])
-        with dspy.context(**overrides), track_finish_reasons() as reasons:
+        with dspy.context(**overrides), track_calls() as calls:
             try:
                 pred = self.extract(docid=doc.docid, url=doc.url, title=doc.title, text=chunk, config=config)
-                raw = str(pred.facts_json or "")
+                raw = json.dumps([_as_dict(r) for r in (pred.facts or [])], ensure_ascii=False)
             except dspy.utils.exceptions.AdapterParseError as e:
-                raw = str(e.lm_response or "")
-        if reasons:
-            return raw, reasons[-1]
+                # One bad record fails the typed parse of the whole list: read the raw reply with
+                # the per-record parser instead (G1: the valid siblings are kept). The adapter's
+                # error may hold a rewritten reply; the tracked call has the model's own text.
+                raw = calls[-1].content if calls else str(e.lm_response or "")
+        if calls:
+            return raw, calls[-1].finish_reason
         history = getattr(lm, "history", None) or []
         if len(history) > seen and isinstance(history[-1], dict):  # another dspy.LM: read its record
             return raw, finish_reason_of(history[-1].get("response"))

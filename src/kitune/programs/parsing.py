@@ -156,6 +156,9 @@ class ParsedFacts:
         return not self.records and bool(self.errors)
 
 
+_DSPY_MARKER_RE = re.compile(r"\[\[ ## \w+ ## \]\]")
+
+
 def strip_reasoning(raw: str) -> tuple[str, bool]:
     """Remove ``<think>``/``<thinking>``/``<reasoning>`` blocks (closed, or unclosed up to the JSON).
 
@@ -292,7 +295,7 @@ def extract_json(raw: str, counters: Counter[str] | None = None) -> Any:
         ParseError: ``"no JSON object found"`` when nothing decodes; ``raw`` is kept.
     """
     counts: Counter[str] = counters if counters is not None else Counter()
-    text, stripped = strip_reasoning(raw)
+    text, stripped = strip_reasoning(_DSPY_MARKER_RE.sub("\n", raw))
     if stripped:
         counts["think_stripped"] += 1
     stripped_text = text.strip()
