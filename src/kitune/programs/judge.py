@@ -1,6 +1,9 @@
 """The judge: a BrowseComp-style grader of an agent's response against the gold answer.
 
-The grader LM writes a short report in the ``grading`` field::
+The grader's outputs are typed fields (``extracted_final_answer``, ``reasoning``,
+``correct: bool``, ``confidence: int``), so the format comes from the signature through the
+adapter, not from the instruction text. When the adapter cannot parse them, the model's own
+text is read as a report of this shape::
 
     extracted_final_answer: <the final answer found in the response, or None>
     reasoning: <why it matches the gold answer or not>
@@ -27,6 +30,7 @@ import dspy
 from dspy.utils.exceptions import AdapterParseError
 
 from kitune.errors import LMError
+from kitune.lm import default_adapter, track_calls
 from kitune.programs.instructions import resolve_instruction
 
 __all__ = [
@@ -200,8 +204,23 @@ class GradeResponse(dspy.Signature):  # type: ignore[misc]
     question: str = dspy.InputField(desc="The question that was asked.")
     response: str = dspy.InputField(desc="The response to grade.")
     correct_answer: str = dspy.InputField(desc="The correct answer, then any accepted aliases after ' | '.")
-    grading: str = dspy.OutputField(
-        desc="Four lines: extracted_final_answer: …, reasoning: …, correct: yes|no, confidence: 0-100"
+    extracted_final_answer: str = dspy.OutputField(
+        desc="The final exact answer extracted from the response; 'None' if it gives no final answer."
+    )
+    reasoning: str = dspy.OutputField(
+        desc="Why the extracted answer is or is not the correct answer (differences only; do not solve "
+        "the question)."
+    )
+    correct: bool = dspy.OutputField(desc="True when the extracted answer matches the correct answer.")
+    confidence: int = dspy.OutputField(desc="Your confidence in this grading, an integer 0-100.")
+
+
+def _report(pred: Any) -> str:
+    """The four verdict fields as the line report :func:`parse_grading` reads."""
+    verdict = "yes" if pred.correct else "no"
+    return (
+        f"extracted_final_answer: {pred.extracted_final_answer}\nreasoning: {pred.reasoning}\n"
+        f"correct: {verdict}\nconfidence: {pred.confidence}"
     )
 
 
@@ -232,18 +251,23 @@ class Judge(dspy.Module):  # type: ignore[misc]
         self.attempts = attempts
 
     def forward(self, question: str, response: str, correct_answer: str) -> dspy.Prediction:
-        """Run the grader once; returns a prediction with the raw ``grading`` text.
+        """Run the grader once; returns a prediction with the ``grading`` report text.
 
-        A reply without DSPy field markers is kept as the raw report (no second, JSON-formatted
-        call is made). Raises whatever the LM raises.
+        The verdict fields are typed (``correct: bool`` …); the adapter is the context's, else
+        :func:`kitune.lm.default_adapter`. When the typed parse succeeds the report is rebuilt
+        from the fields; when it fails (free text, a JSON object with ``"correct": "yes"``) the
+        model's own text is the report, read by :func:`parse_grading`. No second,
+        JSON-formatted call is made. Raises whatever the LM raises.
         """
-        adapter = dspy.ChatAdapter(use_json_adapter_fallback=False)
-        try:
-            with dspy.context(adapter=adapter):
+        overrides: dict[str, Any] = {}
+        if dspy.settings.adapter is None:
+            overrides["adapter"] = default_adapter(self.grader.lm or dspy.settings.lm)
+        with dspy.context(**overrides), track_calls() as calls:
+            try:
                 pred = self.grader(question=question, response=response, correct_answer=correct_answer)
-            return dspy.Prediction(grading=str(pred.grading or ""))
-        except AdapterParseError as e:
-            return dspy.Prediction(grading=str(e.lm_response or ""))
+            except AdapterParseError as e:
+                return dspy.Prediction(grading=calls[-1].content if calls else str(e.lm_response or ""))
+        return dspy.Prediction(grading=_report(pred))
 
     def grade(
         self, question: str, response: str, gold: str, *, aliases: Sequence[str] = (), lm: Any = None

@@ -18,9 +18,26 @@ and is counted.
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["FactRecord", "GradingVerdict"]
+__all__ = ["FactRecord", "PlanDraft", "SentenceFactRecord"]
+
+
+_TITLE = (
+    "One natural sentence of at most 140 characters that states the fact and ends on its value where "
+    "possible, e.g. 'Ada Lovelace was born in London'."
+)
+_DESCRIPTION = (
+    "2-3 sentences, at most 350 characters, that make the fact self-contained: who or what, the "
+    "relation, the value, and the date, place or role that pins it down."
+)
+_SUBJECT = "The entity the fact is about, named in full as in the text."
+_PREDICATE = "A reusable snake_case relation of at most 32 characters, e.g. born_in, founded_by."
+_OBJECT = "The value: an entity, a date, a number or a short phrase, as written."
+_CONFIDENCE = "How sure you are that the fact is right, 0-100."
+_TAGS = "A few lowercase keywords (letters, digits, hyphens), e.g. person, organization, date."
 
 
 class FactRecord(BaseModel):
@@ -28,38 +45,67 @@ class FactRecord(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    title: str = Field(
-        description="One natural sentence of at most 140 characters that states the fact and ends on "
-        "its value where possible, e.g. 'Ada Lovelace was born in London'."
-    )
-    description: str = Field(
-        description="2-3 sentences, at most 350 characters, that make the fact self-contained: who or "
-        "what, the relation, the value, and the date, place or role that pins it down."
-    )
-    subject: str = Field(description="The entity the fact is about, named in full as in the text.")
-    predicate: str = Field(
-        description="A reusable snake_case relation of at most 32 characters, e.g. born_in, founded_by."
-    )
-    object: str = Field(description="The value: an entity, a date, a number or a short phrase, as written.")
+    title: str = Field(description=_TITLE)
+    description: str = Field(description=_DESCRIPTION)
+    subject: str = Field(description=_SUBJECT)
+    predicate: str = Field(description=_PREDICATE)
+    object: str = Field(description=_OBJECT)
     evidence_span: str = Field(
         description="An exact quote copied character for character from the text that supports the fact "
         "(one sentence or clause; no paraphrase, no changed punctuation)."
     )
-    confidence: int = Field(ge=0, le=100, description="How sure you are that the fact is right, 0-100.")
-    tags: list[str] = Field(
-        default_factory=list,
-        description="A few lowercase keywords (letters, digits, hyphens), e.g. person, organization, date.",
-    )
+    confidence: int = Field(ge=0, le=100, description=_CONFIDENCE)
+    tags: list[str] = Field(default_factory=list, description=_TAGS)
 
 
-class GradingVerdict(BaseModel):
-    """The judge's typed verdict (kept for adapters that return one object)."""
+class SentenceFactRecord(BaseModel):
+    """One fact in the sentence-indexed evidence mode: it cites sentence numbers, never quotes.
+
+    kitune copies the cited sentences' text from the document, so the stored evidence is
+    verbatim by construction and the model writes a few digits instead of a quote.
+    """
 
     model_config = ConfigDict(extra="ignore")
 
-    extracted_final_answer: str = Field(
-        description="The final exact answer found in the response, or 'None' when there is none."
+    title: str = Field(description=_TITLE)
+    description: str = Field(description=_DESCRIPTION)
+    subject: str = Field(description=_SUBJECT)
+    predicate: str = Field(description=_PREDICATE)
+    object: str = Field(description=_OBJECT)
+    evidence_sentences: list[int] = Field(
+        description="The number(s) in [brackets] of the sentence(s) that state the fact; one is usually "
+        "enough."
     )
-    reasoning: str = Field(description="Why the extracted answer matches the correct answer or not.")
-    correct: bool = Field(description="True when the extracted answer matches the correct answer or an alias.")
-    confidence: int = Field(ge=0, le=100, description="Confidence in this grading, 0-100.")
+    confidence: int = Field(ge=0, le=100, description=_CONFIDENCE)
+    tags: list[str] = Field(default_factory=list, description=_TAGS)
+
+
+class PlanDraft(BaseModel):
+    """The values of a retrieval plan as the rewriter writes them (validated into a QueryPlan).
+
+    Only values, never query text a store executes; ``size`` always comes from the caller.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    entity_tags: list[str] = Field(
+        default_factory=list,
+        description="The proper names the question mentions, each as entity:<slug> (the name in lowercase, "
+        "every run of other characters replaced by one hyphen: 'New York City' -> 'entity:new-york-city'). "
+        "At most 20; empty when there are none.",
+    )
+    lexical: str = Field(
+        default="",
+        description="A few keywords likely to appear in the title of a fact that helps answer the question "
+        "(names and relation words; no question words). At most 500 characters.",
+    )
+    semantic: str = Field(
+        default="",
+        description="One plain sentence describing the first fact needed, with the unknown left open. "
+        "At most 1000 characters.",
+    )
+    filters: dict[str, Any] = Field(
+        default_factory=dict,
+        description='Usually {}; {"tags_any": ["<topic-tag>"]} only when the question is explicitly '
+        "restricted to a topic.",
+    )
