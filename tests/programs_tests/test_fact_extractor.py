@@ -298,3 +298,64 @@ def test_packaged_instruction_follows_the_published_rules() -> None:
     assert "8-15 for a long, fact-dense one" in text
     assert "avoid affiliated_with" in text
     assert "even a single sentence" not in text  # the old rule pushed facts out of stubs
+
+
+# --- Sentence-indexed evidence mode (issue 13 item 3) -----------------------------------------
+
+from kitune.programs.sentences import numbered_text, sentence_spans  # noqa: E402
+
+LONG = (
+    "Acme Corp was founded in 1999 by Jane Roe.\u00a0It is headquartered in Springfield. "
+    "Its CEO, Dr. Ann Lee, joined in 2010.\nRevenue reached $3.5 billion in 2023."
+)
+
+
+def test_sentences_are_numbered_with_exact_offsets() -> None:
+    spans = sentence_spans(LONG)
+    assert [LONG[s:e] for s, e in spans] == [
+        "Acme Corp was founded in 1999 by Jane Roe.",
+        "It is headquartered in Springfield.",
+        "Its CEO, Dr.",
+        "Ann Lee, joined in 2010.",
+        "Revenue reached $3.5 billion in 2023.",
+    ]
+    assert numbered_text(LONG, spans).splitlines()[1] == "[2] It is headquartered in Springfield."
+
+
+def _cite(subject: str, predicate: str, obj: str, cited: object) -> dict[str, object]:
+    rec = fact(subject, predicate, obj, "")
+    del rec["evidence_span"]
+    return {**rec, "evidence_sentences": cited}
+
+
+def test_sentence_mode_copies_the_cited_sentences_verbatim() -> None:
+    doc = Document(docid="d7", text=LONG, title="Acme Corp")
+    reply = [
+        _cite("Acme Corp", "founded_in", "1999", [1]),
+        _cite("Acme Corp", "headquartered_in", "Springfield", "2"),
+        _cite("Ann Lee", "position_held", "CEO", [3, 4]),  # an abbreviation split: both cited
+        _cite("Acme Corp", "revenue", "$3.5 billion", [5, 1]),  # not consecutive: the first cited kept
+        _cite("Acme Corp", "founded_by", "Jane Roe", [9]),  # no such sentence: rejected
+    ]
+    lm = DummyLM([{"facts": json.dumps(reply)}])
+    with dspy.context(lm=lm):
+        result = FactExtractor(evidence_mode="sentences").extract_document(doc, now=NOW)
+    prompt = lm.history[-1]["messages"][-1]["content"]
+    assert "[2] It is headquartered in Springfield." in prompt
+    assert result.status == "ok"
+    assert [k.payload.evidence[0] for k in result.kis] == [
+        "Acme Corp was founded in 1999 by Jane Roe.",
+        "It is headquartered in Springfield.",
+        "Its CEO, Dr. Ann Lee, joined in 2010.",
+        "Revenue reached $3.5 billion in 2023.",
+    ]
+    assert all(k.payload.evidence[0] in LONG for k in result.kis)
+    assert result.counters["evidence_sentences_trimmed"] == 1
+    assert result.counters["bad_sentence_number"] == 1
+    assert result.counters["records_rejected"] == 1
+    assert [n for n, _ in FactExtractor(evidence_mode="sentences").named_predictors()] == ["extract"]
+
+
+def test_unknown_evidence_mode_is_refused() -> None:
+    with pytest.raises(ValueError, match="evidence_mode='verbatim'"):
+        FactExtractor(evidence_mode="verbatim")

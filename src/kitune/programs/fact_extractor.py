@@ -57,7 +57,8 @@ from kitune.lm import default_adapter, finish_reason_of, track_calls
 from kitune.programs.guardrails import apply_guardrails
 from kitune.programs.instructions import instruction_version, load_instruction
 from kitune.programs.parsing import FactCandidate, ParsedFacts, parse_facts
-from kitune.programs.records import FactRecord
+from kitune.programs.records import FactRecord, SentenceFactRecord
+from kitune.programs.sentences import cited_evidence, numbered_text, sentence_spans
 from kitune.schema import Document
 
 if TYPE_CHECKING:
@@ -82,6 +83,25 @@ class ExtractFacts(dspy.Signature):  # type: ignore[misc]
     facts: list[FactRecord] = dspy.OutputField(
         desc="The facts, most important first; an empty list when the text states none."
     )
+
+
+class ExtractFactsBySentence(dspy.Signature):  # type: ignore[misc]
+    """Extract self-contained facts from one document, citing the numbered sentences that state them."""
+
+    docid: str = dspy.InputField(desc="Identifier of the document.")
+    url: str = dspy.InputField(desc="Where the document comes from (may be empty).")
+    title: str = dspy.InputField(desc="Title of the document (may be empty).")
+    text: str = dspy.InputField(
+        desc="The document (or one part of it) as numbered sentences, '[n] ...' per line."
+    )
+    facts: list[SentenceFactRecord] = dspy.OutputField(
+        desc="The facts, most important first; an empty list when the text states none."
+    )
+
+
+EVIDENCE_MODES: tuple[str, ...] = ("quote", "sentences")
+"""``quote``: the model quotes its evidence (checked verbatim, repaired when near); ``sentences``:
+the model cites numbered sentences and kitune copies them (:mod:`kitune.programs.sentences`)."""
 
 
 @dataclass(frozen=True)
@@ -156,7 +176,7 @@ def split_text(text: str, chunk_chars: int) -> list[tuple[int, str]]:
 
 
 def _as_dict(record: Any) -> Any:
-    return record.model_dump() if isinstance(record, FactRecord) else record
+    return record.model_dump() if isinstance(record, FactRecord | SentenceFactRecord) else record
 
 
 def _halve(chunk: str) -> tuple[str, str] | None:
@@ -184,6 +204,8 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
         corpus: corpus name for KI references (``index://<corpus>``).
         retries: extra calls for a chunk whose reply is malformed (default 1).
         max_retry_tokens: cap on ``max_tokens`` when a reply cut at its token limit is retried.
+        evidence_mode: ``"quote"`` (default) or ``"sentences"`` (see :data:`EVIDENCE_MODES`); the
+            predictor keeps its name ``extract`` in both modes.
 
     The one named predictor is ``extract``; its ``signature.instructions`` is the prompt text and
     :attr:`prompt_version` is ``extractor@<sha8>`` of that text.
@@ -198,11 +220,16 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
         corpus: str = "corpus",
         retries: int = 1,
         max_retry_tokens: int = MAX_RETRY_TOKENS,
+        evidence_mode: str = "quote",
     ) -> None:
         super().__init__()
+        if evidence_mode not in EVIDENCE_MODES:
+            raise ValueError(f"evidence_mode={evidence_mode!r}: use one of {', '.join(EVIDENCE_MODES)}")
         if instructions is None:
             instructions = load_instruction("extractor").text
-        self.extract = dspy.Predict(ExtractFacts.with_instructions(instructions))
+        signature = ExtractFactsBySentence if evidence_mode == "sentences" else ExtractFacts
+        self.extract = dspy.Predict(signature.with_instructions(instructions))
+        self.evidence_mode = evidence_mode
         self.max_facts = max_facts
         self.chunk_chars = chunk_chars
         self.corpus = corpus
@@ -211,12 +238,16 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
 
     @classmethod
     def from_config(cls, cfg: KituneConfig, instructions: str | None = None) -> FactExtractor:
-        """Build an extractor with ``cfg.extraction`` limits and ``cfg.corpus_name``."""
+        """Build an extractor from ``cfg.extraction`` (limits, ``evidence_mode``) and ``cfg.corpus_name``.
+
+        ``evidence_mode`` is read when the config has it (default ``quote``).
+        """
         return cls(
             instructions,
             max_facts=cfg.extraction.max_facts_per_doc,
             chunk_chars=cfg.extraction.chunk_chars,
             corpus=cfg.corpus_name,
+            evidence_mode=getattr(cfg.extraction, "evidence_mode", "quote"),
         )
 
     @property
@@ -242,6 +273,8 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
             overrides["adapter"] = default_adapter(lm)
         seen = len(getattr(lm, "history", None) or [])
         with dspy.context(**overrides), track_calls() as calls:
+            if self.evidence_mode == "sentences":
+                chunk = numbered_text(chunk, sentence_spans(chunk))
             try:
                 pred = self.extract(docid=doc.docid, url=doc.url, title=doc.title, text=chunk, config=config)
                 raw = json.dumps([_as_dict(r) for r in (pred.facts or [])], ensure_ascii=False)
@@ -256,6 +289,13 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
         if len(history) > seen and isinstance(history[-1], dict):  # another dspy.LM: read its record
             return raw, finish_reason_of(history[-1].get("response"))
         return raw, None
+
+    def _resolver(self, chunk: str) -> Any:
+        """In sentence mode: record → record with the cited sentences copied as ``evidence_span``."""
+        if self.evidence_mode != "sentences":
+            return None
+        spans = sentence_spans(chunk)
+        return lambda record, counts: cited_evidence(record, chunk, spans, counts)
 
     def _more_tokens(self) -> int | None:
         """The ``max_tokens`` for a retry after a cut-off reply: double, capped; None if not larger."""
@@ -285,7 +325,7 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
             attempt += 1
             parsed: ParsedFacts | None
             try:
-                parsed = parse_facts(raw)
+                parsed = parse_facts(raw, resolve=self._resolver(chunk))
             except ParseError as e:
                 parsed, error = None, str(e)
             cut = finish == "length" or bool(parsed and parsed.counters.get("truncated_salvaged"))

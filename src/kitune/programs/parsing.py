@@ -38,6 +38,7 @@ import json
 import math
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -527,11 +528,14 @@ def _reason(err: ParseError) -> str:
     return "bad_type"
 
 
-def parse_facts(raw: str) -> ParsedFacts:
+def parse_facts(raw: str, *, resolve: Callable[[Any, Counter[str]], Any] | None = None) -> ParsedFacts:
     """Parse a model reply into fact candidates.
 
     Args:
         raw: the raw completion text (may hold reasoning, prose, fences).
+        resolve: optional ``(record, counters) -> record`` applied to each located record before
+            it is validated (the sentence-indexed mode turns cited sentence numbers into the
+            verbatim ``evidence_span`` here).
 
     Returns:
         :class:`ParsedFacts` with the valid records in reply order, one :class:`RecordError` per
@@ -546,6 +550,8 @@ def parse_facts(raw: str) -> ParsedFacts:
     errors: list[RecordError] = []
     for index, item in enumerate(_locate_records(value, counts)):
         try:
+            if resolve is not None and isinstance(item, dict):
+                item = resolve(item, counts)
             records.append(coerce_record(item, counts))
         except ParseError as e:
             errors.append(
