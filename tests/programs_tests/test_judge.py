@@ -194,3 +194,12 @@ def test_typed_verdict_fields_are_read_directly() -> None:
     v = Judge().grade("When?", "It opened in 1932.", "1932", lm=lm)
     assert (v.status, v.correct, v.extracted_answer, v.confidence) == ("graded", True, "1932", 85)
     assert v.raw.splitlines()[2] == "correct: yes"
+
+
+def test_judge_confidence_follows_the_one_policy() -> None:
+    # never clamped (140 is invalid, not 100) and never mapped from a word
+    assert parse_grading("correct: yes\nconfidence: 140").confidence is None
+    assert parse_grading('{"correct": "yes", "confidence": "high"}').confidence is None
+    assert parse_grading('{"correct": "yes", "confidence": 0.85}').confidence == 85
+    assert parse_grading('{"correct": "no", "confidence": "85%"}').confidence == 85
+    assert parse_grading("correct: no\nconfidence: 72").confidence == 72

@@ -32,6 +32,7 @@ from dspy.utils.exceptions import AdapterParseError
 from kitune.errors import LMError
 from kitune.lm import default_adapter, track_calls
 from kitune.programs.instructions import resolve_instruction
+from kitune.programs.parsing import coerce_confidence
 
 __all__ = [
     "GradeResponse",
@@ -107,7 +108,8 @@ class JudgeVerdict:
     correct: bool | None
     """True/False when graded; None on a grader error."""
     confidence: int | None
-    """The grader's confidence 0–100, or None when it gave none."""
+    """The grader's confidence 0–100 (the one policy, see :mod:`kitune.programs.records`), or None
+    when it gave none or an invalid one (``140``, ``"high"``: never clamped)."""
     extracted_answer: str | None
     """The final answer the grader extracted from the response (None if absent or ``None``)."""
     status: JudgeStatus
@@ -124,6 +126,19 @@ class JudgeVerdict:
 
 
 _JSON_BOOL = {"yes": "yes", "true": "yes", "no": "no", "false": "no"}
+
+
+def _confidence(value: Any) -> int | None:
+    """The one confidence policy (:func:`kitune.programs.parsing.coerce_confidence`).
+
+    None when absent or invalid (``140``, ``"high"``): never clamped, never defaulted.
+    """
+    if value is None:
+        return None
+    try:
+        return coerce_confidence(value)
+    except ValueError:
+        return None
 
 
 def _json_report(raw: str) -> tuple[str | None, str | None, int | None] | None:
@@ -152,13 +167,7 @@ def _json_report(raw: str) -> tuple[str | None, str | None, int | None] | None:
     answer = fields.get("extracted_final_answer", fields.get("extracted_answer"))
     empty = answer is None or str(answer).strip().casefold() in ("", "none", "n/a")
     extracted = None if empty else str(answer)
-    confidence: int | None = None
-    raw_conf = fields.get("confidence")
-    if isinstance(raw_conf, int | float) and not isinstance(raw_conf, bool):
-        confidence = max(0, min(100, round(float(raw_conf))))
-    elif isinstance(raw_conf, str) and re.fullmatch(r"\s*\d{1,3}(?:\.\d+)?\s*%?\s*", raw_conf):
-        confidence = max(0, min(100, round(float(raw_conf.strip().rstrip("%")))))
-    return verdict, extracted, confidence
+    return verdict, extracted, _confidence(fields.get("confidence"))
 
 
 def parse_grading(raw: str) -> JudgeVerdict:
@@ -184,10 +193,8 @@ def parse_grading(raw: str) -> JudgeVerdict:
         if m:
             value = m[-1].group(1).strip().strip("*_ ").strip()
             extracted = None if value.casefold() in ("", "none", "n/a") else value
-        confidence = None
         c = list(_FIELD_RE["confidence"].finditer(raw or ""))
-        if c:
-            confidence = max(0, min(100, round(float(c[-1].group(1)))))
+        confidence = _confidence(c[-1].group(1)) if c else None
     if verdict is None:
         return JudgeVerdict(
             correct=None, confidence=confidence, extracted_answer=extracted, status="grader_error",
