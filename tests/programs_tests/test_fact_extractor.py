@@ -359,3 +359,24 @@ def test_sentence_mode_copies_the_cited_sentences_verbatim() -> None:
 def test_unknown_evidence_mode_is_refused() -> None:
     with pytest.raises(ValueError, match="evidence_mode='verbatim'"):
         FactExtractor(evidence_mode="verbatim")
+
+
+def test_format_comes_from_the_types_json_object_schema_for_the_local_server() -> None:
+    with StubServer() as stub:
+        stub.push(Reply.ok(json.dumps({"facts": [FOUNDED, HQ]})))
+        resolved = ResolvedLM(
+            role="extract", model="openai/local", api_base=stub.base_url, api_key="sk-local", key_env=None,
+            base_env=None, is_local=True, temperature=0.0, max_tokens=512, timeout_s=5.0, num_retries=0,
+        )
+        reset_format_memory()
+        with dspy.context(lm=KituneLM(resolved)):
+            result = FactExtractor("Extract the facts.").extract_document(DOC, now=NOW)
+        body = stub.chat_requests[0].body
+    rf = body["response_format"]
+    assert rf["type"] == "json_object"  # llama.cpp's grammar-constrained JSON mode
+    item = rf["schema"]["properties"]["facts"]["items"]
+    item = rf["schema"]["$defs"][item["$ref"].rsplit("/", 1)[-1]] if "$ref" in item else item
+    assert {"title", "subject", "predicate", "object", "evidence_span", "confidence"} <= set(item["properties"])
+    # the instruction was only "Extract the facts.": the format reached the model anyway
+    assert "evidence_span" in body["messages"][0]["content"]
+    assert [k.payload.properties.object for k in result.kis] == ["1999", "Springfield"]
