@@ -365,8 +365,9 @@ def test_format_comes_from_the_types_json_object_schema_for_the_local_server() -
     with StubServer() as stub:
         stub.push(Reply.ok(json.dumps({"facts": [FOUNDED, HQ]})))
         resolved = ResolvedLM(
-            role="extract", model="openai/local", api_base=stub.base_url, api_key="sk-local", key_env=None,
-            base_env=None, is_local=True, temperature=0.0, max_tokens=512, timeout_s=5.0, num_retries=0,
+            role="extract", model="openai/local", api_base=stub.base_url, api_key="sk-local",
+            key_env=None, base_env=None, is_local=True, temperature=0.0, max_tokens=512, timeout_s=5.0,
+            num_retries=0,
         )
         reset_format_memory()
         with dspy.context(lm=KituneLM(resolved)):
@@ -376,7 +377,8 @@ def test_format_comes_from_the_types_json_object_schema_for_the_local_server() -
     assert rf["type"] == "json_object"  # llama.cpp's grammar-constrained JSON mode
     item = rf["schema"]["properties"]["facts"]["items"]
     item = rf["schema"]["$defs"][item["$ref"].rsplit("/", 1)[-1]] if "$ref" in item else item
-    assert {"title", "subject", "predicate", "object", "evidence_span", "confidence"} <= set(item["properties"])
+    required = {"title", "subject", "predicate", "object", "evidence_span", "confidence"}
+    assert required <= set(item["properties"])
     # the instruction was only "Extract the facts.": the format reached the model anyway
     assert "evidence_span" in body["messages"][0]["content"]
     assert [k.payload.properties.object for k in result.kis] == ["1999", "Springfield"]
