@@ -25,6 +25,8 @@ base URL, key) and validates it before any network call; :func:`build_lm` wraps 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import email.utils
 import json
 import logging
@@ -34,7 +36,7 @@ import re
 import threading
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -61,6 +63,7 @@ from kitune.usage import CallRecord, TokenLedger, current_stage, estimate_tokens
 
 __all__ = [
     "FORMAT_LEVELS",
+    "CallOutcome",
     "KituneLM",
     "LiteLLMChatModel",
     "LocalJSONAdapter",
@@ -68,9 +71,12 @@ __all__ = [
     "adapter_for",
     "build_lm",
     "classify_error",
+    "default_adapter",
+    "finish_reason_of",
     "parse_retry_after",
     "reset_format_memory",
     "resolve_role",
+    "track_calls",
 ]
 
 logger = logging.getLogger(__name__)
@@ -450,6 +456,62 @@ def _content_of(response: Any) -> str:
         return ""
 
 
+# ---------------------------------------------------------------------------------------------
+# finish_reason of every call
+
+@dataclass(frozen=True)
+class CallOutcome:
+    """How one :class:`KituneLM` call ended, as seen by :func:`track_calls`."""
+
+    finish_reason: str | None
+    """``"stop"``, ``"length"`` (cut at ``max_tokens``), ``"tool_calls"`` …; None when not given."""
+    content: str
+    """The raw text of the first choice (what an adapter parsed, before any parsing)."""
+
+
+_CALL_SINKS: contextvars.ContextVar[tuple[list[CallOutcome], ...]] = contextvars.ContextVar(
+    "kitune_call_sinks", default=()
+)
+
+
+@contextlib.contextmanager
+def track_calls() -> Iterator[list[CallOutcome]]:
+    """Collect how every :class:`KituneLM` call made inside the block ended.
+
+    Yields a list that gets one :class:`CallOutcome` per completed call (cache hits included),
+    in call order, so a caller can read ``finish_reason`` on every call and see the raw reply
+    even when an adapter rewrote it in its error. Blocks nest; worker threads started with a
+    copy of the context report into the same list. Calls through other ``dspy.LM`` classes are
+    not seen.
+    """
+    sink: list[CallOutcome] = []
+    token = _CALL_SINKS.set((*_CALL_SINKS.get(), sink))
+    try:
+        yield sink
+    finally:
+        _CALL_SINKS.reset(token)
+
+
+def finish_reason_of(response: Any) -> str | None:
+    """The first choice's ``finish_reason`` of a LiteLLM/OpenAI response (None when absent)."""
+    try:
+        reason = response.choices[0].finish_reason
+    except (AttributeError, IndexError, TypeError, KeyError):
+        try:
+            reason = response["choices"][0]["finish_reason"]
+        except (IndexError, TypeError, KeyError):
+            return None
+    return str(reason) if reason is not None else None
+
+
+def _note_finish(response: Any) -> None:
+    sinks = _CALL_SINKS.get()
+    if sinks:
+        outcome = CallOutcome(finish_reason_of(response), _content_of(response))
+        for sink in sinks:
+            sink.append(outcome)
+
+
 class KituneLM(dspy.LM):  # type: ignore[misc]
     """A ``dspy.LM`` that owns timeouts, retries, errors, the format ladder, cache and ledger.
 
@@ -780,11 +842,13 @@ class KituneLM(dspy.LM):  # type: ignore[misc]
                     cache_hit=True,
                 )
                 response._hidden_params["kitune_usage"] = {**usage, "cache_hit": True}
+                _note_finish(response)
                 return response
         response = self._send(msgs, dict(request))
         if key is not None:
             usage = {k: v for k, v in response._hidden_params["kitune_usage"].items() if k != "cache_hit"}
             dspy.cache.put(key, {"kitune_response": response.model_dump(), "kitune_usage": usage})
+        _note_finish(response)
         return response
 
     # -- record / replay (kitune.recording) -------------------------------------------------
@@ -876,9 +940,24 @@ class LocalJSONAdapter(dspy.JSONAdapter):  # type: ignore[misc]
 def adapter_for(lm: KituneLM) -> dspy.Adapter:
     """The adapter to use with ``lm``: :class:`LocalJSONAdapter` for the local model, else JSONAdapter.
 
-    Scope it with ``dspy.context(lm=lm, adapter=adapter_for(lm))``.
+    JSONAdapter sends the signature's output types as ``response_format`` (native structured
+    output where the provider supports it; the capability ladder downgrades to ``json_object`` or
+    prompt-only JSON when it does not). Scope it with ``dspy.context(lm=lm, adapter=adapter_for(lm))``.
     """
     return LocalJSONAdapter() if lm.resolved.is_local else dspy.JSONAdapter()
+
+
+def default_adapter(lm: Any) -> dspy.Adapter:
+    """The adapter a program uses when the DSPy context sets none.
+
+    :func:`adapter_for` for a :class:`KituneLM` (the output types become ``response_format``);
+    for any other ``dspy.LM`` (test doubles, plain LiteLLM) a ChatAdapter *without* its JSON
+    fallback, so a reply the adapter cannot parse costs no second call: the program's own
+    parser reads the raw reply instead.
+    """
+    if isinstance(lm, KituneLM):
+        return adapter_for(lm)
+    return dspy.ChatAdapter(use_json_adapter_fallback=False)
 
 
 def build_lm(

@@ -46,3 +46,139 @@ def test_em_and_f1_normalisation():
     assert token_f1("April 1793", "April 1793") == 1.0
     assert abs(token_f1("in April 1793", "April 1793") - 0.8) < 1e-9
     assert token_f1("", "x") == 0.0
+
+
+# --- Offset map: folded forms back to the original (issue 13 item 2) -------------------------
+
+import unicodedata  # noqa: E402
+
+from kitune.text import fold_map  # noqa: E402
+
+NFD_DOC = unicodedata.normalize(
+    "NFD", "Le café Müller ouvrit à Zürich en 1921. Ça reste une adresse célèbre de la Bahnhofstrasse."
+)
+
+
+def test_nfd_document_precomposed_quote_gives_exact_nfd_slice():
+    assert NFD_DOC != unicodedata.normalize("NFC", NFD_DOC)  # really decomposed: 6 combining marks
+    start, end = find_span(NFD_DOC, "Le café Müller ouvrit à Zürich en 1921.")
+    stored = NFD_DOC[start:end]
+    assert stored == unicodedata.normalize("NFD", "Le café Müller ouvrit à Zürich en 1921.")
+    assert (start, end) == (0, 43)  # 39 characters + 4 combining marks, nothing cut mid-word
+    start, end = find_span(NFD_DOC, "Ça reste une adresse célèbre")
+    assert NFD_DOC[start:end] == unicodedata.normalize("NFD", "Ça reste une adresse célèbre")
+    assert NFD_DOC[end:end + 6] == " de la"
+
+
+def test_nfd_quote_of_a_precomposed_document():
+    doc = "Zoë Brontë wrote in Göttingen."
+    start, end = find_span(doc, unicodedata.normalize("NFD", "Brontë wrote in Göttingen"))
+    assert doc[start:end] == "Brontë wrote in Göttingen"
+
+
+CJK_DOC = "第１条（契約期間）　本契約の有効期間は、２０２４年４月１日から１年間とする。ｶﾞｲﾄﾞﾗｲﾝは別紙による。"
+
+
+def test_full_width_cjk_contract_sentence_quoted_in_half_width():
+    quote = "本契約の有効期間は、2024年4月1日から1年間とする。"
+    start, end = find_span(CJK_DOC, quote)
+    assert CJK_DOC[start:end] == "本契約の有効期間は、２０２４年４月１日から１年間とする。"
+    start, end = find_span(CJK_DOC, "第1条(契約期間)")
+    assert CJK_DOC[start:end] == "第１条（契約期間）"
+    start, end = find_span(CJK_DOC, "ガイドラインは別紙による。")  # half-width katakana + voicing marks
+    assert CJK_DOC[start:end] == "ｶﾞｲﾄﾞﾗｲﾝは別紙による。"
+
+
+PDF_DOC = (
+    "The ﬁrst ﬂight of the ofﬁcial prototype took place in 1931 at Le Bourget.\n"
+    "It was a signiﬁcant success for the ﬂeet’s ﬁnancing."
+)
+
+
+def test_pdf_paragraph_with_ligatures():
+    start, end = find_span(PDF_DOC, "The first flight of the official prototype took place in 1931")
+    assert PDF_DOC[start:end] == "The ﬁrst ﬂight of the ofﬁcial prototype took place in 1931"
+    start, end = find_span(PDF_DOC, "a significant success for the fleet's financing.")
+    assert PDF_DOC[start:end] == "a signiﬁcant success for the ﬂeet’s ﬁnancing."
+
+
+def test_no_over_folding():
+    # half of a ligature is not a verbatim match; different words never match
+    assert find_span(PDF_DOC, "irst flight") is None
+    assert find_span(PDF_DOC, "The first fight") is None
+    assert find_span(CJK_DOC, "2025年4月1日") is None
+    # superscripts, fractions, circled digits and trade marks stay distinct (not NFKC)
+    assert fold_text("x² ½ ① Acme™") == "x² ½ ① Acme™"
+    assert find_span("area 5 km² today", "5 km2") is None
+
+
+def test_every_span_is_an_exact_substring_and_maps_back():
+    for doc in (NFD_DOC, CJK_DOC, PDF_DOC, E1_DOC):
+        folded = fold_map(doc)
+        assert folded.text == fold_text(doc)
+        assert len(folded.starts) == len(folded.ends) == len(folded.text)
+        words = folded.text.split(" ")
+        for quote in (" ".join(words[:3]), " ".join(words[1:6]), " ".join(words[-2:])):
+            span = find_span(doc, quote)
+            assert span is not None
+            assert fold_text(doc[span[0]:span[1]]) == fold_text(quote)
+
+
+def test_fold_is_idempotent_on_mixed_forms():
+    for doc in (NFD_DOC, CJK_DOC, PDF_DOC):
+        once = fold_text(doc)
+        assert fold_text(once) == once
+
+
+# --- Answers compared fairly (issue 13 item 6) ------------------------------------------------
+
+import pytest  # noqa: E402
+
+from kitune.text import number_values  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    ("prediction", "gold", "em", "f1"),
+    [
+        # dotted abbreviations collapse before articles are dropped
+        ("US", "U.S.", True, 1.0),
+        ("3 am", "3 a.m.", True, 1.0),
+        ("J.K. Rowling", "J. K. Rowling", True, 1.0),
+        # the bug: an initial was dropped as the article "a" / left a stray "c"
+        ("Milne", "A.A. Milne", False, 2 / 3),
+        ("C Milan", "A.C. Milan", False, 0.5),
+        ("A-ha", "Ha", False, 2 / 3),  # "a" inside a hyphenated name is not an article
+        # numbers as values
+        ("The answer is 72, in total.", "72", True, 1.0),
+        ("between 70 and 72", "72", False, 0.4),
+        ("$1.5 billion", "1,500 million USD", True, 1.0),
+        ("$1.5B", "1,500 million USD", True, 1.0),
+        ("$1.5B", "$1.5 billion", True, 1.0),
+        ("3.50", "3.5", True, 1.0),
+        ("1.5 million", "15 million", False, 0.0),
+        ("5K run", "5000 run", False, 0.5),  # k/M/B only scale next to a currency
+        # percentages: the mark is dropped, a fraction is not a percentage
+        ("50%", "50 per cent", True, 1.0),
+        ("0.5", "50%", False, 0.0),
+        # HotpotQA yes/no rule
+        ("yes, it is", "yes", False, 0.0),
+        ("Yes.", "yes", True, 1.0),
+        ("no", "yes", False, 0.0),
+        ("yes", "yes and no", False, 0.0),
+    ],
+)
+def test_answer_pairs_score_exactly(prediction: str, gold: str, em: bool, f1: float) -> None:
+    assert exact_match(prediction, gold) is em
+    assert token_f1(prediction, gold) == pytest.approx(f1)
+
+
+def test_normalised_forms_and_idempotence():
+    assert normalize_answer("U.S.") == "us"
+    assert normalize_answer("3 a.m.") == "3 am"
+    assert normalize_answer("A.A. Milne") == "aa milne"
+    assert normalize_answer("$1.5B") == "1500000000"
+    assert normalize_answer("1,000.50 euros") == "1000.5"
+    assert normalize_answer("The Beatles") == "beatles"
+    for text in ("U.S.", "3 a.m.", "$1.5B", "A.A. Milne", "1,500 million USD", "5K run", "o'neill's"):
+        assert normalize_answer(normalize_answer(text)) == normalize_answer(text)
+    assert [str(v) for v in number_values("between 70 and 72.0, or 70")] == ["70", "72"]

@@ -551,3 +551,18 @@ def test_retry_after_http_date_and_garbage() -> None:
     future = time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(time.time() + 30))
     assert 25.0 <= (parse_retry_after(HintError(future)) or 0.0) <= 31.0
     assert parse_retry_after(HintError("soon")) is None
+
+
+def test_finish_reason_of_every_call_is_reported(gateway_cfg: CfgFactory, stub: StubServer) -> None:
+    from kitune.lm import track_calls
+
+    stub.push(Reply.ok("a"), Reply.ok('[{"title": "cut', finish_reason="length"))
+    lm, _ledger = _lm(gateway_cfg())
+    with track_calls() as outer:
+        lm(messages=MSG)
+        with track_calls() as inner:
+            assert lm(messages=MSG, max_tokens=8) == ['[{"title": "cut']
+    assert [(c.finish_reason, c.content) for c in outer] == [("stop", "a"), ("length", '[{"title": "cut')]
+    assert [c.finish_reason for c in inner] == ["length"]
+    lm(messages=MSG)  # outside any block: nothing collected, nothing raised
+    assert len(outer) == 2

@@ -51,7 +51,7 @@ def extractor_rule(system: str, user: str) -> dict[str, Any]:
     ]
     if "DATES" in system:
         facts.append(fact("Acme Corp", "founded_in", "1999", "Acme Corp was founded in 1999"))
-    return {"facts_json": json.dumps(facts)}
+    return {"facts": facts}
 
 
 def reflection_rule(system: str, user: str) -> dict[str, Any]:

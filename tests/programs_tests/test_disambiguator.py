@@ -52,17 +52,52 @@ def test_empty_prediction_is_rejected_without_calling_the_lm(wrong: str) -> None
     assert lm.history == []
 
 
-def test_title_missing_gold_is_rejected() -> None:
-    title = "Tomas O'Neil ran a bakery in Dunmore, not the one in Harwick."
-    res = Disambiguator().disambiguate(QUESTION, GOLD, WRONG, DOC, "d42", lm=_lm(title))
-    assert res.ki is None
-    assert res.rejected_reason is not None and res.rejected_reason.startswith("title_missing_gold:")
+DESC = "Tom O'Neill opened it in 1921."
+EVIDENCE = "opened by Tom O'Neill in 1921"
 
 
-def test_title_missing_prediction_is_rejected() -> None:
-    title = "The Old Mill Bakery in Harwick was opened by Tom O'Neill in 1921."
+def test_title_missing_gold_is_regenerated_once_told_why() -> None:
+    bad = "Tomas O'Neil ran a bakery in Dunmore, not the one in Harwick."
+    good = "Tom O'Neill opened the Harwick bakery in 1921; Tomas O'Neil only ran one in Dunmore."
+    lm = DummyLM([{"title": t, "description": DESC, "evidence": EVIDENCE} for t in (bad, good)])
+    res = Disambiguator().disambiguate(QUESTION, GOLD, WRONG, DOC, "d42", lm=lm)
+    assert res.ki is not None and res.ki.title == good
+    assert (res.regenerations, res.title_source) == (1, "regenerated")
+    assert [f.split(":", 1)[0] for f in res.title_failures] == ["title_missing_gold"]
+    second_prompt = lm.history[-1]["messages"][-1]["content"]
+    assert "does not contain the correct answer spelled exactly as given" in second_prompt
+    assert "Tom O'Neill" in second_prompt
+
+
+def test_title_failing_twice_gets_the_template_title_and_is_counted() -> None:
+    first = "The Old Mill Bakery in Harwick was opened by Tom O'Neill in 1921."
+    second = "Tom O'Neill opened the Old Mill Bakery in Harwick in 1921, his cousin did not."
+    lm = DummyLM([{"title": t, "description": DESC, "evidence": EVIDENCE} for t in (first, second)])
+    res = Disambiguator().disambiguate(QUESTION, GOLD, WRONG, DOC, "d42", lm=lm)
+    assert res.ki is not None
+    assert res.ki.title == (
+        "Tom O'Neill (not Tomas O'Neil) — Tom O'Neill opened the Old Mill Bakery in Harwick in 1921, "
+        "his cousin did not."
+    )
+    assert (res.regenerations, res.title_source) == (1, "template")
+    assert [f.split(":", 1)[0] for f in res.title_failures] == ["title_missing_prediction"] * 2
+    assert len(lm.history) == 2  # one regeneration, never more
+
+
+def test_template_title_is_cut_to_140_characters_at_a_word() -> None:
+    from kitune.programs.disambiguator import template_title
+
+    long_rest = "word " * 60
+    title = template_title("Tom O'Neill", "Tomas O'Neil", long_rest)
+    assert len(title) <= 140 and title.endswith("word…")
+    assert title.startswith("Tom O'Neill (not Tomas O'Neil) — word word")
+    assert template_title("A", "B", "") == "A (not B)"
+
+
+def test_first_title_passing_is_not_regenerated() -> None:
+    title = "Tom O'Neill opened the Harwick bakery; Tomas O'Neil did not."
     res = Disambiguator().disambiguate(QUESTION, GOLD, WRONG, DOC, "d42", lm=_lm(title))
-    assert res.rejected_reason is not None and res.rejected_reason.startswith("title_missing_prediction:")
+    assert (res.regenerations, res.title_source, res.title_failures) == (0, "model", ())
 
 
 def test_quoted_evidence_is_found_verbatim() -> None:

@@ -57,14 +57,14 @@ def test_rewritten_instruction_changes_the_prompt_version() -> None:
 
 def test_packaged_instruction_is_domain_neutral() -> None:
     text = load_instruction("extractor").text.lower()
-    for word in ("located_in", "founded_by", "position_held", "born_in", "member_of", "return []"):
+    for word in ("located_in", "founded_by", "position_held", "born_in", "member_of", "an empty list"):
         assert word in text
     for leak in ("musique", "hotpot", "browsecomp", "question:"):
         assert leak not in text
 
 
 def test_extracts_verified_kis_and_counts_drops() -> None:
-    lm = DummyLM({"founded in 1999": {"facts_json": json.dumps({"facts": [FOUNDED, HQ, INVENTED]})}})
+    lm = DummyLM({"founded in 1999": {"facts": json.dumps({"facts": [FOUNDED, HQ, INVENTED]})}})
     with dspy.context(lm=lm):
         result = FactExtractor(corpus="fixture").extract_document(DOC, now=NOW)
     assert result.status == "ok"
@@ -87,7 +87,7 @@ def test_extracts_verified_kis_and_counts_drops() -> None:
 
 def test_malformed_reply_is_retried_once_bypassing_the_cache_then_succeeds() -> None:
     lm = DummyLM(
-        [{"facts_json": "Let me analyze the document step by step"}, {"facts_json": json.dumps([FOUNDED])}]
+        [{"facts": "Let me analyze the document step by step"}, {"facts": json.dumps([FOUNDED])}]
     )
     with dspy.context(lm=lm):
         result = FactExtractor().extract_document(DOC, now=NOW)
@@ -101,19 +101,19 @@ def test_malformed_reply_is_retried_once_bypassing_the_cache_then_succeeds() -> 
 
 
 def test_still_malformed_after_retry_is_failed_with_raw_kept() -> None:
-    lm = DummyLM({"founded in 1999": {"facts_json": "1. Identify the organisations"}})
+    lm = DummyLM({"founded in 1999": {"facts": "1. Identify the organisations"}})
     with dspy.context(lm=lm):
         result = FactExtractor().extract_document(DOC, now=NOW)
     assert result.status == "failed"
     assert result.kis == ()
     assert "no JSON object found" in result.error
-    assert result.raw == "1. Identify the organisations"
+    assert "1. Identify the organisations" in result.raw  # the whole reply, as the model wrote it
     assert result.counters == {"lm_calls": 2, "retries": 1, "parse_failures": 2}
 
 
 def test_all_records_rejected_counts_as_malformed() -> None:
     bad = json.dumps([{"title": "T", "subject": "S"}])
-    lm = DummyLM({"founded in 1999": {"facts_json": bad}})
+    lm = DummyLM({"founded in 1999": {"facts": bad}})
     with dspy.context(lm=lm):
         result = FactExtractor().extract_document(DOC, now=NOW)
     assert result.status == "failed"
@@ -121,7 +121,7 @@ def test_all_records_rejected_counts_as_malformed() -> None:
 
 
 def test_empty_list_is_ok_with_zero_kis() -> None:
-    lm = DummyLM({"founded in 1999": {"facts_json": "[]"}})
+    lm = DummyLM({"founded in 1999": {"facts": "[]"}})
     with dspy.context(lm=lm):
         result = FactExtractor().extract_document(DOC)
     assert (result.status, result.kis, result.counters["lm_calls"]) == ("ok", (), 1)
@@ -151,9 +151,9 @@ def test_long_document_is_chunked_and_evidence_checked_per_chunk() -> None:
     late = fact("Springfield plant", "employee_count", "412", "The Springfield plant employs 412 workers")
     lm = DummyLM(
         {
-            "Acme Corp was founded": {"facts_json": json.dumps([FOUNDED])},
-            "employs 412": {"facts_json": json.dumps([late, FOUNDED])},
-            "Filler words": {"facts_json": "[]"},
+            "Acme Corp was founded": {"facts": json.dumps([FOUNDED])},
+            "employs 412": {"facts": json.dumps([late, FOUNDED])},
+            "Filler words": {"facts": "[]"},
         }
     )
     with dspy.context(lm=lm):
@@ -170,7 +170,7 @@ def test_evidence_outside_its_chunk_is_dropped() -> None:
     filler = "Filler words about nothing in particular. " * 20
     text = TEXT + "\n\n" + filler
     lm = DummyLM(
-        {"Acme Corp was founded": {"facts_json": "[]"}, "Filler words": {"facts_json": json.dumps([HQ])}}
+        {"Acme Corp was founded": {"facts": "[]"}, "Filler words": {"facts": json.dumps([HQ])}}
     )
     with dspy.context(lm=lm):
         result = FactExtractor(chunk_chars=500).extract_document(Document(docid="d8", text=text), now=NOW)
@@ -179,7 +179,7 @@ def test_evidence_outside_its_chunk_is_dropped() -> None:
 
 
 def test_max_facts_caps_the_document() -> None:
-    lm = DummyLM({"founded in 1999": {"facts_json": json.dumps([FOUNDED, HQ])}})
+    lm = DummyLM({"founded in 1999": {"facts": json.dumps([FOUNDED, HQ])}})
     with dspy.context(lm=lm):
         result = FactExtractor(max_facts=1).extract_document(DOC, now=NOW)
     assert len(result.kis) == 1 and result.drops == {"over_cap": 1}
@@ -194,7 +194,7 @@ def test_from_config_uses_extraction_settings() -> None:
 
 
 def test_forward_returns_prediction_with_kis() -> None:
-    lm = DummyLM({"founded in 1999": {"facts_json": json.dumps([FOUNDED])}})
+    lm = DummyLM({"founded in 1999": {"facts": json.dumps([FOUNDED])}})
     with dspy.context(lm=lm):
         pred = FactExtractor()(docid="d1", text=TEXT)
     assert pred.status == "ok"
@@ -211,3 +211,174 @@ def test_blank_document_makes_no_call() -> None:
     with dspy.context(lm=lm):
         result = FactExtractor().extract_document(Document(docid="e", text="  \n "))
     assert (result.status, result.kis, result.chunks, len(lm.history)) == ("ok", (), 0, 0)
+
+
+# --- finish_reason read on every call; a cut reply retried with more room (issue 13 item 4) ---
+
+from kitune.lm import KituneLM, ResolvedLM, reset_format_memory  # noqa: E402
+from kitune.testing.openai_stub import Reply, StubServer  # noqa: E402
+
+
+def _stub_lm(stub: StubServer, max_tokens: int = 512) -> KituneLM:
+    reset_format_memory()
+    resolved = ResolvedLM(
+        role="extract", model="openai/stub", api_base=stub.base_url, api_key="sk-test", key_env=None,
+        base_env=None, is_local=False, temperature=0.0, max_tokens=max_tokens, timeout_s=5.0, num_retries=0,
+    )
+    return KituneLM(resolved)
+
+
+CUT = json.dumps([FOUNDED, HQ])[: len(json.dumps([FOUNDED])) + 40]  # first record whole, second cut
+
+
+def test_length_cut_reply_is_retried_once_with_double_max_tokens() -> None:
+    with StubServer() as stub:
+        stub.push(Reply.ok(CUT, finish_reason="length"), Reply.ok(json.dumps([FOUNDED, HQ])))
+        with dspy.context(lm=_stub_lm(stub, max_tokens=512)):
+            result = FactExtractor().extract_document(DOC, now=NOW)
+        sent = [r.body["max_tokens"] for r in stub.chat_requests]
+    assert sent == [512, 1024]  # never the same size twice
+    assert result.status == "ok"
+    assert [k.payload.properties.object for k in result.kis] == ["1999", "Springfield"]
+    assert result.counters["truncated_replies"] == 1
+    assert result.counters["truncation_retries"] == 1
+    assert result.counters["lm_calls"] == 2
+    assert "kept_from_truncated" not in result.counters
+
+
+def test_reply_cut_twice_keeps_its_complete_records_and_is_partial() -> None:
+    with StubServer() as stub:
+        stub.push(Reply.ok(CUT, finish_reason="length"), Reply.ok(CUT, finish_reason="length"))
+        with dspy.context(lm=_stub_lm(stub, max_tokens=512)):
+            result = FactExtractor().extract_document(DOC, now=NOW)
+        sent = [r.body["max_tokens"] for r in stub.chat_requests]
+    assert sent == [512, 1024]
+    assert result.status == "partial"  # not ok: facts may be missing
+    assert [k.payload.properties.object for k in result.kis] == ["1999"]
+    assert result.counters["truncated_replies"] == 2
+    assert result.counters["kept_from_truncated"] == 1
+
+
+def test_length_cut_complete_json_still_counts_as_cut() -> None:
+    # The JSON happens to close, but the provider says the reply hit max_tokens: retried.
+    with StubServer() as stub:
+        stub.push(
+            Reply.ok(json.dumps([FOUNDED]), finish_reason="length"), Reply.ok(json.dumps([FOUNDED, HQ]))
+        )
+        with dspy.context(lm=_stub_lm(stub, max_tokens=300)):
+            result = FactExtractor().extract_document(DOC, now=NOW)
+        sent = [r.body["max_tokens"] for r in stub.chat_requests]
+    assert sent == [300, 600]
+    assert result.status == "ok" and len(result.kis) == 2
+
+
+def test_at_the_token_cap_a_cut_chunk_is_split_in_two_halves() -> None:
+    with StubServer() as stub:
+        stub.push(
+            Reply.ok(CUT, finish_reason="length"),
+            Reply.ok(json.dumps([FOUNDED])),
+            Reply.ok(json.dumps([HQ])),
+        )
+        with dspy.context(lm=_stub_lm(stub, max_tokens=512)):
+            result = FactExtractor(max_retry_tokens=512).extract_document(DOC, now=NOW)
+        requests = stub.chat_requests
+    assert [r.body["max_tokens"] for r in requests] == [512, 512, 512]
+    halves = [r.body["messages"][-1]["content"] for r in requests[1:]]
+    assert "Acme Corp was founded in 1999 by Jane Roe." in halves[0]
+    assert "headquartered in Springfield" not in halves[0]
+    assert "Acme Corp is headquartered in Springfield." in halves[1]
+    assert result.status == "ok"
+    assert [k.payload.properties.object for k in result.kis] == ["1999", "Springfield"]
+    assert result.counters["truncation_splits"] == 1
+
+
+def test_packaged_instruction_follows_the_published_rules() -> None:
+    text = load_instruction("extractor").text
+    assert "0-3 facts for a short or generic document" in text
+    assert "8-15 for a long, fact-dense one" in text
+    assert "avoid affiliated_with" in text
+    assert "even a single sentence" not in text  # the old rule pushed facts out of stubs
+
+
+# --- Sentence-indexed evidence mode (issue 13 item 3) -----------------------------------------
+
+from kitune.programs.sentences import numbered_text, sentence_spans  # noqa: E402
+
+LONG = (
+    "Acme Corp was founded in 1999 by Jane Roe.\u00a0It is headquartered in Springfield. "
+    "Its CEO, Dr. Ann Lee, joined in 2010.\nRevenue reached $3.5 billion in 2023."
+)
+
+
+def test_sentences_are_numbered_with_exact_offsets() -> None:
+    spans = sentence_spans(LONG)
+    assert [LONG[s:e] for s, e in spans] == [
+        "Acme Corp was founded in 1999 by Jane Roe.",
+        "It is headquartered in Springfield.",
+        "Its CEO, Dr.",
+        "Ann Lee, joined in 2010.",
+        "Revenue reached $3.5 billion in 2023.",
+    ]
+    assert numbered_text(LONG, spans).splitlines()[1] == "[2] It is headquartered in Springfield."
+
+
+def _cite(subject: str, predicate: str, obj: str, cited: object) -> dict[str, object]:
+    rec = fact(subject, predicate, obj, "")
+    del rec["evidence_span"]
+    return {**rec, "evidence_sentences": cited}
+
+
+def test_sentence_mode_copies_the_cited_sentences_verbatim() -> None:
+    doc = Document(docid="d7", text=LONG, title="Acme Corp")
+    reply = [
+        _cite("Acme Corp", "founded_in", "1999", [1]),
+        _cite("Acme Corp", "headquartered_in", "Springfield", "2"),
+        _cite("Ann Lee", "position_held", "CEO", [3, 4]),  # an abbreviation split: both cited
+        _cite("Acme Corp", "revenue", "$3.5 billion", [5, 1]),  # not consecutive: the first cited kept
+        _cite("Acme Corp", "founded_by", "Jane Roe", [9]),  # no such sentence: rejected
+    ]
+    lm = DummyLM([{"facts": json.dumps(reply)}])
+    with dspy.context(lm=lm):
+        result = FactExtractor(evidence_mode="sentences").extract_document(doc, now=NOW)
+    prompt = lm.history[-1]["messages"][-1]["content"]
+    assert "[2] It is headquartered in Springfield." in prompt
+    assert result.status == "ok"
+    assert [k.payload.evidence[0] for k in result.kis] == [
+        "Acme Corp was founded in 1999 by Jane Roe.",
+        "It is headquartered in Springfield.",
+        "Its CEO, Dr. Ann Lee, joined in 2010.",
+        "Revenue reached $3.5 billion in 2023.",
+    ]
+    assert all(k.payload.evidence[0] in LONG for k in result.kis)
+    assert result.counters["evidence_sentences_trimmed"] == 1
+    assert result.counters["bad_sentence_number"] == 1
+    assert result.counters["records_rejected"] == 1
+    assert [n for n, _ in FactExtractor(evidence_mode="sentences").named_predictors()] == ["extract"]
+
+
+def test_unknown_evidence_mode_is_refused() -> None:
+    with pytest.raises(ValueError, match="evidence_mode='verbatim'"):
+        FactExtractor(evidence_mode="verbatim")
+
+
+def test_format_comes_from_the_types_json_object_schema_for_the_local_server() -> None:
+    with StubServer() as stub:
+        stub.push(Reply.ok(json.dumps({"facts": [FOUNDED, HQ]})))
+        resolved = ResolvedLM(
+            role="extract", model="openai/local", api_base=stub.base_url, api_key="sk-local",
+            key_env=None, base_env=None, is_local=True, temperature=0.0, max_tokens=512, timeout_s=5.0,
+            num_retries=0,
+        )
+        reset_format_memory()
+        with dspy.context(lm=KituneLM(resolved)):
+            result = FactExtractor("Extract the facts.").extract_document(DOC, now=NOW)
+        body = stub.chat_requests[0].body
+    rf = body["response_format"]
+    assert rf["type"] == "json_object"  # llama.cpp's grammar-constrained JSON mode
+    item = rf["schema"]["properties"]["facts"]["items"]
+    item = rf["schema"]["$defs"][item["$ref"].rsplit("/", 1)[-1]] if "$ref" in item else item
+    required = {"title", "subject", "predicate", "object", "evidence_span", "confidence"}
+    assert required <= set(item["properties"])
+    # the instruction was only "Extract the facts.": the format reached the model anyway
+    assert "evidence_span" in body["messages"][0]["content"]
+    assert [k.payload.properties.object for k in result.kis] == ["1999", "Springfield"]

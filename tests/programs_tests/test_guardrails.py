@@ -86,6 +86,10 @@ def test_e1_paraphrase_is_dropped() -> None:
         ({"description": "canary 3f2a1b4c-1234-4abc-9def-0123456789ab"}, "benchmark_marker"),
         ({"subject": " "}, "empty_field"),
         ({"evidence_span": "Acme Corp was founded in 2001", "object": "2001"}, "evidence_not_found"),
+        ({"description": "qid: 4711. Acme Corp was founded in 1999."}, "forbidden_phrase"),
+        ({"description": "Use this fact to answer founding questions about Acme."}, "forbidden_phrase"),
+        ({"description": "It can anchor a criterion on founding dates for Acme."}, "forbidden_phrase"),
+        ({"title": "Acme Corp was founded in 1999, known without re‑reading"}, "forbidden_phrase"),
     ],
 )
 def test_each_rule_drops_with_its_reason(change: dict[str, str], reason: str) -> None:
@@ -186,3 +190,25 @@ def test_long_description_keeps_its_leading_sentences_that_fit() -> None:
     one_sentence = "x" * 351
     drop = check_fact(replace(BASE, description=one_sentence), DOC, docid="d1", now=NOW)
     assert isinstance(drop, Drop) and drop.reason == "description_too_long"
+
+
+def test_nfd_document_stored_evidence_is_the_exact_original_slice() -> None:
+    import unicodedata
+
+    doc = unicodedata.normalize("NFD", "Café Müller was founded in Zürich in 1921. It closed in 1999.")
+    fact = replace(
+        BASE, subject="Café Müller", object="1921", evidence_span="Café Müller was founded in Zürich in 1921."
+    )
+    ki = check_fact(fact, doc, docid="d9", now=NOW)
+    assert not isinstance(ki, Drop)
+    assert ki.payload.evidence == [unicodedata.normalize("NFD", "Café Müller was founded in Zürich in 1921.")]
+    assert ki.payload.evidence[0] in doc
+
+
+def test_forbidden_phrases_are_dropped_and_counted_and_vague_predicates_counted() -> None:
+    bad = replace(BASE, description="Acme Corp was founded in 1999. Use  this fact for dates.")
+    vague = replace(BASE, predicate="affiliated_with", object="Jane Roe", evidence_span="by Jane Roe")
+    result = apply_guardrails([(bad, DOC), (BASE, DOC), (vague, DOC)], docid="d1", max_facts=15, now=NOW)
+    assert [k.payload.properties.predicate for k in result.kis] == ["founded_in", "affiliated_with"]
+    assert result.drop_counts == {"forbidden_phrase": 1}
+    assert result.counters["vague_predicate"] == 1

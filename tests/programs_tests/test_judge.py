@@ -167,8 +167,39 @@ def test_j4_em_and_f1_reused_from_text() -> None:
 def test_prompt_is_the_packaged_instruction() -> None:
     j = Judge()
     assert j.prompt_version.startswith("judge@") and len(j.prompt_version) == len("judge@") + 8
-    assert "correct:" in j.grader.signature.instructions
+    # the instruction describes the task only; the verdict format comes from the typed fields
+    assert "correct:" not in j.grader.signature.instructions
+    assert j.grader.signature.output_fields["correct"].annotation is bool
     assert [name for name, _ in j.named_predictors()] == ["grader"]
     with pytest.raises(ValueError, match="attempts=0"):
         Judge(attempts=0)
     assert dspy.settings.lm is None
+
+
+def test_json_verdict_is_parsed_not_a_grader_error() -> None:
+    v = parse_grading(
+        '{"extracted_final_answer": "Paris", "reasoning": "same city", "correct": "yes", "confidence": 90}'
+    )
+    assert (v.status, v.correct, v.extracted_answer, v.confidence) == ("graded", True, "Paris", 90)
+    v = parse_grading('```json\n{"Correct": false, "extracted_final_answer": "None"}\n```')
+    assert (v.status, v.correct, v.extracted_answer) == ("graded", False, None)
+    v = parse_grading('{"correct": "maybe"}')
+    assert v.status == "grader_error" and v.correct is None
+
+
+def test_typed_verdict_fields_are_read_directly() -> None:
+    fields = {"extracted_final_answer": "1932", "reasoning": "same year"}
+    fields |= {"correct": "True", "confidence": "85"}
+    lm = DummyLM([fields])
+    v = Judge().grade("When?", "It opened in 1932.", "1932", lm=lm)
+    assert (v.status, v.correct, v.extracted_answer, v.confidence) == ("graded", True, "1932", 85)
+    assert v.raw.splitlines()[2] == "correct: yes"
+
+
+def test_judge_confidence_follows_the_one_policy() -> None:
+    # never clamped (140 is invalid, not 100) and never mapped from a word
+    assert parse_grading("correct: yes\nconfidence: 140").confidence is None
+    assert parse_grading('{"correct": "yes", "confidence": "high"}').confidence is None
+    assert parse_grading('{"correct": "yes", "confidence": 0.85}').confidence == 85
+    assert parse_grading('{"correct": "no", "confidence": "85%"}').confidence == 85
+    assert parse_grading("correct: no\nconfidence: 72").confidence == 72

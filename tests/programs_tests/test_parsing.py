@@ -285,3 +285,50 @@ def test_array_cut_off_at_the_token_limit_keeps_its_complete_records() -> None:
 def test_cut_off_inside_the_first_record_is_still_no_json() -> None:
     with pytest.raises(ParseError, match="no JSON object found"):
         parse_facts('[{"title": "T", "description": "half')
+
+
+# --- One bad record never costs its neighbours (issue 13 item 5) -----------------------------
+
+
+def _rec(obj: str, evidence: str) -> str:
+    return json.dumps(
+        {"title": f"Acme {obj}", "description": "D", "subject": "Acme", "predicate": "p", "object": obj,
+         "evidence_span": evidence, "confidence": 70, "tags": []}
+    )
+
+
+BAD_QUOTE = (
+    '{"title": "Jane Roe said "we will grow"", "description": "D", "subject": "Jane Roe", '
+    '"predicate": "said", "object": "growth", "evidence_span": "E", "confidence": 70, "tags": []}'
+)
+
+
+def test_array_with_one_bad_record_in_the_middle_keeps_the_others_and_reports_it() -> None:
+    raw = "[" + ", ".join([_rec("1999", "e1"), _rec("Springfield", "e2"), BAD_QUOTE, _rec("412", "e4"),
+                           _rec("Jane Roe", "e5")]) + "]"
+    parsed = parse_facts(raw)
+    assert [r.object for r in parsed.records] == ["1999", "Springfield", "412", "Jane Roe"]
+    assert [(e.index, e.reason) for e in parsed.errors] == [(2, "malformed_json")]
+    assert "we will grow" in parsed.errors[0].message
+    assert parsed.counters["records_malformed"] == 1
+    assert "truncated_salvaged" not in parsed.counters  # a bad record is not a cut-off reply
+
+
+def test_bad_record_inside_a_wrapper_and_a_fence() -> None:
+    raw = '```json\n{"facts": [' + _rec("A", "e1") + ", " + BAD_QUOTE + ", " + _rec("C", "e3") + "]}\n```"
+    parsed = parse_facts(raw)
+    assert [r.object for r in parsed.records] == ["A", "C"]
+    assert [(e.index, e.reason) for e in parsed.errors] == [(1, "malformed_json")]
+
+
+def test_missing_comma_record_reported_and_cut_tail_counted() -> None:
+    broken = (
+        '{"title": "X", "description": "D" "subject": "S", "predicate": "p", "object": "X", '
+        '"evidence_span": "E"}'
+    )
+    raw = "[" + _rec("A", "e1") + ", " + broken + ", " + _rec("C", "e3") + ', {"title": "cut'
+    parsed = parse_facts(raw)
+    assert [r.object for r in parsed.records] == ["A", "C"]
+    assert [(e.index, e.reason) for e in parsed.errors] == [(1, "malformed_json"), (3, "malformed_json")]
+    assert parsed.counters["truncated_salvaged"] == 1
+    assert parsed.counters["records_malformed"] == 2

@@ -19,7 +19,7 @@ Q = "Where is Acme Corp headquartered?"
 
 
 def _lm(*plans: str) -> DummyLM:
-    return DummyLM([{"plan_json": p} for p in plans])
+    return DummyLM([{"plan": p} for p in plans])
 
 
 class FailingLM(DummyLM):
@@ -47,7 +47,8 @@ def test_valid_plan_with_fence_and_think_block() -> None:
         filters=Filter(tags_any=("org",)),  # statuses from the LM are ignored
         size=7,  # the caller's size, never the LM's
     )
-    assert res.raw == raw
+    # the adapter read the typed plan through the think block and fence; raw is its values as JSON
+    assert json.loads(res.raw)["lexical"] == "Acme Corp  headquarters"
 
 
 @pytest.mark.parametrize(
@@ -126,7 +127,10 @@ def test_blank_question_and_bad_size_raise() -> None:
 def test_instruction_is_packaged_prompt_and_optimisable() -> None:
     rw = QueryRewriter()
     assert [n for n, _ in rw.named_predictors()] == ["planner"]
-    assert "entity_tags" in rw.planner.signature.instructions
+    assert "Tag only the proper names" in rw.planner.signature.instructions
+    # the format lives in the typed output, not in the (optimisable) instruction
+    assert "entity_tags" not in rw.planner.signature.instructions
+    assert "entity_tags" in rw.planner.signature.output_fields["plan"].annotation.model_fields
     assert rw.prompt_version.startswith("rewriter@")
     custom = QueryRewriter("Only output JSON.")
     assert custom.planner.signature.instructions == "Only output JSON."
@@ -142,12 +146,12 @@ def test_python_literal_dict_from_stringified_object_is_read() -> None:
 def test_adapter_is_scoped_around_the_call() -> None:
     import dspy
 
-    raw = '{"lexical": "acme hq"}'
-    lm = DummyLM([{"plan_json": raw}], adapter=dspy.JSONAdapter())
+    lm = DummyLM([{"plan": {"lexical": "acme hq"}}], adapter=dspy.JSONAdapter())
     rw = QueryRewriter(adapter=dspy.JSONAdapter())
     res = rw.rewrite(Q, lm=lm)
     assert res.fell_back is False and res.plan.lexical == "acme hq"
-    assert '"plan_json"' in lm.history[-1]["messages"][0]["content"]
+    assert '"plan"' in lm.history[-1]["messages"][0]["content"]
+    assert json.loads(res.raw)["lexical"] == "acme hq"  # typed: the plan values as JSON
 
 
 def test_entity_tags_not_in_the_question_are_dropped_and_reported() -> None:

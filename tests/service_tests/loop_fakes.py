@@ -83,7 +83,7 @@ def extractor_rule(system: str, user: str) -> dict[str, Any]:
     keep = sentences[:1] + (
         [s for s in sentences[1:] if re.search(r"\b1[0-9]{3}\b", s)] if "DATES" in system else []
     )
-    return {"facts_json": json.dumps([_fact(s) for s in keep])}
+    return {"facts": [_fact(s) for s in keep]}
 
 
 def reflection_rule(system: str, user: str) -> dict[str, Any]:

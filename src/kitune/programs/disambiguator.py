@@ -6,11 +6,17 @@ literally contains **both** the gold answer and the wrong prediction.
 
 Guardrails, applied after generation (each rejection carries a reason):
 
-* ``empty_prediction`` — the wrong prediction is blank (nothing to disambiguate against);
+* ``empty_prediction`` — the wrong prediction is blank (nothing to disambiguate against): a
+  rejected candidate like any other (callers count it; they should not filter it out first);
 * ``same_answer`` — the prediction folds to the gold answer (nothing to tell apart);
-* ``title_missing_gold`` / ``title_missing_prediction`` — the containment check, compared after
+* title containment — the title must contain both answers, compared after
   :func:`kitune.text.fold_text` + ``casefold`` on both sides (so curly vs straight quotes and
-  case never cause a rejection, but a paraphrase does);
+  case never cause a failure, but a paraphrase does). A title that fails
+  (``title_missing_gold`` / ``title_missing_prediction``) gets **one regeneration** that is told
+  why (the ``previous_problem`` input); when that title fails too, the KI gets a template title
+  that names both, ``"<gold> (not <wrong>) — <the model's title>"`` cut to 140 characters.
+  Either way it is counted on the result (``regenerations``, ``title_source``,
+  ``title_failures``), so a weak writer shows up in the numbers instead of as silent losses;
 * evidence: the model's span is looked up verbatim in the gold document (after the same folding,
   surrounding quotes and ellipses removed) and the stored span is cut from the original text.
   When it is not found, the first sentence of the document that contains the gold answer is used
@@ -45,6 +51,7 @@ __all__ = [
     "Disambiguator",
     "accept_if_retrieved",
     "contains_folded",
+    "template_title",
 ]
 
 PREDICATE = "distinguished_from"
@@ -82,6 +89,51 @@ def _gold_sentence(document: str, gold_answer: str) -> tuple[int, int] | None:
     return None
 
 
+def _fields(pred: Any) -> tuple[str, str, str]:
+    title = " ".join(str(getattr(pred, "title", "") or "").split())
+    description = " ".join(str(getattr(pred, "description", "") or "").split())
+    return title, description, str(getattr(pred, "evidence", "") or "").strip()
+
+
+def _title_problem(title: str, gold: str, wrong: str) -> str | None:
+    """The title guardrail: None when ``title`` holds both answers, else the rejection reason."""
+    if not contains_folded(title, gold):
+        return f"title_missing_gold: {gold!r} not in title {title!r}"
+    if not contains_folded(title, wrong):
+        return f"title_missing_prediction: {wrong!r} not in title {title!r}"
+    return None
+
+
+def _problem_text(problem: str) -> str:
+    code, _, detail = problem.partition(": ")
+    which = "the correct answer" if code == "title_missing_gold" else "the wrong answer"
+    return (
+        f"The title was rejected because it does not contain {which} spelled exactly as given "
+        f"({detail}). Write a title that contains both answers exactly as given."
+    )
+
+
+TEMPLATE_DASH = " — "
+
+
+def template_title(gold: str, wrong: str, rest: str, *, max_chars: int = 140) -> str:
+    """``"<gold> (not <wrong>) — <rest>"`` cut at a word boundary to ``max_chars`` (``…`` marks a cut).
+
+    ``rest`` (the model's last title or description) is left out when empty or when nothing of
+    it fits; the head naming both answers is never cut (an over-long head fails KI validation).
+    """
+    head = f"{gold.strip()} (not {wrong.strip()})"
+    rest = " ".join(rest.split())
+    if not rest:
+        return head
+    full = f"{head}{TEMPLATE_DASH}{rest}"
+    if len(full) <= max_chars:
+        return full
+    room = max_chars - len(head) - len(TEMPLATE_DASH) - 1
+    cut = rest[: max(room, 0) + 1].rsplit(" ", 1)[0].rstrip(" ,;:") if room > 0 else ""
+    return f"{head}{TEMPLATE_DASH}{cut}…" if cut else head
+
+
 class Disambiguate(dspy.Signature):  # type: ignore[misc]
     """Write one fact that tells the correct answer from the wrong one (instructions replaced)."""
 
@@ -89,6 +141,9 @@ class Disambiguate(dspy.Signature):  # type: ignore[misc]
     correct_answer: str = dspy.InputField(desc="The correct answer.")
     wrong_answer: str = dspy.InputField(desc="The wrong answer that was given.")
     document: str = dspy.InputField(desc="The source text that holds the correct answer.")
+    previous_problem: str = dspy.InputField(
+        desc="Empty on the first attempt; otherwise why the previous title was rejected (fix exactly that)."
+    )
     title: str = dspy.OutputField(desc="One sentence (≤140 chars) containing both answers exactly as given.")
     description: str = dspy.OutputField(desc="2–3 sentences (≤350 chars) with the distinguishing evidence.")
     evidence: str = dspy.OutputField(desc="A span copied word for word from the source text.")
@@ -104,6 +159,13 @@ class DisambiguationResult:
     """Why it was rejected (see the module docstring for the codes), None when accepted."""
     evidence_source: str | None = None
     """``"model"`` (the model's span was verbatim) or ``"gold_sentence"`` (fallback); None if rejected."""
+    regenerations: int = 0
+    """LM calls made again because the title failed the guardrail (0 or 1)."""
+    title_source: str | None = None
+    """``"model"`` (first title passed), ``"regenerated"`` (the retry's title passed),
+    ``"template"`` (both failed: ``"<gold> (not <wrong>) — …"``); None when no title was judged."""
+    title_failures: tuple[str, ...] = ()
+    """Why each rejected title failed (``"title_missing_gold: …"`` …), in call order."""
 
     @property
     def accepted(self) -> bool:
@@ -138,15 +200,33 @@ class Disambiguator(dspy.Module):  # type: ignore[misc]
         self.corpus = corpus
 
     def forward(
-        self, question: str, correct_answer: str, wrong_answer: str, document: str
+        self,
+        question: str,
+        correct_answer: str,
+        wrong_answer: str,
+        document: str,
+        previous_problem: str = "",
     ) -> dspy.Prediction:
-        """Run the LM once; returns ``title``, ``description`` and ``evidence`` (unchecked)."""
+        """Run the LM once; returns ``title``, ``description`` and ``evidence`` (unchecked).
+
+        ``previous_problem`` is empty on a first attempt; on a regeneration it says why the last
+        title was rejected (and ``cache=False`` makes the call fresh).
+        """
+        config: dict[str, Any] = {"cache": False, "rollout_id": 1} if previous_problem else {}
         return self.writer(
             question=question,
             correct_answer=correct_answer,
             wrong_answer=wrong_answer,
             document=document[: self.max_document_chars],
+            previous_problem=previous_problem,
+            config=config,
         )
+
+    def _call(self, lm: Any, *args: str) -> dspy.Prediction:
+        if lm is not None:
+            with dspy.context(lm=lm):
+                return self(*args)
+        return self(*args)
 
     def disambiguate(
         self,
@@ -178,22 +258,42 @@ class Disambiguator(dspy.Module):  # type: ignore[misc]
         if fold_text(gold_answer).casefold() == fold_text(wrong_prediction).casefold():
             return DisambiguationResult(None, "same_answer: the prediction equals the gold answer")
         try:
-            if lm is not None:
-                with dspy.context(lm=lm):
-                    pred = self(question, gold_answer, wrong_prediction, gold_document)
-            else:
-                pred = self(question, gold_answer, wrong_prediction, gold_document)
+            pred = self._call(lm, question, gold_answer, wrong_prediction, gold_document)
         except Exception as e:  # a failed call is a rejection, recorded with its cause
             return DisambiguationResult(None, f"lm_error: {type(e).__name__}: {e}"[:500])
-        title = " ".join(str(pred.title or "").split())
-        description = " ".join(str(pred.description or "").split())
-        evidence = str(pred.evidence or "").strip()
-        if not contains_folded(title, gold_answer):
-            return DisambiguationResult(None, f"title_missing_gold: {gold_answer!r} not in title {title!r}")
-        if not contains_folded(title, wrong_prediction):
-            return DisambiguationResult(
-                None, f"title_missing_prediction: {wrong_prediction!r} not in title {title!r}"
-            )
+        title, description, evidence = _fields(pred)
+        failures: list[str] = []
+        regenerations = 0
+        title_source = "model"
+        problem = _title_problem(title, gold_answer, wrong_prediction)
+        if problem is not None:
+            failures.append(problem)
+            regenerations = 1
+            try:
+                retry = self._call(
+                    lm, question, gold_answer, wrong_prediction, gold_document, _problem_text(problem)
+                )
+            except Exception:  # the retry failing falls through to the template title
+                retry = None
+            if retry is not None:
+                r_title, r_description, r_evidence = _fields(retry)
+                retry_problem = _title_problem(r_title, gold_answer, wrong_prediction)
+                if retry_problem is None:
+                    title, description, evidence = r_title, r_description, r_evidence
+                    title_source = "regenerated"
+                else:
+                    failures.append(retry_problem)
+                    title = r_title or title
+                    description = r_description or description
+                    evidence = r_evidence or evidence
+            if title_source == "model":
+                title = template_title(gold_answer, wrong_prediction, title or description)
+                title_source = "template"
+        counts: dict[str, Any] = {
+            "regenerations": regenerations,
+            "title_source": title_source,
+            "title_failures": tuple(failures),
+        }
         span = find_span(gold_document, _strip_quote_marks(evidence))
         source = "model"
         if span is None:
@@ -201,7 +301,7 @@ class Disambiguator(dspy.Module):  # type: ignore[misc]
         if span is None:
             return DisambiguationResult(
                 None, "evidence_not_in_document: the evidence span is not verbatim and no sentence "
-                "of the document contains the gold answer"
+                "of the document contains the gold answer", **counts,
             )
         try:
             ki = KI.from_fact(
@@ -222,8 +322,8 @@ class Disambiguator(dspy.Module):  # type: ignore[misc]
             problems = "; ".join(
                 f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()
             )
-            return DisambiguationResult(None, f"invalid_ki: {problems}")
-        return DisambiguationResult(ki, None, evidence_source=source)
+            return DisambiguationResult(None, f"invalid_ki: {problems}", **counts)
+        return DisambiguationResult(ki, None, evidence_source=source, **counts)
 
 
 def accept_if_retrieved(

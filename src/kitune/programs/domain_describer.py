@@ -1,9 +1,11 @@
 """The domain describer: a corpus sample → a typed :class:`DomainDescription`.
 
-One LM call per corpus (plus one retry when the reply holds no usable JSON). The LM writes one
-JSON object into ``description_json``; it is read with :func:`kitune.programs.parsing.extract_json`
-(reasoning blocks, fences and prose around the object are skipped) and validated by the pydantic
-model :class:`DomainDescription`, which is lenient about shape drift and strict about values:
+One LM call per corpus (plus one retry when the reply holds no usable JSON). The output is typed,
+``description: DomainDescription``, so the format comes from the type through the adapter; when
+the adapter cannot parse it, the model's own text is read with
+:func:`kitune.programs.parsing.extract_json` (reasoning blocks, fences and prose around the object
+are skipped). Either way the pydantic model :class:`DomainDescription` validates it, lenient
+about shape drift and strict about values:
 
 * key aliases (``entities`` → ``entity_types``, ``relations`` → ``predicates`` …, see
   :data:`KEY_ALIASES`) and one wrapper level (``{"description": {...}}``) are accepted;
@@ -32,6 +34,7 @@ import dspy
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kitune.errors import ParseError
+from kitune.lm import default_adapter, track_calls
 from kitune.programs.instructions import resolve_instruction
 from kitune.programs.parsing import extract_json
 from kitune.schema import Document
@@ -297,7 +300,7 @@ def parse_description(raw: str) -> tuple[DomainDescription, Counter[str]]:
 
 
 class DescribeDomain(dspy.Signature):  # type: ignore[misc]
-    """Describe a document collection from a sample of it, as one JSON object."""
+    """Describe a document collection from a sample of it."""
 
     corpus_name: str = dspy.InputField(desc="Name of the collection.")
     record_fields: str = dspy.InputField(
@@ -305,7 +308,7 @@ class DescribeDomain(dspy.Signature):  # type: ignore[misc]
     )
     sample: str = dspy.InputField(desc="A few documents from the collection, each starting with [id].")
     example_questions: str = dspy.InputField(desc="Questions people ask about the collection (may be empty).")
-    description_json: str = dspy.OutputField(desc="The JSON object describing the collection.")
+    description: DomainDescription = dspy.OutputField(desc="The description of the collection.")
 
 
 @dataclass(frozen=True)
@@ -369,13 +372,14 @@ class DomainDescriber(dspy.Module):  # type: ignore[misc]
             config.update(cache=False, rollout_id=attempt, temperature=0.7)
         overrides: dict[str, Any] = {}
         if dspy.settings.adapter is None:
-            overrides["adapter"] = dspy.ChatAdapter(use_json_adapter_fallback=False)
-        with dspy.context(**overrides):
+            overrides["adapter"] = default_adapter(self.describe_domain.lm or dspy.settings.lm)
+        with dspy.context(**overrides), track_calls() as calls:
             try:
                 pred = self.describe_domain(**inputs, config=config)
-            except dspy.utils.exceptions.AdapterParseError as e:
-                return str(e.lm_response or "")
-        return str(pred.description_json or "")
+            except dspy.utils.exceptions.AdapterParseError as e:  # untyped: read the model's own text
+                return calls[-1].content if calls else str(e.lm_response or "")
+        value = pred.description
+        return value.model_dump_json() if isinstance(value, DomainDescription) else str(value or "")
 
     def describe(
         self,

@@ -2,25 +2,47 @@
 
 :class:`FactExtractor` is a DSPy module with one named predictor, ``extract``, whose
 ``signature.instructions`` is the text optimisers rewrite (it starts from the packaged
-``prompts/extractor.txt``). The predictor has a single string output, ``facts_json``; our own
-parser (:mod:`kitune.programs.parsing`) reads it, so reasoning blocks, fences, bare lists,
-envelopes and confidence drift are handled by tested code rather than by adapter luck. When the
-adapter cannot even find the field, the raw completion is parsed instead.
+``prompts/extractor.txt``, which describes only the task). The output is typed,
+``facts: list[FactRecord]`` (:mod:`kitune.programs.records`), so the format reaches the model
+through the adapter (:func:`kitune.lm.default_adapter`: the JSON schema in the prompt, or as
+``response_format`` for a :class:`kitune.lm.KituneLM`), not through the instruction. Every reply
+still goes through the per-record parser (:mod:`kitune.programs.parsing`): when the typed parse
+fails (one bad record fails the whole list, or a small model wraps it in prose), the raw
+completion is parsed instead, so reasoning blocks, fences, envelopes, a broken record and
+confidence drift cost only the records at fault.
+
+No ``dspy.Refine``/``BestOfN``: both resample the *whole* reply until a reward passes, which on
+the embedded model multiplies the extractor's cost (its largest) per document; the failures that
+matter here are handled more cheaply and deterministically — a cut reply is retried once with
+more room, a malformed one once with the cache bypassed, and bad records are dropped one by one.
 
 Per document:
 
 1. the text is split into chunks of at most ``chunk_chars`` characters at paragraph, then
    sentence, then word boundaries (:func:`split_text`), so nothing past the model's context is
    silently dropped;
-2. each chunk gets one call; malformed output (no JSON, or records offered but none valid) is
-   retried once with the cache bypassed (``cache=False``, a new ``rollout_id``, temperature 0.7);
-   a chunk still malformed marks the *document* failed (its partial KIs are not returned);
-3. the guardrails (:mod:`kitune.programs.guardrails`) check each fact against its chunk's original
+2. each chunk gets one call, and its ``finish_reason`` is read
+   (:func:`kitune.lm.track_calls`; a reply whose JSON array was cut off counts too).
+   Malformed output (no JSON, or records offered but none valid) is retried once with the cache
+   bypassed (``cache=False``, a new ``rollout_id``, temperature 0.7); a chunk still malformed
+   marks the *document* failed (its partial KIs are not returned);
+3. a reply cut at its token limit (``finish_reason="length"``) is retried once **with more
+   room**, never at the same size: ``max_tokens`` doubled (up to ``max_retry_tokens``), or, when
+   the LM's ``max_tokens`` is unknown or already at that cap, the chunk split in two halves that
+   are extracted separately. When the retry is cut again, the complete records kept from it are
+   counted (``kept_from_truncated``) and the document's status is ``partial``, not ``ok``;
+4. the guardrails (:mod:`kitune.programs.guardrails`) check each fact against its chunk's original
    text and keep at most ``max_facts`` KIs for the whole document.
+
+Counters (``DocExtraction.counters``): ``lm_calls``, ``retries``, ``parse_failures``,
+``truncated_replies`` (replies cut at the token limit), ``truncation_retries`` (retries with a
+larger ``max_tokens``), ``truncation_splits`` (retries as two halves), ``kept_from_truncated``,
+plus the parser's and the guardrails' counters.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -31,9 +53,12 @@ import dspy
 
 from kitune.errors import ParseError
 from kitune.ki import KI
+from kitune.lm import default_adapter, finish_reason_of, track_calls
 from kitune.programs.guardrails import apply_guardrails
 from kitune.programs.instructions import instruction_version, load_instruction
 from kitune.programs.parsing import FactCandidate, ParsedFacts, parse_facts
+from kitune.programs.records import FactRecord, SentenceFactRecord
+from kitune.programs.sentences import cited_evidence, numbered_text, sentence_spans
 from kitune.schema import Document
 
 if TYPE_CHECKING:
@@ -44,18 +69,39 @@ __all__ = ["DocExtraction", "ExtractFacts", "FactExtractor", "split_text"]
 RETRY_TEMPERATURE = 0.7
 """Temperature of the retry call, so a cache-bypassing retry can produce different text."""
 
+MAX_RETRY_TOKENS = 8192
+"""Default cap on the ``max_tokens`` of a retry after a reply was cut at its token limit."""
+
 
 class ExtractFacts(dspy.Signature):  # type: ignore[misc]
-    """Extract self-contained, evidence-backed facts from one document as a JSON array."""
+    """Extract self-contained, evidence-backed facts from one document."""
 
     docid: str = dspy.InputField(desc="Identifier of the document.")
     url: str = dspy.InputField(desc="Where the document comes from (may be empty).")
     title: str = dspy.InputField(desc="Title of the document (may be empty).")
     text: str = dspy.InputField(desc="The document text, or one part of a long document.")
-    facts_json: str = dspy.OutputField(
-        desc='A JSON array with one object per fact, each with the keys "title", "description", '
-        '"subject", "predicate", "object", "evidence_span", "confidence" and "tags".'
+    facts: list[FactRecord] = dspy.OutputField(
+        desc="The facts, most important first; an empty list when the text states none."
     )
+
+
+class ExtractFactsBySentence(dspy.Signature):  # type: ignore[misc]
+    """Extract self-contained facts from one document, citing the numbered sentences that state them."""
+
+    docid: str = dspy.InputField(desc="Identifier of the document.")
+    url: str = dspy.InputField(desc="Where the document comes from (may be empty).")
+    title: str = dspy.InputField(desc="Title of the document (may be empty).")
+    text: str = dspy.InputField(
+        desc="The document (or one part of it) as numbered sentences, '[n] ...' per line."
+    )
+    facts: list[SentenceFactRecord] = dspy.OutputField(
+        desc="The facts, most important first; an empty list when the text states none."
+    )
+
+
+EVIDENCE_MODES: tuple[str, ...] = ("quote", "sentences")
+"""``quote``: the model quotes its evidence (checked verbatim, repaired when near); ``sentences``:
+the model cites numbered sentences and kitune copies them (:mod:`kitune.programs.sentences`)."""
 
 
 @dataclass(frozen=True)
@@ -63,8 +109,10 @@ class DocExtraction:
     """What extracting one document produced."""
 
     docid: str
-    status: Literal["ok", "failed"]
-    """``failed``: a chunk stayed malformed after its retry, or the LM call raised."""
+    status: Literal["ok", "partial", "failed"]
+    """``partial``: a reply was still cut at its token limit after the retry with more room;
+    the complete records before the cut were kept (the document may be missing facts).
+    ``failed``: a chunk stayed malformed after its retry, or the LM call raised."""
     kis: tuple[KI, ...] = ()
     """Verified KIs (empty when failed), at most ``max_facts``."""
     drops: dict[str, int] = field(default_factory=dict)
@@ -127,6 +175,25 @@ def split_text(text: str, chunk_chars: int) -> list[tuple[int, str]]:
     return chunks
 
 
+def _as_dict(record: Any) -> Any:
+    return record.model_dump() if isinstance(record, FactRecord | SentenceFactRecord) else record
+
+
+def _halve(chunk: str) -> tuple[str, str] | None:
+    """Split ``chunk`` in two at the boundary nearest its middle (paragraph, sentence, space).
+
+    Returns None when the chunk has no boundary to cut at (a single long word).
+    """
+    middle = len(chunk) // 2
+    for pattern in (r"\n\s*\n", _SENTENCE_END.pattern, r"\s+"):
+        cuts = [m.end() for m in re.finditer(pattern, chunk) if 0 < m.end() < len(chunk)]
+        if cuts:
+            cut = min(cuts, key=lambda c: abs(c - middle))
+            if chunk[:cut].strip() and chunk[cut:].strip():
+                return chunk[:cut], chunk[cut:]
+    return None
+
+
 class FactExtractor(dspy.Module):  # type: ignore[misc]
     """Extract verified KIs from documents (see the module docstring for the steps).
 
@@ -136,6 +203,9 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
         chunk_chars: split documents longer than this many characters (≥ 1).
         corpus: corpus name for KI references (``index://<corpus>``).
         retries: extra calls for a chunk whose reply is malformed (default 1).
+        max_retry_tokens: cap on ``max_tokens`` when a reply cut at its token limit is retried.
+        evidence_mode: ``"quote"`` (default) or ``"sentences"`` (see :data:`EVIDENCE_MODES`); the
+            predictor keeps its name ``extract`` in both modes.
 
     The one named predictor is ``extract``; its ``signature.instructions`` is the prompt text and
     :attr:`prompt_version` is ``extractor@<sha8>`` of that text.
@@ -149,24 +219,35 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
         chunk_chars: int = 6000,
         corpus: str = "corpus",
         retries: int = 1,
+        max_retry_tokens: int = MAX_RETRY_TOKENS,
+        evidence_mode: str = "quote",
     ) -> None:
         super().__init__()
+        if evidence_mode not in EVIDENCE_MODES:
+            raise ValueError(f"evidence_mode={evidence_mode!r}: use one of {', '.join(EVIDENCE_MODES)}")
         if instructions is None:
             instructions = load_instruction("extractor").text
-        self.extract = dspy.Predict(ExtractFacts.with_instructions(instructions))
+        signature = ExtractFactsBySentence if evidence_mode == "sentences" else ExtractFacts
+        self.extract = dspy.Predict(signature.with_instructions(instructions))
+        self.evidence_mode = evidence_mode
         self.max_facts = max_facts
         self.chunk_chars = chunk_chars
         self.corpus = corpus
         self.retries = retries
+        self.max_retry_tokens = max_retry_tokens
 
     @classmethod
     def from_config(cls, cfg: KituneConfig, instructions: str | None = None) -> FactExtractor:
-        """Build an extractor with ``cfg.extraction`` limits and ``cfg.corpus_name``."""
+        """Build an extractor from ``cfg.extraction`` (limits, ``evidence_mode``) and ``cfg.corpus_name``.
+
+        ``evidence_mode`` is read when the config has it (default ``quote``).
+        """
         return cls(
             instructions,
             max_facts=cfg.extraction.max_facts_per_doc,
             chunk_chars=cfg.extraction.chunk_chars,
             corpus=cfg.corpus_name,
+            evidence_mode=getattr(cfg.extraction, "evidence_mode", "quote"),
         )
 
     @property
@@ -174,44 +255,129 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
         """``extractor@<sha8>`` of the current instruction text (changes when optimisers rewrite it)."""
         return instruction_version("extractor", self.extract.signature.instructions)
 
-    def _complete(self, doc: Document, chunk: str, attempt: int) -> str:
+    def _lm(self) -> Any:
+        return self.extract.lm or dspy.settings.lm
+
+    def _complete(
+        self, doc: Document, chunk: str, attempt: int, max_tokens: int | None = None
+    ) -> tuple[str, str | None]:
+        """One call; returns ``(raw reply, finish_reason or None when the LM reported none)``."""
         config: dict[str, Any] = {}
         if attempt > 0:
             config = {"cache": False, "rollout_id": attempt, "temperature": RETRY_TEMPERATURE}
+        if max_tokens is not None:
+            config["max_tokens"] = max_tokens
+        lm = self._lm()
         overrides: dict[str, Any] = {}
         if dspy.settings.adapter is None:
-            # Our parser reads the raw reply; skip the adapter's second (JSON-mode) call.
-            overrides["adapter"] = dspy.ChatAdapter(use_json_adapter_fallback=False)
-        with dspy.context(**overrides):
+            overrides["adapter"] = default_adapter(lm)
+        seen = len(getattr(lm, "history", None) or [])
+        with dspy.context(**overrides), track_calls() as calls:
+            if self.evidence_mode == "sentences":
+                chunk = numbered_text(chunk, sentence_spans(chunk))
             try:
                 pred = self.extract(docid=doc.docid, url=doc.url, title=doc.title, text=chunk, config=config)
+                raw = json.dumps([_as_dict(r) for r in (pred.facts or [])], ensure_ascii=False)
             except dspy.utils.exceptions.AdapterParseError as e:
-                return str(e.lm_response or "")
-        return str(pred.facts_json or "")
+                # One bad record fails the typed parse of the whole list: read the raw reply with
+                # the per-record parser instead (G1: the valid siblings are kept). The adapter's
+                # error may hold a rewritten reply; the tracked call has the model's own text.
+                raw = calls[-1].content if calls else str(e.lm_response or "")
+        if calls:
+            return raw, calls[-1].finish_reason
+        history = getattr(lm, "history", None) or []
+        if len(history) > seen and isinstance(history[-1], dict):  # another dspy.LM: read its record
+            return raw, finish_reason_of(history[-1].get("response"))
+        return raw, None
+
+    def _resolver(self, chunk: str) -> Any:
+        """In sentence mode: record → record with the cited sentences copied as ``evidence_span``."""
+        if self.evidence_mode != "sentences":
+            return None
+        spans = sentence_spans(chunk)
+        return lambda record, counts: cited_evidence(record, chunk, spans, counts)
+
+    def _more_tokens(self) -> int | None:
+        """The ``max_tokens`` for a retry after a cut-off reply: double, capped; None if not larger."""
+        current = (getattr(self._lm(), "kwargs", None) or {}).get("max_tokens")
+        if not isinstance(current, int) or current < 1:
+            return None
+        bigger = min(current * 2, self.max_retry_tokens)
+        return bigger if bigger > current else None
 
     def _extract_chunk(
-        self, doc: Document, chunk: str, counts: Counter[str]
-    ) -> tuple[ParsedFacts | None, str, str]:
-        """Return (parsed, error, raw); parsed is None when the chunk stayed malformed."""
+        self, doc: Document, chunk: str, counts: Counter[str], *, may_grow: bool = True
+    ) -> tuple[list[FactCandidate] | None, bool, str, str]:
+        """Return ``(records, partial, error, raw)``; records is None when the chunk stayed malformed.
+
+        ``partial`` is True when the records come from a reply still cut at its token limit.
+        """
         error, raw = "", ""
-        for attempt in range(self.retries + 1):
+        salvage: ParsedFacts | None = None
+        room: int | None = None
+        attempt = 0
+        malformed_retries = 0
+        while True:
             if attempt:
                 counts["retries"] += 1
             counts["lm_calls"] += 1
-            raw = self._complete(doc, chunk, attempt)
+            raw, finish = self._complete(doc, chunk, attempt, room)
+            attempt += 1
+            parsed: ParsedFacts | None
             try:
-                parsed = parse_facts(raw)
+                parsed = parse_facts(raw, resolve=self._resolver(chunk))
             except ParseError as e:
+                parsed, error = None, str(e)
+            cut = finish == "length" or bool(parsed and parsed.counters.get("truncated_salvaged"))
+            if parsed is not None:
+                counts.update(parsed.counters)
+            if cut:
+                counts["truncated_replies"] += 1
+                if parsed is not None and parsed.records:
+                    salvage = parsed
+                if may_grow:
+                    may_grow = False
+                    room = self._more_tokens()
+                    if room is not None:
+                        counts["truncation_retries"] += 1
+                        continue
+                    halves = _halve(chunk)
+                    if halves is not None:
+                        counts["truncation_splits"] += 1
+                        return self._extract_halves(doc, halves, counts)
+                if salvage is not None:
+                    counts["kept_from_truncated"] += len(salvage.records)
+                    return list(salvage.records), True, "", ""
                 counts["parse_failures"] += 1
-                error = str(e)
-                continue
-            counts.update(parsed.counters)
-            if parsed.is_malformed:
+                error = error or "the reply was cut at its token limit before one record ended"
+                return None, False, error, raw
+            if parsed is None or parsed.is_malformed:
                 counts["parse_failures"] += 1
-                error = "every record was rejected: " + "; ".join(err.message for err in parsed.errors[:3])
-                continue
-            return parsed, "", ""
-        return None, error, raw
+                if parsed is not None:
+                    error = "every record was rejected: " + "; ".join(
+                        err.message for err in parsed.errors[:3]
+                    )
+                if malformed_retries < self.retries:
+                    malformed_retries += 1
+                    continue
+                if salvage is not None:  # the bigger retry was malformed: keep what the cut reply had
+                    counts["kept_from_truncated"] += len(salvage.records)
+                    return list(salvage.records), True, "", ""
+                return None, False, error, raw
+            return list(parsed.records), False, "", ""
+
+    def _extract_halves(
+        self, doc: Document, halves: tuple[str, str], counts: Counter[str]
+    ) -> tuple[list[FactCandidate] | None, bool, str, str]:
+        records: list[FactCandidate] = []
+        partial = False
+        for half in halves:
+            got, cut, error, raw = self._extract_chunk(doc, half, counts, may_grow=False)
+            if got is None:
+                return None, False, error, raw
+            records.extend(got)
+            partial = partial or cut
+        return records, partial, "", ""
 
     def extract_document(self, doc: Document, *, now: datetime | None = None) -> DocExtraction:
         """Extract one document.
@@ -227,9 +393,10 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
         counts: Counter[str] = Counter()
         chunks = [(off, c) for off, c in split_text(doc.text, self.chunk_chars) if c.strip()]
         facts: list[tuple[FactCandidate, str]] = []
+        partial = False
         for _offset, chunk in chunks:
-            parsed, error, raw = self._extract_chunk(doc, chunk, counts)
-            if parsed is None:
+            records, cut, error, raw = self._extract_chunk(doc, chunk, counts)
+            if records is None:
                 return DocExtraction(
                     docid=doc.docid,
                     status="failed",
@@ -238,7 +405,8 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
                     error=error,
                     raw=raw,
                 )
-            facts.extend((fact, chunk) for fact in parsed.records)
+            partial = partial or cut
+            facts.extend((fact, chunk) for fact in records)
         result = apply_guardrails(
             facts,
             docid=doc.docid,
@@ -250,7 +418,7 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
         counts.update(result.counters)
         return DocExtraction(
             docid=doc.docid,
-            status="ok",
+            status="partial" if partial else "ok",
             kis=result.kis,
             drops=result.drop_counts,
             counters=dict(counts),

@@ -16,6 +16,10 @@ reason                     rule
                            text, article, dataset, question or task
 ``benchmark_marker``       any field names a benchmark (BrowseComp, MuSiQue, HotpotQA,
                            2WikiMultihopQA), a canary string, or holds a GUID
+``forbidden_phrase``       any field holds one of the published forbidden strings
+                           (:data:`FORBIDDEN_PHRASES`: ``qid:``, ``use this fact``, ``anchor a
+                           criterion``, ``without re-reading``): instructions to a reader or
+                           task bookkeeping leaked into a fact
 ``evidence_not_found``     the evidence span is not a verbatim substring of the source text
                            after :func:`kitune.text.fold_text` on both sides (case E1), and
                            no repair below finds a verbatim span that supports the fact
@@ -53,6 +57,7 @@ from kitune.text import find_span, fold_text
 
 __all__ = [
     "DROP_REASONS",
+    "FORBIDDEN_PHRASES",
     "Drop",
     "GuardrailResult",
     "apply_guardrails",
@@ -69,6 +74,7 @@ DROP_REASONS: tuple[str, ...] = (
     "bad_predicate",
     "mentions_source",
     "benchmark_marker",
+    "forbidden_phrase",
     "evidence_not_found",
     "duplicate",
     "invalid_ki",
@@ -89,6 +95,14 @@ _MARKER_RE = re.compile(
     r"|[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}",
     re.IGNORECASE,
 )
+
+FORBIDDEN_PHRASES: tuple[str, ...] = ("qid:", "use this fact", "anchor a criterion", "without re-reading")
+"""Published strings a fact must never hold (matched case-insensitively after fold_text)."""
+_FORBIDDEN_RE = re.compile(
+    "|".join(re.escape(p).replace(r"\ ", r"\s+") for p in FORBIDDEN_PHRASES), re.IGNORECASE
+)
+VAGUE_PREDICATES: frozenset[str] = frozenset({"affiliated_with", "associated_with", "related_to"})
+"""Predicates the prompt discourages; kept, but counted as ``vague_predicate``."""
 
 
 @dataclass(frozen=True)
@@ -242,14 +256,20 @@ def check_fact(
         )
     if predicate != fact.predicate:
         counts["predicate_normalised"] += 1
+    if predicate in VAGUE_PREDICATES:
+        counts["vague_predicate"] += 1
     for name in ("title", "description", "subject", "object"):
-        m = _SOURCE_RE.search(getattr(fact, name))
-        if m:
-            return Drop("mentions_source", fact.title, f"{name} mentions {m.group(0)!r}")
+        source = _SOURCE_RE.search(getattr(fact, name))
+        if source:
+            return Drop("mentions_source", fact.title, f"{name} mentions {source.group(0)!r}")
     for name in ("title", "description", "subject", "object", "evidence_span", "predicate"):
-        m = _MARKER_RE.search(getattr(fact, name))
-        if m:
-            return Drop("benchmark_marker", fact.title, f"{name} holds {m.group(0)!r}")
+        marker = _MARKER_RE.search(getattr(fact, name))
+        if marker:
+            return Drop("benchmark_marker", fact.title, f"{name} holds {marker.group(0)!r}")
+    for name in ("title", "description", "subject", "object", "evidence_span"):
+        hit = _FORBIDDEN_RE.search(fold_text(getattr(fact, name)))
+        if hit:
+            return Drop("forbidden_phrase", fact.title, f"{name} holds {hit.group(0)!r}")
     tags = normalize_tags(fact.tags)
     if any(_MARKER_RE.search(t) for t in tags):
         return Drop("benchmark_marker", fact.title, "a tag names a benchmark")

@@ -1,6 +1,9 @@
 """The judge: a BrowseComp-style grader of an agent's response against the gold answer.
 
-The grader LM writes a short report in the ``grading`` field::
+The grader's outputs are typed fields (``extracted_final_answer``, ``reasoning``,
+``correct: bool``, ``confidence: int``), so the format comes from the signature through the
+adapter, not from the instruction text. When the adapter cannot parse them, the model's own
+text is read as a report of this shape::
 
     extracted_final_answer: <the final answer found in the response, or None>
     reasoning: <why it matches the gold answer or not>
@@ -17,6 +20,7 @@ from accuracy and counted, never scored as incorrect (case J3). Exact match and 
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,7 +30,9 @@ import dspy
 from dspy.utils.exceptions import AdapterParseError
 
 from kitune.errors import LMError
+from kitune.lm import default_adapter, track_calls
 from kitune.programs.instructions import resolve_instruction
+from kitune.programs.parsing import coerce_confidence
 
 __all__ = [
     "GradeResponse",
@@ -102,7 +108,8 @@ class JudgeVerdict:
     correct: bool | None
     """True/False when graded; None on a grader error."""
     confidence: int | None
-    """The grader's confidence 0–100, or None when it gave none."""
+    """The grader's confidence 0–100 (the one policy, see :mod:`kitune.programs.records`), or None
+    when it gave none or an invalid one (``140``, ``"high"``: never clamped)."""
     extracted_answer: str | None
     """The final answer the grader extracted from the response (None if absent or ``None``)."""
     status: JudgeStatus
@@ -118,6 +125,51 @@ class JudgeVerdict:
         return self.status == "graded"
 
 
+_JSON_BOOL = {"yes": "yes", "true": "yes", "no": "no", "false": "no"}
+
+
+def _confidence(value: Any) -> int | None:
+    """The one confidence policy (:func:`kitune.programs.parsing.coerce_confidence`).
+
+    None when absent or invalid (``140``, ``"high"``): never clamped, never defaulted.
+    """
+    if value is None:
+        return None
+    try:
+        return coerce_confidence(value)
+    except ValueError:
+        return None
+
+
+def _json_report(raw: str) -> tuple[str | None, str | None, int | None] | None:
+    """Read a grading written as a JSON object (``{"correct": "yes", ...}``).
+
+    Returns:
+        ``(verdict, extracted_answer, confidence)`` when ``raw`` holds a JSON object with a
+        ``correct`` key (any case); ``verdict`` is ``"yes"``/``"no"`` for yes/no/true/false
+        (strings or booleans) and None for any other value. None when there is no such object.
+    """
+    start, end = raw.find("{"), raw.rfind("}")
+    if start < 0 or end <= start:
+        return None
+    try:
+        obj = json.loads(raw[start : end + 1])
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(obj, dict):
+        return None
+    fields = {str(k).strip().casefold(): v for k, v in obj.items()}
+    if "correct" not in fields:
+        return None
+    value = fields["correct"]
+    key = ("true" if value else "false") if isinstance(value, bool) else str(value).strip().casefold()
+    verdict = _JSON_BOOL.get(key)
+    answer = fields.get("extracted_final_answer", fields.get("extracted_answer"))
+    empty = answer is None or str(answer).strip().casefold() in ("", "none", "n/a")
+    extracted = None if empty else str(answer)
+    return verdict, extracted, _confidence(fields.get("confidence"))
+
+
 def parse_grading(raw: str) -> JudgeVerdict:
     """Parse a grader report into a verdict (never raises).
 
@@ -125,20 +177,24 @@ def parse_grading(raw: str) -> JudgeVerdict:
         raw: the grader's report (see the module docstring for the format).
 
     Returns:
-        ``status="graded"`` with ``correct`` from the anchored ``correct: yes|no`` field, or
-        ``status="grader_error"`` with ``error="no parsable verdict in the grader output"`` and
+        ``status="graded"`` with ``correct`` from the anchored ``correct: yes|no`` field (or,
+        when the report is a JSON object with a ``correct`` key, from that key: ``"yes"``,
+        ``"no"``, ``true``, ``false``), or ``status="grader_error"`` with
+        ``error="no parsable verdict in the grader output"`` and
         ``correct=None`` when that field is absent or holds another value.
     """
-    verdict = parse_anchored_verdict(raw, cues=("correct",), values=("yes", "no"), connectors=(":", "="))
-    extracted: str | None = None
-    m = list(_FIELD_RE["extracted"].finditer(raw or ""))
-    if m:
-        value = m[-1].group(1).strip().strip("*_ ").strip()
-        extracted = None if value.casefold() in ("", "none", "n/a") else value
-    confidence: int | None = None
-    c = list(_FIELD_RE["confidence"].finditer(raw or ""))
-    if c:
-        confidence = max(0, min(100, round(float(c[-1].group(1)))))
+    as_json = _json_report(raw or "")
+    if as_json is not None:
+        verdict, extracted, confidence = as_json
+    else:
+        verdict = parse_anchored_verdict(raw, cues=("correct",), values=("yes", "no"), connectors=(":", "="))
+        extracted = None
+        m = list(_FIELD_RE["extracted"].finditer(raw or ""))
+        if m:
+            value = m[-1].group(1).strip().strip("*_ ").strip()
+            extracted = None if value.casefold() in ("", "none", "n/a") else value
+        c = list(_FIELD_RE["confidence"].finditer(raw or ""))
+        confidence = _confidence(c[-1].group(1)) if c else None
     if verdict is None:
         return JudgeVerdict(
             correct=None, confidence=confidence, extracted_answer=extracted, status="grader_error",
@@ -155,8 +211,23 @@ class GradeResponse(dspy.Signature):  # type: ignore[misc]
     question: str = dspy.InputField(desc="The question that was asked.")
     response: str = dspy.InputField(desc="The response to grade.")
     correct_answer: str = dspy.InputField(desc="The correct answer, then any accepted aliases after ' | '.")
-    grading: str = dspy.OutputField(
-        desc="Four lines: extracted_final_answer: …, reasoning: …, correct: yes|no, confidence: 0-100"
+    extracted_final_answer: str = dspy.OutputField(
+        desc="The final exact answer extracted from the response; 'None' if it gives no final answer."
+    )
+    reasoning: str = dspy.OutputField(
+        desc="Why the extracted answer is or is not the correct answer (differences only; do not solve "
+        "the question)."
+    )
+    correct: bool = dspy.OutputField(desc="True when the extracted answer matches the correct answer.")
+    confidence: int = dspy.OutputField(desc="Your confidence in this grading, an integer 0-100.")
+
+
+def _report(pred: Any) -> str:
+    """The four verdict fields as the line report :func:`parse_grading` reads."""
+    verdict = "yes" if pred.correct else "no"
+    return (
+        f"extracted_final_answer: {pred.extracted_final_answer}\nreasoning: {pred.reasoning}\n"
+        f"correct: {verdict}\nconfidence: {pred.confidence}"
     )
 
 
@@ -187,18 +258,23 @@ class Judge(dspy.Module):  # type: ignore[misc]
         self.attempts = attempts
 
     def forward(self, question: str, response: str, correct_answer: str) -> dspy.Prediction:
-        """Run the grader once; returns a prediction with the raw ``grading`` text.
+        """Run the grader once; returns a prediction with the ``grading`` report text.
 
-        A reply without DSPy field markers is kept as the raw report (no second, JSON-formatted
-        call is made). Raises whatever the LM raises.
+        The verdict fields are typed (``correct: bool`` …); the adapter is the context's, else
+        :func:`kitune.lm.default_adapter`. When the typed parse succeeds the report is rebuilt
+        from the fields; when it fails (free text, a JSON object with ``"correct": "yes"``) the
+        model's own text is the report, read by :func:`parse_grading`. No second,
+        JSON-formatted call is made. Raises whatever the LM raises.
         """
-        adapter = dspy.ChatAdapter(use_json_adapter_fallback=False)
-        try:
-            with dspy.context(adapter=adapter):
+        overrides: dict[str, Any] = {}
+        if dspy.settings.adapter is None:
+            overrides["adapter"] = default_adapter(self.grader.lm or dspy.settings.lm)
+        with dspy.context(**overrides), track_calls() as calls:
+            try:
                 pred = self.grader(question=question, response=response, correct_answer=correct_answer)
-            return dspy.Prediction(grading=str(pred.grading or ""))
-        except AdapterParseError as e:
-            return dspy.Prediction(grading=str(e.lm_response or ""))
+            except AdapterParseError as e:
+                return dspy.Prediction(grading=calls[-1].content if calls else str(e.lm_response or ""))
+        return dspy.Prediction(grading=_report(pred))
 
     def grade(
         self, question: str, response: str, gold: str, *, aliases: Sequence[str] = (), lm: Any = None

@@ -23,6 +23,11 @@ shapes catalogued in ``shared/cases/failure-cases.md``:
   :data:`DEFAULT_CONFIDENCE` and is counted (``confidence_defaulted``). Scalars given for string
   fields are coerced with ``str`` (``1999`` → ``"1999"``); booleans, lists and objects are not.
 
+* **Broken arrays** — an array that is not valid JSON (an unescaped quote or a missing comma in
+  one record, or a reply cut at its token limit) is read with ``json_repair``; every element
+  that is well-formed in the original text is kept and every other one is reported as a
+  ``malformed_json`` record error (its repaired form is never kept, since a repair can guess).
+
 One bad record never aborts its siblings: :func:`parse_facts` returns every valid record plus a
 per-record error list and counters.
 """
@@ -33,6 +38,7 @@ import json
 import math
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -127,7 +133,7 @@ class RecordError:
     index: int
     """0-based position of the record in the facts array."""
     reason: str
-    """``missing_fields`` | ``bad_confidence`` | ``bad_type`` | ``not_an_object``."""
+    """``missing_fields`` | ``bad_confidence`` | ``bad_type`` | ``not_an_object`` | ``malformed_json``."""
     message: str
     """Human-readable detail naming the field and the fix."""
     missing_fields: tuple[str, ...] = ()
@@ -141,13 +147,17 @@ class ParsedFacts:
     records: tuple[FactCandidate, ...]
     errors: tuple[RecordError, ...] = ()
     counters: dict[str, int] = field(default_factory=dict)
-    """Event counts: ``think_stripped``, ``fence_stripped``, ``truncated_salvaged``, ``bare_list``,
+    """Event counts: ``think_stripped``, ``fence_stripped``, ``truncated_salvaged``,
+    ``records_malformed``, ``bare_list``,
     ``envelope_unwrapped``, ``aliased_keys``, ``confidence_defaulted``, ``records_rejected``."""
 
     @property
     def is_malformed(self) -> bool:
         """True when records were offered but none survived (worth a retry)."""
         return not self.records and bool(self.errors)
+
+
+_DSPY_MARKER_RE = re.compile(r"\[\[ ## \w+ ## \]\]")
 
 
 def strip_reasoning(raw: str) -> tuple[str, bool]:
@@ -168,6 +178,14 @@ def _is_facts_shape(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(v, dict) for v in value)
 
 
+@dataclass(frozen=True)
+class _Malformed:
+    """Placeholder for an array element that was not well-formed JSON (reported, never kept)."""
+
+    repaired: Any
+    """What ``json_repair`` made of it (shown in the error message only)."""
+
+
 def _scan_json(text: str, counts: Counter[str]) -> Any:
     decoder = json.JSONDecoder()
     for match in re.finditer(r"[\[{]", text):
@@ -175,41 +193,84 @@ def _scan_json(text: str, counts: Counter[str]) -> Any:
             value, _end = decoder.raw_decode(text, match.start())
         except json.JSONDecodeError:
             if match.group(0) == "[":
-                salvaged = _salvage_array(text, match.start())
-                if salvaged:
-                    counts["truncated_salvaged"] += 1
-                    return salvaged
+                repaired = _repair_array(text, match.start(), counts)
+                if repaired is not None:
+                    return repaired
             continue
         if _is_facts_shape(value):
             return value
     raise LookupError
 
 
-def _salvage_array(text: str, start: int) -> list[Any] | None:
-    """Return the complete leading objects of a cut-off array (a reply that hit its token limit).
+def _decode_at(text: str, pos: int, expected: Any) -> int | None:
+    """End offset when a JSON value equal to ``expected`` starts at ``pos`` (after , and spaces)."""
+    while pos < len(text) and (text[pos].isspace() or text[pos] == ","):
+        pos += 1
+    try:
+        value, end = json.JSONDecoder().raw_decode(text, pos)
+    except json.JSONDecodeError:
+        return None
+    return end if value == expected else None
 
-    ``text[start]`` is the array's ``[``. None when not even one object is complete.
+
+def _find_from(text: str, pos: int, expected: Any) -> int | None:
+    """End offset of the first well-formed JSON value equal to ``expected`` at or after ``pos``."""
+    end = _decode_at(text, pos, expected)
+    if end is not None:
+        return end
+    opener = "{" if isinstance(expected, dict) else "[" if isinstance(expected, list) else None
+    if opener is None:
+        return None
+    i = text.find(opener, pos + 1)
+    while i >= 0:
+        end = _decode_at(text, i, expected)
+        if end is not None:
+            return end
+        i = text.find(opener, i + 1)
+    return None
+
+
+def _repair_array(text: str, start: int, counts: Counter[str]) -> list[Any] | None:
+    """Read an array that is not valid JSON (a bad record inside, or cut off at the token limit).
+
+    ``json_repair`` (a DSPy dependency) reads the array; then each element is checked against the
+    original text: an element that decodes there as well-formed JSON, unchanged, is kept; any
+    other element (one ``json_repair`` had to fix or invent) becomes a :class:`_Malformed`
+    placeholder that :func:`parse_facts` reports as a ``malformed_json`` record error. So every
+    well-formed record around a bad one survives, and the bad one is reported, never guessed.
+
+    Returns None when the array holds no well-formed element (then the reply is treated as
+    holding no JSON). Counts ``truncated_salvaged`` when the array never closes (a reply cut at
+    its token limit) and ``records_malformed`` per bad element.
     """
-    decoder = json.JSONDecoder()
+    import json_repair
+
+    segment = text[start:]
+    repaired = json_repair.loads(segment)
+    if isinstance(repaired, list) and repaired and isinstance(repaired[0], list):
+        repaired = repaired[0]  # json_repair returns [array, trailing value] when text follows
+    if not isinstance(repaired, list) or not repaired:
+        return None
+    out: list[Any] = []
     pos = start + 1
-    items: list[Any] = []
-    while True:
-        while pos < len(text) and text[pos].isspace():
-            pos += 1
-        if pos >= len(text) or text[pos] != "{":
-            break
-        try:
-            obj, pos = decoder.raw_decode(text, pos)
-        except json.JSONDecodeError:
-            break
-        items.append(obj)
-        while pos < len(text) and text[pos].isspace():
-            pos += 1
-        if pos < len(text) and text[pos] == ",":
-            pos += 1
-        else:
-            break
-    return items or None
+    kept = 0
+    for item in repaired:
+        after_bad = bool(out) and isinstance(out[-1], _Malformed)
+        end = _find_from(text, pos, item) if after_bad else _decode_at(text, pos, item)
+        if end is None:
+            out.append(_Malformed(item))
+            continue
+        out.append(item)
+        kept += 1
+        pos = end
+    if kept == 0:
+        return None
+    if not text.rstrip().rstrip("`").rstrip().endswith(("]", "}")):
+        counts["truncated_salvaged"] += 1
+    bad = sum(isinstance(x, _Malformed) for x in out)
+    if bad:
+        counts["records_malformed"] += bad
+    return out
 
 
 def extract_json(raw: str, counters: Counter[str] | None = None) -> Any:
@@ -217,9 +278,12 @@ def extract_json(raw: str, counters: Counter[str] | None = None) -> Any:
 
     Strips reasoning blocks, then tries each fenced block, then scans the text for the first
     ``{``/``[`` that decodes to an object or to a list of objects (prose like ``[1]`` is skipped).
-    A JSON *string* holding JSON (``"[{...}]"``) is decoded once more. When nothing decodes but
-    an array of objects was cut off (the reply hit its token limit), its complete leading objects
-    are returned as the array and ``truncated_salvaged`` is counted; the cut-off object is lost.
+    A JSON *string* holding JSON (``"[{...}]"``) is decoded once more. When an array does not
+    decode (one bad record inside, or cut off at the token limit), it is read with
+    ``json_repair`` and every element that is well-formed in the original text is kept; each
+    other element is returned as a placeholder that :func:`parse_facts` reports as a
+    ``malformed_json`` record error (``records_malformed``; ``truncated_salvaged`` when the array
+    never closes). The cut-off or broken record itself is never guessed.
 
     Args:
         raw: the raw completion text.
@@ -232,7 +296,7 @@ def extract_json(raw: str, counters: Counter[str] | None = None) -> Any:
         ParseError: ``"no JSON object found"`` when nothing decodes; ``raw`` is kept.
     """
     counts: Counter[str] = counters if counters is not None else Counter()
-    text, stripped = strip_reasoning(raw)
+    text, stripped = strip_reasoning(_DSPY_MARKER_RE.sub("\n", raw))
     if stripped:
         counts["think_stripped"] += 1
     stripped_text = text.strip()
@@ -408,6 +472,12 @@ def coerce_record(record: Any, counters: Counter[str] | None = None) -> FactCand
             confidence breaks the policy.
     """
     counts: Counter[str] = counters if counters is not None else Counter()
+    if isinstance(record, _Malformed):
+        raise ParseError(
+            "malformed JSON record (e.g. an unescaped quote, or cut off at the token limit): "
+            f"not kept; json_repair read it as {json.dumps(record.repaired, default=str)[:200]}",
+            raw=json.dumps(record.repaired, default=str),
+        )
     if not isinstance(record, dict):
         raise ParseError(f"fact record must be a JSON object, got {type(record).__name__}", raw=repr(record))
     rec = _canonical_keys(_unwrap_envelope(record, counts), counts)
@@ -449,6 +519,8 @@ def _reason(err: ParseError) -> str:
     if err.missing_fields:
         return "missing_fields"
     text = str(err)
+    if text.startswith("malformed JSON"):
+        return "malformed_json"
     if text.startswith("confidence"):
         return "bad_confidence"
     if text.startswith("fact record must be"):
@@ -456,11 +528,14 @@ def _reason(err: ParseError) -> str:
     return "bad_type"
 
 
-def parse_facts(raw: str) -> ParsedFacts:
+def parse_facts(raw: str, *, resolve: Callable[[Any, Counter[str]], Any] | None = None) -> ParsedFacts:
     """Parse a model reply into fact candidates.
 
     Args:
         raw: the raw completion text (may hold reasoning, prose, fences).
+        resolve: optional ``(record, counters) -> record`` applied to each located record before
+            it is validated (the sentence-indexed mode turns cited sentence numbers into the
+            verbatim ``evidence_span`` here).
 
     Returns:
         :class:`ParsedFacts` with the valid records in reply order, one :class:`RecordError` per
@@ -475,6 +550,8 @@ def parse_facts(raw: str) -> ParsedFacts:
     errors: list[RecordError] = []
     for index, item in enumerate(_locate_records(value, counts)):
         try:
+            if resolve is not None and isinstance(item, dict):
+                item = resolve(item, counts)
             records.append(coerce_record(item, counts))
         except ParseError as e:
             errors.append(

@@ -1,7 +1,9 @@
 """The query rewriter: a question → a typed :class:`kitune.schema.QueryPlan`.
 
-The LM writes one JSON object of plan *values* (entity tags, lexical keywords, a semantic
-sentence, optional tag filters) into the ``plan_json`` field. The object is validated here with
+The LM writes the plan *values* (entity tags, lexical keywords, a semantic sentence, optional
+tag filters) as the typed ``plan`` output (:class:`kitune.programs.records.PlanDraft`: the format
+comes from the type through the adapter, not from the instruction; when the adapter cannot
+parse it, the model's own text is read for one JSON object). The object is validated here with
 pydantic; the LM never writes query text that a store executes. Output that cannot be turned
 into a valid, non-empty plan falls back to :meth:`QueryPlan.plain` and the fallback is counted
 (:class:`RewriteResult` ``fell_back`` and :attr:`QueryRewriter.fallbacks`).
@@ -23,18 +25,21 @@ Policies (tested):
 from __future__ import annotations
 
 import ast
-import json
 import re
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 import dspy
+from dspy.utils.exceptions import AdapterParseError
 from pydantic import ValidationError
 
 from kitune.errors import ParseError
 from kitune.ki import entity_tag, slugify
+from kitune.lm import default_adapter, track_calls
 from kitune.programs.instructions import resolve_instruction
+from kitune.programs.parsing import extract_json, strip_reasoning
+from kitune.programs.records import PlanDraft
 from kitune.schema import Filter, QueryPlan
 from kitune.usage import TokenLedger
 
@@ -44,29 +49,27 @@ _FILTER_KEYS = {"tags_any", "tags_all", "doc_ids", "subtypes", "min_confidence"}
 
 
 
-_THINK_RE = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
-
-
 def extract_json_object(text: str) -> dict[str, Any] | None:
     """Return the first JSON object found in ``text``, or None.
 
-    Reasoning blocks (``<think>…</think>``), code fences and prose around the object are
-    skipped (case P1). A stringified object under a single ``"json"`` key is decoded once. A
-    Python-literal dict (single quotes, as ``str(dict)`` writes it when an adapter stringifies an
-    object) is read with :func:`ast.literal_eval`, which evaluates literals only.
+    The shared reader :func:`kitune.programs.parsing.extract_json` does the work (reasoning
+    blocks, code fences and prose around the object are skipped, case P1; a broken object is
+    read with ``json_repair``). A stringified object under a single ``"json"`` key is decoded
+    once. A Python-literal dict (single quotes, as ``str(dict)`` writes it when an adapter
+    stringifies an object) is read with :func:`ast.literal_eval`, which evaluates literals only.
     """
-    cleaned = _THINK_RE.sub("", text or "")
-    decoder = json.JSONDecoder()
-    for match in re.finditer(r"\{", cleaned):
-        try:
-            obj, _ = decoder.raw_decode(cleaned, match.start())
-        except json.JSONDecodeError:
-            continue
-        if isinstance(obj, dict):
-            if set(obj) == {"json"} and isinstance(obj["json"], str):
-                inner = extract_json_object(obj["json"])
-                return inner if inner is not None else obj
-            return obj
+    try:
+        value = extract_json(text or "")
+    except ParseError:
+        value = None
+    if isinstance(value, list):
+        value = next((v for v in value if isinstance(v, dict)), None)
+    if isinstance(value, dict):
+        if set(value) == {"json"} and isinstance(value["json"], str):
+            inner = extract_json_object(value["json"])
+            return inner if inner is not None else value
+        return value
+    cleaned = strip_reasoning(text or "")[0]
     start, end = cleaned.find("{"), cleaned.rfind("}")
     if 0 <= start < end:
         try:
@@ -185,9 +188,7 @@ class RewriteQuery(dspy.Signature):  # type: ignore[misc]
     """Turn a question into a retrieval plan (instructions are replaced at construction)."""
 
     question: str = dspy.InputField(desc="The question to find facts for.")
-    plan_json: str = dspy.OutputField(
-        desc='One JSON object: {"entity_tags": [...], "lexical": "...", "semantic": "...", "filters": {}}'
-    )
+    plan: PlanDraft = dspy.OutputField(desc="The retrieval plan's values.")
 
 
 @dataclass(frozen=True)
@@ -214,7 +215,7 @@ class RewriteResult:
     tokens: RewriteTokens
     """Tokens the rewrite cost."""
     raw: str = ""
-    """The LM's raw ``plan_json`` output (empty on an LM error)."""
+    """The plan values as JSON, or the model's raw text when untyped (empty on an LM error)."""
     dropped_tags: tuple[str, ...] = ()
     """Entity tags the LM gave that do not occur in the question (removed from the plan)."""
 
@@ -257,14 +258,23 @@ class QueryRewriter(dspy.Module):  # type: ignore[misc]
         """Run the LM once and validate its plan (for optimisers and metrics).
 
         Returns:
-            A prediction with ``plan_json`` (raw), ``plan`` (a QueryPlan, the fallback when
+            A prediction with ``plan_json`` (the plan values as JSON, or the model's raw text when
+            they were not typed), ``plan`` (a QueryPlan, the fallback when
             invalid), ``fell_back`` (bool), ``reason`` (str | None) and ``dropped_tags``.
 
         Raises:
             Whatever the LM raises (transport errors are not swallowed here; see :meth:`rewrite`).
         """
-        pred = self.planner(question=question)
-        raw = str(pred.plan_json or "")
+        overrides: dict[str, Any] = {}
+        if dspy.settings.adapter is None:
+            overrides["adapter"] = default_adapter(self.planner.lm or dspy.settings.lm)
+        with dspy.context(**overrides), track_calls() as calls:
+            try:
+                pred = self.planner(question=question)
+                draft = pred.plan
+                raw = draft.model_dump_json() if isinstance(draft, PlanDraft) else str(draft or "")
+            except AdapterParseError as e:  # not the typed shape: read the model's own text
+                raw = calls[-1].content if calls else str(e.lm_response or "")
         dropped: list[str] = []
         try:
             grounding = question if self.ground_tags else None

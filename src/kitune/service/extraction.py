@@ -424,7 +424,13 @@ def extract_corpus(
                 writer.write(res.docid, "failed", len(res.kis), reason)
             else:
                 done += 1
-                writer.write(res.docid, "ok", len(res.kis), content=hashes.get(res.docid, ""))
+                # "ok" or "partial"; a partial document gets no content hash, so the next run re-extracts it
+                writer.write(
+                    res.docid,
+                    res.status,
+                    len(res.kis),
+                    content=hashes.get(res.docid, "") if res.status == "ok" else "",
+                )
         writer.sync()
         buffer.clear()
         pending.clear()
@@ -434,8 +440,8 @@ def extract_corpus(
         finished += 1
         counters.update(res.counters)
         drops.update(res.drops)
-        if res.status == "ok":
-            if res.counters.get("truncated_salvaged"):
+        if res.status in ("ok", "partial"):
+            if res.status == "partial":
                 truncated.add(res.docid)
             buffer.extend(res.kis)
             pending.append(res)
