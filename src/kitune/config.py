@@ -74,7 +74,9 @@ class LMRoleConfig(_Section):
     )
     temperature: float = Field(default=0.0, ge=0.0, le=2.0, description="Sampling temperature.")
     max_tokens: int = Field(default=1024, ge=1, le=200_000, description="Max output tokens per call.")
-    timeout_s: float = Field(default=120.0, gt=0, description="Per-call timeout in seconds; actually enforced.")
+    timeout_s: float = Field(
+        default=120.0, gt=0, description="Per-call timeout in seconds; actually enforced."
+    )
     num_retries: int = Field(default=3, ge=0, le=10, description="Bounded retries for 429/5xx/timeouts.")
     api_base_env: str | None = Field(
         default=None, description="Env var holding this role's base URL (overrides the gateway's)."
@@ -115,12 +117,19 @@ class LMConfig(_Section):
     """LLM access for every role."""
 
     gateway: GatewayConfig = Field(default_factory=GatewayConfig, description="Shared gateway.")
-    extract: LMRoleConfig = Field(default_factory=lambda: LMRoleConfig(max_tokens=2048), description="Extractor.")
-    rewrite: LMRoleConfig = Field(default_factory=lambda: LMRoleConfig(max_tokens=512), description="Query rewriter.")
-    agent: LMRoleConfig = Field(default_factory=lambda: LMRoleConfig(max_tokens=512), description="Eval agent.")
+    extract: LMRoleConfig = Field(
+        default_factory=lambda: LMRoleConfig(max_tokens=2048), description="Extractor."
+    )
+    rewrite: LMRoleConfig = Field(
+        default_factory=lambda: LMRoleConfig(max_tokens=512), description="Query rewriter."
+    )
+    agent: LMRoleConfig = Field(
+        default_factory=lambda: LMRoleConfig(max_tokens=512), description="Eval agent."
+    )
     judge: LMRoleConfig = Field(default_factory=lambda: LMRoleConfig(max_tokens=256), description="Judge.")
     reflection: LMRoleConfig = Field(
-        default_factory=lambda: LMRoleConfig(temperature=1.0, max_tokens=4096), description="Optimiser proposer."
+        default_factory=lambda: LMRoleConfig(temperature=1.0, max_tokens=4096),
+        description="Optimiser proposer.",
     )
     local: LocalModelConfig = Field(default_factory=LocalModelConfig, description="Embedded local model.")
     cache: bool = Field(default=False, description="Use DSPy's response cache (usage still recorded).")
@@ -150,7 +159,9 @@ class LMConfig(_Section):
 class EmbedderConfig(_Section):
     """Text embedder used by the embedded stores."""
 
-    type: Literal["wordllama", "hash"] = Field(default="wordllama", description="wordllama (offline) or hash (tests).")
+    type: Literal["wordllama", "hash"] = Field(
+        default="wordllama", description="wordllama (offline) or hash (tests)."
+    )
     dim: int = Field(default=256, ge=8, le=4096, description="Vector dimension.")
 
 
@@ -161,7 +172,9 @@ class LanceStoreConfig(_Section):
     path: Path | None = Field(default=None, description="Database folder; None: <workdir>/lancedb.")
     table: str = Field(default="kis", description="KI table name.")
     write_batch_size: int = Field(default=512, ge=1, description="KIs per commit.")
-    compact_every_fragments: int = Field(default=32, ge=2, description="optimize() once this many fragments exist.")
+    compact_every_fragments: int = Field(
+        default=32, ge=2, description="optimize() once this many fragments exist."
+    )
     # -- issue 14: compaction off the write path ------------------------------------------------
     background_compaction: bool = Field(
         default=True,
@@ -180,7 +193,9 @@ class ElasticsearchStoreConfig(_Section):
     url_env: str = Field(default="KITUNE_ES_URL", description="Env var holding the cluster URL.")
     api_key_env: str | None = Field(default="KITUNE_ES_API_KEY", description="Env var holding an API key.")
     index: str = Field(default="kitune-kis", description="KI index name.")
-    inference_id: str = Field(default=".elser-2-elasticsearch", description="semantic_text inference endpoint.")
+    inference_id: str = Field(
+        default=".elser-2-elasticsearch", description="semantic_text inference endpoint."
+    )
     bulk_chunk_size: int = Field(default=500, ge=1, description="Documents per bulk request.")
     max_retries: int = Field(default=5, ge=0, description="Retries of 429 items, with backoff.")
 
@@ -215,9 +230,15 @@ class ExtractionConfig(_Section):
     max_facts_per_doc: int = Field(default=15, ge=0, le=50, description="Cap on facts per document.")
     concurrency: int = Field(default=4, ge=1, le=256, description="Documents extracted in parallel.")
     chunk_chars: int = Field(default=6000, ge=500, description="Split documents longer than this.")
+    evidence_mode: Literal["quote", "sentences"] = Field(
+        default="quote",
+        description="quote: the model quotes its evidence (located verbatim after Unicode folding); sentences: "
+        "it cites numbered sentences and kitune copies them (verbatim by construction).",
+    )
     write_batch_size: int = Field(default=256, ge=1, description="KIs buffered before a store write.")
     flush_interval_s: float = Field(
-        default=10.0, ge=0.0,
+        default=10.0,
+        ge=0.0,
         description="Also write (and mark documents done) when the oldest buffered document waited this long; "
         "bounds the work a crash can cost with a slow LLM.",
     )
@@ -244,8 +265,12 @@ class AgentConfig(_Section):
     """Eval agent budget and concurrency."""
 
     max_steps: int = Field(default=43, ge=1, le=500, description="Step budget per question.")
-    max_tokens: int | None = Field(default=None, ge=1, description="Optional input-token budget per question.")
-    timeout_s: float | None = Field(default=None, gt=0, description="Optional wall-clock budget per question.")
+    max_tokens: int | None = Field(
+        default=None, ge=1, description="Optional input-token budget per question."
+    )
+    timeout_s: float | None = Field(
+        default=None, gt=0, description="Optional wall-clock budget per question."
+    )
     observation_max_chars: int | None = Field(
         default=None,
         ge=200,
@@ -265,7 +290,9 @@ class AgentConfig(_Section):
 class LifecycleConfig(_Section):
     """KI lifecycle."""
 
-    stale_after_days: float = Field(default=7.0, gt=0, description="Unseen this long → stale; twice → expired.")
+    stale_after_days: float = Field(
+        default=7.0, gt=0, description="Unseen this long → stale; twice → expired."
+    )
     # -- issue 14: retention of disambiguation / source-description KIs ------------------------
     derived_retention: Literal["while_evidence", "age"] = Field(
         default="while_evidence",
@@ -274,7 +301,8 @@ class LifecycleConfig(_Section):
         "is gone); 'age' refreshes them only when re-written.",
     )
     derived_stale_after_days: float | None = Field(
-        default=None, gt=0,
+        default=None,
+        gt=0,
         description="Their stale window in days (twice it → expired); None: stale_after_days.",
     )
 
@@ -292,9 +320,14 @@ class OptimizeConfig(_Section):
     optimizer: Literal["gepa", "mipro"] = Field(default="gepa", description="DSPy optimiser.")
     iterations: int = Field(default=2, ge=1, le=100, description="Loop iterations.")
     accept_margin: float = Field(
-        default=0.0, ge=0.0, le=1.0, description="Paired validation score gain needed to accept (0: any gain)."
+        default=0.0,
+        ge=0.0,
+        le=1.0,
+        description="Paired validation score gain needed to accept (0: any gain).",
     )
-    validation_fraction: float = Field(default=0.5, gt=0.0, lt=1.0, description="Share of questions held out.")
+    validation_fraction: float = Field(
+        default=0.5, gt=0.0, lt=1.0, description="Share of questions held out."
+    )
     seed: int = Field(default=0, description="Seed for splits and optimisers.")
     accuracy_weight: float = Field(
         default=1.0, ge=0.0, description="Loop-score weight of the accuracy difference to the reference run."
@@ -306,7 +339,9 @@ class OptimizeConfig(_Section):
         "(scale-free: the same at 5k and 1.8M tokens).",
     )
     timeout_weight: float = Field(
-        default=0.2, ge=0.0, description="Loop-score penalty per unit of timeout-rate difference to the reference."
+        default=0.2,
+        ge=0.0,
+        description="Loop-score penalty per unit of timeout-rate difference to the reference.",
     )
     max_failed_share: float = Field(
         default=0.2,
@@ -407,7 +442,9 @@ def _read_file(path: Path) -> dict[str, Any]:
     except (tomllib.TOMLDecodeError, yaml.YAMLError) as e:
         raise ConfigError(f"config file {path} is not valid {path.suffix.lstrip('.') or 'YAML'}: {e}") from e
     if not isinstance(data, dict):
-        raise ConfigError(f"config file {path} must hold a mapping at the top level, got {type(data).__name__}")
+        raise ConfigError(
+            f"config file {path} must hold a mapping at the top level, got {type(data).__name__}"
+        )
     return data
 
 
@@ -482,9 +519,7 @@ def load_config(path: Path | str | None = None, overrides: dict[str, Any] | None
     try:
         cfg = with_overrides(KituneConfig(**data), overrides or {})
     except ValidationError as e:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()
-        )
+        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors())
         raise ConfigError(f"invalid configuration: {problems}") from e
     return cfg
 

@@ -901,6 +901,7 @@ class KituneLM(dspy.LM):  # type: ignore[misc]
             **entry["usage"],
             "recorded_latency_s": float(entry.get("latency_s") or 0.0),
         }
+        _note_finish(response)  # a replayed cut reply is seen as cut, as when it was recorded
         return response
 
     async def aforward(

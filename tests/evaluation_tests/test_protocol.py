@@ -34,7 +34,7 @@ from kitune.evaluation.protocol import AnswerAction, ToolAction, parse_action, p
             '{"answer": {"explanation": "e"}, "exact_answer": "Oslo", "confidence": 80}',
             AnswerAction("e", "Oslo", 80),
         ),
-        ('{"exact_answer": 1793, "explanation": "e", "confidence": 101}', AnswerAction("e", "1793", 100)),
+        ('{"exact_answer": 1793, "explanation": "e", "confidence": 101}', AnswerAction("e", "1793", 50)),  # 101: out of range → unknown
     ],
 )
 def test_parse_action_variants(text: str, expected: object) -> None:
@@ -50,12 +50,14 @@ def test_parse_errors() -> None:
 
 
 def test_parse_confidence() -> None:
+    # one policy with the extractor and judge (issue 13): out-of-range values are not clamped but
+    # unknown (50), like words, None and booleans
     assert [parse_confidence(v) for v in ("85%", 0.85, 1, 250, -3, "high", None, True)] == [
         85,
         85,
         1,
-        100,
-        0,
+        50,
+        50,
         50,
         50,
         50,

@@ -101,6 +101,12 @@ def test_write_disambiguation_kis_keeps_retrieved_and_counts_rejections() -> Non
                 "evidence": "opened by Tom O'Neill in 1921",
             },
             {"title": "The bridge was finished in 1932.", "description": "d", "evidence": "finished in 1932"},
+            # the regeneration (told the title lacked the wrong answer) fails again → template title
+            {
+                "title": "The Harwick bridge was finished in 1932.",
+                "description": "d",
+                "evidence": "finished in 1932",
+            },
         ]
     )
     seen: list[tuple[int, int]] = []
@@ -113,16 +119,18 @@ def test_write_disambiguation_kis_keeps_retrieved_and_counts_rejections() -> Non
         lm=lm,
         on_progress=lambda i, n: seen.append((i, n)),
     )
-    assert report.attempted == 4 and report.written == 1
-    assert report.rejected == {"title_missing_prediction": 1, "no_gold_document": 1, "empty_prediction": 1}
+    # issue 12 item 10: a failed title is regenerated once, then falls back to a template naming both
+    assert report.attempted == 4 and report.written == 2
+    assert report.rejected == {"no_gold_document": 1, "empty_prediction": 1}
     assert [(q, p, ki is not None, why) for q, p, ki, why in report.outcomes] == [
         ("1", "Tomas O'Neil", True, None),
-        ("2", "1931", False, "title_missing_prediction"),
+        ("2", "1931", True, None),
         ("3", "y", False, "no_gold_document"),
         ("4", "", False, "empty_prediction"),
     ]
     stored = list(store.iter_kis(Filter(subtypes=("disambiguation",))))
-    assert [k.id for k in stored] == list(report.ki_ids)
+    assert sorted(k.id for k in stored) == sorted(report.ki_ids)
+    assert "1932 (not 1931) — The Harwick bridge was finished in 1932." in {k.title for k in stored}
     assert "disambiguation" in stored[0].tags
     assert seen[-1] == (4, 4)
-    assert report.to_metrics()["feedback_written"] == 1.0
+    assert report.to_metrics()["feedback_written"] == 2.0

@@ -43,7 +43,7 @@ EXTRACT_SCRIPT: list[list[str | None]] = [
     ["rate_limited"],  # 1: 429 + Retry-After, retried by the LM layer
     ["server_500", "server_503"],  # 2: two 5xx, then ok
     ["timeout"],  # 3: hangs past timeout_s, retried
-    ["truncated"],  # 4: cut-off array: the complete first record is kept, doc counted truncated
+    ["truncated", "truncated"],  # 4: cut twice (retried once with more room): first record kept, doc partial
     ["empty_choices"],  # 5: content filter: failed, not retried with the same prompt
     ["prose"],  # 6: no JSON: the extractor retries once (cache bypassed), then ok
     ["prose", "prose"],  # 7: no JSON twice: failed with the parse reason
@@ -100,14 +100,16 @@ def test_extraction_under_scripted_faults_accounts_for_every_document(
     assert "no JSON object found" in report.failed[ids[7]]
     assert "LMServerError" in report.failed[ids[8]] or "500" in report.failed[ids[8]]
     state = read_state(state_path)
-    assert state == {i: ("failed" if i in report.failed else "ok") for i in ids}
+    assert state == {i: ("failed" if i in report.failed else "partial" if i == ids[4] else "ok") for i in ids}
     # retries happened where scripted: 1 + 1 + 2 + 1 transport retries, 2 parse retries (docs 6, 7)
-    assert [provider.attempts[i] for i in ids] == [1, 2, 3, 2, 1, 1, 2, 2, 3]
-    assert report.counters["retries"] == 2 and report.parse_failures == 3
+    # a cut reply (finish_reason=length) is retried once with more room, never at the same size
+    assert [provider.attempts[i] for i in ids] == [1, 2, 3, 2, 2, 1, 2, 2, 3]
+    assert report.counters["retries"] == 3 and report.parse_failures == 3
+    assert report.counters["truncated_replies"] == 2 and report.counters["truncation_retries"] == 1
     assert report.tokens["failed_calls"] == 1 + 2 + 1 + 1 + 3  # 429, 2x5xx, timeout, empty, 3x5xx
     # the truncated reply: its complete first record kept, the cut-off one never fabricated
     truncated = ids[4]
-    assert report.counters["truncated_salvaged"] == 1
+    assert report.counters["truncated_salvaged"] == 2 and report.counters["kept_from_truncated"] == 1
     assert report.truncated == (truncated,)
     first, second = facts_for(by_id[truncated])
     assert store.get(ki_id(truncated, first["subject"], first["predicate"], first["object"])).title
@@ -133,9 +135,10 @@ def test_rerun_after_faults_retries_only_the_failed_documents(
         first, _, state_path, _ = _extract(stub, docs, tmp_path, monkeypatch)
         before = dict(provider.attempts)
         second, _, _, _ = _extract(stub, docs, tmp_path, monkeypatch)  # provider now answers well
-    assert second.docs_skipped == 6 and second.docs_done == 3 and second.docs_failed == 0
+    # the partial (cut) document is re-extracted too
+    assert second.docs_skipped == 5 and second.docs_done == 4 and second.docs_failed == 0
     retried = {k for k in provider.attempts if provider.attempts[k] > before.get(k, 0)}
-    assert retried == set(first.failed)
+    assert retried == set(first.failed) | set(first.truncated)
     assert set(read_state(state_path).values()) == {"ok"}
 
 

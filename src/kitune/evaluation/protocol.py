@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kitune.errors import ParseError
+from kitune.programs.parsing import coerce_confidence
 
 __all__ = [
     "AnswerAction",
@@ -86,21 +87,16 @@ def force_commit_prompt() -> str:
 
 
 def parse_confidence(value: Any) -> int:
-    """Coerce a confidence to an int in 0–100: ``"85%"`` → 85, ``0.85`` → 85, ``"high"`` → 50 (case G1)."""
-    if isinstance(value, bool) or value is None:
-        return 50
-    if isinstance(value, str):
-        m = re.search(r"-?\d+(?:\.\d+)?", value)
-        if not m:
-            return 50
-        value = float(m.group())
+    """The agent's confidence under the one documented policy (:func:`kitune.programs.parsing.coerce_confidence`).
+
+    ``"85%"`` → 85, ``0.85`` → 85, ``"85"`` → 85. A value the policy rejects (a word such as
+    ``"high"``, a boolean, 140, NaN) does not sink the answer: it is kept with confidence 50, the
+    value that means "unknown" (case G1).
+    """
     try:
-        x = float(value)
-    except (TypeError, ValueError):
+        return coerce_confidence(value)
+    except ValueError:
         return 50
-    if 0.0 < x <= 1.0 and not float(x).is_integer():
-        x *= 100
-    return round(min(100.0, max(0.0, x)))
 
 
 def _json_objects(text: str) -> list[dict[str, Any]]:
