@@ -19,7 +19,7 @@ from kitune.service.evaluation import make_judge
         ("Berlin", "Wittendörp", [], (False, "no_match")),
         ("Carl Philipp Emanuel Bach", "Georg Philipp Telemann", [], (False, "no_match")),
         # containment as whole words, aliases, yes/no
-        ("The answer is 72, in total.", "72", [], (True, "contains")),
+        ("The answer is 72, in total.", "72", [], (True, "exact")),  # numbers compared as values (issue 13)
         ("Hebron Academy in Maine", "Hebron Academy", [], (True, "contains")),
         ("Hank Williams", "Hank Williams, Jr.", [], (False, "no_match")),
         ("JFK", "John F. Kennedy", ["JFK"], (True, "exact")),
