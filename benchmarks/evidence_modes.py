@@ -124,9 +124,7 @@ def summary(results: dict[str, dict[str, Any]]) -> str:
                 f"{r['wall_s']:.1f}",
             ]
         )
-    table = markdown_table(
-        ["mode", "docs", "KIs/doc", "KIs", "status", "output tokens/doc", "wall s"], rows
-    )
+    table = markdown_table(["mode", "docs", "KIs/doc", "KIs", "status", "output tokens/doc", "wall s"], rows)
     reasons = sorted({k for r in results.values() for k in r["drops"]})
     rows = [[k, *(str(r["drops"].get(k, 0)) for r in results.values())] for k in reasons]
     drops = markdown_table(["drop reason", *results], rows) if reasons else "No facts dropped."

@@ -20,14 +20,27 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "kitune"
 
 # lower number = lower layer; a module may import only same-or-lower layers.
 LAYERS = {
-    "errors": 0, "config": 0, "text": 0, "usage": 0, "chat": 0, "ki": 0, "schema": 0,
-    "lm": 1, "localmodel": 1, "recording": 1,
-    "programs": 2, "retrieval": 2, "data": 2,
+    "errors": 0,
+    "config": 0,
+    "text": 0,
+    "usage": 0,
+    "chat": 0,
+    "ki": 0,
+    "schema": 0,
+    "lm": 1,
+    "localmodel": 1,
+    "recording": 1,
+    "programs": 2,
+    "retrieval": 2,
+    "data": 2,
     "evaluation": 3,
     "optimizers": 4,
     "experiments": 5,
     "service": 6,
-    "cli": 7, "server": 7, "mcp_server": 7, "__main__": 8,
+    "cli": 7,
+    "server": 7,
+    "mcp_server": 7,
+    "__main__": 8,
     "testing": 9,
 }
 
@@ -77,8 +90,10 @@ def import_edges(root: Path) -> list[tuple[str, str, int]]:
                 targets = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 # `from kitune.x import y` may name a submodule y
-                targets = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
-                           for a in node.names]
+                targets = [
+                    f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
+                    for a in node.names
+                ]
             for t in targets:
                 if t.startswith("kitune") and t != here:
                     edges.append((here, t, node.lineno))
@@ -112,7 +127,7 @@ def find_cycle(edges: Iterable[tuple[str, str, int]]) -> list[str] | None:
         stack.append(node)
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                return [*stack[stack.index(nxt):], nxt]
+                return [*stack[stack.index(nxt) :], nxt]
             if nxt not in state:
                 found = visit(nxt)
                 if found:
@@ -152,14 +167,16 @@ def test_the_checker_catches_a_planted_function_level_upward_import(tmp_path: Pa
     root = _plant(
         tmp_path,
         {
-            "programs/extractor.py": "def f():\n    from kitune.service.optimize import run\n    return run\n",
+            "programs/extractor.py": "def f():\n    from kitune.service.optimize import run\n    return run\n",  # noqa: E501
             "service/optimize.py": "from kitune.programs.extractor import f\n",
             "evaluation/agent.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
             "    from kitune.service.optimize import run\n",
         },
     )
     problems = upward_imports(import_edges(root))
-    assert problems == ["kitune.programs.extractor:2 imports kitune.service.optimize (layer service above programs)"]
+    assert problems == [
+        "kitune.programs.extractor:2 imports kitune.service.optimize (layer service above programs)"
+    ]
 
 
 def test_the_checker_catches_a_planted_cycle(tmp_path: Path):
@@ -175,7 +192,10 @@ def test_the_checker_catches_a_planted_cycle(tmp_path: Path):
     cycle = find_cycle(import_edges(root))
     assert cycle is not None and cycle[0] == cycle[-1]
     assert set(cycle) == {"kitune.service.drift", "kitune.service.optimize", "kitune.service.improve"}
-    assert find_cycle(import_edges(_plant(tmp_path / "b", {"a/x.py": "import kitune.a.y\n", "a/y.py": ""}))) is None
+    assert (
+        find_cycle(import_edges(_plant(tmp_path / "b", {"a/x.py": "import kitune.a.y\n", "a/y.py": ""})))
+        is None
+    )
 
 
 def test_no_package_named_like_a_dependency():

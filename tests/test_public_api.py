@@ -5,9 +5,23 @@ import importlib
 import pytest
 
 PACKAGES = [
-    "kitune", "kitune.programs", "kitune.retrieval", "kitune.evaluation", "kitune.data",
-    "kitune.errors", "kitune.config", "kitune.ki", "kitune.schema", "kitune.text", "kitune.usage",
-    "kitune.chat", "kitune.lm",
+    "kitune",
+    "kitune.programs",
+    "kitune.retrieval",
+    "kitune.evaluation",
+    "kitune.data",
+    "kitune.errors",
+    "kitune.config",
+    "kitune.ki",
+    "kitune.schema",
+    "kitune.text",
+    "kitune.usage",
+    "kitune.chat",
+    "kitune.lm",
+    "kitune.optimizers",
+    "kitune.service",
+    "kitune.experiments",
+    "kitune.testing",
 ]
 
 
@@ -27,5 +41,7 @@ def test_top_level_is_light():
     import sys
 
     code = "import sys, kitune; print(int('dspy' in sys.modules), int('lancedb' in sys.modules))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split()
     assert out == ["0", "0"]

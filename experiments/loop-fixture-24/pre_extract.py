@@ -23,8 +23,15 @@ opts = OptimizeOptions(data_dir=Path("../shared/data/fixture"), progress=False)
 questions, documents = load_slice(cfg, opts)
 ledger = TokenLedger()
 deps = default_deps(cfg, ledger)
-env = ServiceLoopEnv(cfg, opts, deps, questions=questions, documents=documents,
-                     state_dir=workdir / "optimize" / "pre", log=print)
+env = ServiceLoopEnv(
+    cfg,
+    opts,
+    deps,
+    questions=questions,
+    documents=documents,
+    state_dir=workdir / "optimize" / "pre",
+    log=print,
+)
 setting = Setting(initial_prompts(("extractor",), corpus=cfg.corpus_name, registry=None))
 t0 = time.time()
 print(env.ensure_extracted(setting, questions), flush=True)

@@ -105,7 +105,12 @@ class LMRateLimitError(LMError):
     """
 
     def __init__(
-        self, message: str, *, retry_after_s: float | None = None, model: str = "", api_base: str | None = None
+        self,
+        message: str,
+        *,
+        retry_after_s: float | None = None,
+        model: str = "",
+        api_base: str | None = None,
     ) -> None:
         super().__init__(message, model=model, api_base=api_base, retryable=True)
         self.retry_after_s = retry_after_s

@@ -134,7 +134,9 @@ class KIProperties(BaseModel):
 
     subject: str = Field(min_length=1, description="The entity the fact is about.")
     predicate: str = Field(
-        min_length=1, max_length=PREDICATE_MAX_CHARS, pattern=r"^[a-z][a-z0-9_]*$",
+        min_length=1,
+        max_length=PREDICATE_MAX_CHARS,
+        pattern=r"^[a-z][a-z0-9_]*$",
         description="snake_case relation, at most 32 characters.",
     )
     object: str = Field(min_length=1, description="The value: entity, date, number or phrase.")
@@ -147,9 +149,13 @@ class KIPayload(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     type: str = Field(default="fact", description="Payload kind.")
-    subtype: KISubtype = Field(default="dataset_fact", description="dataset_fact | disambiguation | source_description.")
+    subtype: KISubtype = Field(
+        default="dataset_fact", description="dataset_fact | disambiguation | source_description."
+    )
     properties: KIProperties
-    evidence: list[str] = Field(default_factory=list, description="Verbatim spans cut from the source document.")
+    evidence: list[str] = Field(
+        default_factory=list, description="Verbatim spans cut from the source document."
+    )
     confidence: int = Field(ge=0, le=100, description="Extractor confidence, 0–100.")
     status: KIStatus = Field(default="active", description="Lifecycle status.")
     last_seen: datetime = Field(default_factory=utcnow, description="When last (re-)extracted, UTC.")
@@ -169,13 +175,23 @@ class KI(BaseModel):
 
     type: Literal["knowledge_indicator"] = "knowledge_indicator"
     id: str = Field(description="Stable id from ki_id(docid, subject, predicate, object).")
-    title: str = Field(min_length=1, max_length=TITLE_MAX_CHARS, description="One sentence ending on the answer value.")
-    description: str = Field(min_length=1, max_length=DESCRIPTION_MAX_CHARS, description="2–3 sentences with the evidence.")
+    title: str = Field(
+        min_length=1, max_length=TITLE_MAX_CHARS, description="One sentence ending on the answer value."
+    )
+    description: str = Field(
+        min_length=1, max_length=DESCRIPTION_MAX_CHARS, description="2–3 sentences with the evidence."
+    )
     references: list[str] = Field(default_factory=list, description="e.g. index://<corpus>.")
-    tags: list[str] = Field(default_factory=list, description="lowercase a-z0-9- tags, entity:<slug>, doc:<docid>.")
-    evidence_doc_ids: list[str] = Field(default_factory=list, description="Documents the evidence comes from.")
+    tags: list[str] = Field(
+        default_factory=list, description="lowercase a-z0-9- tags, entity:<slug>, doc:<docid>."
+    )
+    evidence_doc_ids: list[str] = Field(
+        default_factory=list, description="Documents the evidence comes from."
+    )
     payload: KIPayload
-    prompt_version: str = Field(default="", description="Prompt version of the program that produced this KI.")
+    prompt_version: str = Field(
+        default="", description="Prompt version of the program that produced this KI."
+    )
 
     @field_validator("tags")
     @classmethod

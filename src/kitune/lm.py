@@ -459,6 +459,7 @@ def _content_of(response: Any) -> str:
 # ---------------------------------------------------------------------------------------------
 # finish_reason of every call
 
+
 @dataclass(frozen=True)
 class CallOutcome:
     """How one :class:`KituneLM` call ended, as seen by :func:`track_calls`."""
@@ -1019,7 +1020,12 @@ def _resolve_offline(cfg: KituneConfig, role: Role) -> ResolvedLM:
     if rc.api_base_env or gw.base_url_env:
         model = _route_through_gateway(model)
     return ResolvedLM(
-        model=model, api_base=None, api_key=None, key_env=None, base_env=None, is_local=False,
+        model=model,
+        api_base=None,
+        api_key=None,
+        key_env=None,
+        base_env=None,
+        is_local=False,
         **_role_settings(rc, role),
     )
 
@@ -1090,9 +1096,9 @@ class LiteLLMChatModel:
             ToolCall(
                 id=str(getattr(c, "id", "") or f"call_{i}"),
                 name=str(c.function.name or ""),
-                arguments=c.function.arguments if isinstance(c.function.arguments, str) else json.dumps(
-                    c.function.arguments
-                ),
+                arguments=c.function.arguments
+                if isinstance(c.function.arguments, str)
+                else json.dumps(c.function.arguments),
             )
             for i, c in enumerate(getattr(choice.message, "tool_calls", None) or [])
         )

@@ -59,7 +59,9 @@ class Filter(BaseModel):
     subtypes: tuple[str, ...] = Field(default=(), description="Allowed payload subtypes.")
     min_confidence: int = Field(default=0, ge=0, le=100, description="Confidence floor, 0–100.")
     subjects: tuple[str, ...] = Field(default=(), description="Triple subject must be one of these (exact).")
-    predicates: tuple[str, ...] = Field(default=(), description="Triple predicate must be one of these (exact).")
+    predicates: tuple[str, ...] = Field(
+        default=(), description="Triple predicate must be one of these (exact)."
+    )
 
     @field_validator("statuses")
     @classmethod
@@ -106,7 +108,7 @@ class Filter(BaseModel):
         **kwargs: object,
     ) -> Filter:
         """Typed convenience constructor (same fields as the model)."""
-        return cls(statuses=statuses, subtypes=subtypes, **kwargs)  # type: ignore[arg-type]
+        return cls(statuses=statuses, subtypes=subtypes, **kwargs)
 
 
 class QueryPlan(BaseModel):
@@ -124,7 +126,9 @@ class QueryPlan(BaseModel):
 
     entity_tags: tuple[str, ...] = Field(default=(), max_length=20, description="entity:<slug> tags.")
     lexical: str = Field(default="", max_length=500, description="Keywords matched against KI titles (BM25).")
-    semantic: str = Field(default="", max_length=1000, description="Text matched against KI descriptions (vectors).")
+    semantic: str = Field(
+        default="", max_length=1000, description="Text matched against KI descriptions (vectors)."
+    )
     filters: Filter = Field(default_factory=Filter, description="Conditions every KI must meet.")
     size: int = Field(default=10, ge=1, le=1000, description="KIs to return, best first.")
 
@@ -142,8 +146,9 @@ class QueryPlan(BaseModel):
 
     @classmethod
     def plain(cls, question: str, *, size: int = 10, filters: Filter | None = None) -> QueryPlan:
-        """The fallback plan: the question as both lexical and semantic text, entity tags guessed
-        from capitalised word runs. Deterministic.
+        """The fallback plan: the question as both lexical and semantic text.
+
+        Entity tags are guessed from capitalised word runs. Deterministic.
         """
         from kitune.ki import entity_tag
 

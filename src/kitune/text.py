@@ -227,7 +227,15 @@ _NUMBER = re.compile(
     rf"(?:\s?(?P<code>{_CURRENCY_WORDS})(?![\w]))?"
 )
 _SCALES = {
-    "thousand": 3, "million": 6, "billion": 9, "trillion": 12, "k": 3, "m": 6, "mn": 6, "b": 9, "bn": 9,
+    "thousand": 3,
+    "million": 6,
+    "billion": 9,
+    "trillion": 12,
+    "k": 3,
+    "m": 6,
+    "mn": 6,
+    "b": 9,
+    "bn": 9,
 }
 _NUMBER_TOKEN = re.compile(r"^\d+(?:\.\d+)?$")
 _YES_NO = frozenset({"yes", "no", "noanswer"})

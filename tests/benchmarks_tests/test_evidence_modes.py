@@ -20,9 +20,16 @@ CORPUS = [
 
 
 def _fact(subject: str, obj: str, **evidence: object) -> dict[str, object]:
-    return {"title": f"{subject} was founded in {obj}", "description": f"{subject} was founded in {obj}.",
-            "subject": subject, "predicate": "founded_in", "object": obj, "confidence": 80, "tags": [],
-            **evidence}
+    return {
+        "title": f"{subject} was founded in {obj}",
+        "description": f"{subject} was founded in {obj}.",
+        "subject": subject,
+        "predicate": "founded_in",
+        "object": obj,
+        "confidence": 80,
+        "tags": [],
+        **evidence,
+    }
 
 
 def responder(request: RecordedRequest) -> Reply:
@@ -47,8 +54,17 @@ def test_both_modes_are_measured_and_written(tmp_path: Path) -> None:
     ledger = TokenLedger()
     with StubServer(responder=responder) as stub:
         resolved = ResolvedLM(
-            role="extract", model="openai/stub", api_base=stub.base_url, api_key="sk-test", key_env=None,
-            base_env=None, is_local=False, temperature=0.0, max_tokens=512, timeout_s=5.0, num_retries=0,
+            role="extract",
+            model="openai/stub",
+            api_base=stub.base_url,
+            api_key="sk-test",
+            key_env=None,
+            base_env=None,
+            is_local=False,
+            temperature=0.0,
+            max_tokens=512,
+            timeout_s=5.0,
+            num_retries=0,
         )
         lm = KituneLM(resolved, ledger=ledger)
         argv = ["--data", str(corpus), "--docs", "2", "--out-dir", str(tmp_path)]

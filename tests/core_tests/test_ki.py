@@ -8,10 +8,16 @@ from kitune.ki import KI, ki_id, lifecycle_status, slugify
 
 def _ki(**kw):
     base = dict(
-        docid="100060", title="Abshir Ata Waterfall was established in 1975.",
-        description="Abshir Ata Waterfall, a geological reserve in Osh Province, Kyrgyzstan, was established in 1975.",
-        subject="Abshir Ata Waterfall", predicate="established_in", obj="1975",
-        evidence=["It was established in 1975."], confidence=90, tags=["waterfall"], corpus="fixture",
+        docid="100060",
+        title="Abshir Ata Waterfall was established in 1975.",
+        description="Abshir Ata Waterfall, a geological reserve in Osh Province, Kyrgyzstan, was established in 1975.",  # noqa: E501
+        subject="Abshir Ata Waterfall",
+        predicate="established_in",
+        obj="1975",
+        evidence=["It was established in 1975."],
+        confidence=90,
+        tags=["waterfall"],
+        corpus="fixture",
     )
     base.update(kw)
     return KI.from_fact(**base)
@@ -31,7 +37,10 @@ def test_from_fact_shape_matches_published_json():
     assert data["tags"] == ["waterfall", "entity:abshir-ata-waterfall", "entity:1975", "doc:100060"]
     assert data["references"] == ["index://fixture"]
     assert data["payload"]["properties"] == {
-        "subject": "Abshir Ata Waterfall", "predicate": "established_in", "object": "1975", "docid": "100060"
+        "subject": "Abshir Ata Waterfall",
+        "predicate": "established_in",
+        "object": "1975",
+        "docid": "100060",
     }
     assert data["payload"]["subtype"] == "dataset_fact" and data["payload"]["status"] == "active"
     assert KI.model_validate(data) == ki
@@ -39,8 +48,14 @@ def test_from_fact_shape_matches_published_json():
 
 @pytest.mark.parametrize(
     "field,value",
-    [("title", "x" * 141), ("description", "y" * 351), ("predicate", "NotSnake"), ("predicate", "a" * 33),
-     ("confidence", 101), ("tags", ["Bad Tag"])],
+    [
+        ("title", "x" * 141),
+        ("description", "y" * 351),
+        ("predicate", "NotSnake"),
+        ("predicate", "a" * 33),
+        ("confidence", 101),
+        ("tags", ["Bad Tag"]),
+    ],
 )
 def test_rules_are_enforced(field, value):
     with pytest.raises(ValidationError):

@@ -4,14 +4,14 @@ E1_DOC = (
     "The COVID\u201119 trial (n\u2009=\u2009412) reported a \u22123.5% change\u2026 \u201cpreliminary\u201d"
     " per the board\u2019s note; effective\u00a01 May."
 )
-Q_OK = "The COVID-19 trial (n = 412) reported a -3.5% change... \"preliminary\" per the board's note; effective 1 May."
+Q_OK = 'The COVID-19 trial (n = 412) reported a -3.5% change... "preliminary" per the board\'s note; effective 1 May.'  # noqa: E501
 Q_PARA = "The COVID-19 study (n = 412) reported a -3.5% change"
 
 
 def test_e1_typographic_quote_matches_and_keeps_original_slice():
     span = find_span(E1_DOC, Q_OK)
     assert span == (0, len(E1_DOC))
-    assert E1_DOC[span[0]:span[1]] == E1_DOC  # the original characters, not the folded ones
+    assert E1_DOC[span[0] : span[1]] == E1_DOC  # the original characters, not the folded ones
 
 
 def test_e1_partial_quote_offsets_point_into_original():
@@ -67,7 +67,7 @@ def test_nfd_document_precomposed_quote_gives_exact_nfd_slice():
     assert (start, end) == (0, 43)  # 39 characters + 4 combining marks, nothing cut mid-word
     start, end = find_span(NFD_DOC, "Ça reste une adresse célèbre")
     assert NFD_DOC[start:end] == unicodedata.normalize("NFD", "Ça reste une adresse célèbre")
-    assert NFD_DOC[end:end + 6] == " de la"
+    assert NFD_DOC[end : end + 6] == " de la"
 
 
 def test_nfd_quote_of_a_precomposed_document():
@@ -121,7 +121,7 @@ def test_every_span_is_an_exact_substring_and_maps_back():
         for quote in (" ".join(words[:3]), " ".join(words[1:6]), " ".join(words[-2:])):
             span = find_span(doc, quote)
             assert span is not None
-            assert fold_text(doc[span[0]:span[1]]) == fold_text(quote)
+            assert fold_text(doc[span[0] : span[1]]) == fold_text(quote)
 
 
 def test_fold_is_idempotent_on_mixed_forms():

@@ -232,11 +232,15 @@ def _both_modes(script: list[str], *, max_steps: int = 43, usage: tuple[int, int
     )
     out = {}
     for mode in ("json", "native"):
-        turns = script if mode == "json" else [native_turn(t, call_id=f"c{i}", usage=usage) for i, t in
-                                                enumerate(script)]
+        turns = (
+            script
+            if mode == "json"
+            else [native_turn(t, call_id=f"c{i}", usage=usage) for i, t in enumerate(script)]
+        )
         model = ScriptedChatModel(turns, usage=usage, tool_mode=mode)
-        agent = Agent(model, baseline_toolbox(FakeCorpusStore(DOCS)), budget=Budget(max_steps=max_steps),
-                      clock=_Ticks())
+        agent = Agent(
+            model, baseline_toolbox(FakeCorpusStore(DOCS)), budget=Budget(max_steps=max_steps), clock=_Ticks()
+        )
         ep = agent.run(q.query)
         out[mode] = (ep, build_trace(q, "baseline", ep).to_dict(), model)
     return out
@@ -254,7 +258,10 @@ def test_same_scripted_episode_gives_equal_traces_in_both_modes() -> None:
     (ej, tj, mj), (en, tn, mn) = runs["json"], runs["native"]
     assert ej.tool_mode == "json" and en.tool_mode == "native"
     assert tj["tool_mode"] == "json" and tn["tool_mode"] == "native"  # the mode is on the trace
-    assert {**tj, "tool_mode": ""} == {**tn, "tool_mode": ""}  # steps (kinds, args, observation sizes, doc ids, errors, tokens, latency, reply), totals
+    assert {**tj, "tool_mode": ""} == {
+        **tn,
+        "tool_mode": "",
+    }  # steps (kinds, args, observation sizes, doc ids, errors, tokens, latency, reply), totals
     assert [s["kind"] for s in tn["steps"]] == ["tool", "invalid", "tool", "tool", "answer"]
     assert tn["steps"][2]["repeated"] is True and tn["tool_calls"] == {"search": 1, "get_by_doc_id": 1}
     assert (tn["input_tokens"], tn["output_tokens"]) == (5 * 150, 5 * 12)
@@ -289,11 +296,17 @@ def test_force_commit_is_equal_in_both_modes_and_native_forces_the_answer_functi
 
 def test_native_runs_only_the_first_call_and_answers_the_rest() -> None:
     two = ChatResponse(
-        text="", input_tokens=50, output_tokens=5,
+        text="",
+        input_tokens=50,
+        output_tokens=5,
         tool_calls=(ToolCall("a", "search", '{"query": "Paris"}'), ToolCall("b", "search", '{"query": "x"}')),
     )
-    bad_args = ChatResponse(text="", input_tokens=50, output_tokens=5,
-                            tool_calls=(ToolCall("c", "search", '["not", "an", "object"]'),))
+    bad_args = ChatResponse(
+        text="",
+        input_tokens=50,
+        output_tokens=5,
+        tool_calls=(ToolCall("c", "search", '["not", "an", "object"]'),),
+    )
     model = ScriptedChatModel([two, bad_args, native_turn(answer("Paris"), call_id="d")], tool_mode="native")
     store = FakeCorpusStore(DOCS)
     ep = Agent(model, baseline_toolbox(store)).run("q")
@@ -303,7 +316,8 @@ def test_native_runs_only_the_first_call_and_answers_the_rest() -> None:
     assert "one tool call per turn" in tool_msgs[1]["content"]
     assert ep.steps[1].kind == "invalid" and "not a JSON object" in (ep.steps[1].error or "")
     assert model.calls[2].messages[-1] == {
-        "role": "tool", "tool_call_id": "c",
+        "role": "tool",
+        "tool_call_id": "c",
         "content": model.calls[2].messages[-1]["content"],
     } and model.calls[2].messages[-1]["content"].startswith("ERROR:")
     assert ep.status == "answered" and ep.exact_answer == "Paris"

@@ -1,4 +1,4 @@
-"""The deterministic grader decides by documented rules (the 1.5B judge got 5 of 12 fixture verdicts wrong)."""
+"""The deterministic grader decides by documented rules (the 1.5B judge got 5 of 12 verdicts wrong)."""
 
 from __future__ import annotations
 

@@ -34,7 +34,10 @@ from kitune.evaluation.protocol import AnswerAction, ToolAction, parse_action, p
             '{"answer": {"explanation": "e"}, "exact_answer": "Oslo", "confidence": 80}',
             AnswerAction("e", "Oslo", 80),
         ),
-        ('{"exact_answer": 1793, "explanation": "e", "confidence": 101}', AnswerAction("e", "1793", 50)),  # 101: out of range → unknown
+        (
+            '{"exact_answer": 1793, "explanation": "e", "confidence": 101}',
+            AnswerAction("e", "1793", 50),
+        ),  # 101: out of range → unknown
     ],
 )
 def test_parse_action_variants(text: str, expected: object) -> None:

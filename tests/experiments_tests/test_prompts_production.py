@@ -344,8 +344,9 @@ def test_prompts_promote_and_rollback_say_what_now_runs(cfg: KituneConfig, cli: 
     args = ["-c", str(cli["config"])]
     r = CliRunner().invoke(app, ["prompts", "rollback", "kitune-fixture-rewriter", *args])
     assert r.exit_code == 0, r.output
-    assert "now used by serve/context/extract/eval: rewriter prompt: kitune-fixture-rewriter v1 (production)" in (
-        r.output
+    assert (
+        "now used by serve/context/extract/eval: rewriter prompt: kitune-fixture-rewriter v1 (production)"
+        in (r.output)
     )
     r = CliRunner().invoke(app, ["prompts", "promote", "kitune-fixture-rewriter", "2", *args])
     assert "rewriter prompt: kitune-fixture-rewriter v2 (production)" in r.output

@@ -142,10 +142,12 @@ def test_missing_llama_cpp_server_is_a_config_error(monkeypatch: pytest.MonkeyPa
     real = importlib.util.find_spec
     # Hide the server's three modules so the message is the same with or without [local] installed.
     hidden = {"llama_cpp", "sse_starlette", "starlette_context"}
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in hidden else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name in hidden else real(name, *a)
+    )
     with pytest.raises(
         ConfigError,
-        match=r"missing modules: llama_cpp, sse_starlette, starlette_context\): run `bash scripts/install_local_model.sh`",
+        match=r"missing modules: llama_cpp, sse_starlette, starlette_context\): run `bash scripts/install_local_model.sh`",  # noqa: E501
     ):
         localmodel.check_server_installed()
 

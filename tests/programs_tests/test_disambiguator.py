@@ -19,8 +19,12 @@ GOLD = "Tom O'Neill"  # straight apostrophe
 WRONG = "Tomas O'Neil"
 
 
-def _lm(title: str, description: str = "Tom O'Neill opened the Harwick bakery in 1921; Tomas O'Neil ran "
-        "one in Dunmore from 1930.", evidence: str = "opened by Tom O'Neill in 1921") -> DummyLM:
+def _lm(
+    title: str,
+    description: str = "Tom O'Neill opened the Harwick bakery in 1921; Tomas O'Neil ran "
+    "one in Dunmore from 1930.",
+    evidence: str = "opened by Tom O'Neill in 1921",
+) -> DummyLM:
     return DummyLM([{"title": title, "description": description, "evidence": evidence}])
 
 
@@ -103,7 +107,11 @@ def test_first_title_passing_is_not_regenerated() -> None:
 def test_quoted_evidence_is_found_verbatim() -> None:
     title = "Tom O'Neill opened the Harwick bakery; Tomas O'Neil did not."
     res = Disambiguator().disambiguate(
-        QUESTION, GOLD, WRONG, DOC, "d42",
+        QUESTION,
+        GOLD,
+        WRONG,
+        DOC,
+        "d42",
         lm=_lm(title, evidence='"...opened by Tom O\u2019Neill in 1921..."'),
     )
     assert res.ki is not None and res.evidence_source == "model"
@@ -123,7 +131,11 @@ def test_paraphrased_evidence_falls_back_to_the_gold_sentence() -> None:
 def test_evidence_rejected_when_gold_is_not_in_the_document() -> None:
     title = "Tom O'Neill opened the Harwick bakery; Tomas O'Neil did not."
     res = Disambiguator().disambiguate(
-        QUESTION, GOLD, WRONG, "Tomas O'Neil ran a bakery in Dunmore.", "d42",
+        QUESTION,
+        GOLD,
+        WRONG,
+        "Tomas O'Neil ran a bakery in Dunmore.",
+        "d42",
         lm=_lm(title, evidence="Tom O'Neill founded it in 1921"),
     )
     assert res.ki is None
@@ -159,19 +171,27 @@ def test_contains_folded() -> None:
 
 def _fact(docid: str, title: str, subject: str, obj: str) -> KI:
     return KI.from_fact(
-        docid=docid, title=title, description=title + " Evidence from the record.", subject=subject,
-        predicate="related_to", obj=obj, evidence=[title], confidence=80,
+        docid=docid,
+        title=title,
+        description=title + " Evidence from the record.",
+        subject=subject,
+        predicate="related_to",
+        obj=obj,
+        evidence=[title],
+        confidence=80,
     )
 
 
 @pytest.fixture
 def store() -> MemoryStore:
     s = MemoryStore(embedder=HashEmbedder(dim=64))
-    s.upsert([
-        _fact("d1", "Harwick is a market town in the north.", "Harwick", "market town"),
-        _fact("d2", "Dunmore has a harbour built in 1880.", "Dunmore", "harbour"),
-        _fact("d3", "The Old Mill in Harwick was restored in 1990.", "Old Mill", "restored 1990"),
-    ])
+    s.upsert(
+        [
+            _fact("d1", "Harwick is a market town in the north.", "Harwick", "market town"),
+            _fact("d2", "Dunmore has a harbour built in 1880.", "Dunmore", "harbour"),
+            _fact("d3", "The Old Mill in Harwick was restored in 1990.", "Old Mill", "restored 1990"),
+        ]
+    )
     return s
 
 

@@ -86,9 +86,7 @@ def test_extracts_verified_kis_and_counts_drops() -> None:
 
 
 def test_malformed_reply_is_retried_once_bypassing_the_cache_then_succeeds() -> None:
-    lm = DummyLM(
-        [{"facts": "Let me analyze the document step by step"}, {"facts": json.dumps([FOUNDED])}]
-    )
+    lm = DummyLM([{"facts": "Let me analyze the document step by step"}, {"facts": json.dumps([FOUNDED])}])
     with dspy.context(lm=lm):
         result = FactExtractor().extract_document(DOC, now=NOW)
     assert result.status == "ok"
@@ -169,9 +167,7 @@ def test_long_document_is_chunked_and_evidence_checked_per_chunk() -> None:
 def test_evidence_outside_its_chunk_is_dropped() -> None:
     filler = "Filler words about nothing in particular. " * 20
     text = TEXT + "\n\n" + filler
-    lm = DummyLM(
-        {"Acme Corp was founded": {"facts": "[]"}, "Filler words": {"facts": json.dumps([HQ])}}
-    )
+    lm = DummyLM({"Acme Corp was founded": {"facts": "[]"}, "Filler words": {"facts": json.dumps([HQ])}})
     with dspy.context(lm=lm):
         result = FactExtractor(chunk_chars=500).extract_document(Document(docid="d8", text=text), now=NOW)
     assert result.chunks == 2
@@ -222,8 +218,17 @@ from kitune.testing.openai_stub import Reply, StubServer  # noqa: E402
 def _stub_lm(stub: StubServer, max_tokens: int = 512) -> KituneLM:
     reset_format_memory()
     resolved = ResolvedLM(
-        role="extract", model="openai/stub", api_base=stub.base_url, api_key="sk-test", key_env=None,
-        base_env=None, is_local=False, temperature=0.0, max_tokens=max_tokens, timeout_s=5.0, num_retries=0,
+        role="extract",
+        model="openai/stub",
+        api_base=stub.base_url,
+        api_key="sk-test",
+        key_env=None,
+        base_env=None,
+        is_local=False,
+        temperature=0.0,
+        max_tokens=max_tokens,
+        timeout_s=5.0,
+        num_retries=0,
     )
     return KituneLM(resolved)
 
@@ -365,8 +370,16 @@ def test_format_comes_from_the_types_json_object_schema_for_the_local_server() -
     with StubServer() as stub:
         stub.push(Reply.ok(json.dumps({"facts": [FOUNDED, HQ]})))
         resolved = ResolvedLM(
-            role="extract", model="openai/local", api_base=stub.base_url, api_key="sk-local",
-            key_env=None, base_env=None, is_local=True, temperature=0.0, max_tokens=512, timeout_s=5.0,
+            role="extract",
+            model="openai/local",
+            api_base=stub.base_url,
+            api_key="sk-local",
+            key_env=None,
+            base_env=None,
+            is_local=True,
+            temperature=0.0,
+            max_tokens=512,
+            timeout_s=5.0,
             num_retries=0,
         )
         reset_format_memory()

@@ -292,8 +292,16 @@ def test_cut_off_inside_the_first_record_is_still_no_json() -> None:
 
 def _rec(obj: str, evidence: str) -> str:
     return json.dumps(
-        {"title": f"Acme {obj}", "description": "D", "subject": "Acme", "predicate": "p", "object": obj,
-         "evidence_span": evidence, "confidence": 70, "tags": []}
+        {
+            "title": f"Acme {obj}",
+            "description": "D",
+            "subject": "Acme",
+            "predicate": "p",
+            "object": obj,
+            "evidence_span": evidence,
+            "confidence": 70,
+            "tags": [],
+        }
     )
 
 
@@ -304,8 +312,19 @@ BAD_QUOTE = (
 
 
 def test_array_with_one_bad_record_in_the_middle_keeps_the_others_and_reports_it() -> None:
-    raw = "[" + ", ".join([_rec("1999", "e1"), _rec("Springfield", "e2"), BAD_QUOTE, _rec("412", "e4"),
-                           _rec("Jane Roe", "e5")]) + "]"
+    raw = (
+        "["
+        + ", ".join(
+            [
+                _rec("1999", "e1"),
+                _rec("Springfield", "e2"),
+                BAD_QUOTE,
+                _rec("412", "e4"),
+                _rec("Jane Roe", "e5"),
+            ]
+        )
+        + "]"
+    )
     parsed = parse_facts(raw)
     assert [r.object for r in parsed.records] == ["1999", "Springfield", "412", "Jane Roe"]
     assert [(e.index, e.reason) for e in parsed.errors] == [(2, "malformed_json")]

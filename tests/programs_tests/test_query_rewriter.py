@@ -113,7 +113,7 @@ def test_plan_from_output_unwraps_plan_and_json_string() -> None:
 
 
 def test_extract_json_object_skips_non_json_braces() -> None:
-    assert extract_json_object("see {this} then {\"a\": 1} and {\"b\": 2}") == {"a": 1}
+    assert extract_json_object('see {this} then {"a": 1} and {"b": 2}') == {"a": 1}
     assert extract_json_object("") is None
 
 
@@ -156,10 +156,13 @@ def test_adapter_is_scoped_around_the_call() -> None:
 
 def test_entity_tags_not_in_the_question_are_dropped_and_reported() -> None:
     q = "What district is LaHave, the birthplace of David Morse, in?"
-    raw = json.dumps({
-        "entity_tags": ["entity:la-have", "David Morse", "entity:country", "entity:topic-districts"],
-        "lexical": "LaHave district", "semantic": "LaHave is located in a district.",
-    })
+    raw = json.dumps(
+        {
+            "entity_tags": ["entity:la-have", "David Morse", "entity:country", "entity:topic-districts"],
+            "lexical": "LaHave district",
+            "semantic": "LaHave is located in a district.",
+        }
+    )
     res = QueryRewriter().rewrite(q, lm=_lm(raw))
     assert res.fell_back is False
     assert res.plan.entity_tags == ("entity:la-have", "entity:david-morse")

@@ -14,19 +14,40 @@ from kitune.schema import QueryPlan
 from kitune.service.context import ContextResponse, context_ids, get_context, render_context
 
 
-def _ki(docid: str, subject: str, predicate: str, obj: str, title: str, confidence: int = 80,
-        tags: list[str] | None = None) -> KI:
+def _ki(
+    docid: str,
+    subject: str,
+    predicate: str,
+    obj: str,
+    title: str,
+    confidence: int = 80,
+    tags: list[str] | None = None,
+) -> KI:
     return KI.from_fact(
-        docid=docid, title=title, description=f"{title} The record states it plainly.", subject=subject,
-        predicate=predicate, obj=obj, evidence=[title], confidence=confidence, tags=tags or ["org"],
+        docid=docid,
+        title=title,
+        description=f"{title} The record states it plainly.",
+        subject=subject,
+        predicate=predicate,
+        obj=obj,
+        evidence=[title],
+        confidence=confidence,
+        tags=tags or ["org"],
     )
 
 
 KIS = [
     _ki("d1", "Acme Corp", "headquartered_in", "Springfield", "Acme Corp is headquartered in Springfield."),
     _ki("d1", "Acme Corp", "founded_in", "1999", "Acme Corp was founded in 1999."),
-    _ki("d2", "Globex", "headquartered_in", "Shelbyville", "Globex is headquartered in Shelbyville.",
-        confidence=40, tags=["org", "rival"]),
+    _ki(
+        "d2",
+        "Globex",
+        "headquartered_in",
+        "Shelbyville",
+        "Globex is headquartered in Shelbyville.",
+        confidence=40,
+        tags=["org", "rival"],
+    ),
     _ki("d3", "Springfield", "located_in", "Oregon", "Springfield is located in Oregon.", tags=["place"]),
 ]
 
@@ -83,8 +104,16 @@ def test_execute_false_returns_compiled_query_only(store: MemoryStore, cfg: Kitu
 
 def test_rewriter_plan_is_used_and_tokens_reported(store: MemoryStore, cfg: KituneConfig) -> None:
     rw = QueryRewriter()
-    rw.set_lm(DummyLM([{"plan_json": '{"entity_tags": ["Springfield"], "lexical": "Springfield located", '
-                                     '"semantic": "Springfield is located in a state."}'}]))
+    rw.set_lm(
+        DummyLM(
+            [
+                {
+                    "plan_json": '{"entity_tags": ["Springfield"], "lexical": "Springfield located", '
+                    '"semantic": "Springfield is located in a state."}'
+                }
+            ]
+        )
+    )
     q = "Which state is Springfield, the HQ city of Acme, in?"
     resp = get_context(q, store=store, rewriter=rw, cfg=cfg)
     assert resp.rewrite_fell_back is False
@@ -132,10 +161,14 @@ def test_context_ids_feeds_accept_if_retrieved(store: MemoryStore, cfg: KituneCo
 
 def test_rewriter_filters_that_match_nothing_are_relaxed_once(store: MemoryStore, cfg: KituneConfig) -> None:
     rw = QueryRewriter()
-    rw.set_lm(DummyLM([
-        {"plan_json": '{"lexical": "Acme Corp headquartered", "filters": {"tags_any": ["finance"]}}'},
-        {"plan_json": '{"lexical": "Globex headquartered", "filters": {"tags_any": ["rival"]}}'},
-    ]))
+    rw.set_lm(
+        DummyLM(
+            [
+                {"plan_json": '{"lexical": "Acme Corp headquartered", "filters": {"tags_any": ["finance"]}}'},
+                {"plan_json": '{"lexical": "Globex headquartered", "filters": {"tags_any": ["rival"]}}'},
+            ]
+        )
+    )
     resp = get_context("Where is Acme Corp headquartered?", store=store, rewriter=rw, cfg=cfg)
     assert resp.filters_relaxed is True
     assert resp.plan.filters.tags_any == () and resp.plan.filters.statuses == ("active", "stale")

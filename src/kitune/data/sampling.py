@@ -207,9 +207,7 @@ def _load_records(path: Path) -> LoadedCorpus:
             skipped.append(SkippedLine(str(path), lineno, f"invalid JSON: {e.msg}"))
             continue
         if not isinstance(record, dict):
-            skipped.append(
-                SkippedLine(str(path), lineno, f"expected an object, got {type(record).__name__}")
-            )
+            skipped.append(SkippedLine(str(path), lineno, f"expected an object, got {type(record).__name__}"))
             continue
         doc = record_to_document(record, f"{path.stem}-{lineno}")
         if doc.docid in seen:

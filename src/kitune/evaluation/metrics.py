@@ -49,10 +49,17 @@ _ERROR_TEXT = re.compile(r"^(?:force-commit )?([A-Za-z_]\w*): ", re.ASCII)
 
 
 class JudgeVerdictLike(Protocol):
-    """What the harness reads from a judge's verdict."""
+    """What the harness reads from a judge's verdict (read-only, so frozen dataclasses qualify)."""
 
-    correct: bool | None
-    status: str
+    @property
+    def correct(self) -> bool | None:
+        """True/False, or None when no verdict was reached."""
+        ...
+
+    @property
+    def status(self) -> str:
+        """``graded`` or ``grader_error``."""
+        ...
 
 
 class JudgeFn(Protocol):

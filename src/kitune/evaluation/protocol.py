@@ -87,7 +87,7 @@ def force_commit_prompt() -> str:
 
 
 def parse_confidence(value: Any) -> int:
-    """The agent's confidence under the one documented policy (:func:`kitune.programs.parsing.coerce_confidence`).
+    """The agent's confidence under the one confidence policy (``programs.parsing.coerce_confidence``).
 
     ``"85%"`` → 85, ``0.85`` → 85, ``"85"`` → 85. A value the policy rejects (a word such as
     ``"high"``, a boolean, 140, NaN) does not sink the answer: it is kept with confidence 50, the

@@ -43,6 +43,7 @@ __all__ = [
     "write_report",
 ]
 
+
 def _pct(x: float | None) -> str:
     return "–" if x is None else f"{100 * x:.1f}%"
 

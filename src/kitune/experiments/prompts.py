@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from kitune.programs.instructions import prompt_name
 from kitune.errors import PromptNotFoundError, TrackingError
 from kitune.experiments.tracking import disable_mlflow_telemetry
+from kitune.programs.instructions import prompt_name
 
 __all__ = [
     "ALIASES",

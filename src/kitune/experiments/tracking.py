@@ -25,14 +25,9 @@ Rules every tracker follows (failure cases M1 and M2):
 from __future__ import annotations
 
 import logging
-import re
-import tempfile
-from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from kitune.evaluation.comparison import RunComparison
-from kitune.optimizers.artifacts import log_candidate, log_program_state
 from kitune.experiments.episodes import EpisodeRecord, StepSpan, episode_record
 from kitune.experiments.mlflow_tracker import MlflowTracker, artifact_dir_for_uri, disable_mlflow_telemetry
 from kitune.experiments.tracker_base import (
@@ -46,6 +41,7 @@ from kitune.experiments.tracker_base import (
     prepare_params,
     sanitize_name,
 )
+from kitune.optimizers.artifacts import log_candidate, log_program_state
 
 __all__ = [
     "MAX_PARAM_CHARS",

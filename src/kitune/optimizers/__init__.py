@@ -1,0 +1,52 @@
+"""The optimisers and the self-improvement loop.
+
+GEPA/MIPROv2 wrappers, Optuna knobs, stoppers, the loop, its score, ledger and accept rule.
+
+Public names are imported lazily on first use (PEP 562), so importing the package is cheap and
+has no side effects; ``__all__`` lists them and ``tests/test_public_api.py`` checks it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS: dict[str, str] = {
+    "run_loop": "kitune.optimizers.loop",
+    "Setting": "kitune.optimizers.loop",
+    "Evaluation": "kitune.optimizers.loop",
+    "Proposal": "kitune.optimizers.loop",
+    "IterationRecord": "kitune.optimizers.loop",
+    "LoopEnv": "kitune.optimizers.loop",
+    "LoopResult": "kitune.optimizers.loop",
+    "initial_prompts": "kitune.optimizers.loop",
+    "write_curves": "kitune.optimizers.loop",
+    "LoopWeights": "kitune.optimizers.objective",
+    "RunStats": "kitune.optimizers.objective",
+    "loop_score": "kitune.optimizers.objective",
+    "question_score": "kitune.optimizers.objective",
+    "run_stats": "kitune.optimizers.objective",
+    "PairedComparison": "kitune.optimizers.acceptance",
+    "Decision": "kitune.optimizers.acceptance",
+    "compare_paired": "kitune.optimizers.acceptance",
+    "decide": "kitune.optimizers.acceptance",
+    "check_instruction": "kitune.optimizers.acceptance",
+    "FailureLedger": "kitune.optimizers.ledger",
+    "GepaOptimizer": "kitune.optimizers.gepa",
+    "MiproOptimizer": "kitune.optimizers.mipro",
+    "OptimizationResult": "kitune.optimizers.base",
+}
+"""Public name → the module that defines it."""
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -161,8 +161,8 @@ def mcnemar_exact_p(b: int, c: int) -> float:
     if n == 0:
         return 1.0
     k = min(b, c)
-    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2**n
-    return min(1.0, 2 * tail)
+    tail = float(sum(math.comb(n, i) for i in range(k + 1))) / float(2**n)
+    return min(1.0, 2.0 * tail)
 
 
 def _stats(traces: Sequence[Trace]) -> RunStats:

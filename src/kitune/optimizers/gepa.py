@@ -52,7 +52,7 @@ def _cut(value: Any, max_chars: int) -> Any:
     return value
 
 
-def fit_examples(examples: Sequence[Mapping[str, Any]], budget_chars: int) -> list[Mapping[str, Any]]:
+def fit_examples(examples: Sequence[Mapping[str, Any]], budget_chars: int) -> list[dict[str, Any]]:
     """Trim reflection examples to ``budget_chars`` characters (their ``repr`` length).
 
     Long values are cut first (down to 200 characters each), then whole examples are dropped from

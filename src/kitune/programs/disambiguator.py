@@ -300,8 +300,10 @@ class Disambiguator(dspy.Module):  # type: ignore[misc]
             span, source = _gold_sentence(gold_document, gold_answer), "gold_sentence"
         if span is None:
             return DisambiguationResult(
-                None, "evidence_not_in_document: the evidence span is not verbatim and no sentence "
-                "of the document contains the gold answer", **counts,
+                None,
+                "evidence_not_in_document: the evidence span is not verbatim and no sentence "
+                "of the document contains the gold answer",
+                **counts,
             )
         try:
             ki = KI.from_fact(

@@ -16,11 +16,11 @@ from importlib import resources
 from kitune.errors import ConfigError
 
 __all__ = [
-    "prompt_name",
     "Instruction",
     "available_instructions",
     "instruction_version",
     "load_instruction",
+    "prompt_name",
     "resolve_instruction",
 ]
 

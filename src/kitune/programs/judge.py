@@ -48,7 +48,6 @@ __all__ = [
 JudgeStatus = Literal["graded", "grader_error"]
 
 
-
 def parse_anchored_verdict(
     text: str,
     *,
@@ -197,8 +196,12 @@ def parse_grading(raw: str) -> JudgeVerdict:
         confidence = _confidence(c[-1].group(1)) if c else None
     if verdict is None:
         return JudgeVerdict(
-            correct=None, confidence=confidence, extracted_answer=extracted, status="grader_error",
-            error="no parsable verdict in the grader output", raw=raw or "",
+            correct=None,
+            confidence=confidence,
+            extracted_answer=extracted,
+            status="grader_error",
+            error="no parsable verdict in the grader output",
+            raw=raw or "",
         )
     return JudgeVerdict(
         correct=verdict == "yes", confidence=confidence, extracted_answer=extracted, status="graded", raw=raw

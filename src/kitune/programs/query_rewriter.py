@@ -48,7 +48,6 @@ __all__ = ["QueryRewriter", "RewriteQuery", "RewriteResult", "RewriteTokens", "p
 _FILTER_KEYS = {"tags_any", "tags_all", "doc_ids", "subtypes", "min_confidence"}
 
 
-
 def extract_json_object(text: str) -> dict[str, Any] | None:
     """Return the first JSON object found in ``text``, or None.
 
@@ -284,7 +283,10 @@ class QueryRewriter(dspy.Module):  # type: ignore[misc]
             )
         except ParseError as e:
             return dspy.Prediction(
-                plan_json=raw, plan=QueryPlan.plain(question, size=size), fell_back=True, reason=str(e),
+                plan_json=raw,
+                plan=QueryPlan.plain(question, size=size),
+                fell_back=True,
+                reason=str(e),
                 dropped_tags=tuple(dropped),
             )
 

@@ -437,7 +437,7 @@ class ElasticsearchStore:
         if self.esql_mode == "fuse":
             scored, warns, truncated = self._esql(queries[0])
             warnings += warns
-            ranked = [(i, s, {}) for i, s in scored]
+            ranked: list[tuple[str, float, dict[str, int]]] = [(i, s, {}) for i, s in scored]
         else:
             rankings: dict[str, list[str]] = {}
             for q in queries:

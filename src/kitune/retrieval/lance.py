@@ -31,6 +31,7 @@ Filters are pushed down as SQL ``where`` strings (:mod:`kitune.retrieval.lance_s
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import threading
@@ -188,7 +189,7 @@ class LanceStore:
         ]
         for col, cfg in wanted:
             if (col,) not in existing:
-                retry_conflicts(lambda col=col, cfg=cfg: table.create_index(col, config=cfg, replace=True))
+                retry_conflicts(functools.partial(table.create_index, col, config=cfg, replace=True))
         if ann and rows >= self.ann_min_rows and ("vector",) not in existing:
             table.create_index(metric="cosine", vector_column_name="vector", index_type="IVF_HNSW_SQ")
         self._indexed_rows = rows
@@ -232,7 +233,7 @@ class LanceStore:
     def _refresh_view(self) -> None:
         if self._stale_view:
             self._stale_view = False
-            self._table.checkout_latest()
+            self._table.checkout_latest()  # type: ignore[no-untyped-call]  # lancedb leaves it untyped
 
     def optimize(self) -> None:
         """Compact fragments, build the ANN index if due and fold new rows into the indices, now.
@@ -297,14 +298,7 @@ class LanceStore:
                 try:
                     vectors = self.embedder.embed([k.description for k in batch])
                     data = ki_rows(batch, vectors, self.schema)
-                    retry_conflicts(
-                        lambda data=data: (
-                            self._table.merge_insert("id")
-                            .when_matched_update_all()
-                            .when_not_matched_insert_all()
-                            .execute(data)
-                        )
-                    )
+                    retry_conflicts(functools.partial(self._merge_rows, data))
                 except Exception as e:  # one failed commit reports its batch, never aborts the rest
                     failed.extend(
                         WriteFailure(id=k.id, reason=f"LanceDB write failed: {e}")
@@ -383,10 +377,10 @@ class LanceStore:
                     subtype_pred, f"status = 'active' AND last_seen_us < {now_us - window_us}"
                 )
                 expired += retry_conflicts(
-                    lambda p=expire_pred: self._table.update(where=p, values={"status": "expired"})
+                    functools.partial(self._table.update, where=expire_pred, values={"status": "expired"})
                 ).rows_updated
                 stale += retry_conflicts(
-                    lambda p=stale_pred: self._table.update(where=p, values={"status": "stale"})
+                    functools.partial(self._table.update, where=stale_pred, values={"status": "stale"})
                 ).rows_updated
             self._after_write()
         return SweepResult(stale=int(stale), expired=int(expired))
@@ -402,13 +396,24 @@ class LanceStore:
             for start in range(0, len(ids), 500):
                 pred = "id IN (" + ", ".join(sql_quote(i) for i in ids[start : start + 500]) + ")"
                 result = retry_conflicts(
-                    lambda pred=pred: self._table.update(
-                        where=pred, values={"status": "active", "last_seen_us": micros(now)}
+                    functools.partial(
+                        self._table.update,
+                        where=pred,
+                        values={"status": "active", "last_seen_us": micros(now)},
                     )
                 )
                 n += int(result.rows_updated)
             self._after_write()
         return n
+
+    def _merge_rows(self, data: Any) -> Any:
+        """Upsert ``data`` (an Arrow table of KI rows) by id in one commit."""
+        return (
+            self._table.merge_insert("id")
+            .when_matched_update_all()
+            .when_not_matched_insert_all()
+            .execute(data)
+        )
 
     def fingerprint(self) -> str:
         """``lancedb:<table folder>@<version>``: the table version moves on every commit.

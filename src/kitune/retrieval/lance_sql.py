@@ -178,7 +178,7 @@ def check_table_schema(schema: pa.Schema, table: str, path: Path, dim: int) -> N
         )
 
 
-def ki_rows(kis: Sequence[KI], vectors: Sequence[Any], schema: pa.Schema) -> pa.Table:
+def ki_rows(kis: Sequence[KI], vectors: Any, schema: pa.Schema) -> pa.Table:
     """The table rows of ``kis`` (``vectors``: their description embeddings, same order)."""
     cols: dict[str, list[Any]] = {name: [] for name in schema.names}
     for ki, vec in zip(kis, vectors, strict=True):

@@ -1,0 +1,43 @@
+"""Functions the CLI, the HTTP API and the MCP server all call.
+
+Public names are imported lazily on first use (PEP 562), so importing the package is cheap and
+has no side effects; ``__all__`` lists them and ``tests/test_public_api.py`` checks it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS: dict[str, str] = {
+    "run_optimize": "kitune.service.optimize",
+    "OptimizeOptions": "kitune.service.optimize",
+    "ServiceLoopEnv": "kitune.service.optimize",
+    "LoopDeps": "kitune.service.optimize",
+    "store_fingerprint": "kitune.service.optimize",
+    "run_eval": "kitune.service.evaluation",
+    "make_judge": "kitune.service.evaluation",
+    "get_context": "kitune.service.context",
+    "render_context": "kitune.service.context",
+    "production_setting": "kitune.service.prompts",
+    "ProductionSetting": "kitune.service.prompts",
+    "versioned_store_cfg": "kitune.service.prompts",
+    "extract_corpus": "kitune.service.extraction",
+    "drift_check": "kitune.service.drift",
+    "drift_run": "kitune.service.drift",
+    "import_traces": "kitune.service.traces",
+}
+"""Public name → the module that defines it."""
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

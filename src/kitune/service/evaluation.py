@@ -90,7 +90,7 @@ def default_run_name(
 
 
 def make_judge(cfg: KituneConfig, ledger: TokenLedger | None) -> JudgeFn:
-    """The judge ``grading.grader`` selects: the ``judge`` role's LM (``llm``) or answer matching (``match``)."""
+    """The judge ``grading.grader`` selects: the judge role's LM (``llm``) or answer matching (``match``)."""
     if cfg.grading.grader == "match":
         from kitune.evaluation.grading import match_judge
 

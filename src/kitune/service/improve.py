@@ -64,8 +64,9 @@ def make_program_optimizer(env: ServiceLoopEnv, metric: Callable[..., Any]) -> A
 
 
 def reflection_context_tokens(cfg: Any) -> int | None:
-    """The reflection model's context window in tokens: ``lm.local.n_ctx`` for the embedded model,
-    else LiteLLM's model table (``max_input_tokens``); None when unknown (no sizing).
+    """The reflection model's context window in tokens, or None when unknown (then no sizing).
+
+    ``lm.local.n_ctx`` for the embedded model, else LiteLLM's model table (``max_input_tokens``).
     """
     if cfg.uses_local_model("reflection"):
         return int(cfg.lm.local.n_ctx)

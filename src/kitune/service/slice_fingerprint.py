@@ -80,5 +80,3 @@ def read_fingerprint(state_dir: Path) -> dict[str, Any]:
     except json.JSONDecodeError as e:
         raise DataError(f"{path} is not valid JSON ({e}); rerun `kitune optimize`", path=str(path)) from e
     return data
-
-
