@@ -395,3 +395,31 @@ def test_format_comes_from_the_types_json_object_schema_for_the_local_server() -
     # the instruction was only "Extract the facts.": the format reached the model anyway
     assert "evidence_span" in body["messages"][0]["content"]
     assert [k.payload.properties.object for k in result.kis] == ["1999", "Springfield"]
+
+
+def test_dialogue_session_is_shown_by_turn_and_its_kis_carry_turn_ids_and_the_session_date() -> None:
+    # issue 17: a chat session (LoCoMo layout) — the model sees turns by id with relative dates
+    # resolved against the session date; the KIs carry the evidence turn (d1-2) and the date
+    text = (
+        "Session 1 (1:56 pm on 8 May, 2023)\n"
+        "[D1:1] Caroline: Hey Mel! How have you been?\n"
+        "[D1:2] Melanie: Great! I ran a charity race for mental health yesterday.\n"
+    )
+    doc = Document(
+        docid="conv-26-s1", text=text, title="Session 1", metadata={"date": "1:56 pm on 8 May, 2023"}
+    )
+    race = fact(
+        "Melanie",
+        "participated_in",
+        "charity race for mental health",
+        "I ran a charity race for mental health yesterday.",
+    )
+    lm = DummyLM([{"facts": json.dumps([race])}])
+    with dspy.context(lm=lm):
+        result = FactExtractor().extract_document(doc, now=NOW)
+    assert result.status == "ok" and len(result.kis) == 1
+    shown = str(lm.history[-1]["messages"])
+    assert "Session date: 8 May 2023" in shown and '"yesterday" = 7 May 2023' in shown
+    ki = result.kis[0]
+    assert "d1-2" in ki.tags and "session-2023-05-08" in ki.tags
+    assert ki.payload.evidence == ["I ran a charity race for mental health yesterday."]  # verbatim

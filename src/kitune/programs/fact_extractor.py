@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import dspy
 
+from kitune.data.dialogue import chunk_session, dialogue_tags, parse_session, turn_indexed_view
 from kitune.errors import ParseError
 from kitune.ki import KI
 from kitune.lm import default_adapter, finish_reason_of, track_calls
@@ -273,7 +274,9 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
             overrides["adapter"] = default_adapter(lm)
         seen = len(getattr(lm, "history", None) or [])
         with dspy.context(**overrides), track_calls() as calls:
-            if self.evidence_mode == "sentences":
+            if parse_session(chunk).turns:  # a dialogue: turns by id, verbatim, with resolved dates
+                chunk = turn_indexed_view(chunk, date_text=doc.metadata.get("date", ""))
+            elif self.evidence_mode == "sentences":
                 chunk = numbered_text(chunk, sentence_spans(chunk))
             try:
                 pred = self.extract(docid=doc.docid, url=doc.url, title=doc.title, text=chunk, config=config)
@@ -391,7 +394,12 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
             (:class:`kitune.errors.LMError` and DSPy's own) propagate to the caller.
         """
         counts: Counter[str] = Counter()
-        chunks = [(off, c) for off, c in split_text(doc.text, self.chunk_chars) if c.strip()]
+        date = doc.metadata.get("date", "")
+        dialogue = bool(parse_session(doc.text, date_text=date).turns)
+        if dialogue:  # chunk on turn boundaries, the header (and its date) repeated in each chunk
+            chunks = [(0, c) for c in chunk_session(doc.text, self.chunk_chars) if c.strip()]
+        else:
+            chunks = [(off, c) for off, c in split_text(doc.text, self.chunk_chars) if c.strip()]
         facts: list[tuple[FactCandidate, str]] = []
         partial = False
         for _offset, chunk in chunks:
@@ -416,10 +424,24 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
             now=now,
         )
         counts.update(result.counters)
+        kis = list(result.kis)
+        if dialogue:  # the evidence turns (d3-5) and the session date travel with each KI as tags
+            kis = [
+                ki.model_copy(
+                    update={
+                        "tags": list(
+                            dict.fromkeys(
+                                [*ki.tags, *dialogue_tags(doc.text, ki.payload.evidence, date_text=date)]
+                            )
+                        )
+                    }
+                )
+                for ki in kis
+            ]
         return DocExtraction(
             docid=doc.docid,
             status="partial" if partial else "ok",
-            kis=result.kis,
+            kis=tuple(kis),
             drops=result.drop_counts,
             counters=dict(counts),
             chunks=len(chunks),
