@@ -32,9 +32,9 @@ def _register() -> None:
     from kitune.cli import (
         bootstrap_cmds,
         config_cmds,
+        context_cmds,
         eval_cmds,
         extract_cmds,
-        context_cmds,
         lm_cmds,
         loop_cmds,
         mcp_cmds,

@@ -6,8 +6,7 @@ has no side effects; ``__all__`` lists them and ``tests/test_public_api.py`` che
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from kitune.lazy import lazy_exports
 
 _EXPORTS: dict[str, str] = {
     "ReplayLM": "kitune.testing.lm",
@@ -17,15 +16,4 @@ _EXPORTS: dict[str, str] = {
 }
 """Public name → the module that defines it."""
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
