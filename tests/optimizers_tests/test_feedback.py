@@ -134,3 +134,38 @@ def test_write_disambiguation_kis_keeps_retrieved_and_counts_rejections() -> Non
     assert "disambiguation" in stored[0].tags
     assert seen[-1] == (4, 4)
     assert report.to_metrics()["feedback_written"] == 2.0
+
+
+def test_feedback_ki_is_indexed_under_the_agents_lookups() -> None:
+    from kitune.evaluation.metrics import Trace
+    from kitune.optimizers.feedback import with_lookup_tags
+    from kitune.testing.store_contract import make_ki
+
+    q = Question("7", "Which river is Victoria Falls on?", "Zambezi", gold_docids=("d1",))
+    t = Trace(
+        query_id="7",
+        skill="in-context",
+        question=q.query,
+        gold_answer="Zambezi",
+        status="answered",
+        exact_answer="Limpopo",
+        judge_correct=False,
+        judge_status="graded",
+        steps=[
+            {"kind": "tool", "tool": "get_context", "args": {"query": "Victoria Falls river"}},
+            {"kind": "tool", "tool": "search", "args": {"query": "Mosi-oa-Tunya"}},
+            {
+                "kind": "tool",
+                "tool": "get_context",
+                "args": {"query": "Mosi-oa-Tunya Zambia Zimbabwe border"},
+            },
+        ],
+    )
+    (f,) = collect_failures([t], [q])
+    assert f.queries == ("Victoria Falls river", "Mosi-oa-Tunya Zambia Zimbabwe border")  # get_context only
+    ki = make_ki("Zambezi", "Limpopo", docid="d1", subtype="disambiguation")
+    tagged = with_lookup_tags(ki, [f.question, *f.queries])
+    added = [tag for tag in tagged.tags if tag not in ki.tags]
+    assert added == ["entity:victoria-falls", "entity:mosi-oa-tunya-zambia-zimbabwe"]
+    assert tagged.id == ki.id  # same KI, more ways to reach it
+    assert with_lookup_tags(ki, ["lower case only"]) is ki

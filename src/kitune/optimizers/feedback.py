@@ -3,10 +3,12 @@
 Steps (:func:`write_disambiguation_kis`):
 
 1. :func:`collect_failures` picks the wrong answers from evaluated traces (judge-incorrect, or
-   not exact-match when ungraded) that have a non-blank prediction and a gold document;
+   not exact-match when ungraded) that have a gold document, with the look-ups the agent issued;
 2. each failure goes through :meth:`kitune.programs.disambiguator.Disambiguator.disambiguate`
    (title must contain both answers, evidence verbatim);
-3. :func:`kitune.programs.disambiguator.accept_if_retrieved` writes the KI to the same store
+3. :func:`with_lookup_tags` indexes the KI under the entities of the question and of the
+   agent's look-ups (so the agent's own retrieval can reach it), then
+   :func:`kitune.programs.disambiguator.accept_if_retrieved` writes it to the same store
    (subtype and tag ``disambiguation``) and keeps it only if retrieval for the failing question
    returns it.
 
@@ -28,6 +30,7 @@ from kitune.programs.disambiguator import accept_if_retrieved, contains_folded
 if TYPE_CHECKING:
     from kitune.data.loaders import Question
     from kitune.evaluation.metrics import Trace
+    from kitune.ki import KI
     from kitune.programs.disambiguator import Disambiguator
     from kitune.retrieval.base import Store
     from kitune.schema import Document
@@ -38,6 +41,7 @@ __all__ = [
     "Flips",
     "collect_failures",
     "count_flips",
+    "with_lookup_tags",
     "write_disambiguation_kis",
 ]
 
@@ -53,6 +57,55 @@ class Failure:
     """The agent's wrong exact answer (``""`` when it gave none)."""
     gold_docids: tuple[str, ...]
     """Candidate gold documents, best first (ones known to hold the answer first)."""
+    queries: tuple[str, ...] = ()
+    """The ``get_context`` look-ups the agent issued for this question (from its trace)."""
+
+
+MAX_LOOKUP_TAGS = 12
+"""Most entity tags a feedback KI gains from the question and the agent's look-ups."""
+
+_NOT_ENTITIES = frozenset(
+    "which what who whom whose when where why how is are was were did does do in on at of for the a an "
+    "and or if this that these those there name list find give tell".split()
+)
+"""Capitalised only because they open a question: never a feedback KI's entity tag (they would put
+the KI into every look-up that starts the same way)."""
+
+
+def _lookups(trace: Trace) -> tuple[str, ...]:
+    out = [
+        str((s.get("args") or {}).get("query") or "")
+        for s in trace.steps
+        if s.get("kind") == "tool" and s.get("tool") == "get_context"
+    ]
+    return tuple(dict.fromkeys(q for q in out if q.strip()))
+
+
+def with_lookup_tags(ki: KI, texts: Sequence[str], *, limit: int = MAX_LOOKUP_TAGS) -> KI:
+    """``ki`` also tagged with the entities the question and the agent's look-ups name.
+
+    A feedback KI helps only if the agent's own retrieval reaches it; the tag branch matches the
+    ``entity:`` tags its plain plans guess from capitalised word runs
+    (:meth:`kitune.schema.QueryPlan.plain`), so the KI is indexed under exactly the entities of
+    the look-ups that missed the answer. The id is unchanged (it depends on doc and triple only).
+
+    Args:
+        ki: the disambiguation KI.
+        texts: the failing question, then the agent's look-ups.
+        limit: at most this many tags are added, first texts first.
+    """
+    from kitune.schema import QueryPlan
+
+    extra: list[str] = []
+    for text in texts:
+        for tag in QueryPlan.plain(text).entity_tags:
+            if tag.split(":", 1)[1] in _NOT_ENTITIES:
+                continue
+            if tag not in ki.tags and tag not in extra:
+                extra.append(tag)
+    if not extra:
+        return ki
+    return ki.model_copy(update={"tags": [*ki.tags, *extra[:limit]]})
 
 
 def collect_failures(traces: Sequence[Trace], questions: Sequence[Question]) -> list[Failure]:
@@ -79,7 +132,7 @@ def collect_failures(traces: Sequence[Trace], questions: Sequence[Question]) -> 
         docs = tuple(dict.fromkeys((*q.gold_docids, *q.evidence_docids)))
         if not docs:
             continue
-        out.append(Failure(t.query_id, q.query, q.answer, t.exact_answer.strip(), docs))
+        out.append(Failure(t.query_id, q.query, q.answer, t.exact_answer.strip(), docs, _lookups(t)))
     return out
 
 
@@ -163,12 +216,13 @@ def write_disambiguation_kis(
                 rejected[(res.rejected_reason or "unknown").split(":", 1)[0]] += 1
             else:
                 try:
-                    ok = accept_if_retrieved(res.ki, f.question, store, context_fn, top_k=top_k)
+                    ki = with_lookup_tags(res.ki, [f.question, *f.queries])
+                    ok = accept_if_retrieved(ki, f.question, store, context_fn, top_k=top_k)
                 except Exception as e:  # a retrieval error for one failure is counted
                     rejected[f"retrieval_error_{type(e).__name__}"] += 1
                 else:
                     if ok:
-                        kept.append(res.ki.id)
+                        kept.append(ki.id)
                     else:
                         rejected["not_retrieved"] += 1
         reason = next(iter(rejected - before), None)
