@@ -151,6 +151,8 @@ class FeedbackReport:
     ``empty_prediction`` …)."""
     outcomes: tuple[tuple[str, str, str | None, str | None], ...] = ()
     """Per failure, in order: ``(query id, prediction, kept KI id or None, rejection reason or None)``."""
+    messages: dict[str, str] = field(default_factory=dict)
+    """Reason code → the first full rejection message (what exactly broke, for diagnosis)."""
 
     def to_metrics(self) -> dict[str, float]:
         """Flat metrics for tracking (``feedback_*``)."""
@@ -201,6 +203,7 @@ def write_disambiguation_kis(
     rejected: Counter[str] = Counter()
     kept: list[str] = []
     outcomes: list[tuple[str, str, str | None, str | None]] = []
+    messages: dict[str, str] = {}
     for i, f in enumerate(failures, 1):
         n_kept, before = len(kept), rejected.copy()
         doc = _gold_document(f, get_document) if f.prediction.strip() else None
@@ -213,7 +216,9 @@ def write_disambiguation_kis(
                 f.question, f.gold_answer, f.prediction, doc.text, doc.docid, lm=lm
             )
             if res.ki is None:
-                rejected[(res.rejected_reason or "unknown").split(":", 1)[0]] += 1
+                code = (res.rejected_reason or "unknown").split(":", 1)[0]
+                rejected[code] += 1
+                messages.setdefault(code, (res.rejected_reason or "")[:500])
             else:
                 try:
                     ki = with_lookup_tags(res.ki, [f.question, *f.queries])
@@ -235,6 +240,7 @@ def write_disambiguation_kis(
         ki_ids=tuple(kept),
         rejected=dict(rejected),
         outcomes=tuple(outcomes),
+        messages=messages,
     )
 
 

@@ -41,6 +41,7 @@ from pydantic import ValidationError
 
 from kitune.errors import DocumentNotFoundError
 from kitune.ki import KI
+from kitune.programs.guardrails import fit_description
 from kitune.programs.instructions import resolve_instruction
 from kitune.retrieval.base import Store
 from kitune.text import find_span, fold_text
@@ -166,6 +167,8 @@ class DisambiguationResult:
     ``"template"`` (both failed: ``"<gold> (not <wrong>) — …"``); None when no title was judged."""
     title_failures: tuple[str, ...] = ()
     """Why each rejected title failed (``"title_missing_gold: …"`` …), in call order."""
+    description_trimmed: bool = False
+    """The writer's description was cut to whole sentences that fit 350 characters."""
 
     @property
     def accepted(self) -> bool:
@@ -305,6 +308,12 @@ class Disambiguator(dspy.Module):  # type: ignore[misc]
                 "of the document contains the gold answer",
                 **counts,
             )
+        # the writer's description is cut to whole sentences that fit (350 chars), or replaced by
+        # the title when it gave none: small models write long or empty descriptions
+        description, trimmed = fit_description(description or "")
+        counts["description_trimmed"] = trimmed
+        if not description:
+            description = title
         try:
             ki = KI.from_fact(
                 docid=gold_docid,

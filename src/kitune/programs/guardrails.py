@@ -62,6 +62,7 @@ __all__ = [
     "GuardrailResult",
     "apply_guardrails",
     "check_fact",
+    "fit_description",
     "locate_evidence",
     "normalize_predicate",
     "normalize_tags",
@@ -200,6 +201,25 @@ def locate_evidence(
     return None
 
 
+def fit_description(text: str) -> tuple[str, bool]:
+    """``text`` cut to its leading whole sentences that fit ``DESCRIPTION_MAX_CHARS`` (350).
+
+    Returns:
+        ``(description, trimmed)``; unchanged (``trimmed`` False) when it already fits or when not
+        even its first sentence fits (the caller then rejects it).
+    """
+    description = text.strip()
+    if len(description) <= DESCRIPTION_MAX_CHARS:
+        return description, False
+    kept = ""
+    for m in _SENTENCE_RE.finditer(description):
+        candidate = description[: m.end()].strip()
+        if len(candidate) > DESCRIPTION_MAX_CHARS:
+            break
+        kept = candidate
+    return (kept, True) if kept else (description, False)
+
+
 def check_fact(
     fact: FactCandidate,
     text: str,
@@ -234,17 +254,9 @@ def check_fact(
         return Drop("empty_field", fact.title, f"empty {', '.join(empty)}")
     if len(fact.title) > TITLE_MAX_CHARS:
         return Drop("title_too_long", fact.title, f"{len(fact.title)} > {TITLE_MAX_CHARS} chars")
-    description = fact.description.strip()
-    if len(description) > DESCRIPTION_MAX_CHARS:
-        kept = ""
-        for m in _SENTENCE_RE.finditer(description):
-            candidate = description[: m.end()].strip()
-            if len(candidate) > DESCRIPTION_MAX_CHARS:
-                break
-            kept = candidate
-        if kept:
-            counts["description_trimmed"] += 1
-            description = kept
+    description, trimmed = fit_description(fact.description)
+    if trimmed:
+        counts["description_trimmed"] += 1
     if len(description) > DESCRIPTION_MAX_CHARS:
         return Drop(
             "description_too_long", fact.title, f"{len(fact.description)} > {DESCRIPTION_MAX_CHARS} chars"

@@ -270,6 +270,7 @@ def write_feedback(
     iteration: int,
     *,
     ledger: FailureLedger | None = None,
+    notes: dict[str, Any] | None = None,
 ) -> dict[str, float]:
     """Write disambiguation KIs from ``failures``, note them in the ledger, count tuning flips.
 
@@ -282,6 +283,8 @@ def write_feedback(
         for qid, prediction, ki_id, reason in report.outcomes:
             ledger.note_feedback(iteration, qid, prediction, [ki_id] if ki_id else [], reason)
     metrics = report.to_metrics()
+    if notes is not None and report.messages:
+        notes["feedback_rejections"] = dict(report.messages)  # the first full message per reason
     if report.written:
         after = env.evaluate(setting, "tune")
         metrics.update(count_flips(tune.traces, after.traces).to_metrics())

@@ -587,7 +587,9 @@ class ServiceLoopEnv:
             )
             metrics.update({f"feedback_skipped_{k}": float(v) for k, v in skipped.items()})
             if routed:
-                metrics.update(improve.write_feedback(self, setting, tune, routed, iteration, ledger=ledger))
+                metrics.update(
+                    improve.write_feedback(self, setting, tune, routed, iteration, ledger=ledger, notes=notes)
+                )
         return Proposal(Setting(prompts, knobs), metrics=metrics, programs=programs, notes=notes)
 
     def close(self) -> None:
