@@ -142,10 +142,12 @@ def test_evidence_rejected_when_gold_is_not_in_the_document() -> None:
     assert res.rejected_reason is not None and res.rejected_reason.startswith("evidence_not_in_document:")
 
 
-def test_overlong_title_is_rejected_as_invalid_ki() -> None:
+def test_overlong_title_becomes_the_template_instead_of_an_invalid_ki() -> None:
+    # was: rejected as invalid_ki (what killed the 1.5B writer's KIs in the fixture loop run)
     title = "Tom O'Neill and Tomas O'Neil " + "x" * 140
     res = Disambiguator().disambiguate(QUESTION, GOLD, WRONG, DOC, "d42", lm=_lm(title))
-    assert res.rejected_reason is not None and res.rejected_reason.startswith("invalid_ki: title:")
+    assert res.ki is not None and res.title_source == "template" and len(res.ki.title) <= 140
+    assert res.ki.title.startswith("Tom O'Neill (not Tomas O'Neil)")
 
 
 def test_same_answer_and_lm_error_are_rejected() -> None:
@@ -256,3 +258,20 @@ def test_long_or_missing_description_is_fitted_not_rejected() -> None:
     assert res.ki is not None and res.description_trimmed
     assert len(res.ki.description) <= 350 and res.ki.description.startswith("The bridge was finished in 1932")
     assert res.ki.description.endswith(".")
+
+
+def test_an_over_long_title_that_names_both_becomes_the_template() -> None:
+    # seen with the 1.5B writer: a 170-character title naming both answers failed the KI model
+    import dspy
+    from dspy.utils import DummyLM
+
+    from kitune.programs.disambiguator import Disambiguator
+
+    doc = "The Harwick bridge was finished in 1932. It replaced a ferry."
+    title = "The Harwick bridge was finished in 1932, not 1931, " + "as the records of the county show " * 4
+    lm = DummyLM([{"title": title, "description": "Finished in 1932.", "evidence": "finished in 1932"}])
+    with dspy.context(lm=lm):
+        res = Disambiguator(corpus="t").disambiguate("When was it finished?", "1932", "1931", doc, "d2")
+    assert res.ki is not None and res.title_source == "template"
+    assert res.ki.title.startswith("1932 (not 1931) — The Harwick bridge") and len(res.ki.title) <= 140
+    assert res.title_failures[-1].startswith("title_too_long: ")

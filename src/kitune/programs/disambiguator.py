@@ -40,7 +40,7 @@ import dspy
 from pydantic import ValidationError
 
 from kitune.errors import DocumentNotFoundError
-from kitune.ki import KI
+from kitune.ki import KI, TITLE_MAX_CHARS
 from kitune.programs.guardrails import fit_description
 from kitune.programs.instructions import resolve_instruction
 from kitune.retrieval.base import Store
@@ -292,6 +292,10 @@ class Disambiguator(dspy.Module):  # type: ignore[misc]
             if title_source == "model":
                 title = template_title(gold_answer, wrong_prediction, title or description)
                 title_source = "template"
+        if len(title.strip()) > TITLE_MAX_CHARS:  # names both answers but is too long for a KI title
+            failures.append(f"title_too_long: {len(title.strip())} > {TITLE_MAX_CHARS} characters")
+            title = template_title(gold_answer, wrong_prediction, title)
+            title_source = "template"
         counts: dict[str, Any] = {
             "regenerations": regenerations,
             "title_source": title_source,
