@@ -17,13 +17,22 @@ from __future__ import annotations
 
 import contextvars
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from kitune.errors import ConfigError
@@ -59,9 +68,27 @@ _IGNORE_ENV: contextvars.ContextVar[bool] = contextvars.ContextVar("kitune_confi
 
 _SECRET_KEYS = {"api_key", "apikey", "password", "token", "secret", "bearer_token"}
 
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _env_name(value: str | None, info: ValidationInfo) -> str | None:
+    """Refuse an ``*_env`` value that is not an environment-variable name, without echoing it.
+
+    A key or URL pasted where the *name* of a variable belongs would otherwise be printed by
+    ``kitune config show`` and quoted in "export <value>=..." advice.
+    """
+    if value is None or _ENV_NAME.fullmatch(value):
+        return value
+    raise ValueError(
+        f"{info.field_name} must be the name of an environment variable (letters, digits and _, e.g. "
+        "KITUNE_GATEWAY_KEY), not the key or URL itself (the value given is not shown): export the value in "
+        "a variable and put that variable's name here"
+    )
+
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # hide_input_in_errors: a validation error never repeats a value (it may be a pasted key).
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, hide_input_in_errors=True)
 
 
 class LMRoleConfig(_Section):
@@ -83,6 +110,8 @@ class LMRoleConfig(_Section):
         default=None, description="Env var holding this role's API key (overrides the gateway's)."
     )
 
+    _check_env_names = field_validator("api_base_env", "api_key_env")(_env_name)
+
 
 class GatewayConfig(_Section):
     """One OpenAI-compatible gateway shared by every role (a LiteLLM proxy, OpenRouter, vLLM …)."""
@@ -96,6 +125,8 @@ class GatewayConfig(_Section):
     default_model: str | None = Field(
         default=None, description="Model used by roles that name none, e.g. 'openai/gpt-4o-mini'."
     )
+
+    _check_env_names = field_validator("base_url_env", "api_key_env")(_env_name)
 
 
 class LocalModelConfig(_Section):
@@ -111,16 +142,31 @@ class LocalModelConfig(_Section):
     startup_timeout_s: float = Field(default=180.0, gt=0, description="How long to wait for the server.")
 
 
+# Each role's own defaults where they differ from LMRoleConfig's; a role block in the file or
+# the environment is merged over these, so naming a model keeps the role's other defaults.
+_ROLE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "extract": {"max_tokens": 2048},
+    "rewrite": {"max_tokens": 512},
+    "agent": {"max_tokens": 512},
+    "judge": {"max_tokens": 256},
+    "reflection": {"temperature": 1.0, "max_tokens": 4096},
+}
+
+
 class LMConfig(_Section):
     """LLM access for every role."""
 
     gateway: GatewayConfig = Field(default_factory=GatewayConfig, description="Shared gateway.")
-    extract: LMRoleConfig = Field(default_factory=lambda: LMRoleConfig(max_tokens=2048), description="Extractor.")
-    rewrite: LMRoleConfig = Field(default_factory=lambda: LMRoleConfig(max_tokens=512), description="Query rewriter.")
-    agent: LMRoleConfig = Field(default_factory=lambda: LMRoleConfig(max_tokens=512), description="Eval agent.")
-    judge: LMRoleConfig = Field(default_factory=lambda: LMRoleConfig(max_tokens=256), description="Judge.")
+    extract: LMRoleConfig = Field(
+        default_factory=lambda: LMRoleConfig(**_ROLE_DEFAULTS["extract"]), description="Extractor."
+    )
+    rewrite: LMRoleConfig = Field(
+        default_factory=lambda: LMRoleConfig(**_ROLE_DEFAULTS["rewrite"]), description="Query rewriter."
+    )
+    agent: LMRoleConfig = Field(default_factory=lambda: LMRoleConfig(**_ROLE_DEFAULTS["agent"]), description="Eval agent.")
+    judge: LMRoleConfig = Field(default_factory=lambda: LMRoleConfig(**_ROLE_DEFAULTS["judge"]), description="Judge.")
     reflection: LMRoleConfig = Field(
-        default_factory=lambda: LMRoleConfig(temperature=1.0, max_tokens=4096), description="Optimiser proposer."
+        default_factory=lambda: LMRoleConfig(**_ROLE_DEFAULTS["reflection"]), description="Optimiser proposer."
     )
     local: LocalModelConfig = Field(default_factory=LocalModelConfig, description="Embedded local model.")
     cache: bool = Field(default=False, description="Use DSPy's response cache (usage still recorded).")
@@ -134,6 +180,24 @@ class LMConfig(_Section):
         description="Answer every LLM call from <dir>/calls.jsonl, contacting no provider; an unrecorded call "
         "fails naming it (the CLI's --replay DIR).",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _role_blocks_over_role_defaults(cls, data: Any) -> Any:
+        # `reflection: {model: x}` must keep reflection's temperature 1.0 and 4096 max_tokens,
+        # not fall back to LMRoleConfig's generic 0.0 / 1024.
+        if not isinstance(data, dict):
+            return data
+        out = dict(data)
+        for role, defaults in _ROLE_DEFAULTS.items():
+            block = out.get(role)
+            if isinstance(block, dict):
+                out[role] = {**defaults, **block}
+            elif isinstance(block, LMRoleConfig):
+                unset = {k: v for k, v in defaults.items() if k not in block.model_fields_set}
+                if unset:
+                    out[role] = block.model_copy(update=unset)
+        return out
 
     @model_validator(mode="after")
     def _record_or_replay(self) -> LMConfig:
@@ -183,6 +247,8 @@ class ElasticsearchStoreConfig(_Section):
     inference_id: str = Field(default=".elser-2-elasticsearch", description="semantic_text inference endpoint.")
     bulk_chunk_size: int = Field(default=500, ge=1, description="Documents per bulk request.")
     max_retries: int = Field(default=5, ge=0, description="Retries of 429 items, with backoff.")
+
+    _check_env_names = field_validator("url_env", "api_key_env")(_env_name)
 
 
 StoreConfig = Annotated[LanceStoreConfig | ElasticsearchStoreConfig, Field(discriminator="type")]
@@ -331,7 +397,8 @@ class KituneConfig(BaseSettings):
     """The whole configuration. See the module docstring for precedence and secrets."""
 
     model_config = SettingsConfigDict(
-        env_prefix="KITUNE_", env_nested_delimiter="__", extra="forbid", validate_assignment=True
+        env_prefix="KITUNE_", env_nested_delimiter="__", extra="forbid", validate_assignment=True,
+        hide_input_in_errors=True,
     )
 
     workdir: Path = Field(default=Path("kitune-work"), description="Where stores, runs and traces live.")
@@ -483,7 +550,8 @@ def load_config(path: Path | str | None = None, overrides: dict[str, Any] | None
         cfg = with_overrides(KituneConfig(**data), overrides or {})
     except ValidationError as e:
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()
+            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg'].removeprefix('Value error, ')}"
+            for err in e.errors()
         )
         raise ConfigError(f"invalid configuration: {problems}") from e
     return cfg
