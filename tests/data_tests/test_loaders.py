@@ -135,3 +135,24 @@ def test_plain_jsonl_dataset(tmp_path: Path) -> None:
     qs.write_text(json.dumps({"id": "q1", "question": "?", "answer": "x", "evidence_docids": ["zz"]}) + "\n")
     with pytest.raises(DataError, match="cites doc id 'zz'"):
         load_dataset(tmp_path)
+
+
+@pytest.mark.parametrize("record", [{"id": "b", "answer": "x"}, {"id": "b", "query": "   ", "answer": "x"}])
+def test_question_without_text_is_refused_naming_file_and_line(tmp_path: Path, record: dict) -> None:
+    # Issue 16: a questions file with no `query` was accepted and blank questions were sent (tokens spent).
+    f = tmp_path / "q.jsonl"
+    f.write_text(json.dumps({"id": "a", "query": "Q?", "answer": "x"}) + "\n" + json.dumps(record) + "\n")
+    with pytest.raises(DataError, match=r"q.jsonl:2: question 'b' has no question text.*'query'") as e:
+        load_questions(f)
+    assert e.value.line == 2
+
+
+def test_browsecomp_question_with_blank_text_everywhere_is_refused(tmp_path: Path, fixture_dir: Path) -> None:
+    d = _copy_layout(fixture_dir, tmp_path / "ds")
+    (d / "queries.tsv").unlink()
+    lines = (d / "ground_truth.jsonl").read_text(encoding="utf-8").splitlines()
+    first = json.loads(lines[0])
+    first["query"] = "  "
+    (d / "ground_truth.jsonl").write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n", encoding="utf-8")
+    with pytest.raises(DataError, match=f"question '{first['query_id']}' has no query text"):
+        load_questions(d)

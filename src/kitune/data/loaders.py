@@ -351,7 +351,8 @@ def _question_from_record(record: dict[str, Any], path: Path, lineno: int) -> Qu
     )
 
 
-def _read_question_records(path: Path) -> list[Question]:
+def _read_question_records(path: Path, *, require_query: bool = True) -> list[Question]:
+    # require_query=False only for BrowseComp's ground_truth.jsonl, whose text may come from queries.tsv.
     questions: list[Question] = []
     seen: dict[str, int] = {}
     for lineno, line in iter_lines(path):
@@ -366,6 +367,14 @@ def _read_question_records(path: Path) -> list[Question]:
         if not isinstance(record, dict):
             raise DataError(f"{path}:{lineno}: expected a JSON object", path=str(path), line=lineno)
         q = _question_from_record(record, path, lineno)
+        if require_query and not q.query.strip():
+            # A blank question would still be sent to the agent and the judge: tokens for nothing.
+            raise DataError(
+                f"{path}:{lineno}: question {q.query_id!r} has no question text: give it a non-empty "
+                "'query' (or 'question') field, or remove the line",
+                path=str(path),
+                line=lineno,
+            )
         if q.query_id in seen:
             raise DataError(
                 f"{path}:{lineno}: duplicate query_id {q.query_id!r} (first on line {seen[q.query_id]})",
@@ -389,7 +398,7 @@ def _read_corpus_ids(path: Path) -> set[str] | None:
 def _load_browsecomp(root: Path, doc_ids: Collection[str] | None) -> list[Question]:
     gt_path = root / _GROUND_TRUTH
     _require_file(gt_path, "ground-truth file", f"a BrowseComp-Plus directory needs {_GROUND_TRUTH}")
-    truth = {q.query_id: q for q in _read_question_records(gt_path)}
+    truth = {q.query_id: q for q in _read_question_records(gt_path, require_query=False)}
     queries_path = root / _QUERIES
     order: list[str]
     texts: dict[str, str] = {}
@@ -432,7 +441,7 @@ def _load_browsecomp(root: Path, doc_ids: Collection[str] | None) -> list[Questi
     for qid in order:
         q = truth[qid]
         query = texts.get(qid) or q.query
-        if not query:
+        if not query.strip():
             raise DataError(
                 f"question {qid!r} has no query text in {queries_path} or {gt_path}", path=str(gt_path)
             )
@@ -479,7 +488,7 @@ def load_questions(path: Path | str, *, doc_ids: Collection[str] | None = None) 
 
     Raises:
         DataError: missing file, invalid JSON line, duplicate query id, a question without an
-            answer, or a qrel/evidence doc id not in the corpus (message names file and line).
+            answer or without question text, or a qrel/evidence doc id not in the corpus (message names file and line).
     """
     p = Path(path)
     if p.is_dir():
