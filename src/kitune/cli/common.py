@@ -7,6 +7,7 @@ from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from kitune.config import KituneConfig, load_config
 from kitune.errors import KituneError
@@ -26,7 +27,9 @@ ConfigOption = Annotated[
 
 def fail(message: str, code: int = 2) -> NoReturn:
     """Print ``message`` in red on stderr and exit with ``code``."""
-    console.print(f"[bold red]error:[/] {message}")
+    # soft_wrap: a path or a command in the message is never broken at the 80th column.
+    # escape: a message quoting "[...]" (a JSON list, a choice) is shown as written, not as markup.
+    console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
     raise typer.Exit(code)
 
 

@@ -8,6 +8,7 @@ authentication failure stops the run and exits 2 with the message naming the key
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, cast
 
@@ -174,16 +175,48 @@ def report_command(
         Path | None, typer.Option("--out", help="Output folder (default: <first run>/../report).")
     ] = None,
 ) -> None:
-    """Compare runs side by side: Markdown table + PNG plot + HTML + summary.json."""
+    """Compare runs side by side: Markdown table + PNG plot + HTML + summary.json.
+
+    Folders without a traces.jsonl (such as the report folder a previous `kitune report
+    <workdir>/runs/*` wrote next to the runs) are skipped with a note, so the same command can
+    be run again.
+    """
     from kitune.service.evaluation import report_runs
 
-    out_dir = out or (runs[0].resolve().parent / "report")
+    missing = [p for p in runs if not p.exists()]
+    if missing:
+        fail(f"run {missing[0]} does not exist: pass run folders from `kitune eval` (<workdir>/runs/<name>)")
+    run_paths = _run_folders(runs)
+    if not run_paths:
+        fail(
+            f"none of {', '.join(str(p) for p in runs)} holds a traces.jsonl: pass run folders from "
+            "`kitune eval` (<workdir>/runs/<name>)"
+        )
+    out_dir = out or (run_paths[0].resolve().parent / "report")
     try:
-        files = report_runs(runs, out_dir)
+        files = report_runs(run_paths, out_dir)
     except KituneError as e:
         fail(str(e))
-    _out.print(files.markdown.read_text(encoding="utf-8"))
-    _out.print(f"written: {files.markdown}, {files.html}" + (f", {files.plot}" if files.plot else ""))
+    # Plain echo, not rich: a Markdown table or a path must not be re-wrapped at 80 columns.
+    typer.echo(_console_markdown(files.markdown.read_text(encoding="utf-8")))
+    typer.echo(f"written: {files.markdown}, {files.html}" + (f", {files.plot}" if files.plot else ""))
+
+
+def _run_folders(paths: list[Path]) -> list[Path]:
+    """``paths`` without the folders that hold no ``traces.jsonl`` (each skipped with a note on stderr)."""
+    kept: list[Path] = []
+    for p in paths:
+        if p.is_dir() and not (p / "traces.jsonl").is_file():
+            typer.echo(f"skipped {p}: no traces.jsonl, not a run folder", err=True)
+            continue
+        kept.append(p)
+    return kept
+
+
+def _console_markdown(markdown: str) -> str:
+    """The report Markdown for a terminal: image links (``![…](report.png)``) dropped."""
+    lines = [line for line in markdown.splitlines() if not re.fullmatch(r"\s*!\[[^\]]*\]\([^)]*\)\s*", line)]
+    return "\n".join(lines).strip("\n")
 
 
 def register(app: typer.Typer) -> None:
