@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from kitune.cli.common import ConfigOption, console, fail, get_config
@@ -97,6 +98,51 @@ def _build(
     return store, rewriter, ledger
 
 
+def _empty_store_message(store: Store, setting: ProductionSetting) -> str | None:
+    """A message when the setting's KI table holds no KI (None otherwise or when it cannot count)."""
+    from kitune.service.prompts import setting_summary
+
+    try:
+        n = store.count()
+    except KituneError:
+        return None  # an unreachable store is reported by the first search, with its own message
+    if n:
+        return None
+    table = setting_summary(setting)["store"]
+    return (
+        f"the KI store {table} holds no KIs: run `kitune extract --data DIR` first (with the same "
+        "--config), or pick another table with --prompt-version / --packaged"
+    )
+
+
+def _check_rewriter(rewriter: QueryRewriter, store: Store) -> None:
+    """One tiny call to the rewrite LM at start: exit 2 when it refuses the key, warn on other failures.
+
+    Without it a wrong key answers every request with the plain query (HTTP 200) and the log
+    shows nothing; the call also pays the model's start-up before the first request does.
+    """
+    import time
+
+    from kitune.errors import LMAuthError, LMError
+
+    lm = rewriter.get_lm()
+    t0 = time.perf_counter()
+    try:
+        lm.forward(messages=[{"role": "user", "content": "Reply with OK."}], max_tokens=4, cache=False)
+    except LMAuthError as e:
+        store.close()
+        fail(f"the rewrite LM refused the key at start-up: {e} (or pass --no-rewrite to serve without the LLM)")
+    except LMError as e:
+        console.print(
+            f"[yellow]warning:[/] the rewrite LM did not answer at start-up ({escape(str(e)[:300])}); requests "
+            "fall back to the plain plan until it does",
+            soft_wrap=True,
+        )
+        return
+    ms = (time.perf_counter() - t0) * 1000
+    console.print(f"rewrite LM ready ({ms:.0f} ms for a warm-up call)", highlight=False, markup=False)
+
+
 def print_context(resp: ContextResponse, console: Console) -> None:
     """Print a response as a Rich table of KIs plus one facet table."""
     if not resp.executed:
@@ -161,6 +207,10 @@ def context(
     shown = ("extractor",) if no_rewrite else ("extractor", "rewriter")
     setting = resolve_setting(cfg, prompt_version, packaged, programs=shown)
     store, rewriter, ledger = _build(cfg, setting, use_rewriter=not no_rewrite)
+    empty = _empty_store_message(store, setting)
+    if empty:
+        store.close()
+        fail(empty)
     try:
         resp = get_context(
             question,
@@ -220,6 +270,11 @@ def serve(
     shown = ("extractor",) if no_rewrite else ("extractor", "rewriter")
     setting = resolve_setting(cfg, prompt_version, packaged, programs=shown)
     store, rewriter, ledger = _build(cfg, setting, use_rewriter=not no_rewrite)
+    empty = _empty_store_message(store, setting)
+    if empty:  # a server may be started before the first extraction: warn, do not refuse
+        console.print(f"[yellow]warning:[/] {escape(empty)}; every answer is empty until then", soft_wrap=True)
+    if rewriter is not None:
+        _check_rewriter(rewriter, store)
     follow = not packaged and not prompt_version and refresh_s > 0
     app = create_app(
         cfg,

@@ -9,6 +9,7 @@ authentication failure stops the run and exits 2 with the message naming the key
 from __future__ import annotations
 
 import re
+from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, cast
 
@@ -22,12 +23,35 @@ from kitune.cli.recording_opts import RecordOption, ReplayOption, record_overrid
 from kitune.errors import KituneError, LMAuthError
 
 if TYPE_CHECKING:
+    from kitune.config import KituneConfig
     from kitune.data.examples import Split
     from kitune.evaluation.metrics import Trace
     from kitune.evaluation.report import RunSummary
     from kitune.evaluation.tools import Skill
 
-__all__ = ["register"]
+__all__ = ["EVAL_SKILL_CHOICES", "register"]
+
+
+
+class SkillChoice(str, Enum):
+    """The skills ``--skill`` accepts (kept equal to ``kitune.evaluation.full_context.EVAL_SKILLS`` by
+    a test; spelled out here so ``kitune --help`` does not import the evaluation stack)."""
+
+    baseline = "baseline"
+    in_context = "in-context"
+    closed_book = "closed-book"
+    full_context = "full-context"
+
+
+class SplitChoice(str, Enum):
+    """The question splits ``--split`` accepts."""
+
+    all = "all"
+    tune = "tune"
+    validation = "validation"
+
+
+EVAL_SKILL_CHOICES: tuple[str, ...] = tuple(c.value for c in SkillChoice)
 
 _out = Console()
 
@@ -43,13 +67,20 @@ def _summary_table(title: str, rows: list[list[str]], header: list[str]) -> Tabl
 
 @with_recording
 def eval_command(
-    skill: Annotated[str, typer.Option("--skill", help="baseline | in-context | closed-book | full-context")],
+    skill_choice: Annotated[
+        SkillChoice,
+        typer.Option(
+            "--skill",
+            help="What the agent gets: baseline (search + fetch), in-context (the KI store), closed-book "
+            "(nothing), full-context (the whole conversation in the prompt).",
+        ),
+    ],
     data: Annotated[
         Path, typer.Option("--data", help="Dataset directory (BrowseComp-Plus layout or JSONL).")
     ],
-    split: Annotated[
-        str, typer.Option("--split", help="all | tune | validation (seeded by optimize.seed).")
-    ] = "all",
+    split_choice: Annotated[
+        SplitChoice, typer.Option("--split", help="Which questions; tune/validation are seeded by optimize.seed.")
+    ] = SplitChoice.all,
     limit: Annotated[int | None, typer.Option("--limit", min=1, help="Only the first N questions.")] = None,
     run_name: Annotated[
         str | None, typer.Option("--run-name", help="Run folder under <workdir>/runs.")
@@ -86,13 +117,14 @@ def eval_command(
     from kitune.service.evaluation import run_eval
     from kitune.service.prompts import parse_prompt_selection
 
+    skill, split = skill_choice.value, split_choice.value
     cfg = get_config(config, record_overrides(record, replay) or None)
-    if split not in ("all", "tune", "validation"):
-        fail(f"--split {split!r}: use all, tune or validation")
     try:
         select = parse_prompt_selection(prompt_version or [])
     except KituneError as e:
         fail(str(e))
+    if skill == "in-context":
+        _refuse_empty_ki_store(cfg, select, packaged)
     progress = _Progress()
     try:
         result = run_eval(
@@ -121,6 +153,28 @@ def eval_command(
     _out.print(_summary_table(f"eval {skill}: {s.name}", rows, ["metric", s.name]))
     _print_failures(result.traces, s)
     _out.print(f"traces: {result.traces_path}")
+
+
+def _refuse_empty_ki_store(cfg: KituneConfig, select: dict[str, str], packaged: bool) -> None:
+    """Exit 2 before any LLM call when the KI table an in-context run would use holds no KI."""
+    from kitune.retrieval import create_store
+    from kitune.service.prompts import production_setting, setting_summary
+
+    try:
+        setting = production_setting(cfg, select=select, packaged=packaged)
+        store = create_store(setting.store_cfg)
+        try:
+            n = store.count()
+        finally:
+            store.close()
+    except KituneError as e:
+        fail(str(e))
+    if n == 0:
+        fail(
+            f"--skill in-context: the KI store {setting_summary(setting)['store']} holds no KIs, so every "
+            "look-up would come back empty: run `kitune extract --data DIR` first (same --config), or pick "
+            "another table with --prompt-version / --packaged"
+        )
 
 
 def _print_setting(versions: dict[str, str]) -> None:
