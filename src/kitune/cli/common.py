@@ -12,7 +12,7 @@ from rich.markup import escape
 from kitune.config import KituneConfig, load_config
 from kitune.errors import KituneError
 
-__all__ = ["ConfigOption", "console", "fail", "get_config"]
+__all__ = ["ConfigOption", "console", "exit_code_for", "fail", "fail_with", "get_config"]
 
 console = Console(stderr=True)
 
@@ -31,6 +31,44 @@ def fail(message: str, code: int = 2) -> NoReturn:
     # escape: a message quoting "[...]" (a JSON list, a choice) is shown as written, not as markup.
     console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
     raise typer.Exit(code)
+
+
+def exit_code_for(error: Exception) -> int:
+    """The exit code for ``error``: 2 for bad input the user can fix, 1 for a failure at run time.
+
+    Bad input: a config or data error, an unknown prompt version, a refused API key, a ValueError
+    from argument checks. Everything else (an LLM call that failed after retries, a store that is
+    down, a tracking failure) is 1.
+    """
+    from kitune.errors import ConfigError, DataError, LMAuthError, PromptNotFoundError
+
+    return 2 if isinstance(error, (ConfigError, DataError, LMAuthError, PromptNotFoundError, ValueError)) else 1
+
+
+def _what_failed(error: Exception) -> str:
+    """A plain-words prefix for ``error`` (never the bare exception class name)."""
+    from kitune.errors import LMAuthError, LMError, StoreError, TrackingError
+
+    if isinstance(error, LMAuthError):
+        return ""
+    if isinstance(error, LMError):
+        return "LLM call failed: "
+    if isinstance(error, StoreError):
+        return "KI store: "
+    if isinstance(error, TrackingError):
+        return "tracking/prompt registry: "
+    return ""
+
+
+def fail_with(error: Exception, *, code: int | None = None, suffix: str = "") -> NoReturn:
+    """Exit with ``error``'s message (plain-words prefix, no class name) and :func:`exit_code_for` its code.
+
+    Args:
+        error: the caught error; its message names the input and the fix.
+        code: force this exit code instead.
+        suffix: appended to the message, e.g. ``" (rerun to resume)"``.
+    """
+    fail(f"{_what_failed(error)}{error}{suffix}", code=exit_code_for(error) if code is None else code)
 
 
 def get_config(path: Path | None, overrides: dict[str, object] | None = None) -> KituneConfig:

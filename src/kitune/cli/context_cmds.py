@@ -41,6 +41,7 @@ PromptVersionOption = Annotated[
     list[str] | None,
     typer.Option(
         "--prompt-version",
+        metavar="PROGRAM=VERSION",
         help="Use this registered version instead of production: PROGRAM=VERSION (extractor=3, "
         "rewriter=candidate) or an alias for every program (candidate). Repeatable.",
         show_default=False,
@@ -182,7 +183,7 @@ def print_context(resp: ContextResponse, console: Console) -> None:
 
 def context(
     question: Annotated[str, typer.Argument(help="The question to retrieve KIs for.")],
-    size: Annotated[int, typer.Option("--size", "-n", min=1, help="KIs to return (capped by max_size).")] = (
+    size: Annotated[int, typer.Option("--size", min=1, help="KIs to return (capped by max_size).")] = (
         10
     ),
     no_execute: Annotated[

@@ -71,6 +71,7 @@ def eval_command(
         SkillChoice,
         typer.Option(
             "--skill",
+            metavar="SKILL",
             help="What the agent gets: baseline (search + fetch), in-context (the KI store), closed-book "
             "(nothing), full-context (the whole conversation in the prompt).",
         ),

@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from kitune.cli.common import ConfigOption, fail, get_config
+from kitune.cli.common import ConfigOption, fail, fail_with, get_config
 from kitune.cli.recording_opts import RecordOption, ReplayOption, record_overrides, with_recording
 from kitune.config import KituneConfig
 from kitune.errors import KituneError
@@ -42,7 +42,7 @@ def extract(
     ],
     config: ConfigOption = None,
     limit: Annotated[
-        int | None, typer.Option("--limit", "-n", min=1, help="Only the first N documents.")
+        int | None, typer.Option("--limit", min=1, help="Only the first N documents.")
     ] = None,
     state: Annotated[
         Path | None,
@@ -162,7 +162,7 @@ def extract(
                 docs, store, extractor, cfg=cfg, ledger=ledger, state_path=state_path, progress=progress
             )
     except KituneError as e:
-        fail(f"{type(e).__name__}: {e}", code=1)
+        fail_with(e)
     finally:
         if store is not None:
             store.close()

@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from kitune.cli.common import ConfigOption, fail, get_config
+from kitune.cli.common import ConfigOption, fail, fail_with, get_config
 from kitune.errors import KituneError
 
 __all__ = ["lm_app", "register"]
@@ -69,7 +69,7 @@ def smoke(
             outputs = lm(messages=[{"role": "user", "content": prompt}])
         wall_s = time.perf_counter() - t0
     except KituneError as e:
-        fail(f"{type(e).__name__}: {e}", code=1)
+        fail_with(e, code=1)
     first = outputs[0] if outputs else ""
     reply = first.get("text", "") if isinstance(first, dict) else str(first)
     totals = ledger.totals()

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from kitune.cli.common import ConfigOption, fail, get_config
+from kitune.cli.common import ConfigOption, fail, fail_with, get_config
 from kitune.cli.recording_opts import RecordOption, ReplayOption, record_overrides, with_recording
 from kitune.errors import KituneError
 
@@ -41,11 +41,14 @@ def _or_fail(fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
 
 
 def _or_exit_1(fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
-    """``fn(*args, **kwargs)``; a KituneError exits 1 naming its type (the loop commands)."""
+    """``fn(*args, **kwargs)``; a KituneError exits with its message (the loop commands).
+
+    Exit 1 for a run-time failure (an LLM call, the store), 2 for bad input (see ``fail_with``).
+    """
     try:
         return fn(*args, **kwargs)
     except KituneError as e:
-        fail(f"{type(e).__name__}: {e}", code=1)
+        fail_with(e)
 
 
 def _when(ms: int | None) -> str:
