@@ -81,3 +81,25 @@ def test_failures_never_print_a_bare_exception_class_name() -> None:
         assert r.exit_code == code, r.output
         assert r.output.startswith(start), r.output
         assert type(error).__name__ not in r.output
+
+
+def test_kitune_config_naming_a_missing_file_names_that_variable(tmp_path, monkeypatch) -> None:
+    _register()
+    monkeypatch.setenv("KITUNE_CONFIG", str(tmp_path / "nope.yaml"))
+    r = CliRunner().invoke(app, ["config", "show"])
+    assert r.exit_code == 2
+    assert f"KITUNE_CONFIG={tmp_path / 'nope.yaml'} names no config file" in r.output
+    monkeypatch.delenv("KITUNE_CONFIG")
+    r = CliRunner().invoke(app, ["config", "show", "--config", str(tmp_path / "nope.yaml")])
+    assert r.exit_code == 2 and "KITUNE_CONFIG" not in r.output and "does not exist" in r.output
+
+
+def test_prompts_list_on_a_fresh_workdir_creates_no_files(tmp_path, monkeypatch) -> None:
+    _register()
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    work = tmp_path / "w"
+    monkeypatch.setenv("KITUNE_WORKDIR", str(work))
+    r = CliRunner().invoke(app, ["prompts", "list"], env={"COLUMNS": "300"})
+    assert r.exit_code == 0, r.output
+    assert "No prompts registered yet" in r.output
+    assert not work.exists()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, NoReturn
 
@@ -73,6 +74,12 @@ def fail_with(error: Exception, *, code: int | None = None, suffix: str = "") ->
 
 def get_config(path: Path | None, overrides: dict[str, object] | None = None) -> KituneConfig:
     """Load the config or exit 2 with the ConfigError message (no traceback)."""
+    env_path = os.environ.get("KITUNE_CONFIG")
+    if path is None and env_path and not Path(env_path).is_file():
+        fail(
+            f"KITUNE_CONFIG={env_path} names no config file: point KITUNE_CONFIG at an existing "
+            "YAML/TOML file, pass --config FILE, or unset KITUNE_CONFIG for the built-in defaults"
+        )
     try:
         return load_config(path, overrides)
     except KituneError as e:

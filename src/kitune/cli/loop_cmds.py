@@ -63,7 +63,10 @@ def list_cmd(config: ConfigOption = None) -> None:
     from kitune.service.prompts import list_prompts
 
     cfg = get_config(config)
-    rows = _or_fail(list_prompts, cfg)
+    uri = cfg.mlflow_uri
+    # A read-only command creates no files: a registry database that does not exist holds nothing.
+    missing_db = uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).is_file()
+    rows = [] if missing_db else _or_fail(list_prompts, cfg)
     if not rows:
         out.print(f"No prompts registered yet in {cfg.mlflow_uri} (run `kitune optimize` first).")
         return
