@@ -156,3 +156,32 @@ def test_browsecomp_question_with_blank_text_everywhere_is_refused(tmp_path: Pat
     (d / "ground_truth.jsonl").write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n", encoding="utf-8")
     with pytest.raises(DataError, match=f"question '{first['query_id']}' has no query text"):
         load_questions(d)
+
+
+def test_json_errors_read_at_column_once(tmp_path: Path) -> None:
+    # Issue 16: json's "Unterminated string starting at" became "... starting at at column 12".
+    f = tmp_path / "q.jsonl"
+    f.write_text('{"id": "a", "query": "unterminated\n', encoding="utf-8")
+    with pytest.raises(DataError) as e:
+        load_questions(f)
+    assert "Unterminated string starting at column 22" in str(e.value) and "at at" not in str(e.value)
+
+
+def test_skipped_corpus_lines_are_logged_once_per_load(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from kitune.data.loaders import load_corpus, load_corpus_with_report
+
+    d = tmp_path / "ds"
+    d.mkdir()
+    (d / "corpus.jsonl").write_text(
+        json.dumps({"docid": "d1", "text": "Paris is in France."}) + "\n{bad\n", encoding="utf-8"
+    )
+    (d / "questions.jsonl").write_text(json.dumps({"id": "q", "query": "Where?", "answer": "France"}) + "\n")
+    with caplog.at_level("WARNING", logger="kitune.data.loaders"):
+        _, report = load_corpus_with_report(d)  # the caller reports report.skipped itself
+        load_questions(d)  # reads the corpus for its doc ids: no second report
+        assert [r.getMessage() for r in caplog.records] == []
+        assert [s.line for s in report.skipped] == [2]
+        load_corpus(d)  # drops the report, so it logs
+    assert [r.getMessage() for r in caplog.records] == [
+        f"skipped {d / 'corpus.jsonl'}:2: invalid JSON: Expecting property name enclosed in double quotes at column 2"
+    ]

@@ -141,6 +141,12 @@ class Dataset:
     root: Path = field(default_factory=Path)
 
 
+def json_error_text(e: json.JSONDecodeError) -> str:
+    """``e`` as "<what> at column <n>" (json's own messages may end in "at": no "at at column")."""
+    what = e.msg[: -len(" at")] if e.msg.endswith(" at") else e.msg
+    return f"{what} at column {e.colno}"
+
+
 def _require_file(path: Path, what: str, fix: str) -> None:
     if not path.is_file():
         raise DataError(f"{what} {path} does not exist: {fix}", path=str(path))
@@ -213,7 +219,7 @@ def load_corpus_with_report(path: Path | str) -> tuple[list[Document], LoadRepor
         try:
             record = json.loads(line)
         except json.JSONDecodeError as e:
-            skipped.append(SkippedLine(str(file), lineno, f"invalid JSON: {e.msg}"))
+            skipped.append(SkippedLine(str(file), lineno, f"invalid JSON: {json_error_text(e)}"))
             continue
         if not isinstance(record, dict):
             skipped.append(SkippedLine(str(file), lineno, f"expected an object, got {type(record).__name__}"))
@@ -252,18 +258,21 @@ def load_corpus_with_report(path: Path | str) -> tuple[list[Document], LoadRepor
                 metadata=metadata,
             )
         )
-    for s in skipped:
-        logger.warning("skipped %s:%d: %s", s.path, s.line, s.reason)
+    # Not logged here: the caller reports report.skipped (the CLI lists them once); load_corpus,
+    # which drops the report, logs them.
     return docs, LoadReport(path=str(file), loaded=len(docs), skipped=tuple(skipped))
 
 
 def load_corpus(path: Path | str) -> list[Document]:
-    """Read a corpus (see :func:`load_corpus_with_report`); skipped lines are only logged.
+    """Read a corpus (see :func:`load_corpus_with_report`); skipped lines are logged (warning).
 
     Raises:
         DataError: the file is missing or holds duplicate doc ids.
     """
-    return load_corpus_with_report(path)[0]
+    docs, report = load_corpus_with_report(path)
+    for s in report.skipped:
+        logger.warning("skipped %s:%d: %s", s.path, s.line, s.reason)
+    return docs
 
 
 def _read_qrels(
@@ -360,7 +369,7 @@ def _read_question_records(path: Path, *, require_query: bool = True) -> list[Qu
             record = json.loads(line)
         except json.JSONDecodeError as e:
             raise DataError(
-                f"{path}:{lineno}: invalid JSON ({e.msg} at column {e.colno}): fix or remove the line",
+                f"{path}:{lineno}: invalid JSON ({json_error_text(e)}): fix or remove the line",
                 path=str(path),
                 line=lineno,
             ) from e
