@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from kitune.cli.common import ConfigOption, console, fail, get_config
+from kitune.cli.common import ConfigOption, console, fail, get_config, preload_litellm
 from kitune.errors import KituneError
 
 if TYPE_CHECKING:
@@ -94,6 +94,7 @@ def _build(
             lm = build_lm(cfg, "rewrite", ledger=ledger)
             rewriter = QueryRewriter(setting.prompts["rewriter"], adapter=adapter_for(lm))
             rewriter.set_lm(lm)
+            preload_litellm()  # the import must not count as the first rewrite's latency
     except KituneError as e:
         fail(f"{e}" + ("" if not use_rewriter else " (or pass --no-rewrite to search without the LLM)"))
     return store, rewriter, ledger

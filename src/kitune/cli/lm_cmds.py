@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from kitune.cli.common import ConfigOption, fail, fail_with, get_config
+from kitune.cli.common import ConfigOption, fail, fail_with, get_config, preload_litellm
 from kitune.errors import KituneError
 
 __all__ = ["lm_app", "register"]
@@ -64,6 +64,7 @@ def smoke(
                 f"(ready in {time.perf_counter() - t0:.1f} s, log {server.log_path})"
             )
         lm = build_lm(cfg, role, ledger=ledger)
+        preload_litellm()  # not part of the call's wall time / tokens per second
         t0 = time.perf_counter()
         with ledger.stage("smoke"):
             outputs = lm(messages=[{"role": "user", "content": prompt}])
