@@ -12,7 +12,7 @@ a summary table and the token ledger.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
@@ -163,6 +163,8 @@ def extract(
             )
     except KituneError as e:
         fail_with(e)
+    except KeyboardInterrupt:
+        _interrupted(state_path, len(docs))
     finally:
         if store is not None:
             store.close()
@@ -189,6 +191,18 @@ def extract(
             out.print(f"[yellow]failed[/] {docid}: {reason[:200]}")
         out.print(f"resume file: {state_path} (rerun to retry {len(report.failed)} failed document(s))")
         raise typer.Exit(1)
+
+
+def _interrupted(state_path: Path, n_docs: int) -> NoReturn:
+    """Ctrl-C: say what was saved (from the resume file, not the progress bar) and exit 130."""
+    from kitune.service.extraction import read_state
+
+    saved = sum(1 for status in read_state(state_path).values() if status == "ok")
+    fail(
+        f"interrupted; {saved} of {n_docs} document(s) are saved (resume file {state_path}): rerun the same "
+        "command to resume",
+        code=130,
+    )
 
 
 def _registered_instruction(cfg: KituneConfig, alias: str | None, *, packaged: bool = False) -> str:
