@@ -99,12 +99,16 @@ def test_context_on_an_empty_store_refuses_before_any_llm_call(monkeypatch: pyte
     monkeypatch.setattr(retrieval, "create_store", lambda cfg: MemoryStore(embedder=HashEmbedder(dim=64)))
     lm = _RefusingLM()
     _use_rewrite_lm(monkeypatch, lm)
+    import kitune.lm as lm_mod
+
+    built: list[str] = []
+    monkeypatch.setattr(lm_mod, "build_lm", lambda cfg, role, **kw: built.append(role) or lm)
     a = typer.Typer()
     context_cmds.register(a)
     r = CliRunner().invoke(a, ["context", "Where is Acme Corp headquartered?"])
     assert r.exit_code == 2, r.output
     assert "holds no KIs" in r.output and "kitune extract" in r.output
-    assert lm.calls == 0
+    assert lm.calls == 0 and built == []  # refused before the rewrite LM was even built
 
 
 def test_serve_with_a_refused_key_exits_2_at_start_and_never_serves(

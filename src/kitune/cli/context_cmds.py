@@ -77,9 +77,17 @@ def resolve_setting(
 
 
 def _build(
-    cfg: KituneConfig, setting: ProductionSetting, *, use_rewriter: bool
+    cfg: KituneConfig,
+    setting: ProductionSetting,
+    *,
+    use_rewriter: bool,
+    on_empty: Callable[[str], None] | None = None,
 ) -> tuple[Store, QueryRewriter | None, TokenLedger]:
-    """Create the setting's store and (unless disabled) its rewriter with its LM; exits 2 on KituneError."""
+    """Create the setting's store and (unless disabled) its rewriter with its LM; exits 2 on KituneError.
+
+    ``on_empty`` is called with a message when the store holds no KI, before any LM is built
+    (so a refusal costs neither tokens nor the local model's start-up).
+    """
     from kitune.programs.query_rewriter import QueryRewriter
     from kitune.retrieval import create_store
     from kitune.usage import TokenLedger
@@ -87,6 +95,9 @@ def _build(
     ledger = TokenLedger()
     try:
         store = create_store(setting.store_cfg)
+        empty = _empty_store_message(store, setting) if on_empty is not None else None
+        if empty and on_empty is not None:
+            on_empty(empty)
         rewriter: QueryRewriter | None = None
         if use_rewriter:
             from kitune.lm import adapter_for, build_lm
@@ -115,6 +126,10 @@ def _empty_store_message(store: Store, setting: ProductionSetting) -> str | None
         f"the KI store {table} holds no KIs: run `kitune extract --data DIR` first (with the same "
         "--config), or pick another table with --prompt-version / --packaged"
     )
+
+
+def _warn_empty(message: str) -> None:
+    console.print(f"[yellow]warning:[/] {escape(message)}; every answer is empty until then", soft_wrap=True)
 
 
 def _check_rewriter(rewriter: QueryRewriter, store: Store) -> None:
@@ -208,11 +223,7 @@ def context(
         fail("the question is blank: pass the question text")
     shown = ("extractor",) if no_rewrite else ("extractor", "rewriter")
     setting = resolve_setting(cfg, prompt_version, packaged, programs=shown)
-    store, rewriter, ledger = _build(cfg, setting, use_rewriter=not no_rewrite)
-    empty = _empty_store_message(store, setting)
-    if empty:
-        store.close()
-        fail(empty)
+    store, rewriter, ledger = _build(cfg, setting, use_rewriter=not no_rewrite, on_empty=fail)
     try:
         resp = get_context(
             question,
@@ -271,10 +282,8 @@ def serve(
     cfg = get_config(config)
     shown = ("extractor",) if no_rewrite else ("extractor", "rewriter")
     setting = resolve_setting(cfg, prompt_version, packaged, programs=shown)
-    store, rewriter, ledger = _build(cfg, setting, use_rewriter=not no_rewrite)
-    empty = _empty_store_message(store, setting)
-    if empty:  # a server may be started before the first extraction: warn, do not refuse
-        console.print(f"[yellow]warning:[/] {escape(empty)}; every answer is empty until then", soft_wrap=True)
+    # A server may be started before the first extraction: warn, do not refuse.
+    store, rewriter, ledger = _build(cfg, setting, use_rewriter=not no_rewrite, on_empty=_warn_empty)
     if rewriter is not None:
         _check_rewriter(rewriter, store)
     follow = not packaged and not prompt_version and refresh_s > 0
