@@ -222,7 +222,7 @@ def test_rewrite_failure_is_logged_and_no_provider_text_reaches_the_response(
     from kitune.programs.query_rewriter import RewriteResult, RewriteTokens
     from kitune.schema import QueryPlan
 
-    reason = "lm_error: LMAuthError: HTTP 401 from https://gw.example.com/v1 for model m: the key was rejected"
+    reason = "lm_error: LMAuthError: HTTP 401 from https://gw.example.com/v1 for model m: key rejected"
 
     class FailingRewriter:
         def rewrite(self, query: str, *, size: int, ledger: object = None) -> RewriteResult:
@@ -230,7 +230,8 @@ def test_rewrite_failure_is_logged_and_no_provider_text_reaches_the_response(
                 plan=QueryPlan.plain(query, size=size), fell_back=True, reason=reason, tokens=RewriteTokens()
             )
 
-    client = TestClient(create_app(cfg, store=store, rewriter=FailingRewriter()), raise_server_exceptions=False)  # type: ignore[arg-type]
+    app = create_app(cfg, store=store, rewriter=FailingRewriter())  # type: ignore[arg-type]
+    client = TestClient(app, raise_server_exceptions=False)
     with caplog.at_level("WARNING", logger="kitune.server"):
         r = client.post("/api/_get_context", json={"query": "Where is Acme Corp headquartered?"})
     assert r.status_code == 200

@@ -163,10 +163,15 @@ class LMConfig(_Section):
     rewrite: LMRoleConfig = Field(
         default_factory=lambda: LMRoleConfig(**_ROLE_DEFAULTS["rewrite"]), description="Query rewriter."
     )
-    agent: LMRoleConfig = Field(default_factory=lambda: LMRoleConfig(**_ROLE_DEFAULTS["agent"]), description="Eval agent.")
-    judge: LMRoleConfig = Field(default_factory=lambda: LMRoleConfig(**_ROLE_DEFAULTS["judge"]), description="Judge.")
+    agent: LMRoleConfig = Field(
+        default_factory=lambda: LMRoleConfig(**_ROLE_DEFAULTS["agent"]), description="Eval agent."
+    )
+    judge: LMRoleConfig = Field(
+        default_factory=lambda: LMRoleConfig(**_ROLE_DEFAULTS["judge"]), description="Judge."
+    )
     reflection: LMRoleConfig = Field(
-        default_factory=lambda: LMRoleConfig(**_ROLE_DEFAULTS["reflection"]), description="Optimiser proposer."
+        default_factory=lambda: LMRoleConfig(**_ROLE_DEFAULTS["reflection"]),
+        description="Optimiser proposer.",
     )
     local: LocalModelConfig = Field(default_factory=LocalModelConfig, description="Embedded local model.")
     cache: bool = Field(default=False, description="Use DSPy's response cache (usage still recorded).")

@@ -131,16 +131,20 @@ def _endpoint_list_page(schema: dict[str, Any]) -> str:
     for path, ops in schema.get("paths", {}).items():
         for method, op in ops.items():
             codes = ", ".join(sorted(op.get("responses", {})))
-            rows.append(
-                f"<tr><td><code>{html.escape(method.upper())}</code></td><td><code>{html.escape(path)}</code></td>"
-                f"<td>{html.escape(op.get('summary', ''))}</td><td>{html.escape(codes)}</td></tr>"
+            cells = (
+                f"<code>{html.escape(method.upper())}</code>",
+                f"<code>{html.escape(path)}</code>",
+                html.escape(op.get("summary", "")),
+                html.escape(codes),
             )
+            rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     title = html.escape(str(schema.get("info", {}).get("title", "API")))
     return (
         f"<!doctype html><html><head><meta charset='utf-8'><title>{title} API</title></head><body>"
         f"<h1>{title} API</h1><p>Swagger UI assets are not installed; the full schema is at "
         "<a href='/openapi.json'>/openapi.json</a>.</p>"
-        "<table border='1' cellpadding='4'><tr><th>method</th><th>path</th><th>summary</th><th>statuses</th></tr>"
+        "<table border='1' cellpadding='4'>"
+        "<tr><th>method</th><th>path</th><th>summary</th><th>statuses</th></tr>"
         + "".join(rows)
         + "</table></body></html>"
     )

@@ -40,12 +40,16 @@ def test_version() -> None:
 
 def test_no_flag_shows_a_bool_type_in_help() -> None:
     _register()
-    for args in (["eval", "--help"], ["context", "--help"], ["extract", "--help"], ["config", "show", "--help"]):
+    commands = (
+        ["eval", "--help"], ["context", "--help"], ["extract", "--help"], ["config", "show", "--help"]
+    )
+    for args in commands:
         r = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
         assert r.exit_code == 0, r.output
         assert "<bool>" not in r.output, args
     r = CliRunner().invoke(app, ["eval", "--help"], env={"COLUMNS": "200"})
-    assert "--no-judge" in r.output and "SKILL" in r.output and "<int range>" in r.output  # typed options keep it
+    # typed options keep their type
+    assert "--no-judge" in r.output and "SKILL" in r.output and "<int range>" in r.output
 
 
 def test_short_n_only_ever_means_number_of_questions(root: Any) -> None:
@@ -65,7 +69,11 @@ def test_failures_never_print_a_bare_exception_class_name() -> None:
         (DataError("q.jsonl:3: question 'b' has no question text"), 2, "error: q.jsonl:3"),
         (ConfigError("lm.judge.max_tokens: must be ≥ 1"), 2, "error: lm.judge"),
         (LMAuthError("HTTP 401 from http://gw/v1: the key in $K was rejected"), 2, "error: HTTP 401"),
-        (LMTimeoutError("m at http://gw/v1 did not answer within 30 s", timeout_s=30.0), 1, "error: LLM call failed: m at"),
+        (
+            LMTimeoutError("m at http://gw/v1 did not answer within 30 s", timeout_s=30.0),
+            1,
+            "error: LLM call failed: m at",
+        ),
         (StoreUnavailableError("cannot reach http://es:9200"), 1, "error: KI store: cannot reach"),
     ]
     for error, code, start in cases:
@@ -74,7 +82,7 @@ def test_failures_never_print_a_bare_exception_class_name() -> None:
         t = typer.Typer()
 
         @t.command()
-        def boom(e: Exception = error) -> None:  # noqa: B008
+        def boom(e: Exception = error) -> None:
             fail_with(e)
 
         r = CliRunner().invoke(t, [])

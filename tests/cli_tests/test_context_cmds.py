@@ -81,7 +81,9 @@ class _RefusingLM:
         from kitune.errors import LMAuthError
 
         self.calls += 1
-        raise LMAuthError("HTTP 401 from http://gw.test/v1 for model m: the key in $GW_KEY (…abcd) was rejected")
+        raise LMAuthError(
+            "HTTP 401 from http://gw.test/v1 for model m: the key in $GW_KEY (…abcd) was rejected"
+        )
 
 
 class _OkLM:
@@ -126,7 +128,9 @@ def test_serve_with_a_refused_key_exits_2_at_start_and_never_serves(
     assert lm.calls == 1 and served == []
 
 
-def test_serve_warms_the_rewrite_lm_up_before_serving(app: typer.Typer, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_serve_warms_the_rewrite_lm_up_before_serving(
+    app: typer.Typer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import uvicorn
 
     served: list[object] = []

@@ -1,5 +1,3 @@
-import os
-from pathlib import Path
 
 import pytest
 
@@ -90,7 +88,8 @@ def test_naming_a_roles_model_keeps_that_roles_other_defaults(tmp_path, monkeypa
     # Issue 16: `reflection: {model: x}` used to reset reflection to temperature 0.0 / 1024 tokens.
     f = tmp_path / "k.yaml"
     f.write_text(
-        "lm:\n  reflection:\n    model: openai/strong\n  judge:\n    model: openai/cheap\n    temperature: 0.3\n"
+        "lm:\n  reflection:\n    model: openai/strong\n"
+        "  judge:\n    model: openai/cheap\n    temperature: 0.3\n"
         "  extract:\n    model: openai/cheap\n"
     )
     monkeypatch.setenv("KITUNE_LM__AGENT__MODEL", "openai/agent")

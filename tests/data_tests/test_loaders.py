@@ -167,7 +167,9 @@ def test_json_errors_read_at_column_once(tmp_path: Path) -> None:
     assert "Unterminated string starting at column 22" in str(e.value) and "at at" not in str(e.value)
 
 
-def test_skipped_corpus_lines_are_logged_once_per_load(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_skipped_corpus_lines_are_logged_once_per_load(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     from kitune.data.loaders import load_corpus, load_corpus_with_report
 
     d = tmp_path / "ds"
@@ -183,5 +185,6 @@ def test_skipped_corpus_lines_are_logged_once_per_load(tmp_path: Path, caplog: p
         assert [s.line for s in report.skipped] == [2]
         load_corpus(d)  # drops the report, so it logs
     assert [r.getMessage() for r in caplog.records] == [
-        f"skipped {d / 'corpus.jsonl'}:2: invalid JSON: Expecting property name enclosed in double quotes at column 2"
+        f"skipped {d / 'corpus.jsonl'}:2: invalid JSON: "
+        "Expecting property name enclosed in double quotes at column 2"
     ]

@@ -41,7 +41,7 @@ def _hide_flag_types() -> None:
         return None if self.is_flag and self.metavar is None else shown(self, ctx)
 
     display_type_rich._kitune_flags_hidden = True  # type: ignore[attr-defined]
-    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign,assignment]
 
 
 def _version(value: bool) -> None:
@@ -69,9 +69,9 @@ def _register() -> None:
     from kitune.cli import (
         bootstrap_cmds,
         config_cmds,
+        context_cmds,
         eval_cmds,
         extract_cmds,
-        context_cmds,
         lm_cmds,
         loop_cmds,
         mcp_cmds,

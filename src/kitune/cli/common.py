@@ -43,7 +43,8 @@ def exit_code_for(error: Exception) -> int:
     """
     from kitune.errors import ConfigError, DataError, LMAuthError, PromptNotFoundError
 
-    return 2 if isinstance(error, (ConfigError, DataError, LMAuthError, PromptNotFoundError, ValueError)) else 1
+    bad_input = (ConfigError, DataError, LMAuthError, PromptNotFoundError, ValueError)
+    return 2 if isinstance(error, bad_input) else 1
 
 
 def _what_failed(error: Exception) -> str:

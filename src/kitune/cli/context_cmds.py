@@ -148,11 +148,13 @@ def _check_rewriter(rewriter: QueryRewriter, store: Store) -> None:
         lm.forward(messages=[{"role": "user", "content": "Reply with OK."}], max_tokens=4, cache=False)
     except LMAuthError as e:
         store.close()
-        fail(f"the rewrite LM refused the key at start-up: {e} (or pass --no-rewrite to serve without the LLM)")
+        fail(
+            f"the rewrite LM refused the key at start-up: {e} (or pass --no-rewrite to serve without the LLM)"
+        )
     except LMError as e:
         console.print(
-            f"[yellow]warning:[/] the rewrite LM did not answer at start-up ({escape(str(e)[:300])}); requests "
-            "fall back to the plain plan until it does",
+            f"[yellow]warning:[/] the rewrite LM did not answer at start-up ({escape(str(e)[:300])}); "
+            "requests fall back to the plain plan until it does",
             soft_wrap=True,
         )
         return

@@ -33,9 +33,12 @@ __all__ = ["EVAL_SKILL_CHOICES", "register"]
 
 
 
-class SkillChoice(str, Enum):
-    """The skills ``--skill`` accepts (kept equal to ``kitune.evaluation.full_context.EVAL_SKILLS`` by
-    a test; spelled out here so ``kitune --help`` does not import the evaluation stack)."""
+class SkillChoice(str, Enum):  # noqa: UP042 - typer parses str-valued Enum choices
+    """The skills ``--skill`` accepts.
+
+    Kept equal to ``kitune.evaluation.full_context.EVAL_SKILLS`` by a test; spelled out here so
+    ``kitune --help`` does not import the evaluation stack.
+    """
 
     baseline = "baseline"
     in_context = "in-context"
@@ -43,7 +46,7 @@ class SkillChoice(str, Enum):
     full_context = "full-context"
 
 
-class SplitChoice(str, Enum):
+class SplitChoice(str, Enum):  # noqa: UP042 - as SkillChoice
     """The question splits ``--split`` accepts."""
 
     all = "all"
@@ -80,7 +83,8 @@ def eval_command(
         Path, typer.Option("--data", help="Dataset directory (BrowseComp-Plus layout or JSONL).")
     ],
     split_choice: Annotated[
-        SplitChoice, typer.Option("--split", help="Which questions; tune/validation are seeded by optimize.seed.")
+        SplitChoice,
+        typer.Option("--split", help="Which questions; tune/validation are seeded by optimize.seed."),
     ] = SplitChoice.all,
     limit: Annotated[int | None, typer.Option("--limit", min=1, help="Only the first N questions.")] = None,
     run_name: Annotated[

@@ -497,7 +497,8 @@ def load_questions(path: Path | str, *, doc_ids: Collection[str] | None = None) 
 
     Raises:
         DataError: missing file, invalid JSON line, duplicate query id, a question without an
-            answer or without question text, or a qrel/evidence doc id not in the corpus (message names file and line).
+            answer or without question text, or a qrel/evidence doc id not in the corpus (message
+            names file and line).
     """
     p = Path(path)
     if p.is_dir():
