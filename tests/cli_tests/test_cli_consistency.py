@@ -111,3 +111,18 @@ def test_prompts_list_on_a_fresh_workdir_creates_no_files(tmp_path, monkeypatch)
     assert r.exit_code == 0, r.output
     assert "No prompts registered yet" in r.output
     assert not work.exists()
+
+
+def test_prompts_show_and_diff_on_a_fresh_workdir_exit_2_and_create_no_files(
+    tmp_path, monkeypatch
+) -> None:
+    _register()
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    work = tmp_path / "w"
+    monkeypatch.setenv("KITUNE_WORKDIR", str(work))
+    name = "kitune-x-extractor"
+    for args in (["prompts", "show", name], ["prompts", "diff", name, "1", "2"]):
+        r = CliRunner().invoke(app, args)
+        assert r.exit_code == 2, r.output
+        assert "no prompt named 'kitune-x-extractor': nothing is registered yet" in r.output
+    assert not work.exists()

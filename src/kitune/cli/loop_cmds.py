@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -19,6 +19,9 @@ from rich.table import Table
 from kitune.cli.common import ConfigOption, fail, fail_with, get_config
 from kitune.cli.recording_opts import RecordOption, ReplayOption, record_overrides, with_recording
 from kitune.errors import KituneError
+
+if TYPE_CHECKING:
+    from kitune.config import KituneConfig
 
 __all__ = ["demo_cmd", "drift_app", "optimize_cmd", "prompts_app", "register", "register_loop"]
 
@@ -57,16 +60,30 @@ def _when(ms: int | None) -> str:
     return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M")
 
 
+def _no_registry(cfg: KituneConfig) -> bool:
+    """True when the registry is a SQLite file that does not exist yet (nothing registered).
+
+    The read-only prompts commands check this first: opening the registry would create the file.
+    """
+    uri = cfg.mlflow_uri
+    return uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).is_file()
+
+
+def _fail_if_no_registry(cfg: KituneConfig, name: str) -> None:
+    if _no_registry(cfg):
+        fail(
+            f"no prompt named {name!r}: nothing is registered yet in {cfg.mlflow_uri} (run `kitune "
+            "bootstrap` or `kitune optimize` first, with the same --config)"
+        )
+
+
 @prompts_app.command("list")
 def list_cmd(config: ConfigOption = None) -> None:
     """List registered prompts with their latest version and aliases."""
     from kitune.service.prompts import list_prompts
 
     cfg = get_config(config)
-    uri = cfg.mlflow_uri
-    # A read-only command creates no files: a registry database that does not exist holds nothing.
-    missing_db = uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).is_file()
-    rows = [] if missing_db else _or_fail(list_prompts, cfg)
+    rows = [] if _no_registry(cfg) else _or_fail(list_prompts, cfg)
     if not rows:
         out.print(f"No prompts registered yet in {cfg.mlflow_uri} (run `kitune optimize` first).")
         return
@@ -101,6 +118,7 @@ def show_cmd(
     from kitune.service.prompts import prompt_versions, show_prompt
 
     cfg = get_config(config)
+    _fail_if_no_registry(cfg, name)
     try:
         if history:
             table = Table(title=name)
@@ -141,6 +159,7 @@ def diff_cmd(
     from kitune.service.prompts import diff_prompt_versions
 
     cfg = get_config(config)
+    _fail_if_no_registry(cfg, name)
     text = _or_fail(diff_prompt_versions, cfg, name, v1, v2)
     if not text:
         out.print(f"{name}: versions {v1} and {v2} are identical.", highlight=False)
