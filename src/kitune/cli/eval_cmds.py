@@ -17,10 +17,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from kitune.cli.common import ConfigOption, console, fail, get_config
+from kitune.cli.common import ConfigOption, console, fail, fail_with, get_config
 from kitune.cli.context_cmds import PackagedOption, PromptVersionOption
 from kitune.cli.recording_opts import RecordOption, ReplayOption, record_overrides, with_recording
-from kitune.errors import KituneError, LMAuthError
+from kitune.errors import KituneError
 
 if TYPE_CHECKING:
     from kitune.config import KituneConfig
@@ -149,10 +149,8 @@ def eval_command(
             on_trace=progress,
             on_setting=_print_setting,
         )
-    except LMAuthError as e:
-        fail(f"{e}", code=2)
-    except KituneError as e:
-        fail(str(e))
+    except KituneError as e:  # bad input and a refused key exit 2, run-time failures 1
+        fail_with(e)
     s = result.summary
     rows = [[label, format_cell(s, key)] for label, key in ROWS]
     _out.print(_summary_table(f"eval {skill}: {s.name}", rows, ["metric", s.name]))
@@ -173,7 +171,7 @@ def _refuse_empty_ki_store(cfg: KituneConfig, select: dict[str, str], packaged: 
         finally:
             store.close()
     except KituneError as e:
-        fail(str(e))
+        fail_with(e)
     if n == 0:
         fail(
             f"--skill in-context: the KI store {setting_summary(setting)['store']} holds no KIs, so every "
