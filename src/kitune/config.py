@@ -142,36 +142,16 @@ class LocalModelConfig(_Section):
     startup_timeout_s: float = Field(default=180.0, gt=0, description="How long to wait for the server.")
 
 
-# Each role's own defaults where they differ from LMRoleConfig's; a role block in the file or
-# the environment is merged over these, so naming a model keeps the role's other defaults.
-_ROLE_DEFAULTS: dict[str, dict[str, Any]] = {
-    "extract": {"max_tokens": 2048},
-    "rewrite": {"max_tokens": 512},
-    "agent": {"max_tokens": 512},
-    "judge": {"max_tokens": 256},
-    "reflection": {"temperature": 1.0, "max_tokens": 4096},
-}
-
-
 class LMConfig(_Section):
     """LLM access for every role."""
 
     gateway: GatewayConfig = Field(default_factory=GatewayConfig, description="Shared gateway.")
-    extract: LMRoleConfig = Field(
-        default_factory=lambda: LMRoleConfig(**_ROLE_DEFAULTS["extract"]), description="Extractor."
-    )
-    rewrite: LMRoleConfig = Field(
-        default_factory=lambda: LMRoleConfig(**_ROLE_DEFAULTS["rewrite"]), description="Query rewriter."
-    )
-    agent: LMRoleConfig = Field(
-        default_factory=lambda: LMRoleConfig(**_ROLE_DEFAULTS["agent"]), description="Eval agent."
-    )
-    judge: LMRoleConfig = Field(
-        default_factory=lambda: LMRoleConfig(**_ROLE_DEFAULTS["judge"]), description="Judge."
-    )
+    extract: LMRoleConfig = Field(default_factory=lambda: LMRoleConfig(max_tokens=2048), description="Extractor.")
+    rewrite: LMRoleConfig = Field(default_factory=lambda: LMRoleConfig(max_tokens=512), description="Query rewriter.")
+    agent: LMRoleConfig = Field(default_factory=lambda: LMRoleConfig(max_tokens=512), description="Eval agent.")
+    judge: LMRoleConfig = Field(default_factory=lambda: LMRoleConfig(max_tokens=256), description="Judge.")
     reflection: LMRoleConfig = Field(
-        default_factory=lambda: LMRoleConfig(**_ROLE_DEFAULTS["reflection"]),
-        description="Optimiser proposer.",
+        default_factory=lambda: LMRoleConfig(temperature=1.0, max_tokens=4096), description="Optimiser proposer."
     )
     local: LocalModelConfig = Field(default_factory=LocalModelConfig, description="Embedded local model.")
     cache: bool = Field(default=False, description="Use DSPy's response cache (usage still recorded).")
@@ -194,11 +174,17 @@ class LMConfig(_Section):
         if not isinstance(data, dict):
             return data
         out = dict(data)
-        for role, defaults in _ROLE_DEFAULTS.items():
+        for role in ROLES:
             block = out.get(role)
+            if not isinstance(block, dict | LMRoleConfig):
+                continue
+            # The role's own defaults: what its default_factory sets explicitly (e.g. max_tokens).
+            factory = cls.model_fields[role].default_factory
+            own: Any = factory() if factory is not None else LMRoleConfig()  # type: ignore[call-arg]
+            defaults = own.model_dump(exclude_unset=True)
             if isinstance(block, dict):
                 out[role] = {**defaults, **block}
-            elif isinstance(block, LMRoleConfig):
+            else:
                 unset = {k: v for k, v in defaults.items() if k not in block.model_fields_set}
                 if unset:
                     out[role] = block.model_copy(update=unset)
