@@ -33,6 +33,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from kitune.errors import ConfigError
@@ -79,10 +80,12 @@ def _env_name(value: str | None, info: ValidationInfo) -> str | None:
     """
     if value is None or _ENV_NAME.fullmatch(value):
         return value
-    raise ValueError(
+    # PydanticCustomError: the message as written, without pydantic's "Value error, " prefix.
+    raise PydanticCustomError(
+        "env_var_name",
         f"{info.field_name} must be the name of an environment variable (letters, digits and _, e.g. "
         "KITUNE_GATEWAY_KEY), not the key or URL itself (the value given is not shown): export the value in "
-        "a variable and put that variable's name here"
+        "a variable and put that variable's name here",
     )
 
 
@@ -541,8 +544,7 @@ def load_config(path: Path | str | None = None, overrides: dict[str, Any] | None
         cfg = with_overrides(KituneConfig(**data), overrides or {})
     except ValidationError as e:
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg'].removeprefix('Value error, ')}"
-            for err in e.errors()
+            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()
         )
         raise ConfigError(f"invalid configuration: {problems}") from e
     return cfg
