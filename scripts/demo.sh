@@ -6,6 +6,38 @@
 # Extra arguments go to `kitune demo` (see `kitune demo --help`), e.g. --questions 6.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+for arg in "$@"; do
+  case "$arg" in
+    -h|--help)
+      # Answered before anything is installed: --help must not create .venv or download a model.
+      cat <<'USAGE'
+Usage: scripts/demo.sh [KITUNE DEMO OPTIONS]
+
+Installs kitune and the embedded local model into ./.venv (first run only), then runs
+`kitune demo`: extract KIs from ../shared/data/fixture, evaluate baseline vs in-context vs
+in-context + disambiguation KIs, run one optimisation round, log to MLflow under
+./kitune-work and print the side-by-side table.
+
+Environment:
+  PYTHON   interpreter used to create .venv (default: python3.11, else python3)
+
+Options are passed to `kitune demo`, e.g.:
+  --questions N, -n N   questions in the slice (default 4)
+  --replay DIR          answer every LLM call from a recording (no model needed)
+  --record DIR          record every LLM call
+USAGE
+      if [ -x .venv/bin/kitune ]; then
+        echo
+        echo "kitune demo --help:"
+        .venv/bin/kitune demo --help
+      else
+        echo
+        echo "(run scripts/demo.sh once to install, then \`.venv/bin/kitune demo --help\` lists every option)"
+      fi
+      exit 0
+      ;;
+  esac
+done
 PY="${PYTHON:-python3.11}"
 command -v "$PY" >/dev/null 2>&1 || PY=python3
 [ -x .venv/bin/python ] || "$PY" -m venv .venv

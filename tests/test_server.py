@@ -213,3 +213,65 @@ def test_rewriter_runs_behind_the_endpoint(cfg: KituneConfig, store: MemoryStore
     body2 = client.post("/api/_get_context", json={"query": "Where is Acme Corp headquartered?"}).json()
     assert body2["rewrite_fell_back"] is True and body2["rewrite_reason"].startswith("no_json")
     assert body2["kis"][0]["title"] == "Acme Corp is headquartered in Springfield."
+
+
+def test_rewrite_failure_is_logged_and_no_provider_text_reaches_the_response(
+    cfg: KituneConfig, store: MemoryStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Issue 16: a wrong key answered 200 with the 401 text (gateway URL included) in every body.
+    from kitune.programs.query_rewriter import RewriteResult, RewriteTokens
+    from kitune.schema import QueryPlan
+
+    reason = "lm_error: LMAuthError: HTTP 401 from https://gw.example.com/v1 for model m: key rejected"
+
+    class FailingRewriter:
+        def rewrite(self, query: str, *, size: int, ledger: object = None) -> RewriteResult:
+            return RewriteResult(
+                plan=QueryPlan.plain(query, size=size), fell_back=True, reason=reason, tokens=RewriteTokens()
+            )
+
+    app = create_app(cfg, store=store, rewriter=FailingRewriter())  # type: ignore[arg-type]
+    client = TestClient(app, raise_server_exceptions=False)
+    with caplog.at_level("WARNING", logger="kitune.server"):
+        r = client.post("/api/_get_context", json={"query": "Where is Acme Corp headquartered?"})
+    assert r.status_code == 200
+    body = r.json()
+    assert body["rewrite_fell_back"] is True and body["rewrite_reason"] == "lm_error"
+    assert "gw.example.com" not in r.text and "401" not in r.text
+    assert any("gw.example.com" in rec.getMessage() and rec.levelname == "WARNING" for rec in caplog.records)
+
+
+def test_openapi_documents_error_bodies_and_401_413(client: TestClient) -> None:
+    schema = client.get("/openapi.json").json()
+    responses = schema["paths"]["/api/_get_context"]["post"]["responses"]
+    assert {"200", "401", "413", "422", "500", "503"} <= set(responses)
+    ref = responses["422"]["content"]["application/json"]["schema"]["$ref"]
+    assert ref.endswith("/ErrorBody")
+    assert set(schema["components"]["schemas"]["ErrorBody"]["properties"]) == {"error"}
+    assert "HTTPValidationError" not in schema["components"]["schemas"]
+    real = client.post("/api/_get_context", json={"query": ""}).json()
+    assert set(real) == {"error"} and real["error"]["type"] == "validation_error"
+
+
+def test_docs_are_served_without_a_cdn(client: TestClient) -> None:
+    page = client.get("/docs")
+    assert page.status_code == 200
+    assert "cdn.jsdelivr" not in page.text and "unpkg" not in page.text
+    assert "/docs-assets/swagger-ui-bundle.js" in page.text
+    js = client.get("/docs-assets/swagger-ui-bundle.js")
+    assert js.status_code == 200 and "SwaggerUIBundle" in js.text
+    assert client.get("/docs-assets/secrets.txt").status_code == 404
+    assert client.get("/redoc").status_code == 404  # its assets come from a CDN: not offered
+
+
+def test_docs_without_swagger_assets_list_the_endpoints(
+    cfg: KituneConfig, store: MemoryStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import kitune.server as server
+
+    monkeypatch.setattr(server, "_swagger_assets", lambda: None)
+    client = TestClient(create_app(cfg, store=store), raise_server_exceptions=False)
+    page = client.get("/docs")
+    assert page.status_code == 200
+    assert "<code>/api/_get_context</code>" in page.text and "<code>POST</code>" in page.text
+    assert "401, 413" in page.text

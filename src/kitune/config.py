@@ -17,13 +17,23 @@ from __future__ import annotations
 
 import contextvars
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from kitune.errors import ConfigError
@@ -59,9 +69,29 @@ _IGNORE_ENV: contextvars.ContextVar[bool] = contextvars.ContextVar("kitune_confi
 
 _SECRET_KEYS = {"api_key", "apikey", "password", "token", "secret", "bearer_token"}
 
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _env_name(value: str | None, info: ValidationInfo) -> str | None:
+    """Refuse an ``*_env`` value that is not an environment-variable name, without echoing it.
+
+    A key or URL pasted where the *name* of a variable belongs would otherwise be printed by
+    ``kitune config show`` and quoted in "export <value>=..." advice.
+    """
+    if value is None or _ENV_NAME.fullmatch(value):
+        return value
+    # PydanticCustomError: the message as written, without pydantic's "Value error, " prefix.
+    raise PydanticCustomError(
+        "env_var_name",
+        f"{info.field_name} must be the name of an environment variable (letters, digits and _, e.g. "
+        "KITUNE_GATEWAY_KEY), not the key or URL itself (the value given is not shown): export the value in "
+        "a variable and put that variable's name here",
+    )
+
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # hide_input_in_errors: a validation error never repeats a value (it may be a pasted key).
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, hide_input_in_errors=True)
 
 
 class LMRoleConfig(_Section):
@@ -85,6 +115,8 @@ class LMRoleConfig(_Section):
         default=None, description="Env var holding this role's API key (overrides the gateway's)."
     )
 
+    _check_env_names = field_validator("api_base_env", "api_key_env")(_env_name)
+
 
 class GatewayConfig(_Section):
     """One OpenAI-compatible gateway shared by every role (a LiteLLM proxy, OpenRouter, vLLM …)."""
@@ -98,6 +130,8 @@ class GatewayConfig(_Section):
     default_model: str | None = Field(
         default=None, description="Model used by roles that name none, e.g. 'openai/gpt-4o-mini'."
     )
+
+    _check_env_names = field_validator("base_url_env", "api_key_env")(_env_name)
 
 
 class LocalModelConfig(_Section):
@@ -143,6 +177,30 @@ class LMConfig(_Section):
         description="Answer every LLM call from <dir>/calls.jsonl, contacting no provider; an unrecorded call "
         "fails naming it (the CLI's --replay DIR).",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _role_blocks_over_role_defaults(cls, data: Any) -> Any:
+        # `reflection: {model: x}` must keep reflection's temperature 1.0 and 4096 max_tokens,
+        # not fall back to LMRoleConfig's generic 0.0 / 1024.
+        if not isinstance(data, dict):
+            return data
+        out = dict(data)
+        for role in ROLES:
+            block = out.get(role)
+            if not isinstance(block, dict | LMRoleConfig):
+                continue
+            # The role's own defaults: what its default_factory sets explicitly (e.g. max_tokens).
+            factory = cls.model_fields[role].default_factory
+            own: Any = factory() if factory is not None else LMRoleConfig()  # type: ignore[call-arg]
+            defaults = own.model_dump(exclude_unset=True)
+            if isinstance(block, dict):
+                out[role] = {**defaults, **block}
+            else:
+                unset = {k: v for k, v in defaults.items() if k not in block.model_fields_set}
+                if unset:
+                    out[role] = block.model_copy(update=unset)
+        return out
 
     @model_validator(mode="after")
     def _record_or_replay(self) -> LMConfig:
@@ -198,6 +256,8 @@ class ElasticsearchStoreConfig(_Section):
     )
     bulk_chunk_size: int = Field(default=500, ge=1, description="Documents per bulk request.")
     max_retries: int = Field(default=5, ge=0, description="Retries of 429 items, with backoff.")
+
+    _check_env_names = field_validator("url_env", "api_key_env")(_env_name)
 
 
 StoreConfig = Annotated[LanceStoreConfig | ElasticsearchStoreConfig, Field(discriminator="type")]
@@ -366,7 +426,8 @@ class KituneConfig(BaseSettings):
     """The whole configuration. See the module docstring for precedence and secrets."""
 
     model_config = SettingsConfigDict(
-        env_prefix="KITUNE_", env_nested_delimiter="__", extra="forbid", validate_assignment=True
+        env_prefix="KITUNE_", env_nested_delimiter="__", extra="forbid", validate_assignment=True,
+        hide_input_in_errors=True,
     )
 
     workdir: Path = Field(default=Path("kitune-work"), description="Where stores, runs and traces live.")

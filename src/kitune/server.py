@@ -13,7 +13,10 @@ the production rewriter prompt and the production extractor's KI table, see
 seconds, so ``kitune prompts promote`` / ``rollback`` change what a running server serves.
 
 Other rules: the request body is capped (:data:`MAX_BODY_BYTES`, 413 beyond); the OpenAPI schema
-is served at ``/openapi.json``; ``GET /healthz`` answers without touching the store. When a bearer
+is served at ``/openapi.json`` and documents every error status with the ``{"error": …}`` body;
+``/docs`` is Swagger UI served from local assets (no CDN; a plain endpoint list when none are
+installed); ``GET /healthz`` answers without touching the store. A rewrite that fell back is
+logged with its full reason; the response carries only its reason code (never provider text). When a bearer
 token is configured (``KITUNE_API_TOKEN``), ``/api/*`` requires ``Authorization: Bearer <token>``;
 ``kitune serve`` refuses to bind a non-loopback host without one.
 """
@@ -21,6 +24,8 @@ token is configured (``KITUNE_API_TOKEN``), ``/api/*`` requires ``Authorization:
 from __future__ import annotations
 
 import hmac
+import html
+import importlib.util
 import ipaddress
 import logging
 import os
@@ -28,11 +33,13 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -76,6 +83,73 @@ _GENERIC_500 = "internal error while answering the request; see the server log"
 _STORE_503 = "the KI store is unavailable: check that its backend is running and configured"
 
 
+class ErrorDetail(BaseModel):
+    """The ``error`` member of every error response."""
+
+    type: str = Field(description="Error kind, e.g. validation_error, http_error, body_too_large, not_found.")
+    message: str = Field(description="What went wrong and how to fix it; never a stack trace or a secret.")
+    details: list[dict[str, Any]] | None = Field(
+        default=None, description="validation_error only: one {loc, msg} per invalid field."
+    )
+
+
+class ErrorBody(BaseModel):
+    """Body of every non-2xx response: ``{"error": {"type", "message", "details"?}}``."""
+
+    error: ErrorDetail
+
+
+_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorBody, "description": "Missing or wrong bearer token (when KITUNE_API_TOKEN is set)."},
+    413: {"model": ErrorBody, "description": "Request body larger than the cap (64 KiB by default)."},
+    422: {"model": ErrorBody, "description": "Invalid request (details lists each field) or configuration."},
+    503: {"model": ErrorBody, "description": "The KI store is unavailable."},
+    500: {"model": ErrorBody, "description": "Internal error (details only in the server log)."},
+}
+
+
+def _swagger_assets() -> Path | None:
+    """A local folder holding ``swagger-ui-bundle.js`` and ``swagger-ui.css``, or None.
+
+    LiteLLM (a kitune dependency) ships them for its proxy; found without importing LiteLLM.
+    """
+    try:
+        spec = importlib.util.find_spec("litellm")
+    except (ImportError, ValueError):
+        return None
+    roots = list(spec.submodule_search_locations or []) if spec is not None else []
+    for root in roots:
+        folder = Path(root) / "proxy" / "swagger"
+        if (folder / "swagger-ui-bundle.js").is_file() and (folder / "swagger-ui.css").is_file():
+            return folder
+    return None
+
+
+def _endpoint_list_page(schema: dict[str, Any]) -> str:
+    """A self-contained HTML page listing the schema's endpoints (no Swagger assets available)."""
+    rows = []
+    for path, ops in schema.get("paths", {}).items():
+        for method, op in ops.items():
+            codes = ", ".join(sorted(op.get("responses", {})))
+            cells = (
+                f"<code>{html.escape(method.upper())}</code>",
+                f"<code>{html.escape(path)}</code>",
+                html.escape(op.get("summary", "")),
+                html.escape(codes),
+            )
+            rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    title = html.escape(str(schema.get("info", {}).get("title", "API")))
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{title} API</title></head><body>"
+        f"<h1>{title} API</h1><p>Swagger UI assets are not installed; the full schema is at "
+        "<a href='/openapi.json'>/openapi.json</a>.</p>"
+        "<table border='1' cellpadding='4'>"
+        "<tr><th>method</th><th>path</th><th>summary</th><th>statuses</th></tr>"
+        + "".join(rows)
+        + "</table></body></html>"
+    )
+
+
 @dataclass(frozen=True)
 class ServedSetting:
     """The store, rewriter and prompt versions a server answers with."""
@@ -94,6 +168,20 @@ def is_loopback_host(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+def _public_reason(resp: ContextResponse) -> ContextResponse:
+    """Log a rewrite fallback in full; answer with its reason code only.
+
+    The full reason can hold a provider's error text (a 401 body, the gateway URL); it goes to
+    the server log (warning), and the response keeps only the code before the first colon
+    (``lm_error``, ``no_json``, ``invalid_plan``, ``empty_plan``).
+    """
+    if not resp.rewrite_fell_back:
+        return resp
+    reason = resp.rewrite_reason or "unknown"
+    logger.warning("query rewrite fell back to the plain plan: %s", reason)
+    return resp.model_copy(update={"rewrite_reason": reason.split(":", 1)[0].strip() or "unknown"})
 
 
 def _error(status: int, type_: str, message: str, **extra: Any) -> JSONResponse:
@@ -243,6 +331,8 @@ def create_app(
         title="kitune",
         summary="Knowledge Indicators for LLM agents: hybrid retrieval behind one context call.",
         version="1",
+        docs_url=None,  # FastAPI's /docs and /redoc load their assets from a CDN: blank offline
+        redoc_url=None,
     )
     app.add_middleware(_BodyLimit, max_bytes=max_body_bytes)
     bearer = HTTPBearer(auto_error=False, description=f"Required when {API_TOKEN_ENV} is set.")
@@ -289,7 +379,7 @@ def create_app(
 
     def context_endpoint(body: Any) -> ContextResponse:
         served_store, served_rewriter = current()
-        return get_context(
+        resp = get_context(
             body.query,
             store=served_store,
             rewriter=served_rewriter,
@@ -298,6 +388,7 @@ def create_app(
             cfg=cfg,
             ledger=ledger,
         )
+        return _public_reason(resp)
 
     # The request model is built here (its bounds come from cfg), so its annotation is set as an
     # object: string annotations (PEP 563) cannot name a class local to this function.
@@ -305,9 +396,31 @@ def create_app(
     app.post(
         "/api/_get_context",
         response_model=ContextResponse,
+        responses=_ERROR_RESPONSES,
         dependencies=[Depends(check_token)],
         summary="Retrieve KIs, facets and the compiled query for a question.",
     )(context_endpoint)
+
+    assets = _swagger_assets()
+
+    @app.get("/docs", include_in_schema=False)
+    def docs() -> HTMLResponse:
+        if assets is None:
+            return HTMLResponse(_endpoint_list_page(app.openapi()))
+        return get_swagger_ui_html(
+            openapi_url=app.openapi_url or "/openapi.json",
+            title="kitune API",
+            swagger_js_url="/docs-assets/swagger-ui-bundle.js",
+            swagger_css_url="/docs-assets/swagger-ui.css",
+            swagger_favicon_url="/docs-assets/favicon.png",
+        )
+
+    @app.get("/docs-assets/{name}", include_in_schema=False)
+    def docs_asset(name: str) -> FileResponse:
+        allowed = ("swagger-ui-bundle.js", "swagger-ui.css", "favicon.png")
+        if assets is None or name not in allowed or not (assets / name).is_file():
+            raise StarletteHTTPException(404, f"no docs asset {name!r}")
+        return FileResponse(assets / name)
 
     @app.get("/healthz", summary="Liveness check (does not touch the store); names the served versions.")
     def healthz() -> dict[str, Any]:

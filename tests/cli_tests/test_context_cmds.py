@@ -57,3 +57,87 @@ def test_serve_refuses_public_host_without_token(app: typer.Typer) -> None:
     r = CliRunner().invoke(app, ["serve", "--host", "0.0.0.0", "--no-rewrite"])
     assert r.exit_code == 2
     assert "KITUNE_API_TOKEN" in r.output
+
+
+
+def _use_rewrite_lm(monkeypatch: pytest.MonkeyPatch, lm: object) -> None:
+    """Make the CLI's rewriter use ``lm`` (an object with ``forward``) instead of a real provider."""
+    import kitune.lm as lm_mod
+    from kitune.programs.query_rewriter import QueryRewriter
+
+    monkeypatch.setattr(lm_mod, "build_lm", lambda cfg, role, **kw: lm)
+    monkeypatch.setattr(lm_mod, "adapter_for", lambda lm: None)
+    monkeypatch.setattr(QueryRewriter, "set_lm", lambda self, lm: setattr(self, "_test_lm", lm))
+    monkeypatch.setattr(QueryRewriter, "get_lm", lambda self: self._test_lm)
+
+
+class _RefusingLM:
+    """A rewrite LM whose provider rejects the key (counts calls)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def forward(self, **kwargs: object) -> None:
+        from kitune.errors import LMAuthError
+
+        self.calls += 1
+        raise LMAuthError(
+            "HTTP 401 from http://gw.test/v1 for model m: the key in $GW_KEY (…abcd) was rejected"
+        )
+
+
+class _OkLM:
+    def __init__(self) -> None:
+        self.calls: list[dict] = []
+
+    def forward(self, **kwargs: object) -> None:
+        self.calls.append(dict(kwargs))
+
+
+def test_context_on_an_empty_store_refuses_before_any_llm_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Issue 16: `kitune context` on an empty KI store spent rewrite tokens and printed nothing useful.
+    import kitune.retrieval as retrieval
+
+    monkeypatch.setattr(retrieval, "create_store", lambda cfg: MemoryStore(embedder=HashEmbedder(dim=64)))
+    lm = _RefusingLM()
+    _use_rewrite_lm(monkeypatch, lm)
+    import kitune.lm as lm_mod
+
+    built: list[str] = []
+    monkeypatch.setattr(lm_mod, "build_lm", lambda cfg, role, **kw: built.append(role) or lm)
+    a = typer.Typer()
+    context_cmds.register(a)
+    r = CliRunner().invoke(a, ["context", "Where is Acme Corp headquartered?"])
+    assert r.exit_code == 2, r.output
+    assert "holds no KIs" in r.output and "kitune extract" in r.output
+    assert lm.calls == 0 and built == []  # refused before the rewrite LM was even built
+
+
+def test_serve_with_a_refused_key_exits_2_at_start_and_never_serves(
+    app: typer.Typer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import uvicorn
+
+    served: list[object] = []
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **kw: served.append(a))
+    lm = _RefusingLM()
+    _use_rewrite_lm(monkeypatch, lm)
+    r = CliRunner().invoke(app, ["serve"])
+    assert r.exit_code == 2, r.output
+    assert "refused the key at start-up" in r.output and "$GW_KEY" in r.output and "--no-rewrite" in r.output
+    assert lm.calls == 1 and served == []
+
+
+def test_serve_warms_the_rewrite_lm_up_before_serving(
+    app: typer.Typer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import uvicorn
+
+    served: list[object] = []
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **kw: served.append(a))
+    lm = _OkLM()
+    _use_rewrite_lm(monkeypatch, lm)
+    r = CliRunner().invoke(app, ["serve", "--refresh-s", "0"])
+    assert r.exit_code == 0, r.output
+    assert "rewrite LM ready" in r.output and len(served) == 1
+    assert len(lm.calls) == 1 and lm.calls[0]["max_tokens"] == 4

@@ -82,3 +82,79 @@ def test_overrides_beat_the_environment(monkeypatch):
     monkeypatch.setenv("KITUNE_AGENT__MAX_STEPS", "12")
     assert load_config(overrides={"agent.max_steps": 3}).agent.max_steps == 3
     assert load_config().agent.max_steps == 12
+
+
+def test_naming_a_roles_model_keeps_that_roles_other_defaults(tmp_path, monkeypatch):
+    # Issue 16: `reflection: {model: x}` used to reset reflection to temperature 0.0 / 1024 tokens.
+    f = tmp_path / "k.yaml"
+    f.write_text(
+        "lm:\n  reflection:\n    model: openai/strong\n"
+        "  judge:\n    model: openai/cheap\n    temperature: 0.3\n"
+        "  extract:\n    model: openai/cheap\n"
+    )
+    monkeypatch.setenv("KITUNE_LM__AGENT__MODEL", "openai/agent")
+    cfg = load_config(f, {"lm.rewrite.model": "openai/rw"})
+    assert (cfg.lm.reflection.model, cfg.lm.reflection.temperature, cfg.lm.reflection.max_tokens) == (
+        "openai/strong", 1.0, 4096,
+    )
+    assert (cfg.lm.judge.temperature, cfg.lm.judge.max_tokens) == (0.3, 256)  # explicit value kept
+    assert cfg.lm.extract.max_tokens == 2048
+    assert (cfg.lm.agent.model, cfg.lm.agent.max_tokens) == ("openai/agent", 512)
+    assert (cfg.lm.rewrite.model, cfg.lm.rewrite.max_tokens) == ("openai/rw", 512)
+
+
+def test_role_object_without_those_fields_gets_the_role_defaults():
+    from kitune.config import LMConfig, LMRoleConfig
+
+    lm = LMConfig(reflection=LMRoleConfig(model="m"), judge=LMRoleConfig(model="j", max_tokens=99))
+    assert (lm.reflection.temperature, lm.reflection.max_tokens) == (1.0, 4096)
+    assert lm.judge.max_tokens == 99
+
+
+@pytest.mark.parametrize(
+    ("setting", "pasted"),
+    [
+        ("lm.gateway.api_key_env", "sk-live-abcdef1234567890"),
+        ("lm.gateway.base_url_env", "https://gw.example.com/v1"),
+        ("lm.judge.api_key_env", "sk-live-abcdef1234567890"),
+        ("lm.agent.api_base_env", "http://127.0.0.1:4000"),
+        ("store.api_key_env", "abc-def=="),
+    ],
+)
+def test_a_value_pasted_into_an_env_field_is_refused_and_never_echoed(tmp_path, setting, pasted):
+    section, *middle, leaf = setting.split(".")
+    body = f"{section}:\n" + ("  type: elasticsearch\n" if section == "store" else "")
+    indent = "  "
+    for part in middle:
+        body += f"{indent}{part}:\n"
+        indent += "  "
+    body += f'{indent}{leaf}: "{pasted}"\n'
+    f = tmp_path / "k.yaml"
+    f.write_text(body)
+    with pytest.raises(ConfigError) as info:
+        load_config(f)
+    msg = str(info.value)
+    shown_as = setting.replace("store.", "store.elasticsearch.")  # pydantic names the union member
+    assert shown_as in msg and "name of an environment variable" in msg
+    assert pasted not in msg and pasted not in repr(info.value.__cause__)
+    assert "Value error" not in msg
+
+
+def test_a_value_pasted_into_an_env_field_via_the_environment_is_refused(monkeypatch):
+    monkeypatch.setenv("KITUNE_LM__GATEWAY__API_KEY_ENV", "sk-live-zzzz99999999")
+    with pytest.raises(ConfigError) as info:
+        load_config()
+    assert "lm.gateway.api_key_env" in str(info.value) and "sk-live" not in str(info.value)
+
+
+def test_config_show_never_prints_a_pasted_key(tmp_path):
+    from typer.testing import CliRunner
+
+    from kitune.cli import _register, app
+
+    _register()
+    f = tmp_path / "k.yaml"
+    f.write_text('lm:\n  gateway:\n    api_key_env: "sk-live-abcdef1234567890"\n')
+    result = CliRunner().invoke(app, ["config", "show", "--config", str(f)])
+    assert result.exit_code == 2
+    assert "sk-live" not in result.output and "lm.gateway.api_key_env" in result.output

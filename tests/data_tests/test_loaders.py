@@ -135,3 +135,56 @@ def test_plain_jsonl_dataset(tmp_path: Path) -> None:
     qs.write_text(json.dumps({"id": "q1", "question": "?", "answer": "x", "evidence_docids": ["zz"]}) + "\n")
     with pytest.raises(DataError, match="cites doc id 'zz'"):
         load_dataset(tmp_path)
+
+
+@pytest.mark.parametrize("record", [{"id": "b", "answer": "x"}, {"id": "b", "query": "   ", "answer": "x"}])
+def test_question_without_text_is_refused_naming_file_and_line(tmp_path: Path, record: dict) -> None:
+    # Issue 16: a questions file with no `query` was accepted and blank questions were sent (tokens spent).
+    f = tmp_path / "q.jsonl"
+    f.write_text(json.dumps({"id": "a", "query": "Q?", "answer": "x"}) + "\n" + json.dumps(record) + "\n")
+    with pytest.raises(DataError, match=r"q.jsonl:2: question 'b' has no question text.*'query'") as e:
+        load_questions(f)
+    assert e.value.line == 2
+
+
+def test_browsecomp_question_with_blank_text_everywhere_is_refused(tmp_path: Path, fixture_dir: Path) -> None:
+    d = _copy_layout(fixture_dir, tmp_path / "ds")
+    (d / "queries.tsv").unlink()
+    lines = (d / "ground_truth.jsonl").read_text(encoding="utf-8").splitlines()
+    first = json.loads(lines[0])
+    first["query"] = "  "
+    (d / "ground_truth.jsonl").write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n", encoding="utf-8")
+    with pytest.raises(DataError, match=f"question '{first['query_id']}' has no query text"):
+        load_questions(d)
+
+
+def test_json_errors_read_at_column_once(tmp_path: Path) -> None:
+    # Issue 16: json's "Unterminated string starting at" became "... starting at at column 12".
+    f = tmp_path / "q.jsonl"
+    f.write_text('{"id": "a", "query": "unterminated\n', encoding="utf-8")
+    with pytest.raises(DataError) as e:
+        load_questions(f)
+    assert "Unterminated string starting at column 22" in str(e.value) and "at at" not in str(e.value)
+
+
+def test_skipped_corpus_lines_are_logged_once_per_load(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from kitune.data.loaders import load_corpus, load_corpus_with_report
+
+    d = tmp_path / "ds"
+    d.mkdir()
+    (d / "corpus.jsonl").write_text(
+        json.dumps({"docid": "d1", "text": "Paris is in France."}) + "\n{bad\n", encoding="utf-8"
+    )
+    (d / "questions.jsonl").write_text(json.dumps({"id": "q", "query": "Where?", "answer": "France"}) + "\n")
+    with caplog.at_level("WARNING", logger="kitune.data.loaders"):
+        _, report = load_corpus_with_report(d)  # the caller reports report.skipped itself
+        load_questions(d)  # reads the corpus for its doc ids: no second report
+        assert [r.getMessage() for r in caplog.records] == []
+        assert [s.line for s in report.skipped] == [2]
+        load_corpus(d)  # drops the report, so it logs
+    assert [r.getMessage() for r in caplog.records] == [
+        f"skipped {d / 'corpus.jsonl'}:2: invalid JSON: "
+        "Expecting property name enclosed in double quotes at column 2"
+    ]

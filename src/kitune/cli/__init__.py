@@ -25,10 +25,47 @@ app = typer.Typer(
 _REGISTERED = False
 
 
+def _hide_flag_types() -> None:
+    """Show no ``<bool>`` type next to on/off flags (``--json``, ``--no-judge``) in ``--help``.
+
+    Typer's rich help prints the Python type of every option; for a flag that takes no value
+    the ``<bool>`` only suggests one must be given.
+    """
+    from typer.core import TyperOption
+
+    shown = TyperOption.display_type_rich
+    if getattr(shown, "_kitune_flags_hidden", False):
+        return
+
+    def display_type_rich(self: TyperOption, ctx: typer.Context) -> str | None:
+        return None if self.is_flag and self.metavar is None else shown(self, ctx)
+
+    display_type_rich._kitune_flags_hidden = True  # type: ignore[attr-defined]
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign,assignment]
+
+
+def _version(value: bool) -> None:
+    if value:
+        from kitune import __version__
+
+        typer.echo(f"kitune {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print kitune's version and exit."
+    ),
+) -> None:
+    """kitune: Knowledge Indicators for LLM agents."""
+
+
 def _register() -> None:
     global _REGISTERED
     if _REGISTERED:
         return
+    _hide_flag_types()
     from kitune.cli import (
         bootstrap_cmds,
         config_cmds,

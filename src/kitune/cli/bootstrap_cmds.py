@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from kitune.cli.common import ConfigOption, fail, get_config
+from kitune.cli.common import ConfigOption, fail_with, get_config
 from kitune.cli.recording_opts import RecordOption, ReplayOption, record_overrides, with_recording
 from kitune.errors import KituneError
 
@@ -114,7 +114,7 @@ def bootstrap(
             out_dir=out_dir,
         )
     except (KituneError, ValueError) as e:
-        fail(f"{type(e).__name__}: {e}")
+        fail_with(e)
 
     table = Table(title=f"bootstrap sample of {corpus} (seed {seed})")
     table.add_column("docid")

@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from kitune.cli.common import ConfigOption, console, fail, get_config
+from kitune.cli.common import ConfigOption, console, fail, get_config, preload_litellm
 from kitune.errors import KituneError
 
 if TYPE_CHECKING:
@@ -40,6 +41,7 @@ PromptVersionOption = Annotated[
     list[str] | None,
     typer.Option(
         "--prompt-version",
+        metavar="PROGRAM=VERSION",
         help="Use this registered version instead of production: PROGRAM=VERSION (extractor=3, "
         "rewriter=candidate) or an alias for every program (candidate). Repeatable.",
         show_default=False,
@@ -75,9 +77,17 @@ def resolve_setting(
 
 
 def _build(
-    cfg: KituneConfig, setting: ProductionSetting, *, use_rewriter: bool
+    cfg: KituneConfig,
+    setting: ProductionSetting,
+    *,
+    use_rewriter: bool,
+    on_empty: Callable[[str], None] | None = None,
 ) -> tuple[Store, QueryRewriter | None, TokenLedger]:
-    """Create the setting's store and (unless disabled) its rewriter with its LM; exits 2 on KituneError."""
+    """Create the setting's store and (unless disabled) its rewriter with its LM; exits 2 on KituneError.
+
+    ``on_empty`` is called with a message when the store holds no KI, before any LM is built
+    (so a refusal costs neither tokens nor the local model's start-up).
+    """
     from kitune.programs.query_rewriter import QueryRewriter
     from kitune.retrieval import create_store
     from kitune.usage import TokenLedger
@@ -85,6 +95,9 @@ def _build(
     ledger = TokenLedger()
     try:
         store = create_store(setting.store_cfg)
+        empty = _empty_store_message(store, setting) if on_empty is not None else None
+        if empty and on_empty is not None:
+            on_empty(empty)
         rewriter: QueryRewriter | None = None
         if use_rewriter:
             from kitune.lm import adapter_for, build_lm
@@ -92,9 +105,61 @@ def _build(
             lm = build_lm(cfg, "rewrite", ledger=ledger)
             rewriter = QueryRewriter(setting.prompts["rewriter"], adapter=adapter_for(lm))
             rewriter.set_lm(lm)
+            preload_litellm()  # the import must not count as the first rewrite's latency
     except KituneError as e:
         fail(f"{e}" + ("" if not use_rewriter else " (or pass --no-rewrite to search without the LLM)"))
     return store, rewriter, ledger
+
+
+def _empty_store_message(store: Store, setting: ProductionSetting) -> str | None:
+    """A message when the setting's KI table holds no KI (None otherwise or when it cannot count)."""
+    from kitune.service.prompts import setting_summary
+
+    try:
+        n = store.count()
+    except KituneError:
+        return None  # an unreachable store is reported by the first search, with its own message
+    if n:
+        return None
+    table = setting_summary(setting)["store"]
+    return (
+        f"the KI store {table} holds no KIs: run `kitune extract --data DIR` first (with the same "
+        "--config), or pick another table with --prompt-version / --packaged"
+    )
+
+
+def _warn_empty(message: str) -> None:
+    console.print(f"[yellow]warning:[/] {escape(message)}; every answer is empty until then", soft_wrap=True)
+
+
+def _check_rewriter(rewriter: QueryRewriter, store: Store) -> None:
+    """One tiny call to the rewrite LM at start: exit 2 when it refuses the key, warn on other failures.
+
+    Without it a wrong key answers every request with the plain query (HTTP 200) and the log
+    shows nothing; the call also pays the model's start-up before the first request does.
+    """
+    import time
+
+    from kitune.errors import LMAuthError, LMError
+
+    lm = rewriter.get_lm()
+    t0 = time.perf_counter()
+    try:
+        lm.forward(messages=[{"role": "user", "content": "Reply with OK."}], max_tokens=4, cache=False)
+    except LMAuthError as e:
+        store.close()
+        fail(
+            f"the rewrite LM refused the key at start-up: {e} (or pass --no-rewrite to serve without the LLM)"
+        )
+    except LMError as e:
+        console.print(
+            f"[yellow]warning:[/] the rewrite LM did not answer at start-up ({escape(str(e)[:300])}); "
+            "requests fall back to the plain plan until it does",
+            soft_wrap=True,
+        )
+        return
+    ms = (time.perf_counter() - t0) * 1000
+    console.print(f"rewrite LM ready ({ms:.0f} ms for a warm-up call)", highlight=False, markup=False)
 
 
 def print_context(resp: ContextResponse, console: Console) -> None:
@@ -136,7 +201,7 @@ def print_context(resp: ContextResponse, console: Console) -> None:
 
 def context(
     question: Annotated[str, typer.Argument(help="The question to retrieve KIs for.")],
-    size: Annotated[int, typer.Option("--size", "-n", min=1, help="KIs to return (capped by max_size).")] = (
+    size: Annotated[int, typer.Option("--size", min=1, help="KIs to return (capped by max_size).")] = (
         10
     ),
     no_execute: Annotated[
@@ -160,7 +225,7 @@ def context(
         fail("the question is blank: pass the question text")
     shown = ("extractor",) if no_rewrite else ("extractor", "rewriter")
     setting = resolve_setting(cfg, prompt_version, packaged, programs=shown)
-    store, rewriter, ledger = _build(cfg, setting, use_rewriter=not no_rewrite)
+    store, rewriter, ledger = _build(cfg, setting, use_rewriter=not no_rewrite, on_empty=fail)
     try:
         resp = get_context(
             question,
@@ -219,7 +284,10 @@ def serve(
     cfg = get_config(config)
     shown = ("extractor",) if no_rewrite else ("extractor", "rewriter")
     setting = resolve_setting(cfg, prompt_version, packaged, programs=shown)
-    store, rewriter, ledger = _build(cfg, setting, use_rewriter=not no_rewrite)
+    # A server may be started before the first extraction: warn, do not refuse.
+    store, rewriter, ledger = _build(cfg, setting, use_rewriter=not no_rewrite, on_empty=_warn_empty)
+    if rewriter is not None:
+        _check_rewriter(rewriter, store)
     follow = not packaged and not prompt_version and refresh_s > 0
     app = create_app(
         cfg,

@@ -8,6 +8,8 @@ authentication failure stops the run and exits 2 with the message naming the key
 
 from __future__ import annotations
 
+import re
+from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, cast
 
@@ -15,18 +17,44 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from kitune.cli.common import ConfigOption, console, fail, get_config
+from kitune.cli.common import ConfigOption, console, fail, fail_with, get_config
 from kitune.cli.context_cmds import PackagedOption, PromptVersionOption
 from kitune.cli.recording_opts import RecordOption, ReplayOption, record_overrides, with_recording
-from kitune.errors import KituneError, LMAuthError
+from kitune.errors import KituneError
 
 if TYPE_CHECKING:
+    from kitune.config import KituneConfig
     from kitune.data.examples import Split
     from kitune.evaluation.metrics import Trace
     from kitune.evaluation.report import RunSummary
     from kitune.evaluation.tools import Skill
 
-__all__ = ["register"]
+__all__ = ["EVAL_SKILL_CHOICES", "register"]
+
+
+
+class SkillChoice(str, Enum):  # noqa: UP042 - typer parses str-valued Enum choices
+    """The skills ``--skill`` accepts.
+
+    Kept equal to ``kitune.evaluation.full_context.EVAL_SKILLS`` by a test; spelled out here so
+    ``kitune --help`` does not import the evaluation stack.
+    """
+
+    baseline = "baseline"
+    in_context = "in-context"
+    closed_book = "closed-book"
+    full_context = "full-context"
+
+
+class SplitChoice(str, Enum):  # noqa: UP042 - as SkillChoice
+    """The question splits ``--split`` accepts."""
+
+    all = "all"
+    tune = "tune"
+    validation = "validation"
+
+
+EVAL_SKILL_CHOICES: tuple[str, ...] = tuple(c.value for c in SkillChoice)
 
 _out = Console()
 
@@ -42,13 +70,22 @@ def _summary_table(title: str, rows: list[list[str]], header: list[str]) -> Tabl
 
 @with_recording
 def eval_command(
-    skill: Annotated[str, typer.Option("--skill", help="baseline | in-context | closed-book | full-context")],
+    skill_choice: Annotated[
+        SkillChoice,
+        typer.Option(
+            "--skill",
+            metavar="SKILL",
+            help="What the agent gets: baseline (search + fetch), in-context (the KI store), closed-book "
+            "(nothing), full-context (the whole conversation in the prompt).",
+        ),
+    ],
     data: Annotated[
         Path, typer.Option("--data", help="Dataset directory (BrowseComp-Plus layout or JSONL).")
     ],
-    split: Annotated[
-        str, typer.Option("--split", help="all | tune | validation (seeded by optimize.seed).")
-    ] = "all",
+    split_choice: Annotated[
+        SplitChoice,
+        typer.Option("--split", help="Which questions; tune/validation are seeded by optimize.seed."),
+    ] = SplitChoice.all,
     limit: Annotated[int | None, typer.Option("--limit", min=1, help="Only the first N questions.")] = None,
     run_name: Annotated[
         str | None, typer.Option("--run-name", help="Run folder under <workdir>/runs.")
@@ -85,13 +122,14 @@ def eval_command(
     from kitune.service.evaluation import run_eval
     from kitune.service.prompts import parse_prompt_selection
 
+    skill, split = skill_choice.value, split_choice.value
     cfg = get_config(config, record_overrides(record, replay) or None)
-    if split not in ("all", "tune", "validation"):
-        fail(f"--split {split!r}: use all, tune or validation")
     try:
         select = parse_prompt_selection(prompt_version or [])
     except KituneError as e:
         fail(str(e))
+    if skill == "in-context":
+        _refuse_empty_ki_store(cfg, select, packaged)
     progress = _Progress()
     try:
         result = run_eval(
@@ -111,15 +149,35 @@ def eval_command(
             on_trace=progress,
             on_setting=_print_setting,
         )
-    except LMAuthError as e:
-        fail(f"{e}", code=2)
-    except KituneError as e:
-        fail(str(e))
+    except KituneError as e:  # bad input and a refused key exit 2, run-time failures 1
+        fail_with(e)
     s = result.summary
     rows = [[label, format_cell(s, key)] for label, key in ROWS]
     _out.print(_summary_table(f"eval {skill}: {s.name}", rows, ["metric", s.name]))
     _print_failures(result.traces, s)
     _out.print(f"traces: {result.traces_path}")
+
+
+def _refuse_empty_ki_store(cfg: KituneConfig, select: dict[str, str], packaged: bool) -> None:
+    """Exit 2 before any LLM call when the KI table an in-context run would use holds no KI."""
+    from kitune.retrieval import create_store
+    from kitune.service.prompts import production_setting, setting_summary
+
+    try:
+        setting = production_setting(cfg, select=select, packaged=packaged)
+        store = create_store(setting.store_cfg)
+        try:
+            n = store.count()
+        finally:
+            store.close()
+    except KituneError as e:
+        fail_with(e)
+    if n == 0:
+        fail(
+            f"--skill in-context: the KI store {setting_summary(setting)['store']} holds no KIs, so every "
+            "look-up would come back empty: run `kitune extract --data DIR` first (same --config), or pick "
+            "another table with --prompt-version / --packaged"
+        )
 
 
 def _print_setting(versions: dict[str, str]) -> None:
@@ -174,16 +232,48 @@ def report_command(
         Path | None, typer.Option("--out", help="Output folder (default: <first run>/../report).")
     ] = None,
 ) -> None:
-    """Compare runs side by side: Markdown table + PNG plot + HTML + summary.json."""
+    """Compare runs side by side: Markdown table + PNG plot + HTML + summary.json.
+
+    Folders without a traces.jsonl (such as the report folder a previous `kitune report
+    <workdir>/runs/*` wrote next to the runs) are skipped with a note, so the same command can
+    be run again.
+    """
     from kitune.service.evaluation import report_runs
 
-    out_dir = out or (runs[0].resolve().parent / "report")
+    missing = [p for p in runs if not p.exists()]
+    if missing:
+        fail(f"run {missing[0]} does not exist: pass run folders from `kitune eval` (<workdir>/runs/<name>)")
+    run_paths = _run_folders(runs)
+    if not run_paths:
+        fail(
+            f"none of {', '.join(str(p) for p in runs)} holds a traces.jsonl: pass run folders from "
+            "`kitune eval` (<workdir>/runs/<name>)"
+        )
+    out_dir = out or (run_paths[0].resolve().parent / "report")
     try:
-        files = report_runs(runs, out_dir)
+        files = report_runs(run_paths, out_dir)
     except KituneError as e:
         fail(str(e))
-    _out.print(files.markdown.read_text(encoding="utf-8"))
-    _out.print(f"written: {files.markdown}, {files.html}" + (f", {files.plot}" if files.plot else ""))
+    # Plain echo, not rich: a Markdown table or a path must not be re-wrapped at 80 columns.
+    typer.echo(_console_markdown(files.markdown.read_text(encoding="utf-8")))
+    typer.echo(f"written: {files.markdown}, {files.html}" + (f", {files.plot}" if files.plot else ""))
+
+
+def _run_folders(paths: list[Path]) -> list[Path]:
+    """``paths`` without the folders that hold no ``traces.jsonl`` (each skipped with a note on stderr)."""
+    kept: list[Path] = []
+    for p in paths:
+        if p.is_dir() and not (p / "traces.jsonl").is_file():
+            typer.echo(f"skipped {p}: no traces.jsonl, not a run folder", err=True)
+            continue
+        kept.append(p)
+    return kept
+
+
+def _console_markdown(markdown: str) -> str:
+    """The report Markdown for a terminal: image links (``![…](report.png)``) dropped."""
+    lines = [line for line in markdown.splitlines() if not re.fullmatch(r"\s*!\[[^\]]*\]\([^)]*\)\s*", line)]
+    return "\n".join(lines).strip("\n")
 
 
 def register(app: typer.Typer) -> None:

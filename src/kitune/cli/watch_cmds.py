@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from kitune.cli.common import ConfigOption, fail, get_config
+from kitune.cli.common import ConfigOption, fail, fail_with, get_config
 from kitune.errors import KituneError
 
 __all__ = ["loop_cmd", "register"]
@@ -126,7 +126,7 @@ def loop_cmd(
             rounds, skip = summary.rounds, summary.last_skip
             stop = summary.stop_reason if watch_dir is not None or summary.interrupted else ""
     except KituneError as e:
-        fail(f"{type(e).__name__}: {e} (rerun to resume)", code=1)
+        fail_with(e, suffix=" (rerun to resume)")
     except KeyboardInterrupt:
         fail("interrupted; rerun the same command to resume", code=130)
     if skip:

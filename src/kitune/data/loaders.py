@@ -141,6 +141,12 @@ class Dataset:
     root: Path = field(default_factory=Path)
 
 
+def json_error_text(e: json.JSONDecodeError) -> str:
+    """``e`` as "<what> at column <n>" (json's own messages may end in "at": no "at at column")."""
+    what = e.msg[: -len(" at")] if e.msg.endswith(" at") else e.msg
+    return f"{what} at column {e.colno}"
+
+
 def _require_file(path: Path, what: str, fix: str) -> None:
     if not path.is_file():
         raise DataError(f"{what} {path} does not exist: {fix}", path=str(path))
@@ -213,7 +219,7 @@ def load_corpus_with_report(path: Path | str) -> tuple[list[Document], LoadRepor
         try:
             record = json.loads(line)
         except json.JSONDecodeError as e:
-            skipped.append(SkippedLine(str(file), lineno, f"invalid JSON: {e.msg}"))
+            skipped.append(SkippedLine(str(file), lineno, f"invalid JSON: {json_error_text(e)}"))
             continue
         if not isinstance(record, dict):
             skipped.append(SkippedLine(str(file), lineno, f"expected an object, got {type(record).__name__}"))
@@ -252,18 +258,21 @@ def load_corpus_with_report(path: Path | str) -> tuple[list[Document], LoadRepor
                 metadata=metadata,
             )
         )
-    for s in skipped:
-        logger.warning("skipped %s:%d: %s", s.path, s.line, s.reason)
+    # Not logged here: the caller reports report.skipped (the CLI lists them once); load_corpus,
+    # which drops the report, logs them.
     return docs, LoadReport(path=str(file), loaded=len(docs), skipped=tuple(skipped))
 
 
 def load_corpus(path: Path | str) -> list[Document]:
-    """Read a corpus (see :func:`load_corpus_with_report`); skipped lines are only logged.
+    """Read a corpus (see :func:`load_corpus_with_report`); skipped lines are logged (warning).
 
     Raises:
         DataError: the file is missing or holds duplicate doc ids.
     """
-    return load_corpus_with_report(path)[0]
+    docs, report = load_corpus_with_report(path)
+    for s in report.skipped:
+        logger.warning("skipped %s:%d: %s", s.path, s.line, s.reason)
+    return docs
 
 
 def _read_qrels(
@@ -351,7 +360,8 @@ def _question_from_record(record: dict[str, Any], path: Path, lineno: int) -> Qu
     )
 
 
-def _read_question_records(path: Path) -> list[Question]:
+def _read_question_records(path: Path, *, require_query: bool = True) -> list[Question]:
+    # require_query=False only for BrowseComp's ground_truth.jsonl, whose text may come from queries.tsv.
     questions: list[Question] = []
     seen: dict[str, int] = {}
     for lineno, line in iter_lines(path):
@@ -359,13 +369,21 @@ def _read_question_records(path: Path) -> list[Question]:
             record = json.loads(line)
         except json.JSONDecodeError as e:
             raise DataError(
-                f"{path}:{lineno}: invalid JSON ({e.msg} at column {e.colno}): fix or remove the line",
+                f"{path}:{lineno}: invalid JSON ({json_error_text(e)}): fix or remove the line",
                 path=str(path),
                 line=lineno,
             ) from e
         if not isinstance(record, dict):
             raise DataError(f"{path}:{lineno}: expected a JSON object", path=str(path), line=lineno)
         q = _question_from_record(record, path, lineno)
+        if require_query and not q.query.strip():
+            # A blank question would still be sent to the agent and the judge: tokens for nothing.
+            raise DataError(
+                f"{path}:{lineno}: question {q.query_id!r} has no question text: give it a non-empty "
+                "'query' (or 'question') field, or remove the line",
+                path=str(path),
+                line=lineno,
+            )
         if q.query_id in seen:
             raise DataError(
                 f"{path}:{lineno}: duplicate query_id {q.query_id!r} (first on line {seen[q.query_id]})",
@@ -389,7 +407,7 @@ def _read_corpus_ids(path: Path) -> set[str] | None:
 def _load_browsecomp(root: Path, doc_ids: Collection[str] | None) -> list[Question]:
     gt_path = root / _GROUND_TRUTH
     _require_file(gt_path, "ground-truth file", f"a BrowseComp-Plus directory needs {_GROUND_TRUTH}")
-    truth = {q.query_id: q for q in _read_question_records(gt_path)}
+    truth = {q.query_id: q for q in _read_question_records(gt_path, require_query=False)}
     queries_path = root / _QUERIES
     order: list[str]
     texts: dict[str, str] = {}
@@ -432,7 +450,7 @@ def _load_browsecomp(root: Path, doc_ids: Collection[str] | None) -> list[Questi
     for qid in order:
         q = truth[qid]
         query = texts.get(qid) or q.query
-        if not query:
+        if not query.strip():
             raise DataError(
                 f"question {qid!r} has no query text in {queries_path} or {gt_path}", path=str(gt_path)
             )
@@ -479,7 +497,8 @@ def load_questions(path: Path | str, *, doc_ids: Collection[str] | None = None) 
 
     Raises:
         DataError: missing file, invalid JSON line, duplicate query id, a question without an
-            answer, or a qrel/evidence doc id not in the corpus (message names file and line).
+            answer or without question text, or a qrel/evidence doc id not in the corpus (message
+            names file and line).
     """
     p = Path(path)
     if p.is_dir():

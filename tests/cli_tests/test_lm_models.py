@@ -1,0 +1,19 @@
+"""``kitune lm models``: model names are never cut at 80 columns."""
+
+from __future__ import annotations
+
+from typer.testing import CliRunner
+
+from kitune.cli import _register, app
+from kitune.localmodel import PACKAGED_MODELS
+
+
+def test_model_names_shown_whole_at_80_columns() -> None:
+    _register()
+    r = CliRunner().invoke(app, ["lm", "models"], env={"COLUMNS": "80"})
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    for name in PACKAGED_MODELS:
+        assert any(f"│ {name} " in line for line in lines), name
+    assert "…" not in r.output
