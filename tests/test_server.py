@@ -15,8 +15,15 @@ from kitune.server import create_app, is_loopback_host
 
 def _ki(docid: str, subject: str, obj: str, title: str) -> KI:
     return KI.from_fact(
-        docid=docid, title=title, description=f"{title} Stated in the annual report.", subject=subject,
-        predicate="related_to", obj=obj, evidence=[title], confidence=80, tags=["org"],
+        docid=docid,
+        title=title,
+        description=f"{title} Stated in the annual report.",
+        subject=subject,
+        predicate="related_to",
+        obj=obj,
+        evidence=[title],
+        confidence=80,
+        tags=["org"],
     )
 
 
@@ -28,11 +35,13 @@ def cfg() -> KituneConfig:
 @pytest.fixture
 def store() -> MemoryStore:
     s = MemoryStore(embedder=HashEmbedder(dim=64))
-    s.upsert([
-        _ki("d1", "Acme Corp", "Springfield", "Acme Corp is headquartered in Springfield."),
-        _ki("d1", "Acme Corp", "1999", "Acme Corp was founded in 1999."),
-        _ki("d2", "Globex", "Shelbyville", "Globex is headquartered in Shelbyville."),
-    ])
+    s.upsert(
+        [
+            _ki("d1", "Acme Corp", "Springfield", "Acme Corp is headquartered in Springfield."),
+            _ki("d1", "Acme Corp", "1999", "Acme Corp was founded in 1999."),
+            _ki("d2", "Globex", "Shelbyville", "Globex is headquartered in Shelbyville."),
+        ]
+    )
     return s
 
 
@@ -133,16 +142,31 @@ class _Broken:
 @pytest.mark.parametrize(
     ("exc", "status", "type_", "message"),
     [
-        (ConfigError("retrieval.rrf_k must be >= 1: fix the config"), 422, "config_error",
-         "retrieval.rrf_k must be >= 1: fix the config"),
+        (
+            ConfigError("retrieval.rrf_k must be >= 1: fix the config"),
+            422,
+            "config_error",
+            "retrieval.rrf_k must be >= 1: fix the config",
+        ),
         (DocumentNotFoundError("ki-123"), 404, "not_found", "no document or KI with id 'ki-123'"),
-        (StoreUnavailableError("connect to https://user:s3cret@es.example:9200 failed"), 503,
-         "store_unavailable",
-         "the KI store is unavailable: check that its backend is running and configured"),
-        (KituneError("token sk-SECRET leaked in message"), 500, "internal_error",
-         "internal error while answering the request; see the server log"),
-        (RuntimeError("Traceback (most recent call last): sk-SECRET"), 500, "internal_error",
-         "internal error while answering the request; see the server log"),
+        (
+            StoreUnavailableError("connect to https://user:s3cret@es.example:9200 failed"),
+            503,
+            "store_unavailable",
+            "the KI store is unavailable: check that its backend is running and configured",
+        ),
+        (
+            KituneError("token sk-SECRET leaked in message"),
+            500,
+            "internal_error",
+            "internal error while answering the request; see the server log",
+        ),
+        (
+            RuntimeError("Traceback (most recent call last): sk-SECRET"),
+            500,
+            "internal_error",
+            "internal error while answering the request; see the server log",
+        ),
     ],
     ids=["config", "not-found", "unavailable", "kitune-other", "unexpected"],
 )
@@ -165,8 +189,9 @@ def test_openapi_and_healthz(client: TestClient) -> None:
     assert "ContextResponse" in spec["components"]["schemas"]
 
 
-def test_bearer_token_required_when_set(cfg: KituneConfig, store: MemoryStore,
-                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bearer_token_required_when_set(
+    cfg: KituneConfig, store: MemoryStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("KITUNE_API_TOKEN", "t0ken-value")
     client = TestClient(create_app(cfg, store=store), raise_server_exceptions=False)
     assert client.post("/api/_get_context", json={"query": "Acme"}).status_code == 401
@@ -202,10 +227,16 @@ def test_rewriter_runs_behind_the_endpoint(cfg: KituneConfig, store: MemoryStore
     from kitune.programs.query_rewriter import QueryRewriter
 
     rw = QueryRewriter()
-    rw.set_lm(DummyLM([
-        {"plan_json": '{"entity_tags": ["Globex"], "lexical": "Globex headquartered", "semantic": "HQ"}'},
-        {"plan_json": "no plan today"},
-    ]))
+    rw.set_lm(
+        DummyLM(
+            [
+                {
+                    "plan_json": '{"entity_tags": ["Globex"], "lexical": "Globex headquartered", "semantic": "HQ"}'  # noqa: E501
+                },
+                {"plan_json": "no plan today"},
+            ]
+        )
+    )
     client = TestClient(create_app(cfg, store=store, rewriter=rw), raise_server_exceptions=False)
     body = client.post("/api/_get_context", json={"query": "Where does the rival firm Globex sit?"}).json()
     assert body["plan"]["entity_tags"] == ["entity:globex"] and body["rewrite_fell_back"] is False

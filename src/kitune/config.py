@@ -169,12 +169,14 @@ class LMConfig(_Section):
     cache: bool = Field(default=False, description="Use DSPy's response cache (usage still recorded).")
     record_dir: Path | None = Field(
         default=None,
-        description="Record every LLM call (request hash, response, usage, finish reason) to <dir>/calls.jsonl "
+        description="Record every LLM call (request hash, response, usage, finish reason) to "
+        "<dir>/calls.jsonl "
         "(the CLI's --record DIR).",
     )
     replay_dir: Path | None = Field(
         default=None,
-        description="Answer every LLM call from <dir>/calls.jsonl, contacting no provider; an unrecorded call "
+        description="Answer every LLM call from <dir>/calls.jsonl, contacting no provider; an unrecorded "
+        "call "
         "fails naming it (the CLI's --replay DIR).",
     )
 
@@ -292,14 +294,16 @@ class ExtractionConfig(_Section):
     chunk_chars: int = Field(default=6000, ge=500, description="Split documents longer than this.")
     evidence_mode: Literal["quote", "sentences"] = Field(
         default="quote",
-        description="quote: the model quotes its evidence (located verbatim after Unicode folding); sentences: "
+        description="quote: the model quotes its evidence (located verbatim after Unicode folding); "
+        "sentences: "
         "it cites numbered sentences and kitune copies them (verbatim by construction).",
     )
     write_batch_size: int = Field(default=256, ge=1, description="KIs buffered before a store write.")
     flush_interval_s: float = Field(
         default=10.0,
         ge=0.0,
-        description="Also write (and mark documents done) when the oldest buffered document waited this long; "
+        description="Also write (and mark documents done) when the oldest buffered document waited this "
+        "long; "
         "bounds the work a crash can cost with a slow LLM.",
     )
     max_doc_chars: int = Field(
@@ -395,7 +399,8 @@ class OptimizeConfig(_Section):
     token_weight: float = Field(
         default=0.1,
         ge=0.0,
-        description="Loop-score penalty per doubling of input tokens per question relative to the reference run "
+        description="Loop-score penalty per doubling of input tokens per question relative to the reference "
+        "run "
         "(scale-free: the same at 5k and 1.8M tokens).",
     )
     timeout_weight: float = Field(
@@ -418,7 +423,8 @@ class OptimizeConfig(_Section):
         default=2,
         ge=1,
         le=10,
-        description="Disambiguation attempts per question across iterations (a new attempt needs a new wrong answer).",
+        description="Disambiguation attempts per question across iterations (a new attempt needs a new "
+        "wrong answer).",
     )
 
 
@@ -426,7 +432,10 @@ class KituneConfig(BaseSettings):
     """The whole configuration. See the module docstring for precedence and secrets."""
 
     model_config = SettingsConfigDict(
-        env_prefix="KITUNE_", env_nested_delimiter="__", extra="forbid", validate_assignment=True,
+        env_prefix="KITUNE_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        validate_assignment=True,
         hide_input_in_errors=True,
     )
 
@@ -452,7 +461,7 @@ class KituneConfig(BaseSettings):
         return value
 
     @classmethod
-    def settings_customise_sources(
+    def settings_customise_sources(  # noqa: D102 (pydantic-settings hook: sources and their order)
         cls,
         settings_cls: type[BaseSettings],
         init_settings: PydanticBaseSettingsSource,

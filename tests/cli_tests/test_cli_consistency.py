@@ -41,7 +41,10 @@ def test_version() -> None:
 def test_no_flag_shows_a_bool_type_in_help() -> None:
     _register()
     commands = (
-        ["eval", "--help"], ["context", "--help"], ["extract", "--help"], ["config", "show", "--help"]
+        ["eval", "--help"],
+        ["context", "--help"],
+        ["extract", "--help"],
+        ["config", "show", "--help"],
     )
     for args in commands:
         r = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
@@ -113,9 +116,7 @@ def test_prompts_list_on_a_fresh_workdir_creates_no_files(tmp_path, monkeypatch)
     assert not work.exists()
 
 
-def test_prompts_show_and_diff_on_a_fresh_workdir_exit_2_and_create_no_files(
-    tmp_path, monkeypatch
-) -> None:
+def test_prompts_show_and_diff_on_a_fresh_workdir_exit_2_and_create_no_files(tmp_path, monkeypatch) -> None:
     _register()
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     work = tmp_path / "w"

@@ -14,8 +14,15 @@ from kitune.retrieval.memory import MemoryStore
 
 def _ki(docid: str, subject: str, obj: str, title: str) -> KI:
     return KI.from_fact(
-        docid=docid, title=title, description=f"{title} From the registry.", subject=subject,
-        predicate="related_to", obj=obj, evidence=[title], confidence=80, tags=["org"],
+        docid=docid,
+        title=title,
+        description=f"{title} From the registry.",
+        subject=subject,
+        predicate="related_to",
+        obj=obj,
+        evidence=[title],
+        confidence=80,
+        tags=["org"],
     )
 
 
@@ -24,10 +31,12 @@ def app(monkeypatch: pytest.MonkeyPatch) -> typer.Typer:
     import kitune.retrieval as retrieval
 
     store = MemoryStore(embedder=HashEmbedder(dim=64))
-    store.upsert([
-        _ki("d1", "Acme Corp", "Springfield", "Acme Corp is headquartered in Springfield."),
-        _ki("d2", "Globex", "Shelbyville", "Globex is headquartered in Shelbyville."),
-    ])
+    store.upsert(
+        [
+            _ki("d1", "Acme Corp", "Springfield", "Acme Corp is headquartered in Springfield."),
+            _ki("d2", "Globex", "Shelbyville", "Globex is headquartered in Shelbyville."),
+        ]
+    )
     monkeypatch.setattr(retrieval, "create_store", lambda cfg: store)
     a = typer.Typer()
     context_cmds.register(a)
@@ -35,8 +44,9 @@ def app(monkeypatch: pytest.MonkeyPatch) -> typer.Typer:
 
 
 def test_context_json(app: typer.Typer) -> None:
-    r = CliRunner().invoke(app, ["context", "Where is Acme Corp headquartered?", "--no-rewrite", "--json",
-                                 "--size", "1"])
+    r = CliRunner().invoke(
+        app, ["context", "Where is Acme Corp headquartered?", "--no-rewrite", "--json", "--size", "1"]
+    )
     assert r.exit_code == 0, r.output
     body = json.loads(r.stdout)
     assert [k["title"] for k in body["kis"]] == ["Acme Corp is headquartered in Springfield."]
@@ -57,7 +67,6 @@ def test_serve_refuses_public_host_without_token(app: typer.Typer) -> None:
     r = CliRunner().invoke(app, ["serve", "--host", "0.0.0.0", "--no-rewrite"])
     assert r.exit_code == 2
     assert "KITUNE_API_TOKEN" in r.output
-
 
 
 def _use_rewrite_lm(monkeypatch: pytest.MonkeyPatch, lm: object) -> None:

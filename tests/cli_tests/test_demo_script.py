@@ -20,7 +20,10 @@ def test_demo_sh_help_installs_nothing(tmp_path: Path, flag: str) -> None:
     shutil.copy(SCRIPT, root / "scripts" / "demo.sh")
     r = subprocess.run(
         ["bash", str(root / "scripts" / "demo.sh"), "--questions", "2", flag],
-        capture_output=True, text=True, timeout=30, check=False,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("Usage: scripts/demo.sh") and "--replay DIR" in r.stdout

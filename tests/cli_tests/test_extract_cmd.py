@@ -36,7 +36,8 @@ def test_ctrl_c_reports_saved_documents_from_the_resume_file(
     monkeypatch.setattr(extraction, "extract_corpus", interrupted)
     _register()
     r = CliRunner().invoke(
-        app, ["extract", "--data", str(fixture_dir), "--limit", "10", "--no-progress", "--packaged"],
+        app,
+        ["extract", "--data", str(fixture_dir), "--limit", "10", "--no-progress", "--packaged"],
         env={"COLUMNS": "300"},
     )
     assert r.exit_code == 130, r.output

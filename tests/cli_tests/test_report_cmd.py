@@ -25,8 +25,14 @@ def _run(root: Path, name: str, correct: list[bool]) -> Path:
     for i, ok in enumerate(correct):
         w.write(
             Trace(
-                query_id=str(i), skill="baseline", question="?", gold_answer="g", judge_correct=ok,
-                judge_status="graded", input_tokens=1000 * (i + 1), status="answered",
+                query_id=str(i),
+                skill="baseline",
+                question="?",
+                gold_answer="g",
+                judge_correct=ok,
+                judge_status="graded",
+                input_tokens=1000 * (i + 1),
+                status="answered",
             )
         )
     return run

@@ -1,4 +1,3 @@
-
 import pytest
 
 from kitune.config import load_config, mask_secrets
@@ -16,7 +15,8 @@ def test_defaults_use_local_model_and_sqlite_tracking(tmp_path):
 def test_yaml_file_env_and_overrides_precedence(tmp_path, monkeypatch):
     f = tmp_path / "k.yaml"
     f.write_text(
-        "lm:\n  gateway:\n    base_url_env: GW_URL\n    api_key_env: GW_KEY\n    default_model: openai/cheap\n"
+        "lm:\n  gateway:\n    base_url_env: GW_URL\n    api_key_env: GW_KEY\n"
+        "    default_model: openai/cheap\n"
         "  rewrite:\n    model: openai/strong\nagent:\n  max_steps: 10\n"
     )
     monkeypatch.setenv("KITUNE_AGENT__MAX_STEPS", "12")
@@ -95,7 +95,9 @@ def test_naming_a_roles_model_keeps_that_roles_other_defaults(tmp_path, monkeypa
     monkeypatch.setenv("KITUNE_LM__AGENT__MODEL", "openai/agent")
     cfg = load_config(f, {"lm.rewrite.model": "openai/rw"})
     assert (cfg.lm.reflection.model, cfg.lm.reflection.temperature, cfg.lm.reflection.max_tokens) == (
-        "openai/strong", 1.0, 4096,
+        "openai/strong",
+        1.0,
+        4096,
     )
     assert (cfg.lm.judge.temperature, cfg.lm.judge.max_tokens) == (0.3, 256)  # explicit value kept
     assert cfg.lm.extract.max_tokens == 2048

@@ -20,7 +20,9 @@ console = Console(stderr=True)
 ConfigOption = Annotated[
     Path | None,
     typer.Option(
-        "--config", "-c", help="YAML/TOML config file (default: $KITUNE_CONFIG, else built-in defaults).",
+        "--config",
+        "-c",
+        help="YAML/TOML config file (default: $KITUNE_CONFIG, else built-in defaults).",
         show_default=False,
     ),
 ]

@@ -201,9 +201,7 @@ def print_context(resp: ContextResponse, console: Console) -> None:
 
 def context(
     question: Annotated[str, typer.Argument(help="The question to retrieve KIs for.")],
-    size: Annotated[int, typer.Option("--size", min=1, help="KIs to return (capped by max_size).")] = (
-        10
-    ),
+    size: Annotated[int, typer.Option("--size", min=1, help="KIs to return (capped by max_size).")] = (10),
     no_execute: Annotated[
         bool, typer.Option("--no-execute", help="Print the compiled query without running it.")
     ] = False,

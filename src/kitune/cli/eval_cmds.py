@@ -32,7 +32,6 @@ if TYPE_CHECKING:
 __all__ = ["EVAL_SKILL_CHOICES", "register"]
 
 
-
 class SkillChoice(str, Enum):  # noqa: UP042 - typer parses str-valued Enum choices
     """The skills ``--skill`` accepts.
 

@@ -41,9 +41,7 @@ def extract(
         ),
     ],
     config: ConfigOption = None,
-    limit: Annotated[
-        int | None, typer.Option("--limit", min=1, help="Only the first N documents.")
-    ] = None,
+    limit: Annotated[int | None, typer.Option("--limit", min=1, help="Only the first N documents.")] = None,
     state: Annotated[
         Path | None,
         typer.Option(
@@ -180,8 +178,9 @@ def extract(
         cols = ("role", "stage", "calls", "input_tokens", "output_tokens", "cache_hits", "failed_calls")
         ledger_table = Table(title="token ledger")
         for col in cols:
-            justify = "left" if col in ("role", "stage") else "right"
-            ledger_table.add_column(col.replace("_", " "), justify=justify)
+            ledger_table.add_column(
+                col.replace("_", " "), justify="left" if col in ("role", "stage") else "right"
+            )
         for row in rows:
             ledger_table.add_row(*(str(row.get(c, 0)) for c in cols))
         out.print(ledger_table)
