@@ -216,8 +216,11 @@ def run_demo(
         )
         log("step 4/5: feedback KIs, then in-context + disambiguation")
         feedback = _feedback(env, start, in_context, demo_dir / f"feedback-{start.key}.json")
-        # the same traces file the loop uses for this setting, so its first evaluation is free
-        disamb = env.run_agent(start, questions, traces_path=state_dir / "evals" / f"{start.key}.jsonl")
+        if feedback.written == 0:  # nothing new to see: the arm is the in-context run itself
+            log("no feedback KI was written, so in-context + disambiguation is the in-context run")
+            disamb = list(in_context)
+        else:  # the loop's own store-state-keyed evaluation, so its first iteration reuses it
+            disamb = list(env.evaluate(start, "all").traces)
         flips = count_flips(in_context, disamb)
         log(
             f"flips: {len(flips.fixed)} fixed, {len(flips.still_wrong)} still wrong, "

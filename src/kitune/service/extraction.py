@@ -489,7 +489,7 @@ def extract_corpus(
                     finished_now, futures = wait(futures, return_when=FIRST_COMPLETED)
                     for fut in finished_now:
                         handle(fut.result())
-            except _FATAL:
+            except (*_FATAL, KeyboardInterrupt):  # Ctrl-C too: finished documents are written first
                 for fut in futures:
                     fut.cancel()
                 with contextlib.suppress(StoreUnavailableError):

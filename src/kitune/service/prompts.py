@@ -232,17 +232,23 @@ def open_registry(cfg: KituneConfig) -> PromptRegistry:
 
 
 def list_prompts(cfg: KituneConfig) -> list[PromptSummary]:
-    """Every registered prompt, sorted by name (empty when nothing was registered yet)."""
-    return open_registry(cfg).list()
+    """Every registered prompt, sorted by name (empty when nothing was registered yet; creates nothing)."""
+    registry = _registry_or_none(cfg)
+    return registry.list() if registry is not None else []
 
 
 def prompt_versions(cfg: KituneConfig, name: str) -> list[PromptVersion]:
     """Every version of ``name``, oldest first.
 
     Raises:
-        PromptNotFoundError: unknown name.
+        PromptNotFoundError: unknown name (also when nothing was registered yet; creates nothing).
     """
-    return open_registry(cfg).versions(name)
+    registry = _registry_or_none(cfg)
+    if registry is None:
+        raise PromptNotFoundError(
+            f"no prompt {name!r}: nothing is registered yet (run kitune optimize)", name=name
+        )
+    return registry.versions(name)
 
 
 def show_prompt(

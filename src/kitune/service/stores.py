@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
+from kitune.data.loaders import json_error_text
 from kitune.errors import DataError
 from kitune.ki import DERIVED_SUBTYPES, KI, utcnow
 from kitune.retrieval.base import Store, SweepResult, WriteFailure, WriteResult
@@ -104,6 +105,8 @@ def iter_ki_jsonl(path: str | Path) -> Iterator[KI | LineError]:
         DataError: the file does not exist.
     """
     p = Path(path)
+    if p.is_dir():
+        raise DataError(f"KI file {p} is a directory: pass the JSONL file itself", path=str(p))
     if not p.is_file():
         raise DataError(
             f"KI file {p} not found: pass a JSONL file with one KI JSON object per line", path=str(p)
@@ -120,7 +123,7 @@ def iter_ki_jsonl(path: str | Path) -> Iterator[KI | LineError]:
             try:
                 data = json.loads(raw)
             except json.JSONDecodeError as e:
-                yield LineError(n, f"not JSON: {e.msg} at column {e.colno}")
+                yield LineError(n, f"not JSON: {json_error_text(e)}")
                 continue
             if not isinstance(data, dict):
                 yield LineError(n, f"expected a JSON object, got {type(data).__name__}")
