@@ -412,7 +412,7 @@ def write_curves(history: Sequence[IterationRecord], out_dir: Path) -> tuple[Pat
         hi = [(getattr(r, ci) or (y, y))[1] - y for r, y in zip(history, ys, strict=True)]
         ax.errorbar(xs, ys, yerr=[lo, hi], fmt=mark, capsize=3, label=split)
     ax.set_xlabel("iteration")
-    ax.set_ylabel("judge accuracy (95% CI)")
+    ax.set_ylabel("accuracy, graded questions (95% CI)")
     ax.set_ylim(-0.05, 1.05)
     ax.set_xticks(xs)
     ax.set_title("Accuracy of the current setting")
