@@ -105,6 +105,25 @@ def test_cli_index_expire_stats(tmp_path: Path) -> None:
     assert res.exit_code == 2 and "not an ISO date" in res.output
 
 
+def test_cli_stats_on_a_fresh_workdir_creates_nothing_and_index_feeds_context(tmp_path: Path) -> None:
+    from kitune.cli import _register, app
+    from kitune.config import load_config
+    from kitune.service.prompts import production_setting
+
+    _register()
+    runner = CliRunner()
+    cfg = _config(tmp_path)
+    res = runner.invoke(app, ["stats", "--config", str(cfg)])
+    assert res.exit_code == 0 and "no KIs yet" in res.output
+    assert not any(tmp_path.rglob("*.lance"))  # a read-only command wrote nothing
+    path = tmp_path / "kis.jsonl"
+    _write_jsonl(path)
+    runner.invoke(app, ["index", str(path), "--config", str(cfg)])
+    # index writes the table the serving commands read (the production extractor's)
+    table = production_setting(load_config(cfg), programs=("extractor",)).store_cfg.store.table
+    assert [p.name for p in (tmp_path / "work" / "lancedb").glob("*.lance")] == [f"{table}.lance"]
+
+
 def test_cli_help_teaches() -> None:
     from kitune.cli import _register, app
 

@@ -23,10 +23,28 @@ if TYPE_CHECKING:
 __all__ = ["register"]
 
 
-def _open_store(config: Path | None) -> tuple[KituneConfig, Store]:
+def _store_cfg(cfg: KituneConfig) -> KituneConfig:
+    """The KI table the serving commands use: the production extractor's (``kis-<sha8>``)."""
+    from kitune.service.prompts import production_setting
+
+    try:
+        return production_setting(cfg, programs=("extractor",)).store_cfg
+    except KituneError as e:
+        fail(str(e))
+
+
+def _open_store(config: Path | None, *, read_only: bool = False) -> tuple[KituneConfig, Store | None]:
+    """Open the production extractor's KI table; with ``read_only``, None when it does not exist yet.
+
+    A read-only command (``stats``) must not create an empty table as a side effect.
+    """
     from kitune.retrieval import create_store
 
-    cfg = get_config(config)
+    cfg = _store_cfg(get_config(config))
+    if read_only and cfg.store.type == "lancedb":
+        folder = Path(cfg.store.path or Path(cfg.workdir) / "lancedb") / f"{cfg.store.table}.lance"
+        if not folder.exists():
+            return cfg, None
     try:
         return cfg, create_store(cfg)
     except KituneError as e:
@@ -55,6 +73,7 @@ def index(
     from kitune.service.stores import index_jsonl
 
     _cfg, store = _open_store(config)
+    assert store is not None  # not read-only: created when missing
     try:
         report = index_jsonl(store, file, batch_size=batch_size)
     except KituneError as e:
@@ -114,6 +133,7 @@ def expire(
     from kitune.service.stores import expire_kis, retention_from, stale_after_from
 
     cfg, store = _open_store(config)
+    assert store is not None  # not read-only: created when missing
     window = timedelta(days=stale_after_days) if stale_after_days is not None else stale_after_from(cfg)
     when = _parse_now(now)
     try:
@@ -146,7 +166,15 @@ def stats(
 
     from kitune.service.stores import store_stats
 
-    _cfg, store = _open_store(config)
+    cfg, store = _open_store(config, read_only=True)
+    if store is None:
+        name = getattr(cfg.store, "table", "")
+        msg = f"no KIs yet: table {name} does not exist (fill it with `kitune extract` or `kitune index`)"
+        if as_json:
+            typer.echo(json.dumps({"total": 0, "by_status": {}, "by_tag": {}, "by_doc": {}, "by_entity": {}}))
+        else:
+            typer.echo(msg)
+        return
     try:
         s = store_stats(store, top=top)
     except KituneError as e:
