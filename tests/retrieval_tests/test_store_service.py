@@ -105,6 +105,29 @@ def test_cli_index_expire_stats(tmp_path: Path) -> None:
     assert res.exit_code == 2 and "not an ISO date" in res.output
 
 
+def test_cli_index_and_stats_name_the_table_the_serving_commands_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `kitune index` loads into store.table ("kis"); `kitune context` reads kis-<sha8> of the
+    # production extractor. Without a note, indexed KIs looked lost ("holds no KIs").
+    from kitune.cli import _register, app
+    from kitune.config import load_config
+    from kitune.service.prompts import production_setting
+
+    _register()
+    runner = CliRunner()
+    cfg = _config(tmp_path)
+    served = production_setting(load_config(cfg), programs=("extractor",)).store_cfg.store.table
+    path = tmp_path / "kis.jsonl"
+    _write_jsonl(path)
+    for args in (["index", str(path)], ["stats"]):
+        res = runner.invoke(app, [*args, "--config", str(cfg)])
+        assert "this is table kis;" in res.output and f"KITUNE_STORE__TABLE={served} kitune" in res.output
+    monkeypatch.setenv("KITUNE_STORE__TABLE", served)  # already the served table: no note
+    res = runner.invoke(app, ["stats", "--config", str(cfg)])
+    assert res.exit_code == 0 and "note:" not in res.output
+
+
 def test_cli_bad_input_creates_no_store(tmp_path: Path) -> None:
     from kitune.cli import _register, app
 

@@ -7,11 +7,13 @@ move an Elasticsearch store to the current mapping.
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.markup import escape
 
 from kitune.cli.common import ConfigOption, console, fail, get_config
 from kitune.errors import KituneError
@@ -58,7 +60,7 @@ def index(
         check_ki_file(file)  # before the store opens: a wrong path must not create a table
     except KituneError as e:
         fail(str(e))
-    _cfg, store = _open_store(config)
+    cfg, store = _open_store(config)
     try:
         report = index_jsonl(store, file, batch_size=batch_size)
     except KituneError as e:
@@ -77,8 +79,38 @@ def index(
         console.print(f"… and {len(report.bad_lines) - show_bad} more bad lines")
     for f in w.failed[:show_bad]:
         console.print(f"[red]failed {f.id}:[/] {f.reason}")
+    if (note := _served_table_note(cfg, "index FILE")) is not None:
+        console.print(escape(note), soft_wrap=True, highlight=False)
     if not report.ok:
         raise typer.Exit(1)
+
+
+def _served_table_note(cfg: KituneConfig, command: str) -> str | None:
+    """A note when ``cfg``'s KI table is not the one the serving commands read (None otherwise).
+
+    ``index``/``stats`` work on ``store.table`` as configured, while ``context``, ``serve``,
+    ``mcp``, ``extract`` and ``eval --skill in-context`` use ``<store.table>-<sha8>`` of the
+    production extractor: KIs loaded with ``kitune index`` are otherwise invisible to them
+    with no hint why.
+    """
+    from kitune.service.prompts import production_setting
+
+    store = cfg.store
+    lancedb = store.type == "lancedb"
+    mine = store.table if store.type == "lancedb" else store.index
+    if re.search(r"-[0-9a-f]{8}$", mine):  # already an extractor version's table
+        return None
+    try:
+        served = production_setting(cfg, programs=("extractor",)).store_cfg.store
+    except KituneError:
+        return None
+    theirs = served.table if served.type == "lancedb" else served.index
+    var = "KITUNE_STORE__TABLE" if lancedb else "KITUNE_STORE__INDEX"
+    return (
+        f"note: this is {'table' if lancedb else 'index'} {mine}; `kitune context`, `serve`, `mcp`, "
+        f"`extract` and `eval --skill in-context` use {theirs} (the production extractor's). "
+        f"To work on that one: {var}={theirs} kitune {command} …"
+    )
 
 
 def _parse_now(value: str | None) -> datetime | None:
@@ -150,7 +182,7 @@ def stats(
 
     from kitune.service.stores import store_stats
 
-    _cfg, store = _open_store(config)
+    cfg, store = _open_store(config)
     try:
         s = store_stats(store, top=top)
     except KituneError as e:
@@ -185,6 +217,8 @@ def stats(
         for k, v in counts.items():
             table.add_row(k, str(v))
         out.print(table)
+    if (note := _served_table_note(cfg, "stats")) is not None:
+        console.print(escape(note), soft_wrap=True, highlight=False)
 
 
 def reindex(
