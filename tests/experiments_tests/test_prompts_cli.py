@@ -74,3 +74,24 @@ def test_cli_promote_rollback_and_errors(cli: CliRunner) -> None:
     assert res.exit_code == 2 and "no prompt named 'kitune-nope'" in res.output
     res = cli.invoke(app, ["prompts", "promote", NAME, "7"])
     assert res.exit_code == 2 and "has no version 7" in res.output
+
+
+def test_every_prompts_command_on_an_empty_workdir_creates_no_registry(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # promote/rollback used to create <workdir>/mlflow.db (seconds of MLflow schema set-up) just
+    # to report that the prompt does not exist.
+    monkeypatch.delenv("KITUNE_TRACKING__TRACKING_URI", raising=False)
+    monkeypatch.setenv("KITUNE_WORKDIR", str(tmp_path))
+    _register()
+    cli = CliRunner()
+    for args in (
+        ["list"],
+        ["show", NAME],
+        ["diff", NAME, "1", "2"],
+        ["promote", NAME, "1"],
+        ["rollback", NAME],
+    ):
+        res = cli.invoke(app, ["prompts", *args])
+        assert res.exit_code == (0 if args == ["list"] else 2), (args, res.output)
+    assert not (tmp_path / "mlflow.db").exists()

@@ -124,6 +124,22 @@ def test_cli_stats_on_a_fresh_workdir_creates_nothing_and_index_feeds_context(tm
     assert [p.name for p in (tmp_path / "work" / "lancedb").glob("*.lance")] == [f"{table}.lance"]
 
 
+def test_cli_bad_input_creates_no_store(tmp_path: Path) -> None:
+    from kitune.cli import _register, app
+
+    _register()
+    runner = CliRunner()
+    cfg = _config(tmp_path)
+    for args, said in (
+        (["index", str(tmp_path)], "is a directory"),
+        (["index", str(tmp_path / "nope.jsonl")], "not found"),
+        (["expire", "--now", "yesterday"], "not an ISO date"),
+    ):
+        res = runner.invoke(app, [*args, "--config", str(cfg)])
+        assert res.exit_code == 2 and said in res.output, res.output
+    assert not (tmp_path / "work").exists()  # checked before the store opened
+
+
 def test_cli_help_teaches() -> None:
     from kitune.cli import _register, app
 

@@ -179,6 +179,10 @@ def test_bad_and_half_written_lines_are_skipped_and_retried(tmp_path: Path) -> N
     import_traces(cfg, [src])
     folder = TraceFolder.of(cfg, "default")
     assert changed_files(folder, [src]) == [src]  # the half-written file is read again next time
+    # a complete last line that is not JSON is bad input, not a line still being written
+    src.write_text(good + "\nnot json\n", encoding="utf-8")
+    _traces, skipped = read_trace_file(src)
+    assert [(s.line, s.reason) for s in skipped] == [(2, "invalid JSON: Expecting value")]
 
 
 # --- MLflow traces ------------------------------------------------------------------------

@@ -63,7 +63,8 @@ def _when(ms: int | None) -> str:
 def _no_registry(cfg: KituneConfig) -> bool:
     """True when the registry is a SQLite file that does not exist yet (nothing registered).
 
-    The read-only prompts commands check this first: opening the registry would create the file.
+    The prompts commands check this first: opening the registry would create the file (and
+    take seconds to set up MLflow's schema) only to report that the prompt does not exist.
     """
     uri = cfg.mlflow_uri
     return uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).is_file()
@@ -179,6 +180,7 @@ def promote_cmd(
     from kitune.service.prompts import promote_prompt
 
     cfg = get_config(config)
+    _fail_if_no_registry(cfg, name)  # opening an empty registry would create mlflow.db
     pv = _or_fail(promote_prompt, cfg, name, version)
     out.print(f"{pv.name}: production → version {pv.version}", highlight=False)
     _now_used(cfg, name)
@@ -193,6 +195,7 @@ def rollback_cmd(
     from kitune.service.prompts import rollback_prompt
 
     cfg = get_config(config)
+    _fail_if_no_registry(cfg, name)
     pv = _or_fail(rollback_prompt, cfg, name)
     out.print(f"{pv.name}: production rolled back to version {pv.version}", highlight=False)
     _now_used(cfg, name)

@@ -70,8 +70,12 @@ def index(
 
     Example: kitune index kis.jsonl --config kitune.yaml
     """
-    from kitune.service.stores import index_jsonl
+    from kitune.service.stores import check_ki_file, index_jsonl
 
+    try:
+        check_ki_file(file)  # before the store opens: a wrong path must not create a table
+    except KituneError as e:
+        fail(str(e))
     _cfg, store = _open_store(config)
     assert store is not None  # not read-only: created when missing
     try:
@@ -132,10 +136,10 @@ def expire(
     """
     from kitune.service.stores import expire_kis, retention_from, stale_after_from
 
+    when = _parse_now(now)  # before the store opens: a bad --now must not create a table
     cfg, store = _open_store(config)
     assert store is not None  # not read-only: created when missing
     window = timedelta(days=stale_after_days) if stale_after_days is not None else stale_after_from(cfg)
-    when = _parse_now(now)
     try:
         result = expire_kis(store, now=when, stale_after=window, retention=retention_from(cfg))
     except KituneError as e:

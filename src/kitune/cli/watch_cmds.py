@@ -81,13 +81,17 @@ def loop_cmd(
     DIR every --interval seconds. Rerun after an interruption to resume; exits 1 on failure.
     """
     from kitune.service.optimize import PROGRAMS
-    from kitune.service.watch import LoopOptions, WatchOptions, loop_once, watch
+    from kitune.service.watch import LoopOptions, WatchOptions, corpus_file, loop_once, watch
 
     cfg = get_config(config)
     if optimizer not in ("gepa", "mipro"):
         fail(f"--optimizer {optimizer!r}: use gepa or mipro")
     if traces is not None and watch_dir is not None:
         fail("use --traces DIR (once) or --watch DIR (polling), not both")
+    try:
+        corpus_file(corpus)
+    except KituneError as e:
+        fail_with(e)
     progs: tuple[str, ...] | None = None
     if programs is not None:
         progs = tuple(p.strip() for p in programs.split(",") if p.strip())

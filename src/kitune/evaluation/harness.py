@@ -67,7 +67,8 @@ def read_traces(path: Path | str, *, latest_only: bool = True) -> list[Trace]:
         Traces in file order; ``[]`` when the file does not exist.
 
     Raises:
-        DataError: a line other than the last is not valid JSON (names file and line).
+        DataError: a complete line (one ending in a newline) is not a trace record (names file
+            and line); only an unterminated last line is taken for a crash and skipped.
     """
     p = Path(path)
     if not p.is_file():
@@ -81,7 +82,7 @@ def read_traces(path: Path | str, *, latest_only: bool = True) -> list[Trace]:
         try:
             out.append(Trace.from_dict(json.loads(line)))
         except (json.JSONDecodeError, TypeError) as e:
-            if i == last:
+            if i == last == len(lines) - 1:  # no newline after it: a write cut short by a crash
                 logger.warning("ignoring truncated last line %d of %s", i + 1, p)
                 continue
             raise DataError(

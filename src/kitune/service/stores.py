@@ -36,6 +36,7 @@ __all__ = [
     "IndexReport",
     "LineError",
     "StoreStats",
+    "check_ki_file",
     "expire_kis",
     "index_jsonl",
     "iter_ki_jsonl",
@@ -96,13 +97,11 @@ def _first_error(e: ValidationError) -> str:
     return f"{loc}: {err.get('msg', 'invalid')} ({e.error_count()} error(s))"
 
 
-def iter_ki_jsonl(path: str | Path) -> Iterator[KI | LineError]:
-    """Yield a KI or a :class:`LineError` for every non-blank line of a JSONL file.
-
-    A line that is not UTF-8, not JSON or not a valid KI becomes a :class:`LineError`.
+def check_ki_file(path: str | Path) -> Path:
+    """``path`` as a Path when it is a file ``kitune index`` can read (checked before any store opens).
 
     Raises:
-        DataError: the file does not exist.
+        DataError: a directory, or nothing at ``path``.
     """
     p = Path(path)
     if p.is_dir():
@@ -111,6 +110,18 @@ def iter_ki_jsonl(path: str | Path) -> Iterator[KI | LineError]:
         raise DataError(
             f"KI file {p} not found: pass a JSONL file with one KI JSON object per line", path=str(p)
         )
+    return p
+
+
+def iter_ki_jsonl(path: str | Path) -> Iterator[KI | LineError]:
+    """Yield a KI or a :class:`LineError` for every non-blank line of a JSONL file.
+
+    A line that is not UTF-8, not JSON or not a valid KI becomes a :class:`LineError`.
+
+    Raises:
+        DataError: the file does not exist.
+    """
+    p = check_ki_file(path)
     with p.open("rb") as fh:
         for n, raw_bytes in enumerate(fh, start=1):
             try:  # decoded line by line: one bad line is reported, the rest still load

@@ -187,9 +187,11 @@ def _records(path: Path) -> Iterator[tuple[int, Any, str | None]]:
         try:
             yield i + 1, json.loads(line), None
         except json.JSONDecodeError as e:
+            # Only a last line without its newline can still be being written; a complete line
+            # that is not JSON is bad input, named as such.
             why = (
                 "incomplete last line (read again when the file changes)"
-                if i == last
+                if i == last == len(lines) - 1
                 else f"invalid JSON: {e.msg}"
             )
             yield i + 1, None, why

@@ -30,7 +30,7 @@ from kitune.experiments.tracking import create_tracker
 from kitune.ki import utcnow
 from kitune.service.traces import ImportReport, TraceFolder, changed_files, import_traces, write_atomic
 
-__all__ = ["LoopOptions", "RoundResult", "WatchOptions", "WatchSummary", "loop_once", "watch"]
+__all__ = ["LoopOptions", "RoundResult", "WatchOptions", "WatchSummary", "corpus_file", "loop_once", "watch"]
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,15 @@ class RoundResult:
     """The :class:`~kitune.service.optimize.OptimizeResult`."""
 
 
-def _corpus_file(path: Path) -> Path:
+def corpus_file(path: Path) -> Path:
+    """The corpus JSONL behind ``--corpus``: the file itself, or a folder's corpus/documents file.
+
+    ``kitune loop`` calls this before looking at traces, so a mistyped ``--corpus`` fails at
+    once instead of reading as "no new traces" (exit 0) until traces arrive.
+
+    Raises:
+        DataError: nothing usable at ``path``.
+    """
     if path.is_dir():
         for fname in (CORPUS_FILE, "documents.jsonl"):
             if (path / fname).is_file():
@@ -84,8 +92,8 @@ def _corpus_file(path: Path) -> Path:
 
 def _snapshot(folder: TraceFolder, k: int, corpus: Path, max_questions: int | None) -> tuple[Path, int]:
     """Write round ``k``'s dataset folder; evidence ids not in the corpus are dropped."""
-    corpus_file = _corpus_file(corpus)
-    ids = {d.docid for d in load_corpus(corpus_file)}
+    corpus_path = corpus_file(corpus)
+    ids = {d.docid for d in load_corpus(corpus_path)}
     questions = load_questions(folder.questions)
     if max_questions is not None:
         questions = questions[-max_questions:]
@@ -94,7 +102,7 @@ def _snapshot(folder: TraceFolder, k: int, corpus: Path, max_questions: int | No
     link = d / CORPUS_FILE
     if link.is_symlink() or link.exists():
         link.unlink()
-    link.symlink_to(corpus_file)
+    link.symlink_to(corpus_path)
     lines = []
     for q in questions:
         row = q.to_dict()
@@ -138,6 +146,7 @@ def loop_once(
     from kitune.service.optimize import OptimizeOptions, run_optimize
 
     run = optimize or run_optimize
+    corpus_file(opts.corpus)  # a mistyped --corpus fails now, not when traces arrive
     folder = TraceFolder.of(cfg, opts.name)
     with folder.lock("loop"):
         with folder.lock("state"):
@@ -294,6 +303,7 @@ def watch(
     """
     if not wopts.directory.is_dir():
         raise DataError(f"--watch {wopts.directory}: not a folder", path=str(wopts.directory))
+    corpus_file(opts.corpus)
     if wopts.max_polls is not None and wopts.max_polls < 1:
         raise DataError(f"max_polls={wopts.max_polls}: use 1 or more (or no limit)")
     folder = TraceFolder.of(cfg, opts.name)
