@@ -162,20 +162,27 @@ def content_hash(doc: Document) -> str:
     return h.hexdigest()[:32]
 
 
-def read_state_hashes(path: Path | None) -> dict[str, str]:
-    """Read a state file into ``docid → content hash`` of its last ``ok`` line with a hash."""
+def _state_records(path: Path | None) -> Iterator[dict[str, Any]]:
+    """The JSON object lines of a state file (missing file: none; unparseable lines skipped)."""
     if path is None or not path.is_file():
-        return {}
-    hashes: dict[str, str] = {}
+        return
     with path.open(encoding="utf-8") as fh:
         for line in fh:
             try:
                 rec = json.loads(line)
-            except json.JSONDecodeError:
+            except json.JSONDecodeError:  # a crash mid-write leaves at most one bad line
                 continue
-            if isinstance(rec, dict) and rec.get("status") == "ok" and isinstance(rec.get("hash"), str):
-                hashes[str(rec.get("docid"))] = rec["hash"]
-    return hashes
+            if isinstance(rec, dict):
+                yield rec
+
+
+def read_state_hashes(path: Path | None) -> dict[str, str]:
+    """Read a state file into ``docid → content hash`` of its last ``ok`` line with a hash."""
+    return {
+        str(rec.get("docid")): rec["hash"]
+        for rec in _state_records(path)
+        if rec.get("status") == "ok" and isinstance(rec.get("hash"), str)
+    }
 
 
 def read_state(path: Path | None) -> dict[str, str]:
@@ -183,18 +190,11 @@ def read_state(path: Path | None) -> dict[str, str]:
 
     Missing file: ``{}``. Unparseable lines (a crash mid-write) are skipped.
     """
-    if path is None or not path.is_file():
-        return {}
-    state: dict[str, str] = {}
-    with path.open(encoding="utf-8") as fh:
-        for line in fh:
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(rec, dict) and isinstance(rec.get("docid"), str):
-                state[rec["docid"]] = str(rec.get("status", ""))
-    return state
+    return {
+        rec["docid"]: str(rec.get("status", ""))
+        for rec in _state_records(path)
+        if isinstance(rec.get("docid"), str)
+    }
 
 
 def load_documents(path: Path | str, *, limit: int | None = None) -> list[Document]:
