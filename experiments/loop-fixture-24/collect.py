@@ -16,6 +16,7 @@ from pathlib import Path
 from kitune.config import load_config
 from kitune.retrieval import create_store
 from kitune.schema import Filter
+
 try:
     from kitune.service.prompts import versioned_store_cfg
 except ImportError:  # the run's own commit (run-loop-fixture-24) named it privately
