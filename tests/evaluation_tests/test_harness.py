@@ -264,3 +264,28 @@ def test_a_judge_auth_failure_stops_the_run_too() -> None:
             progress=False,
         )
     assert built == ["q0"]
+
+
+def test_progress_to_a_file_is_a_plain_line_per_question(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+    import sys
+
+    from kitune.data.loaders import Question
+    from kitune.evaluation.agent import Episode
+    from kitune.evaluation.harness import evaluate
+
+    class Runner:
+        def run(self, question: str) -> Episode:
+            return Episode(status="answered", exact_answer="Paris")
+
+    out = io.StringIO()  # not a terminal
+    monkeypatch.setattr(sys, "stderr", out)
+    qs = [Question(str(i), f"q{i}?", "Paris") for i in range(3)]
+    evaluate(qs, lambda q: Runner(), skill="baseline", concurrency=1, progress=True)
+    lines = out.getvalue().splitlines()
+    assert [line.split(" · ")[0] for line in lines] == [
+        "eval baseline 1/3",
+        "eval baseline 2/3",
+        "eval baseline 3/3",
+    ]
+    assert "\x1b" not in out.getvalue()

@@ -443,3 +443,23 @@ def test_state_written_before_hashes_counts_as_unchanged(tmp_path: Path) -> None
     lm = DummyLM([])
     report = _run(lm, store, _cfg(), state)
     assert lm.history == [] and (report.docs_skipped, report.kis_refreshed) == (6, 12)
+
+
+def test_progress_to_a_file_is_one_plain_line_per_interval(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a redirected stderr (cron, CI, `> log`) got nothing, then a burst of bar redraws
+    import io
+    import sys
+
+    from kitune.service.extraction import _Progress
+
+    out = io.StringIO()  # not a terminal
+    monkeypatch.setattr(sys, "stderr", out)
+    bar = _Progress(True, 3, None, 0, interval_s=3600)
+    assert bar.plain
+    bar.advance(1, 2, 0)  # the first line is written at once
+    bar.advance(2, 4, 0)  # inside the interval: nothing
+    bar.advance(3, 5, 1)  # the last document: always a line
+    bar.close()
+    lines = out.getvalue().splitlines()
+    assert [line.split(" · ")[0] for line in lines] == ["extract 1/3", "extract 3/3"]
+    assert "2.5 KIs/doc" in lines[-1] and "1 failed" in lines[-1] and "\x1b" not in out.getvalue()

@@ -26,6 +26,7 @@ import contextvars
 import json
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -198,7 +199,10 @@ def evaluate(
 
     bar = None
     task = None
-    if progress:
+    # redirected to a file or pipe: one plain line per question instead of a bar drawn at the end
+    plain = progress and not sys.stderr.isatty()
+    started = time.monotonic()
+    if progress and not plain:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -237,6 +241,13 @@ def evaluate(
                         other.cancel()  # queued ones never start; running ones finish
                 if bar is not None and task is not None:
                     bar.update(task, advance=1, acc=_progress_text(results.values()))
+                elif plain:
+                    print(
+                        f"eval {skill} {len(results)}/{len(questions)} · "
+                        f"{_progress_text(results.values())} · {time.monotonic() - started:.0f} s",
+                        file=sys.stderr,
+                        flush=True,
+                    )
     finally:
         if bar is not None:
             bar.stop()

@@ -37,6 +37,7 @@ import contextvars
 import hashlib
 import json
 import os
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -250,14 +251,23 @@ class _StateWriter:
 
 
 class _Progress:
-    """Rich progress bar with docs/s, KIs/doc and tokens (a no-op when disabled)."""
+    """Progress with docs/s, KIs/doc and tokens (a no-op when disabled).
 
-    def __init__(self, enabled: bool, total: int, ledger: TokenLedger | None, marker: int) -> None:
+    On a terminal: a Rich bar. Redirected to a file or a pipe (cron, CI, ``> log``): one plain
+    line per ``interval_s`` seconds and a last one at the end, instead of silence then noise.
+    """
+
+    def __init__(
+        self, enabled: bool, total: int, ledger: TokenLedger | None, marker: int, *, interval_s: float = 10.0
+    ) -> None:
         self.enabled = enabled and total > 0
         self.ledger, self.marker = ledger, marker
+        self.total, self.interval_s = total, interval_s
         self.start = time.monotonic()
+        self._last_line = float("-inf")
         self._bar: Any = None
-        if self.enabled:
+        self.plain = self.enabled and not sys.stderr.isatty()
+        if self.enabled and not self.plain:
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -284,6 +294,18 @@ class _Progress:
         if self.ledger is not None:
             tokens = sum(r.input_tokens + r.output_tokens for r in self.ledger.since(self.marker))
         ok = max(finished - failed, 0)
+        if self.plain:
+            now = time.monotonic()
+            if finished >= self.total or now - self._last_line >= self.interval_s:
+                self._last_line = now
+                print(
+                    f"extract {finished}/{self.total} · {finished / elapsed:.2f} docs/s · "
+                    f"{kis / ok if ok else 0.0:.1f} KIs/doc · {tokens:,} tok · {failed} failed · "
+                    f"{elapsed:.0f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            return
         self._bar.update(
             self._task,
             completed=finished,
