@@ -97,22 +97,42 @@ def test_ki_index_skips_a_non_utf8_line_and_indexes_the_rest(tmp_path: Path) -> 
     assert isinstance(store.get(kis[-1].id), KI)
 
 
-def test_huge_document_fails_fast_without_lm_calls_and_the_run_proceeds(tmp_path: Path) -> None:
+def test_huge_document_is_skipped_without_lm_calls_and_the_run_proceeds(tmp_path: Path) -> None:
     huge = Document(docid="huge", text=("All work and no play makes a dull page. " * 260_000)[:10_000_000])
     assert len(huge.text.encode()) == 10_000_000
     lm = DummyLM({d.text[:40]: {"facts_json": json.dumps(facts_for(d))} for d in GOOD})
     cfg = load_config(overrides={"extraction.concurrency": 2})
     store = MemoryStore()
+    state = tmp_path / "state.jsonl"
     with dspy.context(lm=lm):
         report = extract_corpus(
-            [GOOD[0], huge, GOOD[1]], store, FactExtractor.from_config(cfg), cfg=cfg, progress=False, now=NOW
+            [GOOD[0], huge, GOOD[1]],
+            store,
+            FactExtractor.from_config(cfg),
+            cfg=cfg,
+            progress=False,
+            now=NOW,
+            state_path=state,
         )
-    assert (report.docs_done, report.docs_failed) == (2, 1)
-    assert report.failed["huge"].startswith(
+    # skipped with its reason, not failed (a failed document would be retried on every run)
+    assert (report.docs_done, report.docs_failed, report.docs_skipped) == (2, 0, 1)
+    assert report.too_large["huge"].startswith(
         "document too large: 10000000 characters > extraction.max_doc_chars="
     )
     assert report.counters["lm_calls"] == 2  # one per good document, none for the huge one
     assert store.count() == len(facts_for(GOOD[0])) + len(facts_for(GOOD[1]))
+    with dspy.context(lm=lm):
+        again = extract_corpus(
+            [GOOD[0], huge, GOOD[1]],
+            store,
+            FactExtractor.from_config(cfg),
+            cfg=cfg,
+            progress=False,
+            now=NOW,
+            state_path=state,
+        )
+    assert (again.docs_done, again.docs_failed, again.docs_skipped) == (0, 0, 3)
+    assert sum('"skipped"' in line for line in state.read_text().splitlines()) == 1  # recorded once
 
 
 def test_huge_document_loads_and_binary_control_characters_survive_extraction(tmp_path: Path) -> None:
@@ -130,7 +150,7 @@ def test_huge_document_loads_and_binary_control_characters_survive_extraction(tm
     store = MemoryStore()
     with dspy.context(lm=lm):
         rep = extract_corpus(docs, store, FactExtractor.from_config(cfg), cfg=cfg, progress=False, now=NOW)
-    assert (rep.docs_done, rep.docs_failed, list(rep.failed)) == (2, 1, ["huge"])
+    assert (rep.docs_done, rep.docs_failed, list(rep.too_large)) == (2, 0, ["huge"])
     assert rep.kis_written == store.count() >= 2
 
 

@@ -23,9 +23,10 @@
   unrecorded); a document is marked ``ok`` only after the batch holding
   its KIs is committed and none of its KIs failed to write. A crash loses no committed work and
   never marks uncommitted work done.
-* **Isolation** — a document whose output stays malformed, or whose LM call raises, or whose
-  text exceeds ``cfg.extraction.max_doc_chars`` (no call is made), is recorded ``failed``; the
-  run goes on. Only errors no other document could survive abort the run:
+* **Isolation** — a document whose output stays malformed, or whose LM call raises, is
+  recorded ``failed`` (retried next run); one whose text exceeds ``cfg.extraction.max_doc_chars``
+  is recorded ``skipped`` with the reason once (no call is made, not retried until the limit is
+  raised); the run goes on. Only errors no other document could survive abort the run:
   :class:`kitune.errors.LMAuthError`, :class:`kitune.errors.ConfigError` and
   :class:`kitune.errors.StoreUnavailableError` (finished work is committed first).
 """
@@ -114,6 +115,9 @@ class ExtractionReport:
     """KIs of skipped (unchanged) documents whose ``last_seen`` was refreshed, without an LLM call."""
     derived_refreshed: int = 0
     """Disambiguation/source-description KIs refreshed because all their evidence documents are present."""
+    too_large: dict[str, str] = field(default_factory=dict)
+    """Docid → reason for documents over ``extraction.max_doc_chars``: skipped (no LLM call, not
+    failed, not retried until the limit is raised); counted in ``docs_skipped``."""
 
     @property
     def kis_per_doc(self) -> float:
@@ -125,7 +129,8 @@ class ExtractionReport:
         rows = [
             ("documents", str(self.docs_total)),
             ("done", str(self.docs_done)),
-            ("skipped (already done)", str(self.docs_skipped)),
+            ("skipped (already done or too large)", str(self.docs_skipped)),
+            ("too large (skipped)", str(len(self.too_large))),
             ("re-extracted (content changed)", str(self.docs_changed)),
             ("KIs refreshed (unchanged docs)", str(self.kis_refreshed)),
             ("derived KIs refreshed", str(self.derived_refreshed)),
@@ -412,9 +417,22 @@ def extract_corpus(
     hashes = {d.docid: content_hash(d) for d in unique}
     unchanged, changed = _unchanged_docs(unique, state, read_state_hashes(state_path), hashes)
     todo = [d for d in unique if d.docid not in unchanged]
+    limit = cfg.extraction.max_doc_chars
+    too_large = {
+        d.docid: f"document too large: {len(d.text)} characters > extraction.max_doc_chars={limit}; "
+        "split the document or raise extraction.max_doc_chars"
+        for d in todo
+        if limit is not None and len(d.text) > limit
+    }
+    todo = [d for d in todo if d.docid not in too_large]  # skipped with a reason, not failed
     skipped = len(unique) - len(todo)
     marker = ledger.snapshot() if ledger is not None else 0
     writer = _StateWriter(state_path, extractor.prompt_version)
+    for docid, reason in too_large.items():
+        if state.get(docid) != "skipped":  # recorded once, not on every run
+            writer.write(docid, "skipped", 0, reason)
+    if too_large:
+        writer.sync()
     bar = _Progress(progress, len(todo), ledger, marker)
     batch_size = cfg.extraction.write_batch_size
     flush_interval_s = cfg.extraction.flush_interval_s
@@ -530,6 +548,7 @@ def extract_corpus(
         docs_done=done,
         docs_failed=len(failed),
         docs_skipped=skipped,
+        too_large=too_large,
         kis_written=written,
         write_failures=write_failures,
         drops=dict(drops),
