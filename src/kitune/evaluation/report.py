@@ -122,21 +122,22 @@ def _plot(summaries: Sequence[RunSummary], path: Path) -> Path | None:
     from matplotlib.figure import Figure
 
     # The object API with an Agg canvas: no pyplot, no global backend switch, thread-safe.
-    fig = Figure(figsize=(6, 4), dpi=100)
+    fig = Figure(figsize=(7, 4.5), dpi=100)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
-    for s in points:
+    xs = [(s.input_tokens + s.tool_input_tokens) / max(1, s.n_total) for s in points]
+    top = max(xs) if xs else 1.0
+    for s, x in zip(points, xs, strict=True):  # a legend names the runs: labels never overlap
         acc = 100 * (s.accuracy or 0.0)
         err = [[acc - 100 * s.ci_low], [100 * s.ci_high - acc]]
-        x = (s.input_tokens + s.tool_input_tokens) / max(1, s.n_total)
-        ax.errorbar([x], [acc], yerr=err, fmt="o", capsize=4)
-        ax.annotate(s.name, (x, acc), textcoords="offset points", xytext=(6, 6))
+        ax.errorbar([x], [acc], yerr=err, fmt="o", capsize=4, label=s.name)
     ax.set_xlabel("input tokens per question (agent + tools)")
-    ax.set_ylabel("judge-correct (%) with 95% CI")
-    ax.set_ylim(0, 100)
-    ax.set_xlim(left=0)
+    ax.set_ylabel("accuracy (%) of graded questions, 95% CI")
+    ax.set_ylim(-5, 105)
+    ax.set_xlim(0, top * 1.15 if top > 0 else 1.0)  # every point (and its error bar) inside the axes
     ax.set_title("Accuracy vs input tokens")
     ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
     return path
