@@ -30,11 +30,13 @@ import re
 import string
 import unicodedata
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
 __all__ = [
     "FoldedText",
+    "contains_answer",
     "exact_match",
     "find_span",
     "fold_map",
@@ -327,6 +329,19 @@ def _same_number(prediction: str, gold: str) -> bool:
     """
     value = _numeric_gold(gold)
     return value is not None and number_values(prediction) == [value]
+
+
+def contains_answer(text: str, golds: Iterable[str]) -> bool:
+    """True when ``text`` contains a gold answer as whole words, after :func:`normalize_answer`.
+
+    Both sides are normalised the same way; a gold that normalises to nothing never matches.
+    """
+    hay = f" {normalize_answer(text)} "
+    for g in golds:
+        n = normalize_answer(g)
+        if n and f" {n} " in hay:
+            return True
+    return False
 
 
 def exact_match(prediction: str, golds: list[str] | tuple[str, ...] | str) -> bool:

@@ -25,7 +25,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kitune.text import exact_match, normalize_answer
+from kitune.text import contains_answer, exact_match, normalize_answer
 
 __all__ = ["MatchVerdict", "match_answer", "match_judge", "parse_exact_answer"]
 
@@ -65,11 +65,8 @@ def match_answer(prediction: str, gold: str, aliases: Sequence[str] = ()) -> tup
         return pred == normalize_answer(gold), "yes_no"
     if exact_match(prediction, golds):
         return True, "exact"
-    hay = f" {pred} "
-    for g in golds:
-        n = normalize_answer(g)
-        if n and n not in _YES_NO and f" {n} " in hay:
-            return True, "contains"
+    if contains_answer(prediction, [g for g in golds if normalize_answer(g) not in _YES_NO]):
+        return True, "contains"
     return False, "no_match"
 
 

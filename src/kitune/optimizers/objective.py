@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from kitune.evaluation.failures import is_correct
-from kitune.text import normalize_answer
+from kitune.text import contains_answer
 
 if TYPE_CHECKING:
     from kitune.data.loaders import Question
@@ -253,14 +253,8 @@ def ki_contains_answer(ki: KI, golds: Iterable[str]) -> bool:
     return text_contains_answer(ki.title + " " + ki.description, golds)
 
 
-def text_contains_answer(text: str, golds: Iterable[str]) -> bool:
-    """True when ``text`` contains a gold answer as whole words, after answer normalisation."""
-    hay = f" {normalize_answer(text)} "
-    for g in golds:
-        n = normalize_answer(g)
-        if n and f" {n} " in hay:
-            return True
-    return False
+text_contains_answer = contains_answer
+"""True when ``text`` contains a gold answer as whole words (:func:`kitune.text.contains_answer`)."""
 
 
 def answer_coverage(questions: Sequence[Question], kis_by_doc: Mapping[str, Sequence[KI]]) -> float | None:
