@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from kitune.evaluation.failures import is_correct
+from kitune.optimizers.feedback import count_flips
 from kitune.optimizers.objective import LoopWeights, RunStats, loop_score
 
 if TYPE_CHECKING:
@@ -199,8 +200,8 @@ def compare_paired(
     ids = [q for q in cur if q in cand and cur[q].status != "failed" and cand[q].status != "failed"]
     a = [cur[q] for q in ids]
     b = [cand[q] for q in ids]
-    fixed = tuple(q for q, x, y in zip(ids, a, b, strict=True) if not is_correct(x) and is_correct(y))
-    broken = tuple(q for q, x, y in zip(ids, a, b, strict=True) if is_correct(x) and not is_correct(y))
+    flips = count_flips(a, b)  # the pairs only: both runs' traces of the same questions
+    fixed, broken = flips.fixed, flips.newly_wrong
     sa, sb = _stats(a), _stats(b)
     diffs = [float(is_correct(y)) - float(is_correct(x)) for x, y in zip(a, b, strict=True)]
     lo = hi = 0.0
