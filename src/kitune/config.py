@@ -215,6 +215,14 @@ class LMConfig(_Section):
         cfg: LMRoleConfig = getattr(self, role)
         return cfg
 
+    def model_label(self, role: Role) -> str:
+        """The model ``role`` uses as configured, for logs and run records (no environment read).
+
+        The role's ``model``, else the gateway's ``default_model``, else ``local:<name>`` for the
+        embedded model.
+        """
+        return self.role(role).model or self.gateway.default_model or f"local:{self.local.model}"
+
 
 class EmbedderConfig(_Section):
     """Text embedder used by the embedded stores."""

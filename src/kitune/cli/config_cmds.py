@@ -29,10 +29,7 @@ def show(
 
     cfg = get_config(config)
     data = mask_secrets(cfg)
-    data["resolved_models"] = {
-        role: (cfg.lm.role(role).model or cfg.lm.gateway.default_model or f"local:{cfg.lm.local.model}")
-        for role in ROLES
-    }
+    data["resolved_models"] = {role: cfg.lm.model_label(role) for role in ROLES}
     if as_json:
         typer.echo(json.dumps(data, indent=2, default=str))
     else:

@@ -153,7 +153,7 @@ def run_experiment(
         "max_feedback_attempts": o.max_feedback_attempts,
         "iterations": iterations,
         **{
-            f"model.{role}": _model_label(cfg, role)
+            f"model.{role}": cfg.lm.model_label(role)
             for role in ("extract", "rewrite", "agent", "judge", "reflection")
         },
         **{f"prompt_version.{p}": instruction_version(p, t) for p, t in start.prompts.items()},
@@ -182,9 +182,3 @@ def run_experiment(
             require_significance=o.require_significance,
             seed=o.seed,
         )
-
-
-def _model_label(cfg: KituneConfig, role: str) -> str:
-    """The model a role uses as configured (``local/<name>`` for the embedded model), for logging."""
-    rc = cfg.lm.role(role)  # type: ignore[arg-type]
-    return rc.model or cfg.lm.gateway.default_model or f"local/{cfg.lm.local.model}"

@@ -311,10 +311,8 @@ def run_eval(
             "max_tokens": budget.max_tokens,
             "timeout_s": budget.timeout_s,
         },
-        "agent_model": cfg.lm.agent.model or cfg.lm.gateway.default_model or f"local:{cfg.lm.local.model}",
-        "judge_model": (cfg.lm.judge.model or cfg.lm.gateway.default_model or f"local:{cfg.lm.local.model}")
-        if use_judge
-        else None,
+        "agent_model": cfg.lm.model_label("agent"),
+        "judge_model": cfg.lm.model_label("judge") if use_judge else None,
         "observation_max_chars": cfg.agent.observation_max_chars,
         "search_hits": cfg.retrieval.search_hits,
         "prompt_versions": versions,
