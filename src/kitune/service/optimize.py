@@ -455,16 +455,16 @@ class ServiceLoopEnv:
 
     def _reuse_unaffected(
         self, setting: Setting, questions: Sequence[Question], state: str, path: Path
-    ) -> int:
+    ) -> tuple[int, set[str]]:
         """Copy into ``path`` the earlier traces whose look-ups return the same observations now.
 
         Returns:
-            How many traces were reused.
+            ``(how many traces were reused, query ids with a usable trace in path now)``.
         """
         have = {t.query_id for t in read_traces(path) if t.status != "failed"}
         todo = [q for q in questions if q.query_id not in have]
         if not todo:
-            return 0
+            return 0, have
         obs = self._observations(setting.eval_key)
         earlier: dict[str, tuple[Trace, list[dict[str, Any]]]] = {}
         for f in sorted(
@@ -478,7 +478,7 @@ class ServiceLoopEnv:
                 if t.status != "failed" and calls is not None:
                     earlier[t.query_id] = (t, calls)
         if not earlier:
-            return 0
+            return 0, have
         context_fn = self.context_fn(setting)
         writer: TraceWriter | None = None
         reused = 0
@@ -490,8 +490,9 @@ class ServiceLoopEnv:
                 writer = writer or TraceWriter(path)
                 writer.write(trace)
                 self._log_observations(setting.eval_key, state, q.query_id, calls)
+                have.add(q.query_id)
                 reused += 1
-        return reused
+        return reused, have
 
     def tokens_used(self) -> int:
         """LLM tokens (input + output, every role) recorded in the ledger so far."""
@@ -515,12 +516,8 @@ class ServiceLoopEnv:
             metrics["extract_answer_coverage"] = coverage
         state = store_fingerprint(self.store_for(setting))
         path = self.state_dir / "evals" / f"{setting.eval_key}-{state}.jsonl"
-        reused = self._reuse_unaffected(setting, questions, state, path)
-        fresh = [
-            q
-            for q in questions
-            if q.query_id not in {t.query_id for t in read_traces(path) if t.status != "failed"}
-        ]
+        reused, have = self._reuse_unaffected(setting, questions, state, path)
+        fresh = [q for q in questions if q.query_id not in have]
         self.log(
             f"evaluate setting {setting.key} on {split} ({len(questions)} questions, store {state[:8]}): "
             f"{len(fresh)} to run, {reused} reused after the store changed"
