@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import dspy
 import pytest
@@ -104,16 +105,20 @@ def test_huge_document_is_skipped_without_lm_calls_and_the_run_proceeds(tmp_path
     cfg = load_config(overrides={"extraction.concurrency": 2})
     store = MemoryStore()
     state = tmp_path / "state.jsonl"
-    with dspy.context(lm=lm):
-        report = extract_corpus(
-            [GOOD[0], huge, GOOD[1]],
-            store,
-            FactExtractor.from_config(cfg),
-            cfg=cfg,
-            progress=False,
-            now=NOW,
-            state_path=state,
-        )
+
+    def run() -> Any:
+        with dspy.context(lm=lm):
+            return extract_corpus(
+                [GOOD[0], huge, GOOD[1]],
+                store,
+                FactExtractor.from_config(cfg),
+                cfg=cfg,
+                progress=False,
+                now=NOW,
+                state_path=state,
+            )
+
+    report = run()
     # skipped with its reason, not failed (a failed document would be retried on every run)
     assert (report.docs_done, report.docs_failed, report.docs_skipped) == (2, 0, 1)
     assert report.too_large["huge"].startswith(
@@ -121,16 +126,7 @@ def test_huge_document_is_skipped_without_lm_calls_and_the_run_proceeds(tmp_path
     )
     assert report.counters["lm_calls"] == 2  # one per good document, none for the huge one
     assert store.count() == len(facts_for(GOOD[0])) + len(facts_for(GOOD[1]))
-    with dspy.context(lm=lm):
-        again = extract_corpus(
-            [GOOD[0], huge, GOOD[1]],
-            store,
-            FactExtractor.from_config(cfg),
-            cfg=cfg,
-            progress=False,
-            now=NOW,
-            state_path=state,
-        )
+    again = run()
     assert (again.docs_done, again.docs_failed, again.docs_skipped) == (0, 0, 3)
     assert sum('"skipped"' in line for line in state.read_text().splitlines()) == 1  # recorded once
 
