@@ -22,7 +22,7 @@ cd "$(dirname "$0")/../.."
 EXP=experiments/locomo-conv1
 CFG=$EXP/config.yaml
 CONV=${CONV:-26}
-N=${N:-40}
+N=${N:-20}
 SEED=${SEED:-17}
 export KITUNE_WORKDIR=${KITUNE_WORKDIR:-kitune-work/locomo-conv$CONV}
 export LITELLM_LOCAL_MODEL_COST_MAP=True
@@ -84,7 +84,7 @@ for step in $STEPS; do
         --run-name "${PREFIX}in-context" --concurrency 1 ;;
     loop)
       run_step loop kitune optimize -c "$CFG" --data "$DATA" --iterations 2 --run-name "$LOOP" \
-        --programs extractor --max-metric-calls 4 --distractors 0 --knob-trials 0 --feedback --no-progress ;;
+        --programs disambiguator --max-metric-calls 4 --distractors 0 --knob-trials 0 --feedback --no-progress ;;
     disamb)
       T=$(table_of loop)
       KITUNE_STORE__TABLE=$T run_step disamb kitune eval -c "$CFG" --skill in-context --disambiguation --split validation \

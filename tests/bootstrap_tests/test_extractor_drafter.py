@@ -83,3 +83,18 @@ def test_merge_entity_types_keeps_pins_first() -> None:
 
 def test_instruction_diff_is_empty_for_equal_texts() -> None:
     assert instruction_diff("x\n", "x") == ""
+
+
+def test_dialogue_draft_starts_from_the_dialogue_instruction_and_drops_keep_dates_as_written() -> None:
+    # issue 17: chat sessions get facts about named people, cited by turn, with resolved dates;
+    # the generic "keep every date exactly as written" line would contradict that
+    prose = draft_extractor(DESC, corpus_name="chat")
+    chat = draft_extractor(DESC, corpus_name="chat", dialogue=True)
+    dialogue = load_instruction("extractor_dialogue").text
+    assert prose.text.startswith(load_instruction("extractor").text + "\n\n")
+    assert chat.text.startswith(dialogue + "\n\nDomain focus (chat): Payments of a web shop.")
+    assert "keep every date exactly as written" in prose.text
+    assert "keep every date exactly as written" not in chat.text
+    assert "8 May 2023 is 7 May 2023" in dialogue and "[n] Speaker:" in dialogue
+    assert chat.version != prose.version
+    assert chat.version == draft_extractor(DESC, corpus_name="chat", dialogue=True).version

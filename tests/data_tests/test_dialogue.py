@@ -14,6 +14,7 @@ from kitune.data.dialogue import (
     dialogue_tags,
     format_date,
     indexed_units,
+    numbered_turn_view,
     ki_turn_ids,
     parse_session,
     parse_session_date,
@@ -205,3 +206,19 @@ def test_dialogue_tags_are_valid_ki_tags_and_read_back() -> None:
         ("26001", "D1:1"),
     }
     assert dialogue_tags("Plain prose. Another.", ["Plain prose."]) == []
+
+
+def test_numbered_turn_view_numbers_turns_and_maps_each_number_to_verbatim_text() -> None:
+    view, spans = numbered_turn_view(SESSION)
+    assert view.splitlines()[:3] == [
+        "Conversation between Caroline and Melanie, session 1 (1:56 pm on 8 May, 2023)",
+        "Session date: 8 May 2023",
+        "[1] Caroline: Hey Mel! Good to see you!",
+    ]
+    assert "[3] Caroline: I went to a LGBTQ support group yesterday and it was so powerful." in view
+    assert '- [3] "yesterday" = 7 May 2023' in view and '- [4] "last year" = 2022' in view
+    assert "D1:" not in view  # numbers only: the model cites them like sentence numbers
+    assert len(spans) == 4
+    assert SESSION[slice(*spans[1])] == "Melanie: Hey Caroline! I'm swamped: kids & work."
+    assert SESSION[slice(*spans[3])].endswith("[shares a photo: a lake at dawn]")
+    assert numbered_turn_view("Just prose. No turns.") == ("", [])

@@ -423,3 +423,32 @@ def test_dialogue_session_is_shown_by_turn_and_its_kis_carry_turn_ids_and_the_se
     ki = result.kis[0]
     assert "d1-2" in ki.tags and "session-2023-05-08" in ki.tags
     assert ki.payload.evidence == ["I ran a charity race for mental health yesterday."]  # verbatim
+
+
+def test_sentence_mode_on_a_dialogue_cites_turn_numbers_and_copies_the_turn_verbatim() -> None:
+    # issue 17: with evidence_mode=sentences a chat session is shown as numbered turns; the cited
+    # number becomes "Speaker: text" of that turn (verbatim), tagged with its turn id and date
+    text = (
+        "Session 1 (1:56 pm on 8 May, 2023)\n"
+        "[D1:1] Caroline: Hey Mel! How have you been?\n"
+        "[D1:2] Melanie: Great! I ran a charity race for mental health yesterday.\n"
+    )
+    doc = Document(docid="s1", text=text, title="Session 1", metadata={"date": "1:56 pm on 8 May, 2023"})
+    record = {
+        "title": "Melanie ran a charity race on 7 May 2023",
+        "subject": "Melanie",
+        "predicate": "participated_in",
+        "object": "charity race for mental health",
+        "description": "Melanie ran a charity race for mental health on 7 May 2023.",
+        "evidence_sentences": [2],
+        "confidence": 90,
+    }
+    lm = DummyLM([{"facts": json.dumps([record])}])
+    with dspy.context(lm=lm):
+        result = FactExtractor(evidence_mode="sentences").extract_document(doc, now=NOW)
+    shown = lm.history[-1]["messages"][-1]["content"]
+    assert "[2] Melanie: Great! I ran a charity race" in shown and '- [2] "yesterday" = 7 May 2023' in shown
+    assert result.status == "ok" and len(result.kis) == 1, result
+    ki = result.kis[0]
+    assert ki.payload.evidence == ["Melanie: Great! I ran a charity race for mental health yesterday."]
+    assert "d1-2" in ki.tags and "session-2023-05-08" in ki.tags

@@ -37,6 +37,7 @@ __all__ = [
     "format_date",
     "indexed_units",
     "ki_turn_ids",
+    "numbered_turn_view",
     "parse_session",
     "parse_session_date",
     "resolve_relative_date",
@@ -331,6 +332,46 @@ def turn_indexed_view(text: str, *, date_text: str = "") -> str:
         if notes:
             lines += ["", "Relative dates resolved against the session date:", *notes]
     return "\n".join(lines)
+
+
+def numbered_turn_view(text: str, *, date_text: str = "") -> tuple[str, list[tuple[int, int]]]:
+    """A dialogue as the sentence-indexed extractor sees it: turns numbered ``[1]``, ``[2]``, …
+
+    The view is the header, ``Session date: 8 May 2023`` (when known), one ``[n] Speaker: text``
+    line per turn (the turn line without its ``[D3:5]`` id, verbatim), then the relative dates
+    resolved against the session date, ``- [n] "yesterday" = 7 May 2023``. The model cites turn
+    numbers like sentence numbers (:func:`kitune.programs.sentences.cited_evidence`), and the
+    returned spans turn a citation back into verbatim text.
+
+    Args:
+        text: the dialogue document or chunk.
+        date_text: the session date (``Document.metadata["date"]``); default: from the header.
+
+    Returns:
+        ``(view, spans)``: ``spans[n - 1]`` is the ``(start, end)`` offset in ``text`` of turn
+        ``n``'s ``Speaker: text``. For prose (no turn lines) ``("", [])``.
+    """
+    session = parse_session(text, date_text=date_text)
+    if not session.turns:
+        return "", []
+    spans: list[tuple[int, int]] = []
+    for t in session.turns:
+        head = t.text.index("]") + 1
+        head += len(t.text[head:]) - len(t.text[head:].lstrip())
+        spans.append((t.start + head, t.end))
+    lines = [session.header]
+    if session.date is not None:
+        lines.append(f"Session date: {format_date(session.date)}")
+    lines += [f"[{n}] {text[s:e]}" for n, (s, e) in enumerate(spans, 1)]
+    if session.date is not None:
+        notes = [
+            f'- [{n}] "{expr}" = {resolved}'
+            for n, t in enumerate(session.turns, 1)
+            for expr, resolved in annotate_dates(t.text, session.date)
+        ]
+        if notes:
+            lines += ["", "Relative dates resolved against the session date:", *notes]
+    return "\n".join(lines), spans
 
 
 def dialogue_tags(text: str, spans: Iterable[str], *, date_text: str = "") -> list[str]:

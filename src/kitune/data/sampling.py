@@ -33,6 +33,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from kitune.data.dialogue import parse_session
 from kitune.data.loaders import Question, SkippedLine, iter_lines, load_corpus_with_report
 from kitune.errors import DataError
 from kitune.retrieval.base import CorpusStore
@@ -50,7 +51,7 @@ __all__ = [
     "sample_documents",
 ]
 
-CorpusKind = Literal["prose", "records"]
+CorpusKind = Literal["prose", "dialogue", "records"]
 
 _ID_KEYS = ("docid", "doc_id", "id")
 _TEXT_KEYS = ("text", "contents", "content")
@@ -78,7 +79,9 @@ class LoadedCorpus:
     documents: list[Document]
     """In file order; doc ids unique."""
     kind: CorpusKind
-    """``prose`` (documents with a text field) or ``records`` (structured JSON objects)."""
+    """``prose`` (documents with a text field), ``dialogue`` (prose whose documents are mostly chat
+    sessions, ``[D1:3] Speaker: …`` turn lines; :func:`kitune.data.dialogue.parse_session`) or
+    ``records`` (structured JSON objects)."""
     fields: tuple[FieldSummary, ...] = ()
     """Records only: every field seen, most frequent first (ties by first appearance)."""
     path: str = ""
@@ -236,6 +239,8 @@ def _load_records(path: Path) -> LoadedCorpus:
 def load_bootstrap_corpus(path: Path | str) -> LoadedCorpus:
     """Read a prose corpus or a structured-record JSONL file (detected from its first 50 lines).
 
+    A prose corpus most of whose documents are chat sessions is reported as ``dialogue``.
+
     Args:
         path: a JSONL file, or a directory holding ``corpus.jsonl``, ``documents.jsonl`` or
             ``records.jsonl``.
@@ -249,7 +254,9 @@ def load_bootstrap_corpus(path: Path | str) -> LoadedCorpus:
     file = _resolve(Path(path))
     if _detect_kind(file) == "prose":
         docs, report = load_corpus_with_report(file)
-        return LoadedCorpus(documents=docs, kind="prose", path=str(file), skipped=report.skipped)
+        sessions = sum(1 for d in docs if parse_session(d.text).turns)
+        kind: CorpusKind = "dialogue" if docs and sessions * 2 > len(docs) else "prose"
+        return LoadedCorpus(documents=docs, kind=kind, path=str(file), skipped=report.skipped)
     return _load_records(file)
 
 

@@ -4,7 +4,11 @@ The draft is **deterministic**: no LM call. The LM only writes the
 :class:`~kitune.programs.domain_describer.DomainDescription`; :func:`draft_extractor` appends a
 "domain focus" section rendered from the packaged template ``prompts/extractor_drafter.txt``
 (one line per aspect: domain, document kinds, entity types, predicates, record fields,
-disambiguating details, date range; a line whose every placeholder is empty is left out). The
+disambiguating details, date range; a line whose every placeholder is empty is left out), . A dialogue
+corpus (chat sessions) starts from the packaged ``prompts/extractor_dialogue.txt`` instead of the
+neutral prose instruction: facts about the people, named, cited by turn number, with relative
+dates resolved against the session date (the date-range line, which asks to keep dates as
+written, is then left out). The
 same description, pins and neutral text therefore always give the same draft (and the same
 ``extractor@<sha8>`` version), and pinned entity types cannot be lost by generation.
 
@@ -138,6 +142,7 @@ def draft_extractor(
     corpus_name: str,
     pin_types: Sequence[str] = (),
     neutral: str | None = None,
+    dialogue: bool = False,
 ) -> DraftedInstruction:
     """Specialise the neutral extractor instruction for one domain.
 
@@ -146,11 +151,16 @@ def draft_extractor(
         corpus_name: shown in the section heading.
         pin_types: entity types that must be covered whatever the description says.
         neutral: the starting instruction; None loads the packaged ``extractor`` prompt.
+        dialogue: the corpus is chat sessions (:class:`kitune.data.sampling.LoadedCorpus` kind
+            ``dialogue``): the default starting instruction is the packaged
+            ``extractor_dialogue`` and the keep-dates-as-written line is dropped (dialogue facts
+            carry resolved dates).
 
     Returns:
         :class:`DraftedInstruction`. Same arguments ⇒ same text and version.
     """
-    base = (neutral if neutral is not None else load_instruction("extractor").text).strip()
+    default = "extractor_dialogue" if dialogue else "extractor"
+    base = (neutral if neutral is not None else load_instruction(default).text).strip()
     types = merge_entity_types(pin_types, description.entity_types)
     described = {normalise_type(t) for t in description.entity_types}
     restored = tuple(t for t in merge_entity_types(pin_types, ()) if t not in described)
@@ -164,7 +174,7 @@ def draft_extractor(
         "predicates": _join(description.predicates),
         "fields": fields,
         "disambiguating_details": _join(description.disambiguating_details),
-        "date_range": description.date_range.label() if description.date_range else "",
+        "date_range": description.date_range.label() if description.date_range and not dialogue else "",
     }
     text = f"{base}\n\n{_render_section(values)}"
     text, _ = ensure_pinned_types(text, pin_types)

@@ -416,7 +416,12 @@ def bootstrap_corpus(
             questions=[q.query for q in questions],
             pin_types=pin_types,
         )
-    draft = draft_extractor(described.description, corpus_name=cfg.corpus_name, pin_types=pin_types)
+    draft = draft_extractor(
+        described.description,
+        corpus_name=cfg.corpus_name,
+        pin_types=pin_types,
+        dialogue=loaded.kind == "dialogue",
+    )
     confidence = 70 if described.status == "ok" else 30
     kis, rejected = source_description_kis(
         described.description,
