@@ -149,7 +149,7 @@ _BUCKETS = {
     "kitune parse_facts": ("kitune/programs/parsing.py", "parse_facts"),
     "kitune apply_guardrails": ("kitune/programs/guardrails.py", "apply_guardrails"),
     "store.upsert (embed + LanceDB commit + fsync)": ("kitune/retrieval/lance.py", "upsert"),
-    "KituneLM.forward (LM layer total)": ("kitune/lm.py", "forward"),
+    "KituneLM.forward (LM layer total)": ("kitune/lm/client.py", "forward"),
 }
 
 

@@ -9,7 +9,8 @@ from kitune.config import KituneConfig
 from kitune.evaluation.agent import Agent
 from kitune.evaluation.budget import Budget
 from kitune.evaluation.tools import closed_book_toolbox
-from kitune.lm import LiteLLMChatModel, _auto_tool_mode, resolve_role
+from kitune.lm import LiteLLMChatModel, resolve_role
+from kitune.lm.chat_model import _auto_tool_mode
 from kitune.testing.openai_stub import Reply, StubServer
 from kitune.usage import TokenLedger
 

@@ -1,0 +1,58 @@
+"""The LM layer: the ONLY package that builds ``dspy.LM`` objects and names LiteLLM model strings.
+
+Flow: :func:`resolve_role` turns the config of one role into a :class:`ResolvedLM` (model string,
+base URL, key) and validates it before any network call; :func:`build_lm` wraps that in a
+:class:`KituneLM`, a ``dspy.LM`` that owns timeouts, bounded retries, error classification,
+the ``response_format`` ladder, the response cache and the token ledger.
+
+Modules, one job each:
+
+* :mod:`kitune.lm.roles` — role resolution (config + env vars → :class:`ResolvedLM`; offline/replay);
+* :mod:`kitune.lm.errors` — :func:`classify_error`, :func:`parse_retry_after`;
+* :mod:`kitune.lm.formats` — the response_format ladder and :func:`reset_format_memory`;
+* :mod:`kitune.lm.calls` — :func:`track_calls`, :func:`finish_reason_of`;
+* :mod:`kitune.lm.client` — :class:`KituneLM` and :func:`build_lm`;
+* :mod:`kitune.lm.adapters` — :class:`LocalJSONAdapter`, :func:`adapter_for`, :func:`default_adapter`;
+* :mod:`kitune.lm.chat_model` — :class:`LiteLLMChatModel`, the agent's tool-calling chat model.
+
+Import from ``kitune.lm`` (this package); callers and tests patch names here
+(``monkeypatch.setattr(kitune.lm, "build_lm", ...)``) because every caller imports them from
+``kitune.lm`` at call time.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from kitune.lm.adapters import LocalJSONAdapter, adapter_for, default_adapter
+from kitune.lm.calls import CallOutcome, finish_reason_of, track_calls
+from kitune.lm.chat_model import LiteLLMChatModel
+from kitune.lm.client import KituneLM, build_lm
+from kitune.lm.errors import classify_error, parse_retry_after
+from kitune.lm.formats import FORMAT_LEVELS, reset_format_memory
+from kitune.lm.roles import ResolvedLM, resolve_role
+
+__all__ = [
+    "FORMAT_LEVELS",
+    "CallOutcome",
+    "KituneLM",
+    "LiteLLMChatModel",
+    "LocalJSONAdapter",
+    "ResolvedLM",
+    "adapter_for",
+    "build_lm",
+    "classify_error",
+    "default_adapter",
+    "finish_reason_of",
+    "parse_retry_after",
+    "reset_format_memory",
+    "resolve_role",
+    "track_calls",
+]
+
+# KituneLM overrides forward()/aforward() to own timeouts, retries and the ledger; dspy 3.4 warns
+# on every such call that the interface goes away in 3.5. Silence exactly that message (the
+# migration to a dspy engine is tracked for the dspy 3.5 upgrade).
+warnings.filterwarnings(
+    "ignore", message="Implementing custom LMs through BaseLM.forward", category=DeprecationWarning
+)

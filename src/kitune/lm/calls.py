@@ -1,0 +1,83 @@
+"""How each :class:`~kitune.lm.client.KituneLM` call ended: :func:`track_calls` and its helpers."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["CallOutcome", "content_of", "finish_reason_of", "messages_text", "note_finish", "track_calls"]
+
+
+def messages_text(messages: Sequence[dict[str, Any]]) -> str:
+    """Every message's content joined by newlines (non-string content as JSON), for token estimates."""
+    parts: list[str] = []
+    for m in messages:
+        content = m.get("content")
+        parts.append(content if isinstance(content, str) else json.dumps(content, default=str))
+    return "\n".join(parts)
+
+
+def content_of(response: Any) -> str:
+    """The first choice's message content of a LiteLLM response ("" when absent or empty)."""
+    try:
+        return response.choices[0].message.content or ""
+    except (AttributeError, IndexError, TypeError):
+        return ""
+
+
+@dataclass(frozen=True)
+class CallOutcome:
+    """How one :class:`KituneLM` call ended, as seen by :func:`track_calls`."""
+
+    finish_reason: str | None
+    """``"stop"``, ``"length"`` (cut at ``max_tokens``), ``"tool_calls"`` …; None when not given."""
+    content: str
+    """The raw text of the first choice (what an adapter parsed, before any parsing)."""
+
+
+_CALL_SINKS: contextvars.ContextVar[tuple[list[CallOutcome], ...]] = contextvars.ContextVar(
+    "kitune_call_sinks", default=()
+)
+
+
+@contextlib.contextmanager
+def track_calls() -> Iterator[list[CallOutcome]]:
+    """Collect how every :class:`KituneLM` call made inside the block ended.
+
+    Yields a list that gets one :class:`CallOutcome` per completed call (cache hits included),
+    in call order, so a caller can read ``finish_reason`` on every call and see the raw reply
+    even when an adapter rewrote it in its error. Blocks nest; worker threads started with a
+    copy of the context report into the same list. Calls through other ``dspy.LM`` classes are
+    not seen.
+    """
+    sink: list[CallOutcome] = []
+    token = _CALL_SINKS.set((*_CALL_SINKS.get(), sink))
+    try:
+        yield sink
+    finally:
+        _CALL_SINKS.reset(token)
+
+
+def finish_reason_of(response: Any) -> str | None:
+    """The first choice's ``finish_reason`` of a LiteLLM/OpenAI response (None when absent)."""
+    try:
+        reason = response.choices[0].finish_reason
+    except (AttributeError, IndexError, TypeError, KeyError):
+        try:
+            reason = response["choices"][0]["finish_reason"]
+        except (IndexError, TypeError, KeyError):
+            return None
+    return str(reason) if reason is not None else None
+
+
+def note_finish(response: Any) -> None:
+    """Report how ``response`` ended to every :func:`track_calls` block open in this context."""
+    sinks = _CALL_SINKS.get()
+    if sinks:
+        outcome = CallOutcome(finish_reason_of(response), content_of(response))
+        for sink in sinks:
+            sink.append(outcome)
