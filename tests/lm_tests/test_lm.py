@@ -270,6 +270,28 @@ def test_5xx_retried_then_succeeds(gateway_cfg: CfgFactory, stub: StubServer) ->
     assert ledger.records[-1].input_tokens == 9
 
 
+def test_backoff_waits_follow_the_seeded_jitter_and_the_attempt_index(
+    gateway_cfg: CfgFactory, stub: StubServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    import random
+
+    stub.push(Reply.server_error(500), Reply.server_error(503), Reply.ok("ok"))
+    lm, ledger = _lm(gateway_cfg(**{"lm.extract.num_retries": 2}), backoff_base_s=0.1, seed=7)
+    with caplog.at_level("INFO", logger="kitune.lm"):
+        assert lm(messages=MSG) == ["ok"]
+    rng = random.Random(7)
+    expected = [0.1 * 1 * rng.uniform(0.5, 1.0), 0.1 * 2 * rng.uniform(0.5, 1.0)]
+    retries = [r.getMessage() for r in caplog.records if "retry" in r.getMessage()]
+    assert retries == [
+        f"openai/m-small: LMError; retry 1/2 in {expected[0]:.2f}s",
+        f"openai/m-small: LMError; retry 2/2 in {expected[1]:.2f}s",
+    ]
+    first, second, third = stub.chat_requests
+    assert second.received_at - first.received_at >= expected[0] - 0.01
+    assert third.received_at - second.received_at >= expected[1] - 0.01
+    assert [r.failed for r in ledger.records] == [True, True, False]
+
+
 def test_bad_request_is_not_retried(gateway_cfg: CfgFactory, stub: StubServer) -> None:
     stub.push(Reply.error(400, "messages[0].role is invalid"))
     lm, _ = _lm(gateway_cfg(**{"lm.extract.num_retries": 3}))

@@ -1,7 +1,8 @@
 """The client: :class:`KituneLM`, a ``dspy.LM`` whose ``forward`` owns the whole call, and :func:`build_lm`.
 
 * the configured ``timeout_s`` is passed to LiteLLM for real, and LiteLLM's / the OpenAI
-  client's own retries are 0, so kitune's bounded retries are the only ones in force;
+  client's own retries are 0, so kitune's bounded retries (a ``tenacity.Retrying`` over
+  :class:`~kitune.errors.LMError` with ``retryable`` set) are the only ones in force;
 * failures are classified by :func:`kitune.lm.errors.classify_error`; 429 waits honour
   ``Retry-After``, then a "try again in 4.2s" hint in the body, then jittered exponential
   backoff (case L5);
@@ -26,6 +27,7 @@ from dataclasses import replace
 from typing import Any
 
 import dspy
+import tenacity
 
 from kitune.config import KituneConfig, Role
 from kitune.errors import EmptyCompletionError, LMError, LMRateLimitError, ResponseFormatError
@@ -248,12 +250,47 @@ class KituneLM(dspy.LM):  # type: ignore[misc]
         )
 
     def _send(self, messages: list[dict[str, Any]], request: dict[str, Any]) -> Any:
+        """One call with bounded retries (tenacity): retryable LMErrors only, ``num_retries`` at most.
+
+        The wait before each retry is :meth:`_wait_for` (``Retry-After`` first, then jittered
+        exponential backoff); a ``response_format`` downgrade inside :meth:`_attempt` is not a retry.
+        """
+        r = self.resolved
+        requested = request.pop("response_format", None)
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception(lambda e: isinstance(e, LMError) and e.retryable),
+            stop=tenacity.stop_after_attempt(r.num_retries + 1),
+            wait=self._retry_wait,
+            before_sleep=self._log_retry,
+            reraise=True,  # the classified LMError itself, not tenacity's RetryError
+        )
+        return retrying(self._attempt, messages, request, requested)
+
+    def _retry_wait(self, state: tenacity.RetryCallState) -> float:
+        if state.attempt_number > self.resolved.num_retries:  # no retry follows: keep the RNG untouched
+            return 0.0
+        err = state.outcome.exception() if state.outcome is not None else None
+        assert isinstance(err, LMError)
+        return self._wait_for(err, state.attempt_number - 1)
+
+    def _log_retry(self, state: tenacity.RetryCallState) -> None:
+        err = state.outcome.exception() if state.outcome is not None else None
+        wait = state.next_action.sleep if state.next_action is not None else 0.0
+        logger.info(
+            "%s: %s; retry %d/%d in %.2fs",
+            self.resolved.model,
+            type(err).__name__,
+            state.attempt_number,
+            self.resolved.num_retries,
+            wait,
+        )
+
+    def _attempt(self, messages: list[dict[str, Any]], request: dict[str, Any], requested: Any) -> Any:
+        """One attempt: send at the remembered format rung, stepping down once per rejected rung."""
         import litellm
 
         litellm.suppress_debug_info = True  # no "Give Feedback" banner on stdout; we classify errors
         r = self.resolved
-        requested = request.pop("response_format", None)
-        retries_used = 0
         while True:
             level = remembered_level(self._capability_key)
             rf = apply_level(requested, level, keep_schema=r.is_local)
@@ -286,20 +323,6 @@ class KituneLM(dspy.LM):  # type: ignore[misc]
                     sent_level = format_level_of(rf)
                     if sent_level is not None and self._downgrade(sent_level):
                         continue  # exactly one retry per rung, not counted as a transient retry
-                    raise err from exc
-                if err.retryable and retries_used < r.num_retries:
-                    wait = self._wait_for(err, retries_used)
-                    retries_used += 1
-                    logger.info(
-                        "%s: %s; retry %d/%d in %.2fs",
-                        r.model,
-                        type(err).__name__,
-                        retries_used,
-                        r.num_retries,
-                        wait,
-                    )
-                    time.sleep(wait)
-                    continue
                 raise err from exc
             latency = time.monotonic() - started
             prompt_toks, completion_toks, estimated = self._usage(response, messages)
