@@ -29,7 +29,7 @@ export LITELLM_LOCAL_MODEL_COST_MAP=True
 DATA=$KITUNE_WORKDIR/data
 PREFIX=conv$CONV-
 LOOP=conv$CONV-loop
-STEPS=${STEPS:-"prepare bootstrap extract full-context baseline in-context loop disamb coverage report"}
+STEPS=${STEPS:-"prepare bootstrap extract full-context loop baseline coverage report"}
 PY=${PYTHON:-python}
 mkdir -p "$EXP/logs"
 

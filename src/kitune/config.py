@@ -300,6 +300,18 @@ class ExtractionConfig(_Section):
     max_facts_per_doc: int = Field(default=15, ge=0, le=50, description="Cap on facts per document.")
     concurrency: int = Field(default=4, ge=1, le=256, description="Documents extracted in parallel.")
     chunk_chars: int = Field(default=6000, ge=500, description="Split documents longer than this.")
+    max_retry_tokens: int = Field(
+        default=8192,
+        ge=1,
+        description="Cap on max_tokens when a reply cut at its token limit is retried (doubled up to this); "
+        "at or below lm.extract.max_tokens there is no bigger retry and the chunk is "
+        "split (see split_cut_chunks) — on a slow CPU model a doubled retry can cost minutes per document.",
+    )
+    split_cut_chunks: bool = Field(
+        default=True,
+        description="A reply still cut at max_retry_tokens: re-extract its chunk as two halves (two more "
+        "calls). False: keep the cut reply's complete facts when it has any (status partial), no more calls.",
+    )
     evidence_mode: Literal["quote", "sentences"] = Field(
         default="quote",
         description="quote: the model quotes its evidence (located verbatim after Unicode folding); "
