@@ -93,7 +93,7 @@ for step in $STEPS; do
     coverage)
       for side in production loop; do
         T=$(table_of "$side")
-        KITUNE_STORE__TABLE=$T run_step "coverage-$side" "$PY" benchmarks/locomo_coverage.py --conversations "$CONV" \
+        KITUNE_STORE__TABLE=$T run_step "coverage-$side" "$PY" benchmarks/locomo_coverage.py --conversations "$CONV" --sessions "$SESSIONS" \
           --store-config "$CFG" --name "coverage.$side" --out-dir "$EXP"
       done ;;
     report)
