@@ -232,6 +232,13 @@ def test_missing_items_are_reported_and_unreachable_cluster_raises() -> None:
     assert (result.indexed, [f.id for f in result.failed]) == (1, ["b", "c"])
     assert "no item for this document" in result.failed[0].reason
 
+    def wrong_id(ops: list[BulkOp], params: Mapping[str, str]) -> tuple[int, dict[str, Any]]:
+        items = [bulk_item({"index": {"_index": "i", "_id": "zz"}}, 201) for _ in ops[1:]]
+        return 200, {"took": 1, "errors": False, "items": [bulk_item(ops[0][0], 201), *items]}
+
+    result = bulk_write(bulk_client(wrong_id), "i", [("a", {}), ("b", {}), ("c", {})])
+    assert (result.indexed, [f.id for f in result.failed]) == (1, ["b", "c"])  # items for no doc
+
     def refused(ops: list[BulkOp], params: Mapping[str, str]) -> tuple[int, dict[str, Any]]:
         raise ESConnectionError("connection refused")
 
