@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Literal
 
 from kitune.config import KituneConfig
 from kitune.errors import ConfigError
-from kitune.optimizers.loop import LoopResult
+from kitune.optimizers.loop import LOOP_PROGRAMS, LoopResult
 from kitune.service.eval_cache import store_fingerprint
 from kitune.service.loop_env import LoopDeps, ServiceLoopEnv, route_feedback
 from kitune.service.slicing import load_slice, select_documents
@@ -43,7 +43,7 @@ __all__ = [
     "store_fingerprint",
 ]
 
-PROGRAMS: tuple[str, ...] = ("extractor", "rewriter", "disambiguator")
+PROGRAMS: tuple[str, ...] = LOOP_PROGRAMS
 """Programs the loop can tune, by name."""
 
 
