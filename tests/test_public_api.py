@@ -18,6 +18,7 @@ PACKAGES = [
     "kitune.usage",
     "kitune.chat",
     "kitune.lm",
+    "kitune.localmodel",
     "kitune.optimizers",
     "kitune.service",
     "kitune.experiments",

@@ -34,12 +34,21 @@ def main(argv: list[str] | None = None) -> int:
         "--n", type=int, default=40, help="Questions in the sample (0: all of the conversation's)."
     )
     p.add_argument("--seed", type=int, default=17)
+    p.add_argument(
+        "--sessions",
+        type=int,
+        default=0,
+        help="Keep only the conversation's first K sessions and the questions whose evidence turns all "
+        "lie in them (0: all). Every arm then reads the same K sessions.",
+    )
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--sample-out", type=Path, required=True)
     a = p.parse_args(argv)
     source = f"locomo-{a.conversation}"
     corpus = [ln for ln in (a.data / "corpus.jsonl").read_text(encoding="utf-8").splitlines() if ln.strip()]
     docs = [ln for ln in corpus if json.loads(ln).get("source") == source]
+    if a.sessions > 0:  # session n of conversation c has docid f"{c}{n:03d}"
+        docs = [ln for ln in docs if int(json.loads(ln)["docid"][len(str(a.conversation)) :]) <= a.sessions]
     if not docs:
         raise SystemExit(f"no sessions with source {source!r} in {a.data / 'corpus.jsonl'}")
     truth = [
@@ -50,6 +59,13 @@ def main(argv: list[str] | None = None) -> int:
         for ln in truth
         if json.loads(ln)["query_id"].startswith(f"{a.conversation}-")
     }
+    if a.sessions > 0:
+        mine = {
+            q: ln
+            for q, ln in mine.items()
+            if json.loads(ln).get("evidence_dia_ids")
+            and all(int(t[1:].split(":")[0]) <= a.sessions for t in json.loads(ln)["evidence_dia_ids"])
+        }
     population = sorted(mine)
     n = len(population) if a.n <= 0 else min(a.n, len(population))
     sample = sorted(random.Random(a.seed).sample(population, n))
@@ -76,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         "sessions": len(docs),
         "population": len(population),
         "seed": a.seed,
+        "first_sessions": a.sessions or None,
         "n": n,
         "method": "random.Random(seed).sample(sorted query ids, n), re-sorted by id",
         "query_ids": sample,

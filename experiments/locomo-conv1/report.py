@@ -14,13 +14,19 @@ the loop curves, the data folder for the tune/validation split (``optimize.seed`
   (ids and numbers only: the LoCoMo text stays at its shared path);
 * ``curves.md`` / ``curves.png`` — copied from the loop's state folder when present.
 
-Arms that have not run yet are left out and listed as missing.
+Arms that have not run yet are left out and listed as missing. When the in-context arms were not
+run as separate ``kitune eval`` runs, they are read from the loop's own evaluations
+(``<loop-dir>/evals/<setting>-<store>.jsonl``, in the order the loop first logged them in
+``evals/observations.jsonl``): the first is in-context over the bootstrap extractor's KIs before
+any feedback (iteration 0), the last is the same questions after the loop's disambiguation KIs
+(and any accepted prompt) — the in-context + disambiguation arm.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import json
 import shutil
 from pathlib import Path
 
@@ -58,6 +64,21 @@ def _cache_lines(traces: list[Trace]) -> list[str]:
         f"{eff.first_input_tokens} input tokens; {later}. Usage counts every input token "
         "either way: the cache saves time, not tokens.",
     ]
+
+
+def loop_evaluations(loop_dir: Path) -> list[Path]:
+    """The loop's evaluation files in the order it first logged an observation for each."""
+    evals = loop_dir / "evals"
+    order: list[str] = []
+    obs = evals / "observations.jsonl"
+    if obs.is_file():
+        for line in obs.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                rec = json.loads(line)
+                key = f"{rec['setting']}-{rec['store']}"
+                if key not in order:
+                    order.append(key)
+    return [evals / f"{k}.jsonl" for k in order if (evals / f"{k}.jsonl").is_file()]
 
 
 def _token_lines(runs: dict[str, list[Trace]]) -> list[str]:
@@ -108,6 +129,13 @@ def main(argv: list[str] | None = None) -> int:
             runs[label] = load_run(d)[1]
         else:
             missing.append(f"{label} ({d})")
+    done = loop_evaluations(a.loop_dir) if a.loop_dir is not None else []
+    if done and "in-context" not in runs:
+        runs["in-context"] = load_run(done[0])[1]
+        missing = [m for m in missing if not m.startswith("in-context (")]
+    if len(done) > 1 and "in-context + disambiguation" not in runs:
+        runs["in-context + disambiguation"] = load_run(done[-1])[1]
+        missing = [m for m in missing if not m.startswith("in-context + disambiguation")]
     a.out.mkdir(parents=True, exist_ok=True)
     lines = ["# LoCoMo conversation 26: results", ""]
     if missing:

@@ -24,12 +24,13 @@ CFG=$EXP/config.yaml
 CONV=${CONV:-26}
 N=${N:-20}
 SEED=${SEED:-17}
+SESSIONS=${SESSIONS:-6}   # first K sessions (0: all 19): what 2 shared CPU cores could run in one session
 export KITUNE_WORKDIR=${KITUNE_WORKDIR:-kitune-work/locomo-conv$CONV}
 export LITELLM_LOCAL_MODEL_COST_MAP=True
 DATA=$KITUNE_WORKDIR/data
 PREFIX=conv$CONV-
 LOOP=conv$CONV-loop
-STEPS=${STEPS:-"prepare bootstrap extract full-context baseline in-context loop disamb coverage report"}
+STEPS=${STEPS:-"prepare bootstrap extract full-context loop baseline coverage report"}
 PY=${PYTHON:-python}
 mkdir -p "$EXP/logs"
 
@@ -64,7 +65,7 @@ run_step() {  # $1: name; the rest: the command. Appends wall time and exit code
 for step in $STEPS; do
   case $step in
     prepare)
-      run_step prepare "$PY" "$EXP/prepare.py" --conversation "$CONV" --n "$N" --seed "$SEED" \
+      run_step prepare "$PY" "$EXP/prepare.py" --conversation "$CONV" --n "$N" --seed "$SEED" --sessions "$SESSIONS" \
         --out "$DATA" --sample-out "$EXP/sample.json" ;;
     bootstrap)
       if [[ -f $KITUNE_WORKDIR/bootstrap/report.json ]]; then echo "bootstrap: done (remove $KITUNE_WORKDIR/bootstrap to redo)"; continue; fi
@@ -92,7 +93,7 @@ for step in $STEPS; do
     coverage)
       for side in production loop; do
         T=$(table_of "$side")
-        KITUNE_STORE__TABLE=$T run_step "coverage-$side" "$PY" benchmarks/locomo_coverage.py --conversations "$CONV" \
+        KITUNE_STORE__TABLE=$T run_step "coverage-$side" "$PY" benchmarks/locomo_coverage.py --conversations "$CONV" --sessions "$SESSIONS" \
           --store-config "$CFG" --name "coverage.$side" --out-dir "$EXP"
       done ;;
     report)

@@ -34,7 +34,13 @@ from pydantic import (
     model_validator,
 )
 from pydantic_core import PydanticCustomError
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+    YamlConfigSettingsSource,
+)
 
 from kitune.errors import ConfigError
 
@@ -300,6 +306,18 @@ class ExtractionConfig(_Section):
     max_facts_per_doc: int = Field(default=15, ge=0, le=50, description="Cap on facts per document.")
     concurrency: int = Field(default=4, ge=1, le=256, description="Documents extracted in parallel.")
     chunk_chars: int = Field(default=6000, ge=500, description="Split documents longer than this.")
+    max_retry_tokens: int = Field(
+        default=8192,
+        ge=1,
+        description="Cap on max_tokens when a reply cut at its token limit is retried (doubled up to this); "
+        "at or below lm.extract.max_tokens there is no bigger retry and the chunk is "
+        "split (see split_cut_chunks) — on a slow CPU model a doubled retry can cost minutes per document.",
+    )
+    split_cut_chunks: bool = Field(
+        default=True,
+        description="A reply still cut at max_retry_tokens: re-extract its chunk as two halves (two more "
+        "calls). False: keep the cut reply's complete facts when it has any (status partial), no more calls.",
+    )
     evidence_mode: Literal["quote", "sentences"] = Field(
         default="quote",
         description="quote: the model quotes its evidence (located verbatim after Unicode folding); "
@@ -510,21 +528,28 @@ def _find_secrets(data: Any, path: str = "") -> list[str]:
 
 
 def _read_file(path: Path) -> dict[str, Any]:
+    """The config file's mapping, read by pydantic-settings' own YAML/TOML source.
+
+    Raises:
+        ConfigError: the file is missing, not valid YAML/TOML, or its top level is not a mapping.
+    """
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist: pass an existing --config file or omit it")
-    text = path.read_text(encoding="utf-8")
-    try:
-        if path.suffix.lower() == ".toml":
-            data: Any = tomllib.loads(text)
-        else:
-            data = yaml.safe_load(text) or {}
-    except (tomllib.TOMLDecodeError, yaml.YAMLError) as e:
-        raise ConfigError(f"config file {path} is not valid {path.suffix.lstrip('.') or 'YAML'}: {e}") from e
-    if not isinstance(data, dict):
-        raise ConfigError(
-            f"config file {path} must hold a mapping at the top level, got {type(data).__name__}"
+    toml = path.suffix.lower() == ".toml"
+    try:  # the sources read the file when built
+        source = (
+            TomlConfigSettingsSource(KituneConfig, toml_file=path)
+            if toml
+            else YamlConfigSettingsSource(KituneConfig, yaml_file=path, yaml_file_encoding="utf-8")
         )
-    return data
+        data = source()
+    except (tomllib.TOMLDecodeError, yaml.YAMLError) as e:
+        raise ConfigError(f"config file {path} is not valid {'TOML' if toml else 'YAML'}: {e}") from e
+    except (TypeError, ValueError) as e:  # a list or a scalar at the top level
+        raise ConfigError(
+            f"config file {path} must hold a mapping at the top level (setting: value lines)"
+        ) from e
+    return dict(data)
 
 
 def _deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:

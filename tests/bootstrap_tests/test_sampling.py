@@ -149,11 +149,16 @@ def test_a_corpus_of_chat_sessions_is_read_as_dialogue(tmp_path: Path) -> None:
     # issue 17: most documents hold "[D1:2] Speaker: ..." turn lines → kind dialogue (the
     # bootstrap then drafts the dialogue extractor); one prose page among them does not change it
     lines = [
-        {"docid": f"s{n}", "text": f"Session {n} (8 May, 2023)\n[D{n}:1] Ann: Hi Bo!\n[D{n}:2] Bo: I ran a race."}
+        {
+            "docid": f"s{n}",
+            "text": f"Session {n} (8 May, 2023)\n[D{n}:1] Ann: Hi Bo!\n[D{n}:2] Bo: I ran a race.",
+        }
         for n in (1, 2)
     ]
     lines.append({"docid": "p", "text": "A plain page. It has two sentences."})
     (tmp_path / "corpus.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n", encoding="utf-8")
     assert load_bootstrap_corpus(tmp_path).kind == "dialogue"
-    (tmp_path / "corpus.jsonl").write_text(json.dumps(lines[0]) + "\n" + json.dumps(lines[2]) + "\n", encoding="utf-8")
+    (tmp_path / "corpus.jsonl").write_text(
+        json.dumps(lines[0]) + "\n" + json.dumps(lines[2]) + "\n", encoding="utf-8"
+    )
     assert load_bootstrap_corpus(tmp_path).kind == "prose"  # half is not most

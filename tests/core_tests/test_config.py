@@ -54,8 +54,19 @@ def test_missing_and_malformed_files(tmp_path):
         load_config(tmp_path / "nope.yaml")
     bad = tmp_path / "bad.yaml"
     bad.write_text("a: [1,\n")
-    with pytest.raises(ConfigError, match="not valid"):
+    with pytest.raises(ConfigError, match="is not valid YAML"):
         load_config(bad)
+    listed = tmp_path / "list.yaml"
+    listed.write_text("- workdir\n- x\n")
+    with pytest.raises(ConfigError, match="must hold a mapping at the top level"):
+        load_config(listed)
+    bad_toml = tmp_path / "bad.toml"
+    bad_toml.write_text("workdir = [\n")
+    with pytest.raises(ConfigError, match="is not valid TOML"):
+        load_config(bad_toml)
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    assert load_config(empty).corpus_name == "corpus"  # an empty file is the defaults
 
 
 def test_mask_secrets_shows_env_values_masked(monkeypatch):

@@ -17,8 +17,10 @@ from kitune.errors import ConfigError
 from kitune.experiments.prompts import PromptRegistry, prompt_name
 from kitune.experiments.runner import make_optimizer, run_experiment
 from kitune.optimizers.gepa import GepaOptimizer
+from kitune.optimizers.loop import start_prompts
 from kitune.optimizers.mipro import MiproOptimizer
 from kitune.optimizers.stopping import Timeout
+from kitune.programs.instructions import load_instruction
 from kitune.testing.tracking import RecordingTracker
 
 
@@ -69,6 +71,35 @@ def test_run_experiment_starts_from_production_and_uses_config_weights(tmp_path:
     assert str(parent.params["prompt_version.rewriter"]).startswith("rewriter@")
     assert tracker.by_name("iteration-0").parent_run_id == parent.run_id
     assert any("accepted" in line for line in lines) and lines[0].startswith("starting from")
+
+
+def test_a_fixed_programs_production_prompt_is_in_the_start_setting(tmp_path: Path) -> None:
+    # a loop tuning only the disambiguator must still extract with the extractor bootstrap drafted
+    # (registered as production), not with the packaged one; unregistered programs stay out
+    cfg = KituneConfig(workdir=tmp_path / "w", corpus_name="fx")
+    registry = PromptRegistry(cfg.mlflow_uri)
+    name = prompt_name("fx", "extractor")
+    draft = load_instruction("extractor").text + "\n\nDomain focus (fx): chats."
+    registry.promote(name, registry.register(name, draft).version)
+    assert start_prompts(["rewriter"], corpus="fx", registry=registry) == {
+        "rewriter": load_instruction("rewriter").text,
+        "extractor": draft,
+    }
+    lines: list[str] = []
+    run_experiment(
+        cfg,
+        FakeEnv([_p("Plan. 3")]),
+        programs=["rewriter"],
+        iterations=1,
+        state_dir=tmp_path / "s",
+        tracker=RecordingTracker(),
+        registry=registry,
+        log=lines.append,
+    )
+    assert "extractor (" in lines[0] and "disambiguator" not in lines[0]
+    assert start_prompts(["rewriter"], corpus="fx", registry=None) == {
+        "rewriter": load_instruction("rewriter").text
+    }
 
 
 def test_run_experiment_without_a_registry_for_file_uris(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import pytest
 from kitune import localmodel
 from kitune.config import LocalModelConfig
 from kitune.errors import ConfigError
-from kitune.localmodel import PackagedModel, ensure_gguf, read_gguf_info
+from kitune.localmodel import PackagedModel, ensure_gguf, read_gguf_info, weights
 from localmodel_tests.helpers import qwen_like_kvs, write_gguf
 
 
@@ -91,8 +91,9 @@ def test_ensure_gguf_assembles_once_and_verifies(tmp_path: Path, monkeypatch: py
     assert path.read_bytes() == (tmp_path / "whole.gguf").read_bytes()
     assert list(path.parent.glob("*.tmp")) == []
     # Second call: the stamp short-circuits both assembly and hashing.
-    monkeypatch.setattr(localmodel, "_assemble", lambda *a: pytest.fail("re-assembled"))
-    monkeypatch.setattr(localmodel, "_sha256", lambda *a: pytest.fail("re-hashed"))
+    # ensure_gguf looks both up in kitune.localmodel.weights, so that is where they are patched.
+    monkeypatch.setattr(weights, "_assemble", lambda *a: pytest.fail("re-assembled"))
+    monkeypatch.setattr(weights, "_sha256", lambda *a: pytest.fail("re-hashed"))
     assert ensure_gguf(cfg) == path
 
 

@@ -297,6 +297,30 @@ def test_at_the_token_cap_a_cut_chunk_is_split_in_two_halves() -> None:
     assert result.counters["truncation_splits"] == 1
 
 
+def test_at_the_token_cap_a_cut_reply_with_complete_facts_is_kept_without_more_calls() -> None:
+    # extraction.split_cut_chunks off (a slow CPU model): at the cap the cut reply's complete facts
+    # are kept (status partial) instead of two more calls on the chunk's halves
+    cut_after_one = json.dumps([FOUNDED, HQ])[:-40]
+    with StubServer() as stub:
+        stub.push(Reply.ok(cut_after_one, finish_reason="length"))
+        with dspy.context(lm=_stub_lm(stub, max_tokens=512)):
+            result = FactExtractor(max_retry_tokens=512, split_cut_chunks=False).extract_document(
+                DOC, now=NOW
+            )
+        assert len(stub.chat_requests) == 1
+    assert result.status == "partial"
+    assert [k.payload.properties.object for k in result.kis] == ["1999"]
+    assert result.counters["kept_from_truncated"] == 1 and "truncation_splits" not in result.counters
+
+
+def test_extraction_retry_settings_reach_the_extractor() -> None:
+    cfg = load_config(overrides={"extraction": {"max_retry_tokens": 600, "split_cut_chunks": False}})
+    assert FactExtractor.from_config(cfg).max_retry_tokens == 600
+    assert FactExtractor.from_config(cfg).split_cut_chunks is False
+    default = FactExtractor.from_config(load_config())
+    assert default.max_retry_tokens == 8192 and default.split_cut_chunks is True
+
+
 def test_packaged_instruction_follows_the_published_rules() -> None:
     text = load_instruction("extractor").text
     assert "0-3 facts for a short or generic document" in text

@@ -5,6 +5,7 @@ Warning headers (case S4). The live conformance run is in test_elasticsearch_liv
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -28,6 +29,7 @@ from kitune.retrieval.elasticsearch import (
     to_es_filter,
 )
 from kitune.schema import Filter, QueryPlan
+from kitune.testing.es_fakes import BulkOp, bulk_client, bulk_item
 from kitune.testing.store_contract import make_ki
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -124,82 +126,124 @@ def test_to_es_filter() -> None:
     }
 
 
-class FakeBulkClient:
-    """Scripted ``bulk``: items fail by id with a per-id list of statuses consumed in order."""
+class ScriptedBulk:
+    """``_bulk`` answers for :func:`bulk_client` (the real client): items fail by id with a per-id
+    list of statuses consumed in order; ``whole_request`` statuses fail whole requests first."""
 
     def __init__(self, scripted: dict[str, list[int]], whole_request: list[int] | None = None) -> None:
         self.scripted = {k: list(v) for k, v in scripted.items()}
         self.whole_request = list(whole_request or [])
         self.calls: list[list[str]] = []
+        self.params: list[dict[str, str]] = []
 
-    def bulk(self, *, operations: list[dict[str, Any]], refresh: Any = None) -> dict[str, Any]:
-        ids = [op["index"]["_id"] for op in operations[::2]]
+    def __call__(self, ops: list[BulkOp], params: Mapping[str, str]) -> tuple[int, dict[str, Any]]:
+        ids = [action["index"]["_id"] for action, _ in ops]
         self.calls.append(ids)
+        self.params.append(dict(params))
         if self.whole_request:
             status = self.whole_request.pop(0)
-            raise ApiError("rejected", meta=_meta(status), body={})
+            etype = "es_rejected_execution_exception" if status == 429 else "illegal_argument_exception"
+            return status, {"error": {"type": etype, "reason": "rejected"}, "status": status}
         items = []
-        for doc_id, source in zip(ids, operations[1::2], strict=True):
+        for (action, source), doc_id in zip(ops, ids, strict=True):
             script = self.scripted.get(doc_id)
             status = script.pop(0) if script else 201
-            if source.get("confidence") == "high":
+            if source is not None and source.get("confidence") == "high":
                 status = 400
-            item: dict[str, Any] = {"_id": doc_id, "status": status}
-            if status == 400:
-                item["error"] = {
-                    "type": "document_parsing_exception",
-                    "reason": "failed to parse field [confidence]",
-                }
-            elif status == 429:
-                item["error"] = {"type": "es_rejected_execution_exception", "reason": "rejected execution"}
-            items.append({"index": item})
-        return {"errors": any(i["index"]["status"] >= 300 for i in items), "items": items}
+            error = {
+                400: {"type": "document_parsing_exception", "reason": "failed to parse field [confidence]"},
+                429: {"type": "es_rejected_execution_exception", "reason": "rejected execution"},
+            }.get(status)
+            items.append(bulk_item(action, status, error))
+        return 200, {"took": 1, "errors": any(i["index"]["status"] >= 300 for i in items), "items": items}
 
 
-def test_case_s1_partial_failures_and_429_retry() -> None:
+@pytest.fixture
+def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """Backoff sleeps of ``streaming_bulk`` (it calls ``time.sleep`` in its own module)."""
+    recorded: list[float] = []
+    monkeypatch.setattr("elasticsearch.helpers.actions.time.sleep", recorded.append)
+    return recorded
+
+
+def test_case_s1_partial_failures_and_429_retry(sleeps: list[float]) -> None:
     docs = [(f"d{i}", {"title": f"t{i}", "confidence": "high" if i in (10, 20) else 50}) for i in range(1000)]
-    client = FakeBulkClient({"d700": [429]})
-    sleeps: list[float] = []
-    result = bulk_write(client, "kitune-kis", docs, chunk_size=500, max_retries=5, sleep=sleeps.append)
+    script = ScriptedBulk({"d700": [429]})
+    result = bulk_write(bulk_client(script), "kitune-kis", docs, chunk_size=500, max_retries=5)
     assert result.submitted == 1000 and result.indexed == 998
     assert [(f.id, f.status) for f in result.failed] == [("d10", 400), ("d20", 400)]
     assert "document_parsing_exception" in result.failed[0].reason
     assert result.indexed + len(result.failed) == result.submitted and not result.ok
-    assert [len(c) for c in client.calls] == [500, 500, 1]  # both chunks sent; only d700 retried
-    assert client.calls[2] == ["d700"] and sleeps == [0.5]
+    assert [len(c) for c in script.calls] == [500, 500, 1]  # both chunks sent; only d700 retried
+    assert script.calls[2] == ["d700"] and sleeps == [0.5]
+    assert script.params == [{}, {}, {}]  # refresh=None is not sent
 
 
-def test_case_s2_inference_errors_at_ingest_are_all_reported_failed() -> None:
-    client = FakeBulkClient({"a": [400], "b": [400], "c": [400]})
-    result = bulk_write(client, "ki-index", [("a", {}), ("b", {}), ("c", {})], sleep=lambda s: None)
+def test_case_s2_inference_errors_at_ingest_are_all_reported_failed(sleeps: list[float]) -> None:
+    script = ScriptedBulk({"a": [400], "b": [400], "c": [400]})
+    result = bulk_write(bulk_client(script), "ki-index", [("a", {}), ("b", {}), ("c", {})], refresh=True)
     assert (result.submitted, result.indexed, len(result.failed)) == (3, 0, 3)
-    assert not result.ok and len(client.calls) == 1  # 4xx: never retried
+    assert not result.ok and len(script.calls) == 1 and sleeps == []  # 4xx: never retried
+    assert script.params == [{"refresh": "true"}]
 
 
-def test_429_retries_are_bounded_with_exponential_backoff() -> None:
-    client = FakeBulkClient({"a": [429] * 10})
-    sleeps: list[float] = []
+def test_429_retries_are_bounded_with_exponential_backoff(sleeps: list[float]) -> None:
+    script = ScriptedBulk({"a": [429] * 10})
     result = bulk_write(
-        client,
+        bulk_client(script),
         "i",
         [("a", {}), ("b", {})],
         max_retries=3,
         backoff_s=1.0,
         max_backoff_s=3.0,
-        sleep=sleeps.append,
     )
     assert (result.indexed, [(f.id, f.status) for f in result.failed]) == (1, [("a", 429)])
-    assert sleeps == [1.0, 2.0, 3.0] and len(client.calls) == 4
+    assert sleeps == [1.0, 2.0, 3.0] and len(script.calls) == 4
     assert "429 after 3 retries" in result.failed[0].reason
+    assert "es_rejected_execution_exception" in result.failed[0].reason
 
 
-def test_whole_request_429_is_retried_and_400_is_not() -> None:
-    client = FakeBulkClient({}, whole_request=[429])
-    result = bulk_write(client, "i", [("a", {}), ("b", {})], sleep=lambda s: None)
-    assert result.ok and len(client.calls) == 2
-    client = FakeBulkClient({}, whole_request=[400])
-    result = bulk_write(client, "i", [("a", {}), ("b", {})], chunk_size=1, sleep=lambda s: None)
-    assert result.indexed == 1 and [f.id for f in result.failed] == ["a"] and len(client.calls) == 2
+def test_whole_request_429_is_retried_and_400_is_not(sleeps: list[float]) -> None:
+    script = ScriptedBulk({}, whole_request=[429])
+    result = bulk_write(bulk_client(script), "i", [("a", {}), ("b", {})])
+    assert result.ok and len(script.calls) == 2 and sleeps == [0.5]
+    script = ScriptedBulk({}, whole_request=[400])
+    result = bulk_write(bulk_client(script), "i", [("a", {}), ("b", {})], chunk_size=1)
+    assert result.indexed == 1 and [f.id for f in result.failed] == ["a"] and len(script.calls) == 2
+    assert result.failed[0].status == 400
+    assert result.failed[0].reason == "bulk request failed: HTTP 400 illegal_argument_exception: rejected"
+    script = ScriptedBulk({}, whole_request=[429, 429, 429])
+    result = bulk_write(bulk_client(script), "i", [("a", {}), ("b", {})], max_retries=2)
+    assert [(f.id, f.status) for f in result.failed] == [("a", 429), ("b", 429)] and len(script.calls) == 3
+    assert result.failed[0].reason == (
+        "429 after 2 retries: whole bulk request rejected: HTTP 429 es_rejected_execution_exception: rejected"
+    )
+
+
+def test_missing_items_are_reported_and_unreachable_cluster_raises() -> None:
+    from elasticsearch import ConnectionError as ESConnectionError
+
+    from kitune.errors import StoreUnavailableError
+
+    def one_item_short(ops: list[BulkOp], params: Mapping[str, str]) -> tuple[int, dict[str, Any]]:
+        return 200, {"took": 1, "errors": False, "items": [bulk_item(a, 201) for a, _ in ops[:-1]]}
+
+    result = bulk_write(bulk_client(one_item_short), "i", [("a", {}), ("b", {}), ("c", {})], chunk_size=2)
+    assert (result.indexed, [f.id for f in result.failed]) == (1, ["b", "c"])
+    assert "no item for this document" in result.failed[0].reason
+
+    def wrong_id(ops: list[BulkOp], params: Mapping[str, str]) -> tuple[int, dict[str, Any]]:
+        items = [bulk_item({"index": {"_index": "i", "_id": "zz"}}, 201) for _ in ops[1:]]
+        return 200, {"took": 1, "errors": False, "items": [bulk_item(ops[0][0], 201), *items]}
+
+    result = bulk_write(bulk_client(wrong_id), "i", [("a", {}), ("b", {}), ("c", {})])
+    assert (result.indexed, [f.id for f in result.failed]) == (1, ["b", "c"])  # items for no doc
+
+    def refused(ops: list[BulkOp], params: Mapping[str, str]) -> tuple[int, dict[str, Any]]:
+        raise ESConnectionError("connection refused")
+
+    with pytest.raises(StoreUnavailableError, match="unreachable during bulk on index i"):
+        bulk_write(bulk_client(refused), "i", [("a", {})])
 
 
 class FakeES:
@@ -236,6 +280,10 @@ class FakeES:
             get_mapping=lambda *, index: {index: {"mappings": self.mappings[index]}},
         )
         self.esql = SimpleNamespace(query=self._esql)
+        # writes take the real client's path (streaming_bulk → client.options().bulk → NDJSON);
+        # its _bulk requests are answered by self.answer_bulk (looked up per request)
+        real = bulk_client(lambda ops, params: self.answer_bulk(ops, params))
+        self._otel, self.transport, self.options = real._otel, real.transport, real.options
 
     def info(self) -> dict[str, Any]:
         return {"version": {"number": self.version, "build_flavor": "default"}}
@@ -249,10 +297,10 @@ class FakeES:
         }
         return SimpleNamespace(body=body, meta=_meta(200, self._headers))
 
-    def bulk(self, *, operations: list[dict[str, Any]], refresh: Any = None) -> dict[str, Any]:
-        for op, src in zip(operations[::2], operations[1::2], strict=True):
-            self.docs[op["index"]["_id"]] = src
-        return {"errors": False, "items": [{"index": {"status": 201}} for _ in operations[::2]]}
+    def answer_bulk(self, ops: list[BulkOp], params: Mapping[str, str]) -> tuple[int, dict[str, Any]]:
+        for action, src in ops:
+            self.docs[action["index"]["_id"]] = dict(src or {})
+        return 200, {"took": 1, "errors": False, "items": [bulk_item(action, 201) for action, _ in ops]}
 
     def mget(self, *, index: str, ids: list[str]) -> dict[str, Any]:
         return {"docs": [{"_id": i, "found": i in self.docs, "_source": self.docs.get(i)} for i in ids]}
@@ -561,12 +609,13 @@ def test_reindex_copies_every_ki_with_the_new_fields() -> None:
         client.docs[k.id] = {key: src[key] for key in ("id", "title", "description", "tags", "status", "ki")}
     new = ElasticsearchStore(client, index="kitune-kis-v2", inference_id="e")
     written: list[dict[str, Any]] = []
-    client.bulk = (
-        lambda *, operations, refresh=None: (  # type: ignore[method-assign]
-            written.extend(operations[1::2])
-            or {"errors": False, "items": [{"index": {"status": 201}}] * (len(operations) // 2)}
-        )
-    )
+
+    def record(ops: list[BulkOp], params: Mapping[str, str]) -> tuple[int, dict[str, Any]]:
+        assert all(action["index"]["_index"] == "kitune-kis-v2" for action, _ in ops)
+        written.extend(src or {} for _, src in ops)
+        return 200, {"took": 1, "errors": False, "items": [bulk_item(action, 201) for action, _ in ops]}
+
+    client.answer_bulk = record  # type: ignore[method-assign]
     result = new.reindex_from("kitune-kis-v1", page_size=2)
     assert (result.submitted, result.indexed, result.failed) == (5, 5, [])
     assert sorted(d["id"] for d in written) == sorted(k.id for k in kis)

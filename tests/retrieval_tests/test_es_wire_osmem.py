@@ -140,6 +140,26 @@ def test_bulk_reports_item_errors_from_a_real_server(client: Any) -> None:
     assert client.count(index="kitune-kis")["count"] == 1
 
 
+def test_streaming_bulk_chunks_keep_going_past_a_failed_item(client: Any) -> None:
+    _index(client)
+    kis = _kis()
+    bad = ki_to_source(make_ki("Grace Hopper", "Arlington"))
+    bad["not_in_mapping"] = 1
+    docs = (
+        [(k.id, ki_to_source(k)) for k in kis[:3]]
+        + [("ki-bad", bad)]
+        + [(k.id, ki_to_source(k)) for k in kis[3:]]
+    )
+    result = bulk_write(client, "kitune-kis", docs, chunk_size=2, refresh=True)  # 4 requests
+    assert (result.submitted, result.indexed) == (7, 6) and [(f.id, f.status) for f in result.failed] == [
+        ("ki-bad", 400)
+    ]
+    assert "strict_dynamic_mapping_exception" in result.failed[0].reason
+    assert client.count(index="kitune-kis")["count"] == 6  # the chunks after the failed item ran
+    with pytest.raises(elasticsearch.NotFoundError):
+        client.get(index="kitune-kis", id="ki-bad")
+
+
 def test_terms_aggregation_and_lexical_search_agree_with_kitune(client: Any) -> None:
     _index(client)
     kis = _kis()

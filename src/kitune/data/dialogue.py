@@ -335,7 +335,7 @@ def turn_indexed_view(text: str, *, date_text: str = "") -> str:
 
 
 def numbered_turn_view(text: str, *, date_text: str = "") -> tuple[str, list[tuple[int, int]]]:
-    """A dialogue as the sentence-indexed extractor sees it: turns numbered ``[1]``, ``[2]``, …
+    """A dialogue as the sentence-indexed extractor sees it: turns numbered ``[1]``, ``[2]`` and so on.
 
     The view is the header, ``Session date: 8 May 2023`` (when known), one ``[n] Speaker: text``
     line per turn (the turn line without its ``[D3:5]`` id, verbatim), then the relative dates

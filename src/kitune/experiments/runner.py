@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kitune.errors import ConfigError, TrackingError
-from kitune.optimizers.loop import LoopEnv, LoopResult, Setting, initial_prompts, run_loop
+from kitune.optimizers.loop import LoopEnv, LoopResult, Setting, run_loop, start_prompts
 from kitune.optimizers.objective import LoopWeights
 from kitune.optimizers.stopping import Timeout
 from kitune.programs.instructions import instruction_version
@@ -123,7 +123,7 @@ def run_experiment(
             register_packaged(registry, cfg.corpus_name, programs)
         except TrackingError as e:
             log(f"[yellow]could not register the packaged prompts as version 1 ({e})[/]")
-    start = Setting(initial_prompts(programs, corpus=cfg.corpus_name, registry=registry))
+    start = Setting(start_prompts(programs, corpus=cfg.corpus_name, registry=registry))
     log(f"starting from {start.key}: " + ", ".join(f"{p} ({len(t)} chars)" for p, t in start.prompts.items()))
 
     def report(rec: Any) -> None:

@@ -19,6 +19,8 @@ _EXPORTS: dict[str, str] = {
     "LoopEnv": "kitune.optimizers.loop",
     "LoopResult": "kitune.optimizers.loop",
     "initial_prompts": "kitune.optimizers.loop",
+    "start_prompts": "kitune.optimizers.loop",
+    "LOOP_PROGRAMS": "kitune.optimizers.loop",
     "write_curves": "kitune.optimizers.loop",
     "LoopWeights": "kitune.optimizers.objective",
     "RunStats": "kitune.optimizers.objective",

@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from kitune.experiments.tracking import Tracker
 
 __all__ = [
+    "LOOP_PROGRAMS",
     "WRITE_ONLY_PROGRAMS",
     "Evaluation",
     "IterationRecord",
@@ -63,6 +64,7 @@ __all__ = [
     "Setting",
     "initial_prompts",
     "run_loop",
+    "start_prompts",
     "write_curves",
 ]
 
@@ -261,6 +263,40 @@ def initial_prompts(
             except (PromptNotFoundError, TrackingError):
                 text = None
         out[program] = text if text is not None else load_instruction(program).text
+    return out
+
+
+LOOP_PROGRAMS: tuple[str, ...] = ("extractor", "rewriter", "disambiguator")
+"""The programs whose prompts a loop setting can hold."""
+
+
+def start_prompts(programs: Sequence[str], *, corpus: str, registry: PromptRegistry | None) -> dict[str, str]:
+    """The loop's start setting: the tuned programs' prompts plus every fixed program's production one.
+
+    :func:`initial_prompts` for ``programs``; then each other program of :data:`LOOP_PROGRAMS`
+    whose registry ``production`` version differs from its packaged instruction (for example the
+    extractor ``kitune bootstrap`` drafted for a new domain) is added, so a loop that tunes only
+    the disambiguator still extracts with the domain's extractor. Programs left out run their
+    packaged instruction, as before.
+
+    Args:
+        programs: the tuned program names.
+        corpus: corpus name (the registry names prompts per corpus).
+        registry: the prompt registry, or None (then the same as :func:`initial_prompts`).
+
+    Raises:
+        ConfigError: a program has no packaged instruction.
+    """
+    from kitune.programs.instructions import load_instruction
+
+    out = initial_prompts(programs, corpus=corpus, registry=registry)
+    if registry is None:
+        return out
+    for program in LOOP_PROGRAMS:
+        if program not in out:
+            text = initial_prompts((program,), corpus=corpus, registry=registry)[program]
+            if text != load_instruction(program).text:
+                out[program] = text
     return out
 
 

@@ -217,6 +217,8 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
         corpus: corpus name for KI references (``index://<corpus>``).
         retries: extra calls for a chunk whose reply is malformed (default 1).
         max_retry_tokens: cap on ``max_tokens`` when a reply cut at its token limit is retried.
+        split_cut_chunks: at that cap, re-extract a cut chunk as two halves (two more calls);
+            False keeps the cut reply's complete facts instead when it has any (status partial).
         evidence_mode: ``"quote"`` (default) or ``"sentences"`` (see :data:`EVIDENCE_MODES`); the
             predictor keeps its name ``extract`` in both modes.
 
@@ -233,6 +235,7 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
         corpus: str = "corpus",
         retries: int = 1,
         max_retry_tokens: int = MAX_RETRY_TOKENS,
+        split_cut_chunks: bool = True,
         evidence_mode: str = "quote",
     ) -> None:
         super().__init__()
@@ -248,6 +251,7 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
         self.corpus = corpus
         self.retries = retries
         self.max_retry_tokens = max_retry_tokens
+        self.split_cut_chunks = split_cut_chunks
 
     @classmethod
     def from_config(cls, cfg: KituneConfig, instructions: str | None = None) -> FactExtractor:
@@ -260,6 +264,8 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
             max_facts=cfg.extraction.max_facts_per_doc,
             chunk_chars=cfg.extraction.chunk_chars,
             corpus=cfg.corpus_name,
+            max_retry_tokens=cfg.extraction.max_retry_tokens,
+            split_cut_chunks=cfg.extraction.split_cut_chunks,
             evidence_mode=getattr(cfg.extraction, "evidence_mode", "quote"),
         )
 
@@ -310,8 +316,10 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
         return raw, None
 
     def _resolver(self, chunk: str) -> Any:
-        """In sentence mode: record → record with the cited sentences (or dialogue turns, as
-        ``Speaker: text``) copied as ``evidence_span``."""
+        """In sentence mode: record → record with the cited sentences copied as ``evidence_span``.
+
+        For a dialogue the cited numbers are turns, copied as ``Speaker: text``.
+        """
         if self.evidence_mode != "sentences":
             return None
         spans = numbered_turn_view(chunk)[1] if parse_session(chunk).turns else sentence_spans(chunk)
@@ -361,7 +369,10 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
                     if room is not None:
                         counts["truncation_retries"] += 1
                         continue
-                    halves = _halve(chunk)
+                    # at the token cap: split the chunk in halves (two more calls), unless
+                    # split_cut_chunks is off and the cut reply has complete facts to keep
+                    keep = salvage is not None and not self.split_cut_chunks
+                    halves = None if keep else _halve(chunk)
                     if halves is not None:
                         counts["truncation_splits"] += 1
                         return self._extract_halves(doc, halves, counts)

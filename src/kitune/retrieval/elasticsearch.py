@@ -4,9 +4,10 @@ Imports the ``elasticsearch`` client lazily (``pip install 'kitune[elasticsearch
 sent is built by the pure helpers in :mod:`kitune.retrieval.es_query` (mapping, filters, ES|QL;
 unit-tested against golden files and Elastic's ES|QL grammar without a server). Here:
 
-* :func:`bulk_operations`, :func:`bulk_write` — bulk bodies and a writer that inspects every
-  item (``errors: true`` arrives with HTTP 200), retries only 429 items with bounded
-  exponential backoff, never retries 4xx mapping errors, and returns a
+* :func:`bulk_operations`, :func:`bulk_write` — bulk bodies and a writer on
+  ``elasticsearch.helpers.streaming_bulk`` that inspects every item (``errors: true`` arrives
+  with HTTP 200), retries only 429s with bounded exponential backoff, never retries 4xx mapping
+  errors, and returns a
   :class:`~kitune.retrieval.base.WriteResult` with ``indexed + failed == submitted`` (case S1).
 * :func:`wrap_es_error` — every client error becomes a kitune store error carrying the HTTP
   status and Elasticsearch's reason (:class:`ElasticsearchRequestError`), or
@@ -93,12 +94,14 @@ class ElasticsearchStore:
     runs the ``STATS … BY`` query over every matching KI.
 
     Args:
-        client: an ``elasticsearch.Elasticsearch`` (or any object with the same methods).
+        client: an ``elasticsearch.Elasticsearch`` (or any object with the same methods;
+            writes go through ``elasticsearch.helpers.streaming_bulk``, see :func:`bulk_write`).
         index: KI index name (created with :func:`es_mapping` if missing).
         inference_id: the ``semantic_text`` inference endpoint; must exist (case S2).
         retrieval: RRF constant, branch weights and size, confidence floor, serve_stale.
         bulk_chunk_size: documents per bulk request.
-        max_retries: retries of 429 items.
+        max_retries: retries of 429 documents (backoff 0.5 s doubling, capped at 30 s; the
+            sleep is ``time.sleep`` inside ``elasticsearch.helpers.actions``).
         refresh: ``refresh`` for writes (``"wait_for"`` makes writes visible before returning).
         create_index: create the index if it is missing (False: it must exist).
 
@@ -121,7 +124,6 @@ class ElasticsearchStore:
         bulk_chunk_size: int = 500,
         max_retries: int = 5,
         refresh: str | bool = "wait_for",
-        sleep: Callable[[float], None] = time.sleep,
         create_index: bool = True,
     ) -> None:
         self.client = client
@@ -131,7 +133,6 @@ class ElasticsearchStore:
         self.bulk_chunk_size = bulk_chunk_size
         self.max_retries = max_retries
         self.refresh = refresh
-        self._sleep = sleep
         self.version: tuple[int, int, int] | None = None
         """Cluster version read at start-up (None: Serverless)."""
         self.esql_mode: Literal["fuse", "per_branch"] = "fuse"
@@ -246,7 +247,6 @@ class ElasticsearchStore:
             chunk_size=self.bulk_chunk_size,
             max_retries=self.max_retries,
             refresh=self.refresh,
-            sleep=self._sleep,
         )
         failed_ids = {f.id for f in result.failed}
         indexed = sum(c for i, c in copies.items() if i not in failed_ids)

@@ -4,9 +4,9 @@
   response → :class:`ElasticsearchRequestError` with the status, Elasticsearch's error type and
   reason, and a fix; no response (connection refused, timeout) →
   :class:`~kitune.errors.StoreUnavailableError`.
-* :func:`bulk_operations`, :func:`bulk_write` — bulk bodies and a writer that inspects every
-  item (``errors: true`` arrives with HTTP 200), retries only 429 items with bounded
-  exponential backoff, never retries 4xx mapping errors, and returns a
+* :func:`bulk_operations`, :func:`bulk_write` — bulk bodies, and a writer on
+  ``elasticsearch.helpers.streaming_bulk`` (its chunking, per-item checks and bounded
+  exponential-backoff retries of 429s) that never retries 4xx mapping errors and returns a
   :class:`~kitune.retrieval.base.WriteResult` with ``indexed + failed == submitted`` (case S1).
 
 The ``elasticsearch`` package is imported inside the functions (optional extra).
@@ -14,8 +14,8 @@ The ``elasticsearch`` package is imported inside the functions (optional extra).
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kitune.errors import StoreError, StoreUnavailableError
@@ -100,15 +100,32 @@ def bulk_operations(index: str, docs: Sequence[tuple[str, Mapping[str, Any]]]) -
     return ops
 
 
-def _item_outcome(item: Mapping[str, Any]) -> tuple[int, str]:
-    action = next(iter(item.values())) if item else {}
-    status = int(action.get("status", 0))
-    error = action.get("error")
-    if isinstance(error, Mapping):
-        reason = f"{error.get('type', 'error')}: {error.get('reason', '')}".strip()
+def _outcome(ok: bool, info: Mapping[str, Any], max_retries: int) -> tuple[str, WriteFailure | None]:
+    """``(_id, failure or None)`` of one ``(ok, {op_type: info})`` that ``streaming_bulk`` yields.
+
+    A whole-request error arrives once per document with the ``exception`` (its type and reason
+    via :func:`es_error_details`) and the action's own ``_id``; an item error carries
+    Elasticsearch's ``error`` (type and reason). A 429 that is still yielded has exhausted
+    ``max_retries`` (``retry_on_status`` is 429 only).
+    """
+    doc_id = str(info.get("_id", ""))
+    if ok:
+        return doc_id, None
+    status = int(info.get("status", 0))
+    exc = info.get("exception")
+    if exc is not None:
+        _, etype, ereason = es_error_details(exc)
+        what = "whole bulk request rejected" if status == 429 else "bulk request failed"
+        reason = f"{what}: HTTP {status} {etype}: {ereason}"
     else:
-        reason = str(error or "")
-    return status, reason
+        error = info.get("error")
+        if isinstance(error, Mapping):
+            reason = f"{error.get('type', 'error')}: {error.get('reason', '')}".strip()
+        else:
+            reason = str(error or "") or f"status {status}"
+    if status == 429:
+        reason = f"429 after {max_retries} retries: {reason}"
+    return doc_id, WriteFailure(id=doc_id, reason=reason, status=status)
 
 
 def bulk_write(
@@ -121,70 +138,86 @@ def bulk_write(
     backoff_s: float = 0.5,
     max_backoff_s: float = 30.0,
     refresh: str | bool | None = None,
-    sleep: Callable[[float], None] = time.sleep,
 ) -> WriteResult:
-    """Bulk-index ``docs`` in chunks, checking every item.
+    """Bulk-index ``docs`` (``(id, source)`` pairs) with ``elasticsearch.helpers.streaming_bulk``.
 
-    * 2xx items count as indexed; 429 items (and whole-request 429s) are retried up to
-      ``max_retries`` times, waiting ``min(backoff_s * 2**attempt, max_backoff_s)`` seconds;
-    * any other failure (400 mapping errors, 404, …) is reported at once, never retried;
-    * a chunk that fails for a non-429 reason reports all its documents; later chunks still run.
+    ``streaming_bulk`` chunks (``chunk_size`` documents, at most 100 MB), checks every item
+    (``errors: true`` arrives with HTTP 200) and retries 429s itself; kitune turns what it yields
+    into a :class:`~kitune.retrieval.base.WriteResult`:
+
+    * 2xx items count as indexed;
+    * 429 items and whole-request 429s are retried up to ``max_retries`` times (only the
+      rejected documents are re-sent); before retry ``n`` (1-based) it sleeps
+      ``min(backoff_s * 2**(n - 1), max_backoff_s)`` seconds — ``streaming_bulk``'s
+      ``initial_backoff``/``max_backoff`` are exactly ``backoff_s``/``max_backoff_s``. The sleep
+      is ``time.sleep`` called inside ``elasticsearch.helpers.actions`` (it cannot be injected):
+      tests patch ``elasticsearch.helpers.actions.time.sleep``;
+    * any other item failure (400 mapping error, 404, …) is reported at once with Elasticsearch's
+      error type and reason, never retried;
+    * a chunk whose whole request fails for a non-429 reason reports each of its documents with
+      the HTTP status (``raise_on_exception=False``); later chunks still run;
+    * a document the response has no item for (``streaming_bulk`` zips items to actions and
+      drops the rest silently) is reported as failed, so the counts always add up.
+
+    Args:
+        client: an ``elasticsearch.Elasticsearch`` (``streaming_bulk`` uses ``client.options()``,
+            ``client.transport`` and ``client._otel``).
+        index: target index.
+        docs: ``(id, source)`` pairs; each becomes one ``index`` action (replace by id).
+        chunk_size: documents per bulk request.
+        max_retries: retries of 429 documents (0: report them at once).
+        backoff_s: seconds before the first retry; doubles per retry.
+        max_backoff_s: cap on one backoff sleep, seconds.
+        refresh: ``refresh`` parameter of each bulk request (None: not sent).
 
     Returns:
-        ``WriteResult`` with ``indexed + len(failed) == len(docs)``.
+        ``WriteResult`` with ``indexed + len(failed) == len(docs)``; failures in the order
+        Elasticsearch reported them (exhausted 429s after their chunk's other outcomes).
 
     Raises:
-        StoreUnavailableError: the cluster cannot be reached at all.
+        StoreUnavailableError: the cluster cannot be reached (no HTTP response); documents of
+            earlier chunks may already be indexed.
     """
-    from elasticsearch import ApiError, TransportError
+    from elasticsearch import TransportError
+    from elasticsearch.helpers import streaming_bulk
 
+    actions = (
+        {"_op_type": "index", "_index": index, "_id": doc_id, "_source": dict(source)}
+        for doc_id, source in docs
+    )
+    outstanding = Counter(doc_id for doc_id, _ in docs)
+    params: dict[str, Any] = {} if refresh is None else {"refresh": refresh}
     indexed = 0
     failed: list[WriteFailure] = []
-    for start in range(0, len(docs), chunk_size):
-        pending = list(docs[start : start + chunk_size])
-        attempt = 0
-        while pending:
-            retry: list[tuple[str, Mapping[str, Any]]] = []
-            last_reason = "es_rejected_execution_exception"
-            try:
-                resp = client.bulk(operations=bulk_operations(index, pending), refresh=refresh)
-                body = resp.body if hasattr(resp, "body") else resp
-                items = list(body.get("items", []))
-                for pos, (doc_id, source) in enumerate(pending):
-                    if pos >= len(items):
-                        failed.append(WriteFailure(id=doc_id, reason="no item in the bulk response"))
-                        continue
-                    status, reason = _item_outcome(items[pos])
-                    if 200 <= status < 300:
-                        indexed += 1
-                    elif status == 429:
-                        retry.append((doc_id, source))
-                        last_reason = reason
-                    else:
-                        failed.append(
-                            WriteFailure(id=doc_id, reason=reason or f"status {status}", status=status)
-                        )
-            except ApiError as e:
-                if e.meta.status == 429:
-                    retry = pending
-                    last_reason = f"whole bulk request rejected: {e.message}"
-                else:
-                    failed.extend(
-                        WriteFailure(id=d, reason=f"bulk request failed: {e.message}", status=e.meta.status)
-                        for d, _ in pending
-                    )
-            except TransportError as e:
-                raise StoreUnavailableError(
-                    f"Elasticsearch unreachable during bulk: {e}", backend=BACKEND
-                ) from e
-            if retry and attempt < max_retries:
-                sleep(min(backoff_s * (2**attempt), max_backoff_s))
-                attempt += 1
-            elif retry:
-                failed.extend(
-                    WriteFailure(id=d, reason=f"429 after {max_retries} retries: {last_reason}", status=429)
-                    for d, _ in retry
-                )
-                retry = []
-            pending = retry
+    try:
+        for ok, result in streaming_bulk(
+            client,
+            actions,
+            chunk_size=chunk_size,
+            max_retries=max_retries,
+            initial_backoff=backoff_s,
+            max_backoff=max_backoff_s,
+            retry_on_status=(429,),
+            raise_on_error=False,
+            raise_on_exception=False,
+            yield_ok=True,
+            **params,
+        ):
+            doc_id, failure = _outcome(ok, next(iter(result.values()), {}), max_retries)
+            if outstanding[doc_id] <= 0:
+                continue  # an item for no submitted id: its document is reported missing below
+            outstanding[doc_id] -= 1
+            if failure is None:
+                indexed += 1
+            else:
+                failed.append(failure)
+    except TransportError as e:
+        raise StoreUnavailableError(
+            f"Elasticsearch unreachable during bulk on index {index}: {e}", backend=BACKEND
+        ) from e
+    failed.extend(
+        WriteFailure(id=doc_id, reason="no item for this document in the bulk response")
+        for doc_id, n in outstanding.items()
+        for _ in range(n)
+    )
     return WriteResult(submitted=len(docs), indexed=indexed, failed=failed)

@@ -20,27 +20,40 @@
 Partial failures (an unusable description → fallback, a KI that breaks the KI rules, a store
 write or registry failure) are recorded in :class:`BootstrapResult` and the report; only data and
 configuration errors and LM errors raise.
+
+This module is the orchestration; the steps' policies live next to it:
+:mod:`kitune.service.bootstrap_kis` (source-description KIs), :mod:`kitune.service.bootstrap_registry`
+(how the draft enters the prompt registry) and :mod:`kitune.service.bootstrap_report`
+(:class:`BootstrapResult`, the report files and what is logged to the tracking run). Their public
+names are re-exported here.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import dspy
-from pydantic import ValidationError
 
 from kitune.data.loaders import Question, load_questions
-from kitune.data.sampling import LoadedCorpus, SampledDoc, load_bootstrap_corpus, sample_documents
-from kitune.errors import KituneError, PromptNotFoundError
-from kitune.ki import KI, KIPayload, KIProperties, doc_tag, entity_tag, ki_id, slugify, utcnow
-from kitune.programs.domain_describer import DescriptionResult, DomainDescriber, DomainDescription
-from kitune.programs.extractor_drafter import DraftedInstruction, draft_extractor
+from kitune.data.sampling import LoadedCorpus, load_bootstrap_corpus, sample_documents
+from kitune.errors import KituneError
+from kitune.ki import slugify
+from kitune.programs.domain_describer import DomainDescriber
+from kitune.programs.extractor_drafter import draft_extractor
+from kitune.service.bootstrap_kis import SOURCE_DESCRIPTION_TAG, source_description_kis
+from kitune.service.bootstrap_registry import draft_tags, register_draft
+from kitune.service.bootstrap_report import (
+    BootstrapResult,
+    ledger_rows,
+    ledger_totals,
+    log_report,
+    render_markdown,
+    write_report,
+)
 from kitune.usage import TokenLedger
 
 if TYPE_CHECKING:
@@ -62,248 +75,12 @@ __all__ = [
     "write_report",
 ]
 
-SOURCE_DESCRIPTION_TAG = "source-description"
-"""Plain tag on every source-description KI (filter on it, or on subtype ``source_description``)."""
-
 _QUESTION_FILES = ("ground_truth.jsonl", "queries.tsv", "questions.jsonl")
-
-
-@dataclass(frozen=True)
-class BootstrapResult:
-    """Everything one bootstrap produced (also written to ``report.json``)."""
-
-    corpus_name: str
-    corpus_path: str
-    kind: str
-    """``prose`` or ``records``."""
-    n_documents: int
-    seed: int
-    sample: tuple[SampledDoc, ...]
-    description: DescriptionResult
-    draft: DraftedInstruction
-    pin_types: tuple[str, ...]
-    questions_path: str = ""
-    n_questions: int = 0
-    prompt_name: str = ""
-    prompt_version: int | None = None
-    """Registry version of the draft; None when not registered (see ``errors``)."""
-    prompt_aliases: tuple[str, ...] = ()
-    prompt_reused: bool = False
-    """True when the same text was already registered (no new version was added)."""
-    kis: tuple[KI, ...] = ()
-    """Source-description KIs that passed the KI rules."""
-    kis_written: int = 0
-    errors: dict[str, str] = field(default_factory=dict)
-    """What failed without stopping the run: ``registry``, ``ki:<predicate>``, ``store:<id>``."""
-    tokens: tuple[dict[str, Any], ...] = ()
-    """Ledger rows (role, stage, calls, input_tokens, output_tokens, …) of this run."""
-    run_id: str | None = None
-    out_dir: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able summary (the content of ``report.json``)."""
-        return {
-            "corpus_name": self.corpus_name,
-            "corpus_path": self.corpus_path,
-            "kind": self.kind,
-            "n_documents": self.n_documents,
-            "seed": self.seed,
-            "questions": {"path": self.questions_path, "count": self.n_questions},
-            "sample": [{"docid": s.docid, "reason": s.reason, "why": s.why()} for s in self.sample],
-            "description": self.description.description.model_dump(mode="json"),
-            "description_status": self.description.status,
-            "description_error": self.description.error,
-            "lm_calls": self.description.lm_calls,
-            "draft": {
-                "version": self.draft.version,
-                "neutral_version": self.draft.neutral_version,
-                "entity_types": list(self.draft.entity_types),
-                "pin_types": list(self.pin_types),
-                "pins_restored": list(self.draft.pins_restored),
-                "diff": self.draft.diff,
-            },
-            "prompt": {
-                "name": self.prompt_name,
-                "version": self.prompt_version,
-                "aliases": list(self.prompt_aliases),
-                "reused": self.prompt_reused,
-            },
-            "kis": [
-                {"id": k.id, "title": k.title, "predicate": k.payload.properties.predicate, "tags": k.tags}
-                for k in self.kis
-            ],
-            "kis_written": self.kis_written,
-            "errors": dict(self.errors),
-            "tokens": list(self.tokens),
-            "run_id": self.run_id,
-        }
 
 
 def default_out_dir(cfg: KituneConfig) -> Path:
     """``<workdir>/bootstrap/<corpus_name>``."""
     return Path(cfg.workdir) / "bootstrap" / (slugify(cfg.corpus_name) or "corpus")
-
-
-def _cut(text: str, limit: int) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1].rstrip(" ,;") + "…"
-
-
-def source_description_kis(
-    description: DomainDescription,
-    *,
-    corpus_name: str,
-    kind: str,
-    n_documents: int,
-    confidence: int = 70,
-    prompt_version: str = "",
-    now: datetime | None = None,
-) -> tuple[list[KI], dict[str, str]]:
-    """Build the KIs that describe the source itself (no LM call; deterministic ids).
-
-    One KI per aspect the description has: what the collection holds (always), its entity
-    types and relations, its record fields (records only), its date range, how it is queried.
-    Each has ``payload.subtype="source_description"`` and ``payload.type="domain_description"``
-    (its evidence is the description, quoted as ``"description.<key>: <value>"``), subject
-    ``corpus_name``, doc id ``source-<corpus slug>``, and tags ``source-description``,
-    ``entity:<corpus slug>``, ``doc:source-<corpus slug>`` plus an ``entity:`` and a plain tag per
-    main entity type (at most five).
-
-    Returns:
-        ``(kis, rejected)``: valid KIs in aspect order, and predicate → reason for any that broke
-        the KI rules (recorded, not raised).
-    """
-    slug = slugify(corpus_name) or "corpus"
-    docid = f"source-{slug}"
-    d = description
-    types = list(d.entity_types[:5])
-    type_tags = [entity_tag(t) for t in types if entity_tag(t) != "entity:"]
-    plain = [slugify(t) for t in types if slugify(t)]
-    base_tags = [SOURCE_DESCRIPTION_TAG, entity_tag(corpus_name), *type_tags, *plain]
-    unit = "records" if kind == "records" else "documents"
-    kinds = ", ".join(d.document_kinds) or unit
-    aspects: list[tuple[str, str, str, str, str]] = [
-        (
-            "holds_documents_about",
-            d.domain,
-            f"The {corpus_name} collection holds {kinds} about {d.domain}",
-            f"{d.summary} It has {n_documents} {unit}. "
-            f"Main entity types: {', '.join(types) or 'not described'}.",
-            f"description.domain: {d.domain}",
-        )
-    ]
-    if d.entity_types:
-        rel = ", ".join(d.predicates) or "not described"
-        aspects.append(
-            (
-                "covers_entity_types",
-                ", ".join(d.entity_types),
-                f"The {corpus_name} collection has facts about: {', '.join(d.entity_types)}",
-                f"Entity types in the {corpus_name} collection: {', '.join(d.entity_types)}. "
-                f"Relations between them: {rel}.",
-                f"description.entity_types: {', '.join(d.entity_types)}",
-            )
-        )
-    if kind == "records" and d.fields:
-        names = ", ".join(d.fields)
-        meanings = "; ".join(f"{k} = {v}" if v else k for k, v in d.fields.items())
-        aspects.append(
-            (
-                "has_fields",
-                names,
-                f"The {corpus_name} records have the fields {names}",
-                f"Each {corpus_name} record has these fields: {meanings}.",
-                f"description.fields: {meanings}",
-            )
-        )
-    if d.date_range is not None and d.date_range.label():
-        label = d.date_range.label()
-        aspects.append(
-            (
-                "spans_dates",
-                label,
-                f"The {corpus_name} collection covers dates {label}",
-                f"Dates seen in a sample of the {corpus_name} collection range over {label}.",
-                f"description.date_range: {label}",
-            )
-        )
-    if d.query_patterns:
-        patterns = "; ".join(d.query_patterns)
-        aspects.append(
-            (
-                "is_queried_by",
-                patterns,
-                f"The {corpus_name} collection is asked questions such as: {d.query_patterns[0]}",
-                f"Typical questions about the {corpus_name} collection: {patterns}.",
-                f"description.query_patterns: {patterns}",
-            )
-        )
-    kis: list[KI] = []
-    rejected: dict[str, str] = {}
-    stamp = now or utcnow()
-    for predicate, obj, title, text, evidence in aspects:
-        obj_cut = _cut(obj, 200)
-        try:
-            kis.append(
-                KI(
-                    id=ki_id(docid, corpus_name, predicate, obj_cut),
-                    title=_cut(title, 140),
-                    description=_cut(text, 350),
-                    references=[f"index://{corpus_name}"],
-                    tags=[*base_tags, doc_tag(docid)],
-                    evidence_doc_ids=[docid],
-                    payload=KIPayload(
-                        type="domain_description",
-                        subtype="source_description",
-                        properties=KIProperties(
-                            subject=corpus_name, predicate=predicate, object=obj_cut, docid=docid
-                        ),
-                        evidence=[_cut(evidence, 300)],
-                        confidence=confidence,
-                        last_seen=stamp,
-                    ),
-                    prompt_version=prompt_version,
-                )
-            )
-        except ValidationError as e:
-            rejected[predicate] = "; ".join(err["msg"] for err in e.errors())[:300]
-    return kis, rejected
-
-
-def register_draft(
-    registry: PromptRegistry, name: str, text: str, *, tags: dict[str, str]
-) -> tuple[int, tuple[str, ...], bool]:
-    """Register ``text`` as a version of ``name``; alias ``candidate``, and ``production`` if unset.
-
-    A version with exactly this text already present is reused (no duplicate version).
-
-    Returns:
-        ``(version, kitune aliases now pointing at it, reused)``.
-
-    Raises:
-        TrackingError: the registry could not be read or written.
-    """
-    existing = None
-    try:
-        existing = next((v for v in registry.versions(name) if v.text.strip() == text.strip()), None)
-    except PromptNotFoundError:
-        existing = None
-    if existing is not None:
-        version, reused = existing.version, True
-    else:
-        version = registry.register(
-            name, text, tags=tags, commit_message="kitune bootstrap: domain draft"
-        ).version
-        reused = False
-    aliases = ["candidate"]
-    registry.set_alias(name, "candidate", version)
-    try:
-        if registry.get(name, "production").version == version:
-            aliases.append("production")
-    except PromptNotFoundError:
-        registry.promote(name, version)
-        aliases.append("production")
-    return version, tuple(aliases), reused
 
 
 def _find_questions(
@@ -454,13 +231,7 @@ def bootstrap_corpus(
         if register:
             try:
                 reg = registry if registry is not None else PromptRegistry(cfg.mlflow_uri)
-                tags = {
-                    "kitune.source": "bootstrap",
-                    "kitune.seed": str(seed),
-                    "kitune.instruction_version": draft.version,
-                }
-                if run.run_id:
-                    tags["kitune.run_id"] = run.run_id
+                tags = draft_tags(seed=seed, instruction_version=draft.version, run_id=run.run_id)
                 version, aliases, reused = register_draft(reg, name, draft.text, tags=tags)
             except KituneError as e:
                 errors["registry"] = f"{type(e).__name__}: {e}"
@@ -490,118 +261,10 @@ def bootstrap_corpus(
             kis=tuple(kis),
             kis_written=written,
             errors=errors,
-            tokens=tuple(_ledger_rows(ledger, marker)),
+            tokens=tuple(ledger_rows(ledger, marker)),
             run_id=run.run_id,
             out_dir=str(out),
         )
         files = write_report(res, out, by_id)
-        tracker.log_dict(described.description.model_dump(mode="json"), "bootstrap/description.json")
-        tracker.log_text(draft.text, "prompts/extractor.txt")
-        tracker.log_text(draft.diff or "(no change)\n", "bootstrap/extractor.diff")
-        tracker.log_artifact(files["report.md"], "bootstrap")
-        tracker.log_artifact(files["report.json"], "bootstrap")
-        totals = ledger_totals(res.tokens)
-        tracker.log_metrics(
-            {
-                "sample_docs": float(len(sample)),
-                "source_kis_written": float(written),
-                "lm_calls": float(totals["calls"]),
-                "input_tokens": float(totals["input_tokens"]),
-                "output_tokens": float(totals["output_tokens"]),
-                "description_ok": 1.0 if described.status == "ok" else 0.0,
-            }
-        )
+        log_report(tracker, res, files)
     return res
-
-
-def _ledger_rows(ledger: TokenLedger, marker: int) -> list[dict[str, Any]]:
-    sub = TokenLedger()
-    for rec in ledger.since(marker):
-        sub.record(rec)
-    return sub.to_rows()
-
-
-def ledger_totals(rows: Sequence[dict[str, Any]]) -> dict[str, int]:
-    """Sum ``calls``/``input_tokens``/``output_tokens`` over ledger rows."""
-    keys = ("calls", "input_tokens", "output_tokens")
-    return {k: sum(int(r.get(k, 0)) for r in rows) for k in keys}
-
-
-def write_report(res: BootstrapResult, out: Path, docs: dict[str, Any]) -> dict[str, Path]:
-    """Write ``report.md``, ``report.json``, ``description.json``, ``extractor.txt``, ``extractor.diff``.
-
-    Returns:
-        File name → path written.
-    """
-    out.mkdir(parents=True, exist_ok=True)
-    data = res.to_dict()
-    files = {
-        "report.json": out / "report.json",
-        "report.md": out / "report.md",
-        "description.json": out / "description.json",
-        "extractor.txt": out / "extractor.txt",
-        "extractor.diff": out / "extractor.diff",
-    }
-    files["report.json"].write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    files["description.json"].write_text(
-        json.dumps(data["description"], indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
-    )
-    files["extractor.txt"].write_text(res.draft.text + "\n", encoding="utf-8")
-    files["extractor.diff"].write_text(res.draft.diff, encoding="utf-8")
-    files["report.md"].write_text(render_markdown(res, docs), encoding="utf-8")
-    return files
-
-
-def render_markdown(res: BootstrapResult, docs: dict[str, Any]) -> str:
-    """The human-readable report: sample, description, diff, KIs, tokens, errors."""
-    d = res.description.description
-    lines = [
-        f"# Bootstrap of `{res.corpus_name}`",
-        "",
-        f"- corpus: `{res.corpus_path}` ({res.kind}, {res.n_documents} documents)",
-        f"- questions: `{res.questions_path or 'none'}` ({res.n_questions})",
-        f"- seed: {res.seed}; sample: {len(res.sample)} documents",
-        f"- description: {res.description.status} ({res.description.lm_calls} LM call(s))"
-        + (f" — {res.description.error}" if res.description.error else ""),
-        f"- draft: `{res.draft.version}` (from `{res.draft.neutral_version}`); pinned types: "
-        f"{', '.join(res.pin_types) or 'none'}; restored: {', '.join(res.draft.pins_restored) or 'none'}",
-        f"- prompt registry: `{res.prompt_name}` v{res.prompt_version} "
-        f"aliases {', '.join(res.prompt_aliases) or '-'}"
-        + (" (same text already registered: reused)" if res.prompt_reused else ""),
-        f"- source-description KIs written: {res.kis_written}/{len(res.kis)}",
-        f"- tracking run: {res.run_id or 'none'}",
-        "",
-        "## Sample",
-        "",
-        "| docid | title | why |",
-        "|---|---|---|",
-    ]
-    for s in res.sample:
-        title = getattr(docs.get(s.docid), "title", "") or ""
-        lines.append(f"| {s.docid} | {_cut(title, 60).replace('|', '/')} | {s.why().replace('|', '/')} |")
-    lines += [
-        "",
-        "## Description",
-        "",
-        "```json",
-        json.dumps(d.model_dump(mode="json"), indent=2, ensure_ascii=False),
-    ]
-    lines += ["```", "", "## Extractor draft (diff from the neutral instruction)", "", "```diff"]
-    lines += [res.draft.diff.rstrip("\n") or "(no change)", "```", "", "## Source-description KIs", ""]
-    lines += [f"- `{k.id}` {k.title}" for k in res.kis] or ["(none)"]
-    lines += [
-        "",
-        "## Tokens",
-        "",
-        "| role | stage | calls | input tokens | output tokens |",
-        "|---|---|---|---|---|",
-    ]
-    for row in res.tokens:
-        lines.append(
-            f"| {row['role']} | {row['stage']} | {row['calls']} "
-            f"| {row['input_tokens']} | {row['output_tokens']} |"
-        )
-    if res.errors:
-        lines += ["", "## Recorded failures", ""]
-        lines += [f"- {k}: {v}" for k, v in sorted(res.errors.items())]
-    return "\n".join(lines) + "\n"

@@ -40,7 +40,7 @@ from kitune.optimizers.feedback import (
     collect_failures,
     count_flips,
 )
-from kitune.optimizers.loop import LoopResult, Setting, initial_prompts
+from kitune.optimizers.loop import LoopResult, Setting, start_prompts
 from kitune.service.optimize import LoopDeps, OptimizeOptions, ServiceLoopEnv, load_slice
 
 if TYPE_CHECKING:
@@ -202,7 +202,7 @@ def run_demo(
     env = ServiceLoopEnv(
         dcfg, oopts, deps, questions=questions, documents=documents, state_dir=state_dir, log=log
     )
-    start = Setting(initial_prompts(oopts.programs, corpus=dcfg.corpus_name, registry=registry))
+    start = Setting(start_prompts(oopts.programs, corpus=dcfg.corpus_name, registry=registry))
     runs = demo_dir / "runs"
     try:
         log("step 1/5: extract KIs")

@@ -1,0 +1,59 @@
+"""The embedded local model: a GGUF shipped on PyPI, served by llama.cpp on 127.0.0.1.
+
+When no provider is configured, kitune serves a small instruct model with
+``python -m llama_cpp.server`` in a child process and reaches it through LiteLLM as
+``openai/<alias>`` (api_key ``"sk-local"``), the same path as any OpenAI-compatible provider.
+This package only assembles the weights and runs the server; :mod:`kitune.lm` builds the calls.
+
+* :mod:`~kitune.localmodel.gguf` — the GGUF header reader (:func:`read_gguf_info`).
+* :mod:`~kitune.localmodel.weights` — the pinned chunk packages, assembly into
+  ``$KITUNE_CACHE/models`` with SHA-256 and header checks (:func:`ensure_gguf`), install checks.
+* :mod:`~kitune.localmodel.server` — the server process and the per-process singleton
+  (:func:`get_local_server`); the :mod:`atexit` stop hook is registered when the first server
+  starts, not at import.
+
+The llama.cpp server rejects OpenAI ``response_format: json_schema`` (HTTP 500) but accepts
+``{"type": "json_object", "schema": {...}}``.
+"""
+
+from __future__ import annotations
+
+from kitune.localmodel.gguf import INSTALL_HINT, GGUFInfo, read_gguf_info
+from kitune.localmodel.server import (
+    LOCAL_API_KEY,
+    LocalModelServer,
+    build_server_command,
+    build_server_env,
+    find_free_port,
+    get_local_server,
+    guarded_module_command,
+    stop_local_server,
+)
+from kitune.localmodel.weights import (
+    PACKAGED_MODELS,
+    PackagedModel,
+    cache_dir,
+    check_server_installed,
+    ensure_gguf,
+    is_model_installed,
+)
+
+__all__ = [
+    "INSTALL_HINT",
+    "LOCAL_API_KEY",
+    "PACKAGED_MODELS",
+    "GGUFInfo",
+    "LocalModelServer",
+    "PackagedModel",
+    "build_server_command",
+    "build_server_env",
+    "cache_dir",
+    "check_server_installed",
+    "ensure_gguf",
+    "find_free_port",
+    "get_local_server",
+    "guarded_module_command",
+    "is_model_installed",
+    "read_gguf_info",
+    "stop_local_server",
+]

@@ -1,0 +1,365 @@
+"""The llama.cpp server process: command line, start/wait/stop, one shared server per process.
+
+The server is ``python -m llama_cpp.server`` in a child process on ``127.0.0.1``, reached
+through LiteLLM as ``openai/<alias>`` with api_key :data:`LOCAL_API_KEY`. It runs with
+``OMP_WAIT_POLICY=PASSIVE``: with another busy process on a 2-core machine, spinning OpenMP
+threads otherwise drop generation from ~10 to ~3 tokens/s. Every started server is stopped at
+interpreter exit by an :mod:`atexit` hook registered when the first server starts (importing
+this module registers nothing); a child whose parent is killed outright exits by itself
+(:func:`guarded_module_command`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+
+from kitune.config import LocalModelConfig
+from kitune.errors import ConfigError, LMConnectionError
+from kitune.localmodel.gguf import INSTALL_HINT
+from kitune.localmodel.weights import cache_dir, check_server_installed, ensure_gguf
+
+__all__ = [
+    "LOCAL_API_KEY",
+    "LocalModelServer",
+    "build_server_command",
+    "build_server_env",
+    "find_free_port",
+    "get_local_server",
+    "guarded_module_command",
+    "stop_local_server",
+]
+
+LOCAL_API_KEY = "sk-local"
+"""The API key LiteLLM sends to the local server (which checks none)."""
+
+
+def find_free_port(host: str = "127.0.0.1") -> int:
+    """Return a TCP port on ``host`` that was free a moment ago (the OS picks it; 1024–65535)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _threads(cfg: LocalModelConfig) -> int:
+    return cfg.n_threads or os.cpu_count() or 1
+
+
+# Runs a module as __main__ in a child that exits when its parent dies (even by SIGKILL, when
+# atexit cannot run): a daemon thread polls getppid(). Not PR_SET_PDEATHSIG, which fires when the
+# *thread* that started the child exits (a worker thread of a pool would kill the server).
+_ORPHAN_GUARD = (
+    "import os, runpy, sys, threading, time\n"
+    "parent = int(sys.argv[1]); module = sys.argv[2]\n"
+    "def watch():\n"
+    "    while os.getppid() == parent:\n"
+    "        time.sleep(0.5)\n"
+    "    os._exit(0)\n"
+    "threading.Thread(target=watch, daemon=True).start()\n"
+    "sys.argv = [module, *sys.argv[3:]]\n"
+    "runpy.run_module(module, run_name='__main__', alter_sys=True)\n"
+)
+
+
+def guarded_module_command(module: str, args: Sequence[str]) -> list[str]:
+    """Return argv running ``python -m module args`` that also exits when this process dies.
+
+    Args:
+        module: importable module to run as ``__main__``.
+        args: its command-line arguments.
+    """
+    return [sys.executable, "-c", _ORPHAN_GUARD, str(os.getpid()), module, *args]
+
+
+def build_server_command(cfg: LocalModelConfig, gguf: Path, *, port: int, alias: str) -> list[str]:
+    """Return the argv that serves ``gguf`` with llama-cpp-python on ``127.0.0.1:port``.
+
+    The server runs under :func:`guarded_module_command`, so it never outlives kitune.
+
+    Args:
+        cfg: the ``lm.local`` section (``n_ctx``, ``n_threads``; None threads = all cores).
+        gguf: the model file.
+        port: a TCP port (1–65535).
+        alias: the model name clients send (``openai/<alias>`` in LiteLLM).
+    """
+    threads = str(_threads(cfg))
+    args = [
+        "--model", str(gguf),
+        "--model_alias", alias,
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--n_ctx", str(cfg.n_ctx),
+        "--n_threads", threads,
+        "--n_threads_batch", threads,
+        "--interrupt_requests", "False",  # concurrent callers must not cut each other off
+        "--logits_all", "False",  # default True keeps n_ctx x vocab logits and copies them per token
+        "--verbose", "True",  # per-call timings in the log (prompt and generation tokens/s)
+    ]  # fmt: skip
+    return guarded_module_command("llama_cpp.server", args)
+
+
+def build_server_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Return the server's environment: ``base`` (default ``os.environ``) plus ``OMP_WAIT_POLICY=PASSIVE``."""
+    env = dict(os.environ if base is None else base)
+    env["OMP_WAIT_POLICY"] = "PASSIVE"
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+class LocalModelServer:
+    """A child process serving an OpenAI-compatible API on ``127.0.0.1:port``.
+
+    Start it with :meth:`start` or ``with``; :meth:`stop` (also run at interpreter exit)
+    terminates it, then kills it after ``stop_timeout_s``. Readiness means ``GET /v1/models``
+    answered 200. Thread-safe: start/stop hold a lock. Its stdout and stderr go to ``log_path``.
+    """
+
+    def __init__(
+        self,
+        command: Sequence[str],
+        *,
+        port: int,
+        model_alias: str,
+        log_path: Path,
+        env: Mapping[str, str] | None = None,
+        startup_timeout_s: float = 180.0,
+        stop_timeout_s: float = 10.0,
+    ) -> None:
+        """Prepare (not start) a server.
+
+        Args:
+            command: argv of the server process; it must listen on ``127.0.0.1:port``.
+            port: TCP port (1–65535).
+            model_alias: model name the server answers to.
+            log_path: file receiving the process's stdout and stderr (appended).
+            env: process environment; default :func:`build_server_env`.
+            startup_timeout_s: seconds to wait for ``/v1/models`` (> 0).
+            stop_timeout_s: seconds between terminate and kill (> 0).
+        """
+        if not 0 < port < 65536:
+            raise ValueError(f"port must be 1-65535, got {port}")
+        self.command = list(command)
+        self.port = port
+        self.model_alias = model_alias
+        self.log_path = Path(log_path)
+        self.env = dict(env) if env is not None else build_server_env()
+        self.startup_timeout_s = startup_timeout_s
+        self.stop_timeout_s = stop_timeout_s
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_config(cls, cfg: LocalModelConfig) -> LocalModelServer:
+        """Build (not start) the server for ``cfg``: assemble/verify the GGUF, pick the port.
+
+        Raises:
+            ConfigError: llama-cpp-python or the model packages are missing, or the GGUF is bad.
+        """
+        check_server_installed()
+        gguf = ensure_gguf(cfg)
+        alias = cfg.model if cfg.gguf_path is None else gguf.stem
+        port = cfg.port or find_free_port()
+        log = cache_dir() / "logs" / f"llama-server-{alias}-{port}.log"
+        return cls(
+            build_server_command(cfg, gguf, port=port, alias=alias),
+            port=port,
+            model_alias=alias,
+            log_path=log,
+            startup_timeout_s=cfg.startup_timeout_s,
+        )
+
+    @property
+    def api_base(self) -> str:
+        """The OpenAI-compatible base URL, ``http://127.0.0.1:PORT/v1``."""
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def litellm_model(self) -> str:
+        """The LiteLLM model string, ``openai/<alias>``."""
+        return f"openai/{self.model_alias}"
+
+    @property
+    def pid(self) -> int | None:
+        """The child's process id, or None before start."""
+        return self._proc.pid if self._proc is not None else None
+
+    def is_running(self) -> bool:
+        """True while the child process is alive."""
+        return self._proc is not None and self._proc.poll() is None
+
+    def _ready(self) -> bool:
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never a proxy
+        try:
+            with opener.open(f"{self.api_base}/models", timeout=2.0) as resp:
+                return bool(resp.status == 200)
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+
+    def _log_tail(self, n_chars: int = 1500) -> str:
+        try:
+            return self.log_path.read_text(encoding="utf-8", errors="replace")[-n_chars:]
+        except OSError:
+            return ""
+
+    def start(self) -> LocalModelServer:
+        """Start the process and wait until it serves ``/v1/models``; no-op when running.
+
+        Returns:
+            self.
+
+        Raises:
+            LMConnectionError: the process exited during start-up or did not answer within
+                ``startup_timeout_s`` (it is then killed); the message quotes its log tail.
+        """
+        with self._lock:
+            if self.is_running():
+                return self
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            _register_stop_hook()  # before the child exists, so no window leaves it unstopped at exit
+            with self.log_path.open("ab") as log:
+                self._proc = subprocess.Popen(
+                    self.command,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=self.env,
+                    start_new_session=True,
+                )
+            _LIVE.add(self)
+            deadline = time.monotonic() + self.startup_timeout_s
+            while time.monotonic() < deadline:
+                if self._proc.poll() is not None:
+                    code = self._proc.returncode
+                    self._proc = None
+                    raise LMConnectionError(
+                        f"local model server exited with code {code} during start-up (log {self.log_path}): "
+                        f"{self._log_tail()!r}. If the log shows 'Illegal instruction', rebuild with "
+                        f"`{INSTALL_HINT} --rebuild`",
+                        model=self.litellm_model,
+                        api_base=self.api_base,
+                    )
+                if self._ready():
+                    return self
+                time.sleep(0.2)
+            self._stop_locked()
+            raise LMConnectionError(
+                f"local model server did not answer {self.api_base}/models within "
+                f"{self.startup_timeout_s:.0f} s (log {self.log_path}): "
+                "raise lm.local.startup_timeout_s on a slow or busy machine",
+                model=self.litellm_model,
+                api_base=self.api_base,
+            )
+
+    def _stop_locked(self) -> None:
+        proc, self._proc = self._proc, None
+        _LIVE.discard(self)
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(timeout=self.stop_timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=self.stop_timeout_s)
+
+    def stop(self) -> None:
+        """Terminate the process (kill after ``stop_timeout_s``) and wait for it; idempotent."""
+        with self._lock:
+            self._stop_locked()
+
+    def __enter__(self) -> LocalModelServer:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+_LIVE: set[LocalModelServer] = set()
+_SINGLETON: tuple[tuple[object, ...], LocalModelServer] | None = None
+_SINGLETON_LOCK = threading.Lock()
+
+
+_STOP_HOOK_LOCK = threading.Lock()
+_stop_hook_registered = False
+
+
+def _stop_all() -> None:
+    for server in list(_LIVE):
+        with contextlib.suppress(Exception):
+            server.stop()
+
+
+def _register_stop_hook() -> None:
+    """Register :func:`_stop_all` with :mod:`atexit` once, when the first server starts.
+
+    Not at import: a process that only reads GGUF headers or lists models gets no exit hook.
+    """
+    global _stop_hook_registered
+    with _STOP_HOOK_LOCK:
+        if not _stop_hook_registered:
+            atexit.register(_stop_all)
+            _stop_hook_registered = True
+
+
+def _key(cfg: LocalModelConfig) -> tuple[object, ...]:
+    return (cfg.model, str(cfg.gguf_path) if cfg.gguf_path else None, cfg.n_ctx, _threads(cfg), cfg.port)
+
+
+def get_local_server(
+    cfg: LocalModelConfig, *, factory: Callable[[LocalModelConfig], LocalModelServer] | None = None
+) -> LocalModelServer:
+    """Return this process's local model server, starting it on first use (thread-safe).
+
+    One server per process: concurrent callers block until it is ready and share it. If it
+    died, it is started again. Reach it through LiteLLM as ``server.litellm_model`` with
+    ``api_base=server.api_base`` and ``api_key="sk-local"``.
+
+    Args:
+        cfg: the ``lm.local`` section.
+        factory: builds the server from ``cfg``; default :meth:`LocalModelServer.from_config`
+            (tests pass a fake).
+
+    Raises:
+        ConfigError: packages missing, bad GGUF, or a server with different settings already runs
+            in this process (call :func:`stop_local_server` first).
+        LMConnectionError: the server failed to start (see :meth:`LocalModelServer.start`).
+    """
+    global _SINGLETON
+    key = _key(cfg)
+    with _SINGLETON_LOCK:
+        if _SINGLETON is not None:
+            running_key, server = _SINGLETON
+            if running_key != key and server.is_running():
+                raise ConfigError(
+                    f"a local model server for {running_key[0]!r} already runs in this process with other "
+                    f"settings than lm.local={cfg.model_dump(mode='json')}: use one lm.local per process "
+                    "or call kitune.localmodel.stop_local_server() first"
+                )
+            if running_key == key:
+                return server.start()
+        server = (factory or LocalModelServer.from_config)(cfg)
+        server.start()
+        _SINGLETON = (key, server)
+        return server
+
+
+def stop_local_server() -> None:
+    """Stop this process's local model server, if any; the next :func:`get_local_server` restarts it."""
+    global _SINGLETON
+    with _SINGLETON_LOCK:
+        if _SINGLETON is not None:
+            _SINGLETON[1].stop()
+            _SINGLETON = None
