@@ -66,6 +66,9 @@ class LMError(KituneError):
         model: the LiteLLM model string that was called (no secrets).
         api_base: the resolved base URL, or None for the provider default.
         retryable: whether a bounded retry may help (timeouts, 429, 5xx).
+        input_tokens: prompt tokens the failed call was billed in the token ledger, summed over
+            its attempts (estimated when the provider sent no usage); 0 when not from the LM layer.
+        output_tokens: completion tokens the failed call was billed (0 unless a reply came back).
     """
 
     def __init__(
@@ -75,6 +78,8 @@ class LMError(KituneError):
         self.model = model
         self.api_base = api_base
         self.retryable = retryable
+        self.input_tokens = 0
+        self.output_tokens = 0
 
 
 class LMAuthError(LMError):

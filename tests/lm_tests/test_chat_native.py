@@ -5,7 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from kitune.config import KituneConfig
+from kitune.errors import LMError
 from kitune.evaluation.agent import Agent
 from kitune.evaluation.budget import Budget
 from kitune.evaluation.tools import closed_book_toolbox
@@ -108,3 +111,33 @@ def test_tool_call_message_round_trips_to_the_provider(gateway_cfg: CfgFactory, 
     body = stub.chat_requests[0].body
     assert body["tool_choice"] == forced
     assert body["messages"][2] == {"role": "tool", "tool_call_id": "call_1", "content": "1. [d1] Paris"}
+
+
+def test_failed_agent_call_records_the_ledgers_estimate_not_zero(
+    gateway_cfg: CfgFactory, stub: StubServer
+) -> None:
+    # empty content and no usage: the LM layer bills an estimated prompt in the ledger; the
+    # agent's lm_error step must carry that same count, not 0/0
+    stub.push(Reply.no_usage(""))
+    ledger = TokenLedger()
+    chat = LiteLLMChatModel(gateway_cfg(**{"lm.agent.num_retries": 0}), "agent", ledger=ledger)
+    ep = Agent(chat, closed_book_toolbox(), budget=Budget(max_steps=3)).run("Capital of France?")
+    assert ep.status == "failed" and [s.kind for s in ep.steps] == ["lm_error"]
+    (billed,) = ledger.records
+    assert billed.failed and billed.estimated and billed.input_tokens > 0 and billed.output_tokens == 0
+    assert (ep.steps[0].input_tokens, ep.steps[0].output_tokens) == (billed.input_tokens, 0)
+    assert (ep.input_tokens, ep.output_tokens) == (billed.input_tokens, 0)
+
+
+def test_failed_call_after_retries_carries_every_attempts_tokens(
+    gateway_cfg: CfgFactory, stub: StubServer
+) -> None:
+    stub.push(Reply.server_error(500), Reply.server_error(503))
+    ledger = TokenLedger()
+    chat = LiteLLMChatModel(gateway_cfg(**{"lm.agent.num_retries": 1}), "agent", ledger=ledger)
+    chat.lm.backoff_base_s = 0.01
+    with pytest.raises(LMError) as info:
+        chat.complete([{"role": "user", "content": "Capital of France?"}])
+    assert [r.failed for r in ledger.records] == [True, True]
+    assert info.value.input_tokens == sum(r.input_tokens for r in ledger.records) > 0
+    assert info.value.output_tokens == 0

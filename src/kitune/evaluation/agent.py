@@ -299,10 +299,16 @@ class _Run:
         )
 
     def _step(
-        self, kind: StepKind, resp: ChatResponse | None, latency: float, reply: str | None = None, **kw: Any
+        self,
+        kind: StepKind,
+        resp: ChatResponse | LMError | None,
+        latency: float,
+        reply: str | None = None,
+        **kw: Any,
     ) -> None:
+        """Append a step; ``resp`` is the reply, or the LMError the call raised (its billed tokens)."""
         if reply is None:
-            reply = resp.text if resp else ""
+            reply = resp.text if isinstance(resp, ChatResponse) else ""
         if kw.get("error"):
             self.errors.append(f"step {len(self.steps) + 1}: {kw['error']}")
         self.steps.append(
@@ -324,11 +330,11 @@ class _Run:
                 resp, latency = self._call(self.messages)
             except LMContextWindowError as e:
                 self.meter.charge(input_tokens=0, output_tokens=0)
-                self._step("lm_error", None, 0.0, error=f"context window exceeded: {e}")
+                self._step("lm_error", e, 0.0, error=f"context window exceeded: {e}")
                 overflow = True
                 break
             except LMError as e:
-                self._step("lm_error", None, 0.0, error=f"{type(e).__name__}: {e}")
+                self._step("lm_error", e, 0.0, error=f"{type(e).__name__}: {e}")
                 return self._episode("failed")
             self.meter.charge(input_tokens=resp.input_tokens, output_tokens=resp.output_tokens)
             turn = self._read(resp)
@@ -450,18 +456,18 @@ class _Run:
             resp, latency = self._call(messages, final=True)
         except LMContextWindowError as e:
             if overflow:
-                self._step("lm_error", None, 0.0, error=f"force-commit context window exceeded: {e}")
+                self._step("lm_error", e, 0.0, error=f"force-commit context window exceeded: {e}")
                 return self._episode(status, exhausted_by=exhausted, timed_out=not overflow)
             # The full trace no longer fits: commit from the trimmed trace instead.
-            self._step("lm_error", None, 0.0, error=f"force-commit context window exceeded: {e}")
+            self._step("lm_error", e, 0.0, error=f"force-commit context window exceeded: {e}")
             status = "context_overflow"
             try:
                 resp, latency = self._call([*self._trimmed(), prompt], final=True)
             except LMError as e2:
-                self._step("lm_error", None, 0.0, error=f"{type(e2).__name__}: {e2}")
+                self._step("lm_error", e2, 0.0, error=f"{type(e2).__name__}: {e2}")
                 return self._episode(status, exhausted_by=exhausted, timed_out=True)
         except LMError as e:
-            self._step("lm_error", None, 0.0, error=f"force-commit {type(e).__name__}: {e}")
+            self._step("lm_error", e, 0.0, error=f"force-commit {type(e).__name__}: {e}")
             return self._episode(status, exhausted_by=exhausted, timed_out=not overflow)
         answer: AnswerAction | None = None
         error: str | None = None

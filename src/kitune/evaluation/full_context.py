@@ -189,11 +189,18 @@ class FullContextRunner:
         try:
             resp = self.model.complete(messages, json_mode=True, max_tokens=self.max_output_tokens)
         except LMContextWindowError as e:
-            step = Step(1, "lm_error", error=f"context window exceeded: {e}")
+            step = Step(
+                1,
+                "lm_error",
+                error=f"context window exceeded: {e}",
+                input_tokens=e.input_tokens,
+                output_tokens=e.output_tokens,
+            )
             return self._episode(question, "context_overflow", start, step, None)
         except LMError as e:
             err = f"{type(e).__name__}: {e}"
-            return self._episode(question, "failed", start, Step(1, "lm_error", error=err), None)
+            step = Step(1, "lm_error", error=err, input_tokens=e.input_tokens, output_tokens=e.output_tokens)
+            return self._episode(question, "failed", start, step, None)
         latency = self.clock() - start
         answer: AnswerAction | None = None
         error: str | None = None

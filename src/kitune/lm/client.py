@@ -264,7 +264,12 @@ class KituneLM(dspy.LM):  # type: ignore[misc]
             before_sleep=self._log_retry,
             reraise=True,  # the classified LMError itself, not tenacity's RetryError
         )
-        return retrying(self._attempt, messages, request, requested)
+        spent = [0, 0]  # input, output tokens recorded for this call's failed attempts
+        try:
+            return retrying(self._attempt, messages, request, requested, spent)
+        except LMError as err:  # the caller sees what the ledger was billed for this call
+            err.input_tokens, err.output_tokens = spent
+            raise
 
     def _retry_wait(self, state: tenacity.RetryCallState) -> float:
         if state.attempt_number > self.resolved.num_retries:  # no retry follows: keep the RNG untouched
@@ -285,8 +290,13 @@ class KituneLM(dspy.LM):  # type: ignore[misc]
             wait,
         )
 
-    def _attempt(self, messages: list[dict[str, Any]], request: dict[str, Any], requested: Any) -> Any:
-        """One attempt: send at the remembered format rung, stepping down once per rejected rung."""
+    def _attempt(
+        self, messages: list[dict[str, Any]], request: dict[str, Any], requested: Any, spent: list[int]
+    ) -> Any:
+        """One attempt: send at the remembered format rung, stepping down once per rejected rung.
+
+        Tokens recorded for a failed send are added to ``spent`` (``[input, output]``).
+        """
         import litellm
 
         litellm.suppress_debug_info = True  # no "Give Feedback" banner on stdout; we classify errors
@@ -311,12 +321,10 @@ class KituneLM(dspy.LM):  # type: ignore[misc]
                 )
             except Exception as exc:
                 latency = time.monotonic() - started
+                sent_tokens = estimate_tokens(messages_text(messages))
+                spent[0] += sent_tokens
                 self._record(
-                    input_tokens=estimate_tokens(messages_text(messages)),
-                    output_tokens=0,
-                    latency_s=latency,
-                    estimated=True,
-                    failed=True,
+                    input_tokens=sent_tokens, output_tokens=0, latency_s=latency, estimated=True, failed=True
                 )
                 err = classify_error(exc, r, format_sent=rf is not None)
                 if isinstance(err, ResponseFormatError):
@@ -330,6 +338,8 @@ class KituneLM(dspy.LM):  # type: ignore[misc]
                 self._check_completion(response)
             except EmptyCompletionError:
                 has_usage = not estimated
+                spent[0] += prompt_toks
+                spent[1] += completion_toks if has_usage else 0
                 self._record(
                     input_tokens=prompt_toks,
                     output_tokens=completion_toks if has_usage else 0,
@@ -453,7 +463,11 @@ class KituneLM(dspy.LM):  # type: ignore[misc]
                 cache_hit=bool(r.get("cache_hit")),
             )
         if entry.get("error"):
-            raise rebuild_recorded_error(entry["error"])
+            err = rebuild_recorded_error(entry["error"])
+            # what the recorded call was billed, as when it was recorded
+            err.input_tokens = sum(int(r["input_tokens"]) for r in entry.get("ledger") or [])
+            err.output_tokens = sum(int(r["output_tokens"]) for r in entry.get("ledger") or [])
+            raise err
         response = litellm.ModelResponse(**entry["response"])
         response._hidden_params["kitune_usage"] = {
             **entry["usage"],
