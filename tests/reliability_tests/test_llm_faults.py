@@ -142,6 +142,27 @@ def test_rerun_after_faults_retries_only_the_failed_documents(
     assert set(read_state(state_path).values()) == {"ok"}
 
 
+def test_a_partial_document_is_not_re_extracted_when_no_run_could_complete_it(
+    fixture_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # no bigger retry (max_retry_tokens at the floor) and no halving: the same request would be
+    # cut the same way, so the partial document is final and a rerun retries only the failed ones
+    docs = fixture_slice(fixture_dir, len(EXTRACT_SCRIPT))
+    by_id = {d.docid: d for d in docs}
+    script = {d.docid: EXTRACT_SCRIPT[i] for i, d in enumerate(docs)}
+    provider = FaultyProvider(good=extraction_reply(by_id), key=dspy_docid, plan=scripted(script))
+    final = {"extraction.split_cut_chunks": False, "extraction.max_retry_tokens": 1}
+    with StubServer(responder=provider) as stub:
+        first, _, state_path, _ = _extract(stub, docs, tmp_path, monkeypatch, **final)
+        before = dict(provider.attempts)
+        second, _, _, _ = _extract(stub, docs, tmp_path, monkeypatch, **final)
+    assert len(first.truncated) == 1 and first.counters.get("truncation_retries", 0) == 0
+    assert second.docs_skipped == 6 and second.docs_done == 3 and second.docs_failed == 0
+    retried = {k for k in provider.attempts if provider.attempts[k] > before.get(k, 0)}
+    assert retried == set(first.failed)
+    assert read_state(state_path)[first.truncated[0]] == "partial"
+
+
 def test_seeded_random_faults_extraction_every_doc_accounted(
     fixture_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -325,6 +325,17 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
         spans = numbered_turn_view(chunk)[1] if parse_session(chunk).turns else sentence_spans(chunk)
         return lambda record, counts: cited_evidence(record, chunk, spans, counts)
 
+    @property
+    def partial_is_final(self) -> bool:
+        """True when running this extractor again cannot complete a ``partial`` document.
+
+        That is when a cut reply gets neither a bigger retry (``max_retry_tokens`` at or below
+        the LM's ``max_tokens``) nor a split into halves (``split_cut_chunks`` off): the same
+        request would be cut the same way. Extraction runs then record the document as done
+        instead of re-extracting it on every resume.
+        """
+        return not self.split_cut_chunks and self._more_tokens() is None
+
     def _more_tokens(self) -> int | None:
         """The ``max_tokens`` for a retry after a cut-off reply: double, capped; None if not larger."""
         current = (getattr(self._lm(), "kwargs", None) or {}).get("max_tokens")

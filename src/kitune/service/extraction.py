@@ -183,11 +183,15 @@ def _state_records(path: Path | None) -> Iterator[dict[str, Any]]:
 
 
 def read_state_hashes(path: Path | None) -> dict[str, str]:
-    """Read a state file into ``docid → content hash`` of its last ``ok`` line with a hash."""
+    """Read a state file into ``docid → content hash`` of its last done line with a hash.
+
+    Done: ``ok``, or ``partial`` recorded as final (it then carries a hash; see
+    :attr:`kitune.programs.fact_extractor.FactExtractor.partial_is_final`).
+    """
     return {
         str(rec.get("docid")): rec["hash"]
         for rec in _state_records(path)
-        if rec.get("status") == "ok" and isinstance(rec.get("hash"), str)
+        if rec.get("status") in ("ok", "partial") and isinstance(rec.get("hash"), str) and rec["hash"]
     }
 
 
@@ -428,6 +432,7 @@ def extract_corpus(
     skipped = len(unique) - len(todo)
     marker = ledger.snapshot() if ledger is not None else 0
     writer = _StateWriter(state_path, extractor.prompt_version)
+    partial_final = extractor.partial_is_final  # the caller's LM context gives max_tokens
     for docid, reason in too_large.items():
         if state.get(docid) != "skipped":  # recorded once, not on every run
             writer.write(docid, "skipped", 0, reason)
@@ -464,12 +469,11 @@ def extract_corpus(
                 writer.write(res.docid, "failed", len(res.kis), reason)
             else:
                 done += 1
-                # "ok" or "partial"; a partial document gets no content hash, so the next run re-extracts it
+                # "ok" or "partial"; a partial document gets no content hash, so the next run
+                # re-extracts it — unless that run could not do better (extractor.partial_is_final)
+                final = res.status == "ok" or (res.status == "partial" and partial_final)
                 writer.write(
-                    res.docid,
-                    res.status,
-                    len(res.kis),
-                    content=hashes.get(res.docid, "") if res.status == "ok" else "",
+                    res.docid, res.status, len(res.kis), content=hashes.get(res.docid, "") if final else ""
                 )
         writer.sync()
         buffer.clear()
@@ -569,14 +573,17 @@ def extract_corpus(
 def _unchanged_docs(
     docs: Sequence[Document], state: dict[str, str], old_hashes: dict[str, str], hashes: dict[str, str]
 ) -> tuple[set[str], set[str]]:
-    """Split the ``ok`` documents into unchanged (skip + refresh) and changed (re-extract).
+    """Split the done documents into unchanged (skip + refresh) and changed (re-extract).
 
-    A document ``ok`` in a state file written before hashes were recorded counts as unchanged.
+    Done: ``ok``, or ``partial`` with a content hash (recorded only when no run could complete
+    it, :attr:`FactExtractor.partial_is_final`). A document ``ok`` in a state file written before
+    hashes were recorded counts as unchanged.
     """
     unchanged: set[str] = set()
     changed: set[str] = set()
     for d in docs:
-        if state.get(d.docid) != "ok":
+        status = state.get(d.docid)
+        if status != "ok" and not (status == "partial" and old_hashes.get(d.docid)):
             continue
         old = old_hashes.get(d.docid)
         if old is None or old == hashes[d.docid]:
