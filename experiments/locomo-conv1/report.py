@@ -81,6 +81,51 @@ def loop_evaluations(loop_dir: Path) -> list[Path]:
     return [evals / f"{k}.jsonl" for k in order if (evals / f"{k}.jsonl").is_file()]
 
 
+def loop_arms(files: list[Path]) -> tuple[list[Trace], list[Trace]]:
+    """``(in-context, in-context + disambiguation)`` from the loop's evaluation files.
+
+    In-context: each question's first measurement (iteration 0, before any feedback KI). The
+    second arm: each question's last measurement, only for questions measured again after the
+    store changed (a later file holds them: re-run or reused); empty when none was.
+    """
+    seen: dict[str, list[Trace]] = {}
+    for f in files:
+        for t in load_run(f)[1]:
+            seen.setdefault(t.query_id, []).append(t)
+    first = [ts[0] for ts in seen.values()]
+    last = [ts[-1] for ts in seen.values() if len(ts) > 1]
+    return first, last
+
+
+def _paired_lines(runs: dict[str, list[Trace]]) -> list[str]:
+    """Every arm on the questions all of them answered (a paired comparison), with token F1."""
+    common = set.intersection(*({t.query_id for t in v} for v in runs.values())) if runs else set()
+    lines = [
+        "",
+        f"## Paired: the {len(common)} questions every arm answered",
+        "",
+        "| arm | judge-correct (95% CI) | mean token F1 | input tokens / question | timeouts |",
+        "|---|---|---|---|---|",
+    ]
+    for label, traces in runs.items():
+        mine = [t for t in traces if t.query_id in common]
+        if not mine:
+            continue
+        s = summarize(mine, label)
+        acc = (
+            "–"
+            if s.accuracy is None
+            else f"{s.n_correct}/{s.n_graded} = {100 * s.accuracy:.0f}% ({100 * s.ci_low:.0f}–{100 * s.ci_high:.0f})"
+        )
+        tok = (s.input_tokens + s.tool_input_tokens) / max(1, s.n_total)
+        lines.append(f"| {label} | {acc} | {s.f1:.2f} | {tok:.0f} | {s.timeouts} |")
+    return [
+        *lines,
+        "",
+        "Token F1 is LoCoMo's own answer metric; the match grader needs the whole gold phrase.",
+    ]
+
+
 def _token_lines(runs: dict[str, list[Trace]]) -> list[str]:
     ref = summarize(runs["full-context"]) if "full-context" in runs else None
     ref_tok = (
@@ -129,12 +174,12 @@ def main(argv: list[str] | None = None) -> int:
             runs[label] = load_run(d)[1]
         else:
             missing.append(f"{label} ({d})")
-    done = loop_evaluations(a.loop_dir) if a.loop_dir is not None else []
-    if done and "in-context" not in runs:
-        runs["in-context"] = load_run(done[0])[1]
+    first, last = loop_arms(loop_evaluations(a.loop_dir) if a.loop_dir is not None else [])
+    if first and "in-context" not in runs:
+        runs["in-context"] = first
         missing = [m for m in missing if not m.startswith("in-context (")]
-    if len(done) > 1 and "in-context + disambiguation" not in runs:
-        runs["in-context + disambiguation"] = load_run(done[-1])[1]
+    if last and "in-context + disambiguation" not in runs:
+        runs["in-context + disambiguation"] = last
         missing = [m for m in missing if not m.startswith("in-context + disambiguation")]
     a.out.mkdir(parents=True, exist_ok=True)
     lines = ["# LoCoMo conversation 26: results", ""]
@@ -151,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         *category_markdown(loop_free, title=f"Loop-free arms on all {len(questions)} sampled questions"),
     ]
+    lines += _paired_lines(runs)
     lines += _token_lines(runs)
     if "full-context" in runs:
         lines += _cache_lines(runs["full-context"])
