@@ -112,11 +112,8 @@ def _paired_lines(runs: dict[str, list[Trace]]) -> list[str]:
         if not mine:
             continue
         s = summarize(mine, label)
-        acc = (
-            "–"
-            if s.accuracy is None
-            else f"{s.n_correct}/{s.n_graded} = {100 * s.accuracy:.0f}% ({100 * s.ci_low:.0f}–{100 * s.ci_high:.0f})"
-        )
+        ci = f"({100 * s.ci_low:.0f}–{100 * s.ci_high:.0f})"
+        acc = "–" if s.accuracy is None else f"{s.n_correct}/{s.n_graded} = {100 * s.accuracy:.0f}% {ci}"
         tok = (s.input_tokens + s.tool_input_tokens) / max(1, s.n_total)
         lines.append(f"| {label} | {acc} | {s.f1:.2f} | {tok:.0f} | {s.timeouts} |")
     return [
