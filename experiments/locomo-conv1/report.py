@@ -81,6 +81,15 @@ def loop_evaluations(loop_dir: Path) -> list[Path]:
     return [evals / f"{k}.jsonl" for k in order if (evals / f"{k}.jsonl").is_file()]
 
 
+def feedback_kis_written(loop_dir: Path) -> int:
+    """How many disambiguation KIs the loop wrote (its ``failure_ledger.json``); 0 when none."""
+    ledger = loop_dir / "failure_ledger.json"
+    if not ledger.is_file():
+        return 0
+    questions = json.loads(ledger.read_text(encoding="utf-8")).get("questions", {})
+    return sum(len(f.get("ki_ids") or []) for q in questions.values() for f in q.get("feedback", []))
+
+
 def loop_arms(files: list[Path]) -> tuple[list[Trace], list[Trace]]:
     """``(in-context, in-context + disambiguation)`` from the loop's evaluation files.
 
@@ -175,6 +184,11 @@ def main(argv: list[str] | None = None) -> int:
     if first and "in-context" not in runs:
         runs["in-context"] = first
         missing = [m for m in missing if not m.startswith("in-context (")]
+    written = feedback_kis_written(a.loop_dir) if a.loop_dir is not None else 0
+    if last and not written:  # re-measured only because the store changed (e.g. re-extraction)
+        missing = [m for m in missing if not m.startswith("in-context + disambiguation")]
+        missing.append("in-context + disambiguation (the loop wrote no disambiguation KI)")
+        last = []
     if last and "in-context + disambiguation" not in runs:
         runs["in-context + disambiguation"] = last
         missing = [m for m in missing if not m.startswith("in-context + disambiguation")]
