@@ -21,7 +21,7 @@ functions work on any corpus.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from typing import Any
@@ -319,19 +319,28 @@ def turn_indexed_view(text: str, *, date_text: str = "") -> str:
     session = parse_session(text, date_text=date_text)
     if not session.turns:
         return "\n".join(f"[{u.unit_id}] {u.text}" for u in indexed_units(text))
-    lines = [session.header]
+    return _session_view(session, [t.unit_id for t in session.turns], [t.text for t in session.turns])
+
+
+def _session_view(session: Session, labels: Sequence[str], lines: Sequence[str]) -> str:
+    """Header, ``Session date:`` (when known), one line per turn, then the resolved relative dates.
+
+    ``labels[i]`` names turn ``i`` in the date notes (``D1:3`` or ``3``); ``lines[i]`` is how the
+    turn itself is shown.
+    """
+    out = [session.header]
     if session.date is not None:
-        lines.append(f"Session date: {format_date(session.date)}")
-    lines += [t.text for t in session.turns]
+        out.append(f"Session date: {format_date(session.date)}")
+    out += lines
     if session.date is not None:
         notes = [
-            f'- [{t.unit_id}] "{expr}" = {resolved}'
-            for t in session.turns
+            f'- [{label}] "{expr}" = {resolved}'
+            for label, t in zip(labels, session.turns, strict=True)
             for expr, resolved in annotate_dates(t.text, session.date)
         ]
         if notes:
-            lines += ["", "Relative dates resolved against the session date:", *notes]
-    return "\n".join(lines)
+            out += ["", "Relative dates resolved against the session date:", *notes]
+    return "\n".join(out)
 
 
 def numbered_turn_view(text: str, *, date_text: str = "") -> tuple[str, list[tuple[int, int]]]:
@@ -359,19 +368,9 @@ def numbered_turn_view(text: str, *, date_text: str = "") -> tuple[str, list[tup
         head = t.text.index("]") + 1
         head += len(t.text[head:]) - len(t.text[head:].lstrip())
         spans.append((t.start + head, t.end))
-    lines = [session.header]
-    if session.date is not None:
-        lines.append(f"Session date: {format_date(session.date)}")
-    lines += [f"[{n}] {text[s:e]}" for n, (s, e) in enumerate(spans, 1)]
-    if session.date is not None:
-        notes = [
-            f'- [{n}] "{expr}" = {resolved}'
-            for n, t in enumerate(session.turns, 1)
-            for expr, resolved in annotate_dates(t.text, session.date)
-        ]
-        if notes:
-            lines += ["", "Relative dates resolved against the session date:", *notes]
-    return "\n".join(lines), spans
+    numbers = [str(n) for n in range(1, len(spans) + 1)]
+    shown = [f"[{n}] {text[s:e]}" for n, (s, e) in zip(numbers, spans, strict=True)]
+    return _session_view(session, numbers, shown), spans
 
 
 def dialogue_tags(text: str, spans: Iterable[str], *, date_text: str = "") -> list[str]:
