@@ -277,10 +277,27 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
     def _lm(self) -> Any:
         return self.extract.lm or dspy.settings.lm
 
+    def _view(self, doc: Document, chunk: str) -> tuple[str, list[tuple[int, int]] | None]:
+        """How the model sees ``chunk``, and in sentence mode the spans its cited numbers name.
+
+        A dialogue: turns verbatim with resolved dates — numbered (sentence mode) or by id (quote
+        mode). Prose: numbered sentences in sentence mode, else the chunk as is. The spans are
+        offsets in ``chunk`` (None in quote mode), so cited numbers become verbatim evidence.
+        """
+        date = doc.metadata.get("date", "")
+        if parse_session(chunk).turns:
+            if self.evidence_mode == "sentences":
+                return numbered_turn_view(chunk, date_text=date)
+            return turn_indexed_view(chunk, date_text=date), None
+        if self.evidence_mode == "sentences":
+            spans = sentence_spans(chunk)
+            return numbered_text(chunk, spans), spans
+        return chunk, None
+
     def _complete(
-        self, doc: Document, chunk: str, attempt: int, max_tokens: int | None = None
+        self, doc: Document, view: str, attempt: int, max_tokens: int | None = None
     ) -> tuple[str, str | None]:
-        """One call; returns ``(raw reply, finish_reason or None when the LM reported none)``."""
+        """One call on the chunk's :meth:`_view`; returns ``(raw reply, finish_reason or None)``."""
         config: dict[str, Any] = {}
         if attempt > 0:
             config = {"cache": False, "rollout_id": attempt, "temperature": RETRY_TEMPERATURE}
@@ -292,16 +309,8 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
             overrides["adapter"] = default_adapter(lm)
         seen = len(getattr(lm, "history", None) or [])
         with dspy.context(**overrides), track_calls() as calls:
-            if parse_session(chunk).turns:  # a dialogue: turns verbatim, with resolved dates
-                date = doc.metadata.get("date", "")
-                if self.evidence_mode == "sentences":  # numbered turns, cited like sentences
-                    chunk = numbered_turn_view(chunk, date_text=date)[0]
-                else:  # turns by id, quoted
-                    chunk = turn_indexed_view(chunk, date_text=date)
-            elif self.evidence_mode == "sentences":
-                chunk = numbered_text(chunk, sentence_spans(chunk))
             try:
-                pred = self.extract(docid=doc.docid, url=doc.url, title=doc.title, text=chunk, config=config)
+                pred = self.extract(docid=doc.docid, url=doc.url, title=doc.title, text=view, config=config)
                 raw = json.dumps([_as_dict(r) for r in (pred.facts or [])], ensure_ascii=False)
             except dspy.utils.exceptions.AdapterParseError as e:
                 # One bad record fails the typed parse of the whole list: read the raw reply with
@@ -315,14 +324,15 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
             return raw, finish_reason_of(history[-1].get("response"))
         return raw, None
 
-    def _resolver(self, chunk: str) -> Any:
-        """In sentence mode: record → record with the cited sentences copied as ``evidence_span``.
+    @staticmethod
+    def _resolver(chunk: str, spans: list[tuple[int, int]] | None) -> Any:
+        """In sentence mode (``spans`` given): record → record with its citation as ``evidence_span``.
 
-        For a dialogue the cited numbers are turns, copied as ``Speaker: text``.
+        The cited sentences are copied from ``chunk``; for a dialogue the cited numbers are
+        turns, copied as ``Speaker: text``.
         """
-        if self.evidence_mode != "sentences":
+        if spans is None:
             return None
-        spans = numbered_turn_view(chunk)[1] if parse_session(chunk).turns else sentence_spans(chunk)
         return lambda record, counts: cited_evidence(record, chunk, spans, counts)
 
     @property
@@ -356,15 +366,17 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
         room: int | None = None
         attempt = 0
         malformed_retries = 0
+        view, spans = self._view(doc, chunk)
+        resolve = self._resolver(chunk, spans)
         while True:
             if attempt:
                 counts["retries"] += 1
             counts["lm_calls"] += 1
-            raw, finish = self._complete(doc, chunk, attempt, room)
+            raw, finish = self._complete(doc, view, attempt, room)
             attempt += 1
             parsed: ParsedFacts | None
             try:
-                parsed = parse_facts(raw, resolve=self._resolver(chunk))
+                parsed = parse_facts(raw, resolve=resolve)
             except ParseError as e:
                 parsed, error = None, str(e)
             cut = finish == "length" or bool(parsed and parsed.counters.get("truncated_salvaged"))
