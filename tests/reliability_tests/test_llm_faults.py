@@ -32,6 +32,7 @@ from kitune.ki import ki_id
 from kitune.lm import LiteLLMChatModel, build_lm, reset_format_memory
 from kitune.programs.fact_extractor import FactExtractor
 from kitune.retrieval.memory import MemoryStore
+from kitune.schema import Document
 from kitune.service.extraction import extract_corpus, read_state
 from kitune.testing.faults import FaultPlan, FaultyProvider, dspy_docid, fault_reply, scripted
 from kitune.testing.openai_stub import StubServer
@@ -80,13 +81,18 @@ def _extract(stub: StubServer, docs, tmp_path: Path, monkeypatch: pytest.MonkeyP
     return report, store, state, ledger
 
 
-def test_extraction_under_scripted_faults_accounts_for_every_document(
-    fixture_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _scripted_extraction(fixture_dir: Path) -> tuple[list[Document], dict[str, Document], FaultyProvider]:
+    """The fixture documents, by id, and a provider answering each with its EXTRACT_SCRIPT fault plan."""
     docs = fixture_slice(fixture_dir, len(EXTRACT_SCRIPT))
     by_id = {d.docid: d for d in docs}
     script = {d.docid: EXTRACT_SCRIPT[i] for i, d in enumerate(docs)}
-    provider = FaultyProvider(good=extraction_reply(by_id), key=dspy_docid, plan=scripted(script))
+    return docs, by_id, FaultyProvider(good=extraction_reply(by_id), key=dspy_docid, plan=scripted(script))
+
+
+def test_extraction_under_scripted_faults_accounts_for_every_document(
+    fixture_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    docs, by_id, provider = _scripted_extraction(fixture_dir)
     with StubServer(responder=provider) as stub:
         report, store, state_path, _ledger = _extract(stub, docs, tmp_path, monkeypatch)
 
@@ -127,10 +133,7 @@ def test_extraction_under_scripted_faults_accounts_for_every_document(
 def test_rerun_after_faults_retries_only_the_failed_documents(
     fixture_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    docs = fixture_slice(fixture_dir, len(EXTRACT_SCRIPT))
-    by_id = {d.docid: d for d in docs}
-    script = {d.docid: EXTRACT_SCRIPT[i] for i, d in enumerate(docs)}
-    provider = FaultyProvider(good=extraction_reply(by_id), key=dspy_docid, plan=scripted(script))
+    docs, _, provider = _scripted_extraction(fixture_dir)
     with StubServer(responder=provider) as stub:
         first, _, state_path, _ = _extract(stub, docs, tmp_path, monkeypatch)
         before = dict(provider.attempts)
@@ -147,10 +150,7 @@ def test_a_partial_document_is_not_re_extracted_when_no_run_could_complete_it(
 ) -> None:
     # no bigger retry (max_retry_tokens at the floor) and no halving: the same request would be
     # cut the same way, so the partial document is final and a rerun retries only the failed ones
-    docs = fixture_slice(fixture_dir, len(EXTRACT_SCRIPT))
-    by_id = {d.docid: d for d in docs}
-    script = {d.docid: EXTRACT_SCRIPT[i] for i, d in enumerate(docs)}
-    provider = FaultyProvider(good=extraction_reply(by_id), key=dspy_docid, plan=scripted(script))
+    docs, _, provider = _scripted_extraction(fixture_dir)
     final = {"extraction.split_cut_chunks": False, "extraction.max_retry_tokens": 1}
     with StubServer(responder=provider) as stub:
         first, _, state_path, _ = _extract(stub, docs, tmp_path, monkeypatch, **final)
