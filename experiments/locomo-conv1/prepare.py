@@ -47,8 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     source = f"locomo-{a.conversation}"
     corpus = [ln for ln in (a.data / "corpus.jsonl").read_text(encoding="utf-8").splitlines() if ln.strip()]
     docs = [ln for ln in corpus if json.loads(ln).get("source") == source]
-    if a.sessions > 0:  # session n of conversation c has docid f"{c}{n:03d}"
-        docs = [ln for ln in docs if int(json.loads(ln)["docid"][len(str(a.conversation)) :]) <= a.sessions]
+    if a.sessions > 0:  # docid = conversation x 1000 + session (as in benchmarks/locomo_coverage.py)
+        docs = [ln for ln in docs if int(json.loads(ln)["docid"]) % 1000 <= a.sessions]
     if not docs:
         raise SystemExit(f"no sessions with source {source!r} in {a.data / 'corpus.jsonl'}")
     truth = [
