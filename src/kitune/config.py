@@ -95,6 +95,15 @@ def _env_name(value: str | None, info: ValidationInfo) -> str | None:
     )
 
 
+_WORK_ROLE: dict[str, Role] = {
+    "extraction": "extract",
+    "agent": "agent",
+    "judge": "judge",
+    "optimizer": "agent",
+}
+"""The LM role whose model does each kind of concurrent work (``KituneConfig.concurrency_for``)."""
+
+
 class _Section(BaseModel):
     # hide_input_in_errors: a validation error never repeats a value (it may be a pasted key).
     model_config = ConfigDict(extra="forbid", validate_assignment=True, hide_input_in_errors=True)
@@ -147,10 +156,33 @@ class LocalModelConfig(_Section):
         default="qwen2.5-coder-1.5b", description="Which packaged GGUF to serve."
     )
     gguf_path: Path | None = Field(default=None, description="Use this GGUF file instead of a packaged one.")
-    n_ctx: int = Field(default=8192, ge=512, description="Context window in tokens.")
+    n_ctx: int = Field(
+        default=8192, ge=512, description="Context window in tokens (per slot with llama-server)."
+    )
     n_threads: int | None = Field(default=None, ge=1, description="CPU threads; None: all cores.")
     port: int = Field(default=0, ge=0, le=65535, description="Port on 127.0.0.1; 0 picks a free one.")
     startup_timeout_s: float = Field(default=180.0, gt=0, description="How long to wait for the server.")
+    server: Literal["llama-server", "llama-cpp-python"] = Field(
+        default="llama-server",
+        description="Which llama.cpp server serves the model: 'llama-server' (llama.cpp's own HTTP server, "
+        "built from the pinned llama.cpp source by scripts/install_local_model.sh: `parallel` slots decoded "
+        "together with continuous batching) or 'llama-cpp-python' (python -m llama_cpp.server: one "
+        "request at a time; the fallback, installed with `install_local_model.sh --python-server`).",
+    )
+    parallel: int = Field(
+        default=4,
+        ge=1,
+        le=64,
+        description="llama-server slots: requests decoded together in one batch; each slot gets n_ctx "
+        "tokens of context (the KV cache holds parallel x n_ctx). Also the default concurrency of "
+        "extraction, evaluation, judging and optimiser threads when the embedded model serves them. "
+        "llama-cpp-python always serves one request at a time.",
+    )
+    server_path: Path | None = Field(
+        default=None,
+        description="The llama-server executable; default: $KITUNE_LLAMA_SERVER, else the one "
+        "install_local_model.sh put beside the Python interpreter, else `llama-server` on PATH.",
+    )
 
 
 class LMConfig(_Section):
@@ -506,6 +538,33 @@ class KituneConfig(BaseSettings):
     def uses_local_model(self, role: Role) -> bool:
         """True when ``role`` resolves to the embedded local model (no model and no gateway model)."""
         return self.lm.role(role).model is None and self.lm.gateway.default_model is None
+
+    def local_slots(self) -> int:
+        """Requests the embedded model serves at once (>= 1).
+
+        ``lm.local.parallel`` for llama-server, 1 for llama-cpp-python (one request at a time).
+        """
+        return self.lm.local.parallel if self.lm.local.server == "llama-server" else 1
+
+    def concurrency_for(self, work: Literal["extraction", "agent", "judge", "optimizer"]) -> int:
+        """How many independent LLM-bound jobs of ``work`` run at once (>= 1).
+
+        An explicit setting wins (``extraction.concurrency`` for extraction, ``agent.concurrency``
+        for the agent, the judge and optimiser metric threads). Otherwise, when the work's role runs
+        on the embedded model, the server's slots (:meth:`local_slots`) — one setting sizes every
+        pool to what the server decodes together; with a provider, the field's default
+        (extraction 4, agent 2).
+
+        Args:
+            work: ``extraction`` (documents, role ``extract``), ``agent`` (questions, role
+                ``agent``), ``judge`` (verdicts, role ``judge``) or ``optimizer`` (metric calls of
+                GEPA/MIPROv2, role ``agent``).
+        """
+        section: ExtractionConfig | AgentConfig = self.extraction if work == "extraction" else self.agent
+        role = _WORK_ROLE[work]
+        if "concurrency" in section.model_fields_set or not self.uses_local_model(role):
+            return section.concurrency
+        return self.local_slots()
 
     @property
     def mlflow_uri(self) -> str:

@@ -1,7 +1,8 @@
 """The embedded local model: a GGUF shipped on PyPI, served by llama.cpp on 127.0.0.1.
 
-When no provider is configured, kitune serves a small instruct model with
-``python -m llama_cpp.server`` in a child process and reaches it through LiteLLM as
+When no provider is configured, kitune serves a small instruct model with llama.cpp's own
+``llama-server`` (parallel slots, continuous batching; ``lm.local.server``, with
+``python -m llama_cpp.server`` as the fallback) in a child process and reaches it through LiteLLM as
 ``openai/<alias>`` (api_key ``"sk-local"``), the same path as any OpenAI-compatible provider.
 This package only assembles the weights and runs the server; :mod:`kitune.lm` builds the calls.
 
@@ -20,12 +21,16 @@ from __future__ import annotations
 
 from kitune.localmodel.gguf import INSTALL_HINT, GGUFInfo, read_gguf_info
 from kitune.localmodel.server import (
+    LLAMA_SERVER_ENV,
     LOCAL_API_KEY,
     LocalModelServer,
+    build_llama_server_command,
     build_server_command,
     build_server_env,
     find_free_port,
+    find_llama_server,
     get_local_server,
+    guarded_exec_command,
     guarded_module_command,
     stop_local_server,
 )
@@ -40,18 +45,22 @@ from kitune.localmodel.weights import (
 
 __all__ = [
     "INSTALL_HINT",
+    "LLAMA_SERVER_ENV",
     "LOCAL_API_KEY",
     "PACKAGED_MODELS",
     "GGUFInfo",
     "LocalModelServer",
     "PackagedModel",
+    "build_llama_server_command",
     "build_server_command",
     "build_server_env",
     "cache_dir",
     "check_server_installed",
     "ensure_gguf",
     "find_free_port",
+    "find_llama_server",
     "get_local_server",
+    "guarded_exec_command",
     "guarded_module_command",
     "is_model_installed",
     "read_gguf_info",

@@ -1,12 +1,22 @@
 """The llama.cpp server process: command line, start/wait/stop, one shared server per process.
 
-The server is ``python -m llama_cpp.server`` in a child process on ``127.0.0.1``, reached
-through LiteLLM as ``openai/<alias>`` with api_key :data:`LOCAL_API_KEY`. It runs with
-``OMP_WAIT_POLICY=PASSIVE``: with another busy process on a 2-core machine, spinning OpenMP
-threads otherwise drop generation from ~10 to ~3 tokens/s. Every started server is stopped at
-interpreter exit by an :mod:`atexit` hook registered when the first server starts (importing
-this module registers nothing); a child whose parent is killed outright exits by itself
-(:func:`guarded_module_command`).
+Two servers can serve the GGUF (``lm.local.server``), both as a child process on
+``127.0.0.1`` reached through LiteLLM as ``openai/<alias>`` with api_key :data:`LOCAL_API_KEY`:
+
+* ``llama-server`` (default): llama.cpp's own HTTP server, built from the llama.cpp source that
+  the pinned llama-cpp-python release vendors (``scripts/install_local_model.sh``). It decodes
+  ``lm.local.parallel`` requests together (continuous batching: a new request joins the running
+  batch at the next token), each slot with ``lm.local.n_ctx`` tokens of context and its own
+  prompt cache. On a CPU, decoding is memory-bound, so one batched step costs about what one
+  sequence's step costs and aggregate throughput grows with the slots in use
+  (``benchmarks/local_throughput.py`` measures it).
+* ``llama-cpp-python``: ``python -m llama_cpp.server``, one request at a time (the fallback).
+
+Both run with ``OMP_WAIT_POLICY=PASSIVE``: with another busy process on a 2-core machine,
+spinning OpenMP threads otherwise drop generation from ~10 to ~3 tokens/s. Every started server
+is stopped at interpreter exit by an :mod:`atexit` hook registered when the first server starts
+(importing this module registers nothing); a child whose parent is killed outright exits by
+itself (:func:`guarded_module_command`, :func:`guarded_exec_command`).
 """
 
 from __future__ import annotations
@@ -14,6 +24,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -30,13 +41,20 @@ from kitune.errors import ConfigError, LMConnectionError
 from kitune.localmodel.gguf import INSTALL_HINT
 from kitune.localmodel.weights import cache_dir, check_server_installed, ensure_gguf
 
+LLAMA_SERVER_ENV = "KITUNE_LLAMA_SERVER"
+"""Environment variable naming the llama-server executable (overrides the default search)."""
+
 __all__ = [
+    "LLAMA_SERVER_ENV",
     "LOCAL_API_KEY",
     "LocalModelServer",
+    "build_llama_server_command",
     "build_server_command",
     "build_server_env",
     "find_free_port",
+    "find_llama_server",
     "get_local_server",
+    "guarded_exec_command",
     "guarded_module_command",
     "stop_local_server",
 ]
@@ -82,10 +100,127 @@ def guarded_module_command(module: str, args: Sequence[str]) -> list[str]:
     return [sys.executable, "-c", _ORPHAN_GUARD, str(os.getpid()), module, *args]
 
 
+# Runs an executable in a grandchild and ends it when kitune dies (the daemon thread polls
+# getppid()) or when this guard is terminated (SIGTERM is forwarded); exits with its exit code.
+_EXEC_GUARD = (
+    "import os, signal, subprocess, sys, threading, time\n"
+    "parent = int(sys.argv[1])\n"
+    "child = subprocess.Popen(sys.argv[2:])\n"
+    "def stop(*_):\n"
+    "    if child.poll() is None:\n"
+    "        child.terminate()\n"
+    "        try:\n"
+    "            child.wait(timeout=10)\n"
+    "        except subprocess.TimeoutExpired:\n"
+    "            child.kill()\n"
+    "    os._exit(0)\n"
+    "signal.signal(signal.SIGTERM, stop)\n"
+    "signal.signal(signal.SIGINT, stop)\n"
+    "def watch():\n"
+    "    while os.getppid() == parent:\n"
+    "        time.sleep(0.5)\n"
+    "    stop()\n"
+    "threading.Thread(target=watch, daemon=True).start()\n"
+    "sys.exit(child.wait())\n"
+)
+
+
+def guarded_exec_command(argv: Sequence[str]) -> list[str]:
+    """Return argv running the executable ``argv`` so that it also ends when this process dies.
+
+    A small Python guard starts ``argv`` as its own child, forwards SIGTERM/SIGINT to it, ends it
+    within ~0.5 s of this process's death (even by SIGKILL) and exits with its exit code.
+
+    Args:
+        argv: the executable and its arguments (non-empty).
+
+    Raises:
+        ValueError: ``argv`` is empty.
+    """
+    if not argv:
+        raise ValueError("argv must name an executable")
+    return [sys.executable, "-c", _EXEC_GUARD, str(os.getpid()), *argv]
+
+
+def find_llama_server(cfg: LocalModelConfig) -> Path:
+    """Return the llama-server executable for ``cfg``.
+
+    Search order: ``lm.local.server_path``; ``$KITUNE_LLAMA_SERVER``; ``llama-server`` beside the
+    running Python interpreter (where ``scripts/install_local_model.sh`` puts it, e.g.
+    ``.venv/bin``); ``llama-server`` on ``PATH``.
+
+    Raises:
+        ConfigError: none found, or the named file is not an executable; the message names the
+            install command and the fallback server.
+    """
+    from_env = os.environ.get(LLAMA_SERVER_ENV)
+    named = cfg.server_path or (Path(from_env) if from_env else None)
+    if named is not None:
+        if named.is_file() and os.access(named, os.X_OK):
+            return named
+        raise ConfigError(
+            f"llama-server {named} (from lm.local.server_path or ${LLAMA_SERVER_ENV}) "
+            "is not an executable file: "
+            f"fix the path, or run `{INSTALL_HINT}` to build it"
+        )
+    beside = Path(sys.executable).parent / "llama-server"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return beside
+    on_path = shutil.which("llama-server")
+    if on_path:
+        return Path(on_path)
+    raise ConfigError(
+        "the embedded local model's default server, llama.cpp's llama-server, is not installed: run "
+        f"`{INSTALL_HINT}` in kitune's environment (it builds llama-server from the pinned llama.cpp "
+        "source), "
+        f"set ${LLAMA_SERVER_ENV} to an existing build, or select the fallback with lm.local.server: "
+        "llama-cpp-python"
+    )
+
+
+def build_llama_server_command(
+    cfg: LocalModelConfig, gguf: Path, *, port: int, alias: str, binary: Path
+) -> list[str]:
+    """Return the argv that serves ``gguf`` with llama.cpp's llama-server on ``127.0.0.1:port``.
+
+    ``lm.local.parallel`` slots, each with ``lm.local.n_ctx`` tokens (so ``--ctx-size`` is their
+    product and the KV cache is not unified), continuous batching, prompt caching per slot, the
+    GGUF's chat template (jinja), no web UI. Runs under :func:`guarded_exec_command`, so it never
+    outlives kitune.
+
+    Args:
+        cfg: the ``lm.local`` section (``n_ctx``, ``n_threads``, ``parallel``).
+        gguf: the model file.
+        port: a TCP port (1–65535).
+        alias: the model name clients send (``openai/<alias>`` in LiteLLM).
+        binary: the llama-server executable (:func:`find_llama_server`).
+    """
+    threads = str(_threads(cfg))
+    argv = [
+        str(binary),
+        "--model", str(gguf),
+        "--alias", alias,
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--ctx-size", str(cfg.n_ctx * cfg.parallel),
+        "--parallel", str(cfg.parallel),
+        "--no-kv-unified",  # each slot owns n_ctx tokens: one long prompt cannot starve the others
+        "--cont-batching",
+        "--cache-prompt",
+        "--cache-ram", "2048",  # MiB of host RAM for prompt prefixes evicted from the slots
+        "--threads", threads,
+        "--threads-batch", threads,
+        "--jinja",
+        "--no-webui",
+    ]  # fmt: skip
+    return guarded_exec_command(argv)
+
+
 def build_server_command(cfg: LocalModelConfig, gguf: Path, *, port: int, alias: str) -> list[str]:
     """Return the argv that serves ``gguf`` with llama-cpp-python on ``127.0.0.1:port``.
 
-    The server runs under :func:`guarded_module_command`, so it never outlives kitune.
+    The fallback server (``lm.local.server: llama-cpp-python``): one request at a time. It runs
+    under :func:`guarded_module_command`, so it never outlives kitune.
 
     Args:
         cfg: the ``lm.local`` section (``n_ctx``, ``n_threads``; None threads = all cores).
@@ -135,6 +270,8 @@ class LocalModelServer:
         env: Mapping[str, str] | None = None,
         startup_timeout_s: float = 180.0,
         stop_timeout_s: float = 10.0,
+        ready_path: str = "/v1/models",
+        slots: int = 1,
     ) -> None:
         """Prepare (not start) a server.
 
@@ -146,6 +283,10 @@ class LocalModelServer:
             env: process environment; default :func:`build_server_env`.
             startup_timeout_s: seconds to wait for ``/v1/models`` (> 0).
             stop_timeout_s: seconds between terminate and kill (> 0).
+            ready_path: path polled until it answers 200 (``/health`` for llama-server, which
+                answers 503 while loading; ``/v1/models`` for llama-cpp-python).
+            slots: requests the server decodes at once (>= 1); what callers size their
+                concurrency to.
         """
         if not 0 < port < 65536:
             raise ValueError(f"port must be 1-65535, got {port}")
@@ -156,6 +297,10 @@ class LocalModelServer:
         self.env = dict(env) if env is not None else build_server_env()
         self.startup_timeout_s = startup_timeout_s
         self.stop_timeout_s = stop_timeout_s
+        if slots < 1:
+            raise ValueError(f"slots must be >= 1, got {slots}")
+        self.ready_path = ready_path if ready_path.startswith("/") else f"/{ready_path}"
+        self.slots = slots
         self._proc: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
 
@@ -166,17 +311,28 @@ class LocalModelServer:
         Raises:
             ConfigError: llama-cpp-python or the model packages are missing, or the GGUF is bad.
         """
-        check_server_installed()
+        if cfg.server == "llama-server":
+            binary = find_llama_server(cfg)
+        else:
+            check_server_installed()
         gguf = ensure_gguf(cfg)
         alias = cfg.model if cfg.gguf_path is None else gguf.stem
         port = cfg.port or find_free_port()
-        log = cache_dir() / "logs" / f"llama-server-{alias}-{port}.log"
+        log = cache_dir() / "logs" / f"{cfg.server}-{alias}-{port}.log"
+        if cfg.server == "llama-server":
+            command = build_llama_server_command(cfg, gguf, port=port, alias=alias, binary=binary)
+            ready_path = "/health"
+        else:
+            command = build_server_command(cfg, gguf, port=port, alias=alias)
+            ready_path = "/v1/models"
         return cls(
-            build_server_command(cfg, gguf, port=port, alias=alias),
+            command,
             port=port,
             model_alias=alias,
             log_path=log,
             startup_timeout_s=cfg.startup_timeout_s,
+            ready_path=ready_path,
+            slots=cfg.parallel if cfg.server == "llama-server" else 1,
         )
 
     @property
@@ -201,7 +357,7 @@ class LocalModelServer:
     def _ready(self) -> bool:
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never a proxy
         try:
-            with opener.open(f"{self.api_base}/models", timeout=2.0) as resp:
+            with opener.open(f"http://127.0.0.1:{self.port}{self.ready_path}", timeout=2.0) as resp:
                 return bool(resp.status == 200)
         except (urllib.error.URLError, OSError, ValueError):
             return False
@@ -254,7 +410,7 @@ class LocalModelServer:
                 time.sleep(0.2)
             self._stop_locked()
             raise LMConnectionError(
-                f"local model server did not answer {self.api_base}/models within "
+                f"local model server did not answer http://127.0.0.1:{self.port}{self.ready_path} within "
                 f"{self.startup_timeout_s:.0f} s (log {self.log_path}): "
                 "raise lm.local.startup_timeout_s on a slow or busy machine",
                 model=self.litellm_model,
@@ -315,7 +471,16 @@ def _register_stop_hook() -> None:
 
 
 def _key(cfg: LocalModelConfig) -> tuple[object, ...]:
-    return (cfg.model, str(cfg.gguf_path) if cfg.gguf_path else None, cfg.n_ctx, _threads(cfg), cfg.port)
+    return (
+        cfg.model,
+        str(cfg.gguf_path) if cfg.gguf_path else None,
+        cfg.n_ctx,
+        _threads(cfg),
+        cfg.port,
+        cfg.server,
+        cfg.parallel if cfg.server == "llama-server" else 1,
+        str(cfg.server_path) if cfg.server_path else None,
+    )
 
 
 def get_local_server(

@@ -119,7 +119,7 @@ def _baseline(env: ServiceLoopEnv, questions: Sequence[Any], path: Path) -> list
         questions,
         factory,
         skill="baseline",
-        concurrency=cfg.agent.concurrency,
+        concurrency=cfg.concurrency_for("agent"),
         traces_path=path,
         judge=deps.judge,
         progress=env.opts.progress,

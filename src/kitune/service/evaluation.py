@@ -328,7 +328,7 @@ def run_eval(
             questions,
             agent_factory,
             skill=skill,
-            concurrency=concurrency or cfg.agent.concurrency,
+            concurrency=concurrency or cfg.concurrency_for("agent"),
             traces_path=traces_path,
             judge=judge if use_judge and not judge_after else None,
             progress=progress,

@@ -2,7 +2,8 @@
 
 :func:`extract_corpus` is what ``kitune extract`` and any other front end call. Its guarantees:
 
-* **Concurrency** — up to ``cfg.extraction.concurrency`` documents at once in worker threads.
+* **Concurrency** — up to ``cfg.concurrency_for("extraction")`` documents at once in worker threads
+  (``extraction.concurrency`` when set, else the embedded server's slots; see :mod:`kitune.config`).
   Each task runs in a copy of the caller's ``contextvars`` context, so the ledger stage
   (:meth:`kitune.usage.TokenLedger.stage`) and a ``dspy.context(lm=...)`` set by the caller hold
   inside the workers. Results do not depend on the number of workers.
@@ -395,7 +396,7 @@ def extract_corpus(
         store: any :class:`kitune.retrieval.base.Store`: ``upsert`` for new KIs, ``iter_kis`` +
             ``mark_seen`` for the KIs of unchanged documents (see the module docstring).
         extractor: the program (its limits and prompt version apply).
-        cfg: ``cfg.extraction.concurrency`` and ``write_batch_size`` are used.
+        cfg: ``cfg.concurrency_for("extraction")`` and ``extraction.write_batch_size`` are used.
         ledger: token ledger the LM records into; calls made here are tagged stage ``extract``
             and summed into the report (None: tokens reported as 0).
         state_path: JSONL resume file (None: no resume, nothing written).
@@ -506,16 +507,15 @@ def extract_corpus(
     stage: contextlib.AbstractContextManager[None] = (
         ledger.stage("extract") if ledger is not None else contextlib.nullcontext()
     )
+    workers = cfg.concurrency_for("extraction")
     try:
         with (
             stage,
-            ThreadPoolExecutor(
-                max_workers=cfg.extraction.concurrency, thread_name_prefix="kitune-extract"
-            ) as pool,
+            ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kitune-extract") as pool,
         ):
             futures: set[Future[DocExtraction]] = set()
             docs_iter: Iterator[Document] = iter(todo)
-            window = cfg.extraction.concurrency * 2
+            window = workers * 2
             try:
                 while True:
                     while len(futures) < window:
