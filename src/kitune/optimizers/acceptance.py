@@ -155,6 +155,9 @@ class Decision:
 def mcnemar_exact_p(b: int, c: int) -> float:
     """Exact two-sided McNemar p-value for ``b`` and ``c`` discordant pairs (binomial test, p = 0.5).
 
+    Computed in exact integer arithmetic and divided once with Python's correctly rounded
+    ``int / int`` true division, so it never overflows (``float(2**n)`` did from n = 1,024).
+
     Returns:
         0.0–1.0; 1.0 when ``b + c == 0``.
     """
@@ -162,8 +165,8 @@ def mcnemar_exact_p(b: int, c: int) -> float:
     if n == 0:
         return 1.0
     k = min(b, c)
-    tail = float(sum(math.comb(n, i) for i in range(k + 1))) / float(2**n)
-    return min(1.0, 2.0 * tail)
+    twice_tail = 2 * sum(math.comb(n, i) for i in range(k + 1))
+    return min(1.0, twice_tail / (1 << n))
 
 
 def _stats(traces: Sequence[Trace]) -> RunStats:
