@@ -37,6 +37,7 @@ from decimal import Decimal, InvalidOperation
 __all__ = [
     "FoldedText",
     "contains_answer",
+    "contains_number",
     "exact_match",
     "find_span",
     "fold_map",
@@ -44,6 +45,7 @@ __all__ = [
     "normalize_answer",
     "number_values",
     "token_f1",
+    "whole_number",
 ]
 
 _CHAR_MAP: dict[int, str] = {}
@@ -221,13 +223,19 @@ _ARTICLES = frozenset({"a", "an", "the"})
 _PUNCT = set(string.punctuation) - {"'"}
 _CURRENCY_BEFORE = r"(?P<cur>us\$|[$€£¥₹₩])?\s?"
 _CURRENCY_WORDS = "usd|eur|gbp|jpy|cny|inr|chf|cad|aud|dollars?|euros?|yen"
+# A number: ASCII digits, no leading zero (``007`` and ``05`` are codes, kept verbatim), optional
+# thousands separators and decimals. It never starts or ends inside a word (``4th``, ``1990s``,
+# ``3D``, ``2x``) and is never hyphen-joined to a word (``B-52``, ``7-Eleven``).
 _NUMBER = re.compile(
-    rf"{_CURRENCY_BEFORE}(?<![\w.,])(?P<num>\d{{1,3}}(?:,\d{{3}})+(?:\.\d+)?|\d+(?:\.\d+)?)(?![\d]|[.,]\d)"
+    rf"{_CURRENCY_BEFORE}(?<![\w.,])(?<!\w-)"
+    r"(?P<num>(?:[1-9][0-9]{0,2}(?:,[0-9]{3})+|[1-9][0-9]*|0)(?:\.[0-9]+)?)(?![\d]|[.,]\d)"
     r"(?:\s?(?P<suffix>bn|mn|k|m|b)(?![\w]))?"
     r"(?:\s+(?P<scale>thousand|million|billion|trillion)s?(?![\w]))?"
     r"(?:\s?(?P<pct>%|percent(?![\w])|per\s+cent(?![\w])|pct(?![\w])))?"
     rf"(?:\s?(?P<code>{_CURRENCY_WORDS})(?![\w]))?"
+    r"(?!\w|-\w)"
 )
+_NUMBER_ANY_CASE = re.compile(_NUMBER.pattern, re.IGNORECASE)
 _SCALES = {
     "thousand": 3,
     "million": 6,
@@ -239,6 +247,30 @@ _SCALES = {
     "b": 9,
     "bn": 9,
 }
+_CURRENCIES = {
+    "$": "USD",
+    "us$": "USD",
+    "usd": "USD",
+    "dollar": "USD",
+    "dollars": "USD",
+    "€": "EUR",
+    "eur": "EUR",
+    "euro": "EUR",
+    "euros": "EUR",
+    "£": "GBP",
+    "gbp": "GBP",
+    "¥": "JPY",
+    "jpy": "JPY",
+    "yen": "JPY",
+    "cny": "CNY",
+    "₹": "INR",
+    "inr": "INR",
+    "₩": "KRW",
+    "chf": "CHF",
+    "cad": "CAD",
+    "aud": "AUD",
+}
+_CONFLICT = "conflict"
 _NUMBER_TOKEN = re.compile(r"^\d+(?:\.\d+)?$")
 _YES_NO = frozenset({"yes", "no", "noanswer"})
 
@@ -246,15 +278,54 @@ _YES_NO = frozenset({"yes", "no", "noanswer"})
 def _number_value(m: re.Match[str]) -> str:
     value = Decimal(m.group("num").replace(",", ""))
     suffix = m.group("suffix")
+    if suffix:
+        suffix = suffix.lower()
     has_currency = bool(m.group("cur") or m.group("code"))
     exponent = 0
     if suffix and (has_currency or suffix in ("bn", "mn")):
         exponent += _SCALES[suffix]
         suffix = None
     if m.group("scale"):
-        exponent += _SCALES[m.group("scale")]
+        exponent += _SCALES[m.group("scale").lower()]
     text = format((value.scaleb(exponent)).normalize(), "f")
     return f" {text}{suffix or ''} "
+
+
+def _number_unit(m: re.Match[str]) -> str | None:
+    """The one unit of a number phrase: a currency code, ``%``, None, or ``conflict``."""
+    units = {_CURRENCIES[g.lower()] for g in (m.group("cur"), m.group("code")) if g}
+    if m.group("pct"):
+        units.add("%")
+    if len(units) > 1:
+        return _CONFLICT
+    return units.pop() if units else None
+
+
+def whole_number(text: str) -> tuple[str, str | None] | None:
+    """``(value, unit)`` when the WHOLE answer is one number phrase, else None.
+
+    A number phrase is :data:`_NUMBER`: optional currency symbol, digits with optional thousands
+    separators and decimals, optional scale word or suffix, optional percent mark, optional
+    currency code — and nothing else (a trailing full stop is allowed). ``"1.5 million"`` →
+    ``("1500000", None)``; ``"$2,000"`` → ``("2000", "USD")``; ``"€2,000"`` → ``("2000", "EUR")``;
+    ``"4th"``, ``"Apollo 11"``, ``"007"`` → None. Unit ``conflict`` means two different units.
+    """
+    s = fold_text(text).lower().strip()
+    s = s[:-1].rstrip() if s.endswith(".") else s
+    m = _NUMBER.fullmatch(s)
+    if m is None:
+        return None
+    value = _number_value(m).strip()
+    if not _NUMBER_TOKEN.match(value):  # an unscaled suffix (``5k``, ``100m``) is not a value
+        return None
+    return value, _number_unit(m)
+
+
+def _same_whole_number(a: tuple[str, str | None], b: tuple[str, str | None]) -> bool:
+    """Equal values, and units that agree (a missing unit matches any; ``conflict`` matches none)."""
+    if _CONFLICT in (a[1], b[1]):
+        return False
+    return a[0] == b[0] and (a[1] is None or b[1] is None or a[1] == b[1])
 
 
 def _collapse_abbreviation(m: re.Match[str]) -> str:
@@ -315,20 +386,45 @@ def number_values(text: str) -> list[Decimal]:
     return out
 
 
-def _numeric_gold(gold: str) -> Decimal | None:
-    tokens = normalize_answer(gold).split()
-    if len(tokens) == 1 and _NUMBER_TOKEN.match(tokens[0]):
-        return Decimal(tokens[0])
-    return None
+# Capitalised words that may stand before a stated number without making it part of a name
+# ("In 1990", "About 72"); any other capitalised word before a number names something
+# ("Apollo 11", "Boeing 747", "Windows 10"), so that number is not a stated value.
+_NUMBER_LEADS = frozenset(
+    "in on at by about around approximately roughly nearly almost over under since from until "
+    "circa only exactly just some total answer it is was were are the and or of to than more less "
+    "up after before".split()
+)
 
 
-def _same_number(prediction: str, gold: str) -> bool:
-    """Number rule: a one-number gold matches a prediction stating exactly that one value.
+def contains_number(text: str, gold: str) -> bool:
+    """True when ``gold`` is a whole number and ``text`` states exactly that one value.
 
-    ``"The answer is 72, in total."`` matches gold ``72``; two different values never match.
+    Only stand-alone number phrases of ``text`` count (see :func:`exact_match`): not a number
+    inside a word or an ordinal (``4th``, ``1990s``), not one hyphen-joined to a word (``B-52``),
+    not a code with a leading zero (``007``), and not one directly after a capitalised word that
+    names something (``Apollo 11``, ``Boeing 747``; a capitalised function word such as ``In`` or
+    ``About`` is fine). ``"The answer is 72, in total."`` states 72; ``"between 70 and 72"``
+    states two values and matches neither. Units agree as in :func:`exact_match`.
+
+    Args:
+        text: the prediction (any string).
+        gold: the gold answer; a non-number gold returns False.
     """
-    value = _numeric_gold(gold)
-    return value is not None and number_values(prediction) == [value]
+    want = whole_number(gold)
+    if want is None:
+        return False
+    folded = fold_text(text)
+    stated: list[tuple[str, str | None]] = []
+    for m in _NUMBER_ANY_CASE.finditer(folded):
+        before = re.search(r"([^\W\d_][\w']*)\s*$", folded[: m.start()])
+        if before and before.group(1)[0].isupper() and before.group(1).lower() not in _NUMBER_LEADS:
+            continue
+        value = _number_value(m).strip()
+        if _NUMBER_TOKEN.match(value) and (value, _number_unit(m)) not in stated:
+            stated.append((value, _number_unit(m)))
+    if len({v for v, _ in stated}) != 1:
+        return False
+    return all(_same_whole_number(got, want) for got in stated)
 
 
 def contains_answer(text: str, golds: Iterable[str]) -> bool:
@@ -347,8 +443,16 @@ def contains_answer(text: str, golds: Iterable[str]) -> bool:
 def exact_match(prediction: str, golds: list[str] | tuple[str, ...] | str) -> bool:
     """Return True when the normalised prediction equals any normalised gold.
 
-    A gold that is a single number also matches a prediction whose only number has the same
-    value (see :func:`normalize_answer` for how numbers are read).
+    Number rule: when the WHOLE prediction and the WHOLE gold are each one number phrase
+    (optional currency symbol, digits with optional thousands separators and decimals, an
+    optional scale word or suffix, optional percent mark, optional currency code), they are
+    compared as values with their unit: ``"2,000"`` = ``"2000"``, ``"1.5 million"`` =
+    ``"1,500,000"``, ``"$2,000"`` = ``"2,000 dollars"``, but ``"€2,000"`` ≠ ``"$2,000"`` (different
+    currencies differ; a side with no unit matches any unit: ``"2,000"`` = ``"$2,000"``). A
+    number inside a word or an ordinal is never read as a number (``"4th"`` ≠ ``"4"``,
+    ``"1990s"`` ≠ ``"1990"``, ``"B-52"`` ≠ ``"52"``, ``"Apollo 11"`` ≠ ``"11"``), and a digit
+    string with a leading zero is a code, not a quantity (``"007"`` ≠ ``"7"``, like the SQuAD
+    script). Otherwise the normalised strings must be equal (see :func:`normalize_answer`).
 
     Args:
         prediction: the predicted answer.
@@ -356,17 +460,26 @@ def exact_match(prediction: str, golds: list[str] | tuple[str, ...] | str) -> bo
     """
     candidates = [golds] if isinstance(golds, str) else list(golds)
     pred = normalize_answer(prediction)
-    return any(
-        pred == normalize_answer(g) or _same_number(prediction, g) for g in candidates if g is not None
-    )
+    pred_number = whole_number(prediction)
+    for g in candidates:
+        if g is None:
+            continue
+        gold_number = whole_number(g)
+        if pred_number is not None and gold_number is not None:
+            if _same_whole_number(pred_number, gold_number):
+                return True
+        elif pred == normalize_answer(g):
+            return True
+    return False
 
 
 def token_f1(prediction: str, golds: list[str] | tuple[str, ...] | str) -> float:
     """Token-level F1 (SQuAD definition) against the best-matching gold.
 
     HotpotQA's yes/no rule applies: when the normalised gold or prediction is ``yes``, ``no`` or
-    ``noanswer``, anything but the identical answer scores 0.0. A numeric gold matched by
-    :func:`exact_match`'s number rule scores 1.0.
+    ``noanswer``, anything but the identical answer scores 0.0. When both sides are whole
+    number phrases (see :func:`exact_match`) the score is all or nothing: 1.0 for the same value
+    and unit, else 0.0. Numbers inside words stay one token (``"19th"`` is never ``19 th``).
 
     Args:
         prediction: the predicted answer.
@@ -378,6 +491,7 @@ def token_f1(prediction: str, golds: list[str] | tuple[str, ...] | str) -> float
     candidates = [golds] if isinstance(golds, str) else list(golds)
     pred_norm = normalize_answer(prediction)
     pred_tokens = pred_norm.split()
+    pred_number = whole_number(prediction)
     best = 0.0
     for gold in candidates:
         if gold is None:
@@ -385,8 +499,11 @@ def token_f1(prediction: str, golds: list[str] | tuple[str, ...] | str) -> float
         gold_norm = normalize_answer(gold)
         if (pred_norm in _YES_NO or gold_norm in _YES_NO) and pred_norm != gold_norm:
             continue
-        if _same_number(prediction, gold):
-            return 1.0
+        gold_number = whole_number(gold)
+        if pred_number is not None and gold_number is not None:
+            if _same_whole_number(pred_number, gold_number):
+                return 1.0
+            continue
         gold_tokens = gold_norm.split()
         if not pred_tokens or not gold_tokens:
             best = max(best, float(pred_tokens == gold_tokens))

@@ -149,7 +149,8 @@ from kitune.text import number_values  # noqa: E402
         ("C Milan", "A.C. Milan", False, 0.5),
         ("A-ha", "Ha", False, 2 / 3),  # "a" inside a hyphenated name is not an article
         # numbers as values
-        ("The answer is 72, in total.", "72", True, 1.0),
+        # issue 25: the number rule reads numbers only when the WHOLE answer is one (SQuAD F1 here)
+        ("The answer is 72, in total.", "72", False, 1 / 3),
         ("between 70 and 72", "72", False, 0.4),
         ("$1.5 billion", "1,500 million USD", True, 1.0),
         ("$1.5B", "1,500 million USD", True, 1.0),
@@ -182,3 +183,47 @@ def test_normalised_forms_and_idempotence():
     for text in ("U.S.", "3 a.m.", "$1.5B", "A.A. Milne", "1,500 million USD", "5K run", "o'neill's"):
         assert normalize_answer(normalize_answer(text)) == normalize_answer(text)
     assert [str(v) for v in number_values("between 70 and 72.0, or 70")] == ["70", "72"]
+
+
+# --- Numbers only as whole answers; ordinals and numbers inside words are text (issue 25) -----
+
+NOT_NUMBER_PAIRS = [
+    ("4th", "4"),
+    ("1990s", "1990"),
+    ("3rd", "3"),
+    ("20th century", "20"),
+    ("3D", "3"),
+    ("2x", "2"),
+    ("B-52", "52"),
+    ("7-Eleven", "7"),
+    ("Apollo 11", "11"),
+    ("€2,000", "$2,000"),
+    ("007", "7"),  # policy: a leading zero makes a code, not a quantity (as in the SQuAD script)
+]
+
+
+@pytest.mark.parametrize(
+    ("prediction", "gold", "em"),
+    [
+        *[(p, g, False) for p, g in NOT_NUMBER_PAIRS],
+        ("2,000", "2000", True),
+        ("1.5 million", "1,500,000", True),
+        ("$2,000", "2,000 dollars", True),
+        ("2,000", "$2,000", True),  # a side with no unit matches any unit
+        ("2,000 EUR", "€2,000", True),
+        ("$2,000 EUR", "$2,000", False),  # two different currencies: not one number phrase
+    ],
+)
+def test_number_rule_only_for_whole_number_answers(prediction: str, gold: str, em: bool) -> None:
+    assert exact_match(prediction, gold) is em
+    assert exact_match(gold, prediction) is em
+
+
+def test_ordinals_and_numbers_in_words_stay_one_token() -> None:
+    assert normalize_answer("19th") == "19th"
+    assert normalize_answer("the 1990s") == "1990s"
+    assert normalize_answer("007") == "007"
+    assert token_f1("19th", "19") == 0.0
+    assert token_f1("19th century", "the 19th century") == 1.0
+    assert token_f1("19th century", "20th century") == 0.5
+    assert token_f1("€2,000", "$2,000") == 0.0

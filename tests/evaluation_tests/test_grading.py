@@ -19,7 +19,12 @@ from kitune.service.evaluation import make_judge
         ("Berlin", "Wittendörp", [], (False, "no_match")),
         ("Carl Philipp Emanuel Bach", "Georg Philipp Telemann", [], (False, "no_match")),
         # containment as whole words, aliases, yes/no
-        ("The answer is 72, in total.", "72", [], (True, "exact")),  # numbers compared as values (issue 13)
+        ("The answer is 72, in total.", "72", [], (True, "contains")),  # one stated value (issue 25)
+        ("between 70 and 72", "72", [], (False, "no_match")),  # two stated values
+        ("Apollo 11 landed in 1969", "1969", [], (True, "contains")),
+        ("2,000", "2000", [], (True, "exact")),
+        ("1.5 million", "1,500,000", [], (True, "exact")),
+        ("$2,000", "2,000 dollars", [], (True, "exact")),
         ("Hebron Academy in Maine", "Hebron Academy", [], (True, "contains")),
         ("Hank Williams", "Hank Williams, Jr.", [], (False, "no_match")),
         ("JFK", "John F. Kennedy", ["JFK"], (True, "exact")),
@@ -41,3 +46,24 @@ def test_match_judge_reads_the_exact_answer_line_and_is_selected_by_config() -> 
     assert (v.correct, v.status, v.rule) == (True, "graded", "exact")
     judge = make_judge(KituneConfig(grading={"grader": "match"}), None)
     assert judge(question="q", response="Exact Answer: Paris", gold="Lyon", aliases=[]).correct is False
+
+
+@pytest.mark.parametrize(
+    ("prediction", "gold"),
+    [
+        ("4th", "4"),
+        ("1990s", "1990"),
+        ("3rd", "3"),
+        ("20th century", "20"),
+        ("3D", "3"),
+        ("2x", "2"),
+        ("B-52", "52"),
+        ("7-Eleven", "7"),
+        ("Apollo 11", "11"),
+        ("€2,000", "$2,000"),
+        ("007", "7"),  # a leading zero makes a code (documented in kitune.text.exact_match)
+    ],
+)
+def test_numbers_inside_words_ordinals_and_other_currencies_are_wrong(prediction: str, gold: str) -> None:
+    assert match_answer(prediction, gold) == (False, "no_match")
+    assert match_answer(gold, prediction) == (False, "no_match")

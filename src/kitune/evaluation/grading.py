@@ -12,7 +12,10 @@ and decides by rules, in order:
 2. *exact*: :func:`kitune.text.exact_match` against the gold answer and its aliases (SQuAD-style
    normalisation: case, punctuation, articles, number formats);
 3. *contains*: the normalised prediction contains a normalised gold or alias as whole words
-   ("The answer is 72, in total." for "72"; "Hebron Academy in Maine" for "Hebron Academy").
+   ("Hebron Academy in Maine" for "Hebron Academy"); a gold that is a whole number is contained
+   only when the prediction states exactly that one value as a stand-alone number
+   (:func:`kitune.text.contains_number`: "The answer is 72, in total." for "72", but not
+   "Apollo 11" for "11", "B-52" for "52" or "4th" for "4").
 
 A prediction that only partly names the gold ("Hank Williams" for "Hank Williams, Jr.") is
 wrong. The verdict is always ``graded`` (rules cannot fail), with ``confidence`` 100 and the
@@ -25,7 +28,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kitune.text import contains_answer, exact_match, normalize_answer
+from kitune.text import contains_answer, contains_number, exact_match, normalize_answer, whole_number
 
 __all__ = ["MatchVerdict", "match_answer", "match_judge", "parse_exact_answer"]
 
@@ -65,7 +68,10 @@ def match_answer(prediction: str, gold: str, aliases: Sequence[str] = ()) -> tup
         return pred == normalize_answer(gold), "yes_no"
     if exact_match(prediction, golds):
         return True, "exact"
-    if contains_answer(prediction, [g for g in golds if normalize_answer(g) not in _YES_NO]):
+    if any(contains_number(prediction, g) for g in golds):
+        return True, "contains"
+    texts = [g for g in golds if normalize_answer(g) not in _YES_NO and whole_number(g) is None]
+    if contains_answer(prediction, texts):
         return True, "contains"
     return False, "no_match"
 
