@@ -221,6 +221,11 @@ _ABBREVIATION = re.compile(
 )
 _ARTICLES = frozenset({"a", "an", "the"})
 _PUNCT = set(string.punctuation) - {"'"}
+# Punctuation that becomes a space: all of _PUNCT except a decimal point between digits and a
+# hyphen between letters ("a-ha" stays one word, so its "a" is never read as an article).
+_PUNCT_RE = re.compile(
+    rf"(?!(?<=\d)\.(?=\d))(?!(?<={_LETTER})-(?={_LETTER}))[{re.escape(''.join(sorted(_PUNCT)))}]"
+)
 _CURRENCY_BEFORE = r"(?P<cur>us\$|[$€£¥₹₩])?\s?"
 _CURRENCY_WORDS = "usd|eur|gbp|jpy|cny|inr|chf|cad|aud|dollars?|euros?|yen"
 # A number: ASCII digits, no leading zero (``007`` and ``05`` are codes, kept verbatim), optional
@@ -335,13 +340,19 @@ def _collapse_abbreviation(m: re.Match[str]) -> str:
 def normalize_answer(text: str) -> str:
     """Normalise an answer for exact match / token F1.
 
-    Steps, applied identically to gold and prediction (idempotent):
+    Steps, applied identically to gold and prediction, and repeated until the text no longer
+    changes, so the result is idempotent (``normalize_answer(normalize_answer(x)) ==
+    normalize_answer(x)``, a property test): one pass can expose a new word to an earlier step
+    (``"x_1.0"`` → ``"x 1.0"`` → ``"x 1"``; ``"b-52.50"`` → ``"b 52.5"``). ``"3,05"`` is not a
+    number (a comma groups three digits) and ``"05"`` is a code, so it stays ``"3 05"``.
 
     1. :func:`fold_text` (NFC, widths, ligatures; U+2019, U+2032, U+02BC … all become ``'``);
     2. dotted abbreviations collapse: ``U.S.`` / ``U.S`` → ``US``, ``a.m.`` → ``am``,
        ``A.A. Milne`` → ``AA Milne``, ``J. K. Rowling`` → ``JK Rowling``;
     3. lower-case;
-    4. numbers become values (policy): thousands separators go (``1,000`` → ``1000``), trailing
+    4. stand-alone numbers become values (policy; never a number inside a word, an ordinal,
+       a hyphen-joined name or a leading-zero code: ``19th``, ``B-52``, ``007`` stay):
+       thousands separators go (``1,000`` → ``1000``), trailing
        decimal zeros go (``3.50`` → ``3.5``), scale words multiply (``1.5 million`` →
        ``1500000``; ``bn``/``mn`` always, ``k``/``M``/``B`` only next to a currency, since
        ``5K`` or ``100m`` alone are usually distances). Currency symbols and codes next to a
@@ -351,8 +362,11 @@ def normalize_answer(text: str) -> str:
        fraction is never turned into a percentage (``0.5`` ≠ ``50%``);
     5. the articles a/an/the are dropped only where they stand as separate words
        (``A-ha`` keeps its ``a``);
-    6. punctuation other than apostrophes and decimal points becomes a space; apostrophes at
-       word edges (quotes) go, inside words they stay (``o'neill's``); whitespace collapses.
+    6. punctuation becomes a space, except apostrophes, decimal points between digits and
+       hyphens between letters (``a-ha``, ``jean-paul`` stay one word, as the SQuAD script,
+       which deletes the hyphen, keeps them one word; ``B-52`` and ``COVID-19`` split);
+       apostrophes at word edges (quotes) go, inside words they stay (``o'neill's``);
+       whitespace collapses.
 
     Args:
         text: an answer string.
@@ -360,11 +374,23 @@ def normalize_answer(text: str) -> str:
     Returns:
         The normalised string (may be empty).
     """
+    s = _normalize_once(text)
+    for _ in range(_MAX_PASSES):
+        again = _normalize_once(s)
+        if again == s:
+            return s
+        s = again
+    return s  # pragma: no cover - no input needs more passes (property test in test_text.py)
+
+
+_MAX_PASSES = 8
+
+
+def _normalize_once(text: str) -> str:
     s = _ABBREVIATION.sub(_collapse_abbreviation, fold_text(text)).lower()
     s = _NUMBER.sub(_number_value, s)
     s = " ".join(t for t in s.split() if t.strip(string.punctuation + "'") not in _ARTICLES)
-    s = re.sub(r"(?<=\d)\.(?=\d)", "\x00", s)  # decimal points survive punctuation removal
-    s = "".join(" " if ch in _PUNCT else ch for ch in s).replace("\x00", ".")
+    s = _PUNCT_RE.sub(" ", s)
     s = re.sub(r"(?<![a-z0-9])'|'(?![a-z0-9])", " ", s)
     return " ".join(s.split())
 
