@@ -32,6 +32,7 @@ import unicodedata
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import date
 from decimal import Decimal, InvalidOperation
 
 __all__ = [
@@ -44,6 +45,7 @@ __all__ = [
     "fold_text",
     "normalize_answer",
     "number_values",
+    "parse_date",
     "token_f1",
     "whole_number",
 ]
@@ -542,3 +544,62 @@ def token_f1(prediction: str, golds: list[str] | tuple[str, ...] | str) -> float
         recall = same / len(gold_tokens)
         best = max(best, 2 * precision * recall / (precision + recall))
     return best
+
+
+_MONTHS = {
+    name: i + 1
+    for i, names in enumerate(
+        (
+            ("january", "jan"),
+            ("february", "feb"),
+            ("march", "mar"),
+            ("april", "apr"),
+            ("may",),
+            ("june", "jun"),
+            ("july", "jul"),
+            ("august", "aug"),
+            ("september", "sep", "sept"),
+            ("october", "oct"),
+            ("november", "nov"),
+            ("december", "dec"),
+        )
+    )
+    for name in names
+}
+_MONTH = rf"(?P<month>{'|'.join(sorted(_MONTHS, key=len, reverse=True))})\.?"
+_DAY = r"(?P<day>[0-9]{1,2})(?:st|nd|rd|th)?"
+_YEAR = r"(?P<year>[0-9]{4})"
+_DATE_FORMS = (
+    re.compile(r"(?P<year>[0-9]{4})-(?P<mon>[0-9]{2})-(?P<day>[0-9]{2})"),
+    re.compile(rf"(?:the\s+)?{_DAY}\s+(?:of\s+)?{_MONTH},?\s+{_YEAR}"),
+    re.compile(rf"{_MONTH}\s+{_DAY},?\s+{_YEAR}"),
+)
+
+
+def parse_date(text: str) -> date | None:
+    """The calendar date when the WHOLE answer is a full date in one of the documented forms.
+
+    Forms (English month names or their abbreviations, any case, an optional trailing full
+    stop): ISO ``2022-05-07``; day first ``7 May 2022``, ``7th May 2022``, ``the 7th of May,
+    2022``; month first ``May 7, 2022``, ``May 7th 2022``, ``Sept. 7 2022``. Numeric day/month
+    orders (``05/07/2022``) are ambiguous and not read; partial dates (``May 2022``) are not dates.
+
+    Args:
+        text: an answer string.
+
+    Returns:
+        The date, or None when ``text`` is not one full date or names no real day (``30 February``).
+    """
+    s = " ".join(fold_text(text).lower().split())
+    s = s[:-1] if s.endswith(".") else s
+    for form in _DATE_FORMS:
+        m = form.fullmatch(s)
+        if m is None:
+            continue
+        groups = m.groupdict()
+        month = int(groups["mon"]) if groups.get("mon") else _MONTHS[groups["month"]]
+        try:
+            return date(int(groups["year"]), month, int(groups["day"]))
+        except ValueError:
+            return None
+    return None

@@ -67,3 +67,20 @@ def test_match_judge_reads_the_exact_answer_line_and_is_selected_by_config() -> 
 def test_numbers_inside_words_ordinals_and_other_currencies_are_wrong(prediction: str, gold: str) -> None:
     assert match_answer(prediction, gold) == (False, "no_match")
     assert match_answer(gold, prediction) == (False, "no_match")
+
+
+@pytest.mark.parametrize(
+    ("prediction", "gold", "expected"),
+    [
+        ("May 7, 2022", "7 May 2022", (True, "date")),
+        ("7 May 2022", "2022-05-07", (True, "date")),
+        ("7th May 2022", "May 7, 2022", (True, "date")),
+        ("2022-05-07", "7th May 2022", (True, "date")),
+        ("May 7, 2022", "7 May 2023", (False, "date")),
+        ("May 7, 2022", "2022-07-05", (False, "date")),
+        ("8 May 2022", "7th May 2022", (False, "date")),
+        ("30 February 2022", "2 March 2022", (False, "no_match")),  # not a real day: no date rule
+    ],
+)
+def test_dates_compared_as_dates(prediction: str, gold: str, expected: tuple[bool, str]) -> None:
+    assert match_answer(prediction, gold) == expected

@@ -9,9 +9,12 @@ and decides by rules, in order:
 
 1. *yes/no gold* (HotpotQA's comparison questions): correct only when the normalised
    prediction is exactly ``yes``/``no`` and equal to the gold;
-2. *exact*: :func:`kitune.text.exact_match` against the gold answer and its aliases (SQuAD-style
+2. *date*: when the gold and the prediction are each one full date
+   (:func:`kitune.text.parse_date`: ``May 7, 2022``, ``7 May 2022``, ``7th May 2022``,
+   ``2022-05-07`` …), correct only for the same calendar day;
+3. *exact*: :func:`kitune.text.exact_match` against the gold answer and its aliases (SQuAD-style
    normalisation: case, punctuation, articles, number formats);
-3. *contains*: the normalised prediction contains a normalised gold or alias as whole words
+4. *contains*: the normalised prediction contains a normalised gold or alias as whole words
    ("Hebron Academy in Maine" for "Hebron Academy"); a gold that is a whole number is contained
    only when the prediction states exactly that one value as a stand-alone number
    (:func:`kitune.text.contains_number`: "The answer is 72, in total." for "72", but not
@@ -28,7 +31,14 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kitune.text import contains_answer, contains_number, exact_match, normalize_answer, whole_number
+from kitune.text import (
+    contains_answer,
+    contains_number,
+    exact_match,
+    normalize_answer,
+    parse_date,
+    whole_number,
+)
 
 __all__ = ["MatchVerdict", "match_answer", "match_judge", "parse_exact_answer"]
 
@@ -44,7 +54,7 @@ class MatchVerdict:
     status: str = "graded"
     confidence: int = 100
     rule: str = ""
-    """Which rule decided: ``yes_no``, ``exact``, ``contains`` or ``no_match``."""
+    """Which rule decided: ``yes_no``, ``date``, ``exact``, ``contains`` or ``no_match``."""
     error: str | None = None
 
 
@@ -66,6 +76,10 @@ def match_answer(prediction: str, gold: str, aliases: Sequence[str] = ()) -> tup
         return False, "no_match"
     if normalize_answer(gold) in _YES_NO:
         return pred == normalize_answer(gold), "yes_no"
+    gold_date = parse_date(gold)
+    pred_date = parse_date(prediction)
+    if gold_date is not None and pred_date is not None:
+        return pred_date == gold_date or any(parse_date(a) == pred_date for a in aliases), "date"
     if exact_match(prediction, golds):
         return True, "exact"
     if any(contains_number(prediction, g) for g in golds):
