@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kitune.ki import KI
-from kitune.retrieval.fusion import BM25, aggregate, chunk_text, rrf_fuse, trim_snippet
+from kitune.retrieval.fusion import BM25, aggregate, chunk_text, rrf_fuse, tokenize, trim_snippet
 
 
 def test_rrf_weighted_scores_and_branch_ranks() -> None:
@@ -24,6 +24,69 @@ def test_rrf_ties_break_by_id_and_duplicates_ignored() -> None:
     fused = rrf_fuse({"x": ["z", "z", "y"], "w": ["y", "z"]}, {}, k=60)
     assert [f.id for f in fused] == ["y", "z"]  # equal score → id ascending
     assert fused[1].branches == {"x": 1, "w": 2}
+
+
+def test_rrf_equal_fractions_tie_exactly_then_by_id() -> None:
+    # Ranks (10, 10) and (4, 25) at k=10: 1/20 + 1/20 = 1/14 + 1/35 = 1/10 exactly, but the float
+    # sums differ by one ulp (0.1 vs 0.09999999999999999), which used to decide the order.
+    assert 1 / 20 + 1 / 20 != 1 / 14 + 1 / 35
+    fill_a = [f"a{i:02d}" for i in range(1, 26)]
+    fill_b = [f"b{i:02d}" for i in range(1, 26)]
+    # "zeta" at (10, 10) has the larger float sum; "alpha" at (4, 25) the smaller but the lower id.
+    lexical = [*fill_a[:3], "alpha", *fill_a[4:9], "zeta", *fill_a[10:24]]
+    semantic = [*fill_b[:9], "zeta", *fill_b[10:24], "alpha"]
+    fused = rrf_fuse({"lexical": lexical, "semantic": semantic}, {}, k=10)
+    by_id = {f.id: f for f in fused}
+    assert by_id["zeta"].branches == {"lexical": 10, "semantic": 10}
+    assert by_id["alpha"].branches == {"lexical": 4, "semantic": 25}
+    assert by_id["alpha"].score == by_id["zeta"].score == 0.1
+    order = [f.id for f in fused]
+    assert order.index("alpha") + 1 == order.index("zeta")  # exact tie → id ascending
+
+
+def test_rrf_decimal_weights_are_exact() -> None:
+    # 0.1 + 0.2 != 0.3 in floats; weights are taken as written, so these two tie and go by id.
+    fused = rrf_fuse({"x": ["b"], "y": ["b"], "z": ["a"]}, {"x": 0.1, "y": 0.2, "z": 0.3}, k=0)
+    assert [f.id for f in fused] == ["a", "b"]
+    assert fused[0].score == fused[1].score == pytest.approx(0.3)
+
+
+@pytest.mark.parametrize("weight", [-1.0, float("nan"), float("inf")])
+def test_rrf_rejects_bad_weights(weight: float) -> None:
+    with pytest.raises(ValueError, match="branch 'lexical'"):
+        rrf_fuse({"lexical": ["a"]}, {"lexical": weight})
+
+
+@pytest.mark.parametrize(
+    ("text", "tokens"),
+    [
+        ("Zürich", ["zürich"]),
+        ("ZÜRICH zurich", ["zürich", "zurich"]),
+        ("Москва — столица России", ["москва", "столица", "россии"]),
+        ("Ελλάδα", ["ελλάδα"]),
+        ("القاهرة", ["القاهرة"]),
+        ("हिन्दी भाषा", ["हिन्दी", "भाषा"]),  # combining vowel signs stay inside the word
+        ("北京大学", ["北京", "京大", "大学"]),
+        ("北", ["北"]),
+        ("東京2020年", ["東京", "2020", "年"]),
+        ("ラーメン", ["ラー", "ーメ", "メン"]),
+        ("한국어 사전", ["한국", "국어", "사전"]),
+        ("Straße ＡＢＣ ﬁne", ["strasse", "abc", "fine"]),
+        ("don’t stop—now", ["don", "t", "stop", "now"]),
+        ("snake_case x²", ["snake", "case", "x2"]),
+        ("Acme-42 signed", ["acme", "42", "signed"]),
+        ("", []),
+    ],
+)
+def test_tokenize_is_unicode_aware(text: str, tokens: list[str]) -> None:
+    assert tokenize(text) == tokens
+
+
+def test_bm25_finds_cyrillic_and_chinese() -> None:
+    bm = BM25({"ru": "Москва — столица России.", "zh": "北京是中国的首都。", "en": "Paris is in France."})
+    assert [i for i, _ in bm.rank("столица")] == ["ru"]
+    assert [i for i, _ in bm.rank("中国首都")] == ["zh"]
+    assert [i for i, _ in bm.rank("Zürich Москва")] == ["ru"]
 
 
 @given(

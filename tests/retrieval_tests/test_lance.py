@@ -334,3 +334,43 @@ def test_lance_tag_branch_matches_bare_slug_and_refuses_triple_filters(tmp_path:
     flt = Filter().model_copy(update={"subjects": ("Acme Corp",)})
     with pytest.raises(StoreError, match="subject/predicate filters are not supported by the embedded store"):
         s.count(flt)
+
+
+@pytest.mark.parametrize(
+    ("query", "docid"),
+    [("столица", "ru"), ("北京", "zh"), ("中国首都", "zh"), ("Zürich", "de"), ("zurich", "de")],
+)
+def test_lexical_only_search_finds_every_script(tmp_path: Path, query: str, docid: str) -> None:
+    from kitune.schema import QueryPlan
+
+    s = _store(tmp_path)
+    s.upsert(
+        [
+            make_ki("Москва", "Россия", docid="ru", title="Москва — столица России."),
+            make_ki("北京", "中国", docid="zh", title="北京是中国的首都。"),
+            make_ki("Zürich", "Schweiz", docid="de", title="Zürich liegt in der Schweiz."),
+            make_ki("Paris", "France", docid="en", title="Paris is the capital of France."),
+        ]
+    )
+    hits = s.search(QueryPlan(lexical=query)).hits
+    assert [h.ki.evidence_doc_ids[0] for h in hits] == [docid]
+    assert hits[0].branches == {"lexical": 1}
+
+
+def test_fts_index_from_an_older_tokenizer_is_rebuilt_on_next_write(tmp_path: Path) -> None:
+    from lancedb.index import FTS
+
+    from kitune.retrieval.lance_search import fts_state
+    from kitune.schema import QueryPlan
+
+    s = _store(tmp_path)
+    zh = make_ki("北京", "中国", docid="zh", title="北京是中国的首都。")
+    s.upsert([zh])
+    s._table.create_index("title", config=FTS(with_position=False), replace=True)  # the old default
+    s.close()
+    s = _store(tmp_path)
+    assert fts_state(s._table, "title") == "stale"
+    assert s.search(QueryPlan(lexical="北京")).hits == []  # whole sentence was one token
+    s.upsert([make_ki("Paris", "France", docid="en", title="Paris is the capital of France.")])
+    assert fts_state(s._table, "title") == "current"
+    assert [h.ki.id for h in s.search(QueryPlan(lexical="北京")).hits] == [zh.id]

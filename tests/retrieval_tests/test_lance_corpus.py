@@ -76,3 +76,23 @@ def test_real_fixture_corpus_finds_its_documents(tmp_path: Path, fixture_dir: Pa
     assert target.docid in [h.docid for h in hits][:3]
     assert len(hits) == 10 and all(1 <= len(h.snippets) <= 3 for h in hits)
     assert cs.get(target.docid).text == target.text
+
+
+def test_lexical_finds_cyrillic_and_chinese(tmp_path: Path) -> None:
+    from lancedb.query import MatchQuery
+
+    from kitune.retrieval.lance_search import fts_state
+
+    cs = LanceCorpusStore(tmp_path, HashEmbedder(dim=32), chunk_chars=300)
+    cs.add_documents(
+        [
+            Document(docid="ru", title="Москва", text="Москва — столица России."),
+            Document(docid="zh", title="北京", text="北京是中国的首都。"),
+            Document(docid="en", title="Paris", text="Paris is the capital of France."),
+        ]
+    )
+    assert fts_state(cs._chunks, "text") == "current"
+    for query, docid in [("столица", "ru"), ("中国的首都", "zh"), ("首都", "zh")]:
+        rows = cs._chunks.search(MatchQuery(query, "text"), query_type="fts").select(["docid"]).to_list()
+        assert [r["docid"] for r in rows] == [docid]  # the lexical branch alone
+        assert cs.search(query, k=1)[0].docid == docid

@@ -8,6 +8,7 @@ import pytest
 
 from kitune.config import RetrievalConfig
 from kitune.errors import DocumentNotFoundError
+from kitune.ki import KI
 from kitune.retrieval.base import CorpusStore, Store
 from kitune.retrieval.embedders import HashEmbedder
 from kitune.retrieval.memory import MemoryCorpusStore, MemoryStore
@@ -129,3 +130,38 @@ def test_tag_branch_matches_bare_slug_and_filter_on_subject_predicate() -> None:
     assert store.count(flt) == 1
     plan = QueryPlan(lexical="Berlin Widgets Thing", filters=flt)
     assert [h.ki.id for h in store.search(plan).hits] == [tagged.id]
+
+
+def _multilingual_kis() -> list[KI]:
+    return [
+        make_ki("Москва", "Россия", docid="ru", title="Москва — столица России."),
+        make_ki("北京", "中国", docid="zh", title="北京是中国的首都。"),
+        make_ki("Zürich", "Schweiz", docid="de", title="Zürich liegt in der Schweiz."),
+        make_ki("Paris", "France", docid="en", title="Paris is the capital of France."),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("query", "docid"),
+    [("столица", "ru"), ("北京", "zh"), ("中国首都", "zh"), ("Zürich", "de"), ("ZÜRICH", "de")],
+)
+def test_lexical_only_search_finds_every_script(query: str, docid: str) -> None:
+    s = MemoryStore(HashEmbedder(dim=32))
+    kis = _multilingual_kis()
+    s.upsert(kis)
+    hits = s.search(QueryPlan(lexical=query)).hits
+    assert [h.ki.evidence_doc_ids[0] for h in hits] == [docid]
+    assert hits[0].branches == {"lexical": 1}
+
+
+def test_corpus_lexical_finds_cyrillic_and_chinese() -> None:
+    cs = MemoryCorpusStore(chunk_chars=300)
+    cs.add_documents(
+        [
+            Document(docid="ru", title="Москва", text="Москва — столица России."),
+            Document(docid="zh", title="北京", text="北京是中国的首都。"),
+            Document(docid="en", title="Paris", text="Paris is the capital of France."),
+        ]
+    )
+    assert cs.search("столица", k=1)[0].docid == "ru"
+    assert cs.search("中国的首都", k=1)[0].docid == "zh"

@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import math
 import re
+import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
+from fractions import Fraction
 from typing import TYPE_CHECKING, NamedTuple
+
+import regex
 
 from kitune.retrieval.base import Aggregations
 from kitune.text import fold_text
@@ -37,7 +41,13 @@ __all__ = [
 BRANCHES = ("tag", "lexical", "semantic")
 """Branch names, in the order every backend runs them."""
 
-_TOKEN_RE = re.compile(r"[a-z0-9]+")
+_TOKEN_RE = regex.compile(r"[\p{L}\p{N}][\p{L}\p{N}\p{M}]*")
+"""A token: a letter or digit of any script, then letters, digits and combining marks (Devanagari
+vowel signs, Thai tone marks…). Underscore and punctuation split tokens."""
+
+_CJK = r"\p{Han}\p{scx=Hiragana}\p{scx=Katakana}\p{Hangul}"
+_CJK_PIECE_RE = regex.compile(rf"([{_CJK}]+)|[^{_CJK}]+")
+"""A token's runs of CJK (Han, Hiragana, Katakana incl. ``ー``, Hangul) and of everything else."""
 
 
 class Fused(NamedTuple):
@@ -45,7 +55,8 @@ class Fused(NamedTuple):
 
     id: str
     score: float
-    """Σ weight_b / (k + rank_b) over the branches that returned the id; higher is better."""
+    """Σ weight_b / (k + rank_b) over the branches that returned the id, higher is better (the exact
+    sum, computed with :class:`fractions.Fraction`, rounded once to a float)."""
     branches: dict[str, int]
     """Branch name → 1-based rank in that branch."""
 
@@ -60,12 +71,21 @@ def rrf_fuse(rankings: Mapping[str, Sequence[str]], weights: Mapping[str, float]
         k: the RRF constant (≥ 1) in ``weight / (k + rank)``.
 
     Returns:
-        Every id seen, by score descending, ties broken by id ascending (deterministic).
+        Every id seen, by score descending, ties broken by id ascending (deterministic). Scores are
+        summed exactly (each weight taken as its decimal ``repr``, e.g. ``0.3`` = 3/10), so equal
+        fractions tie exactly: ranks (10, 10) and (4, 25) at ``k=10`` both score 1/10 and are
+        ordered by id, never by floating-point rounding.
+
+    Raises:
+        ValueError: a weight is negative, NaN or infinite (names the branch).
     """
-    scores: dict[str, float] = {}
+    scores: dict[str, Fraction] = {}
     ranks: dict[str, dict[str, int]] = {}
     for branch, ids in rankings.items():
-        w = float(weights.get(branch, 1.0))
+        raw = float(weights.get(branch, 1.0))
+        if not math.isfinite(raw) or raw < 0:
+            raise ValueError(f"RRF weight for branch {branch!r} is {raw}: use a finite weight >= 0")
+        w = Fraction(repr(raw))
         seen: set[str] = set()
         rank = 0
         for item in ids:
@@ -73,10 +93,10 @@ def rrf_fuse(rankings: Mapping[str, Sequence[str]], weights: Mapping[str, float]
                 continue
             seen.add(item)
             rank += 1
-            scores[item] = scores.get(item, 0.0) + w / (k + rank)
+            scores[item] = scores.get(item, Fraction(0)) + w / (k + rank)
             ranks.setdefault(item, {})[branch] = rank
     ordered = sorted(scores, key=lambda i: (-scores[i], i))
-    return [Fused(i, scores[i], ranks[i]) for i in ordered]
+    return [Fused(i, float(scores[i]), ranks[i]) for i in ordered]
 
 
 def branch_weights(cfg: RetrievalConfig) -> dict[str, float]:
@@ -110,8 +130,37 @@ def aggregate(kis: Iterable[KI]) -> Aggregations:
 
 
 def tokenize(text: str) -> list[str]:
-    """Fold (quotes, dashes, NFC), lower-case and split ``text`` into ``[a-z0-9]+`` tokens."""
-    return _TOKEN_RE.findall(fold_text(text).lower())
+    """Split ``text`` into the lexical tokens every in-process store's BM25 uses.
+
+    The text is folded (:func:`~kitune.text.fold_text`: quotes, dashes, whitespace), NFKC-normalised
+    and case-folded (``"Straße"`` → ``"strasse"``, full-width ``"ＡＢＣ"`` → ``"abc"``), then split into
+    runs of letters, digits and combining marks of any script. Within a run, CJK text (Han,
+    Hiragana, Katakana, Hangul), which has no spaces between words, becomes overlapping character
+    bigrams (``"北京大学"`` → ``["北京", "京大", "大学"]``; a lone CJK character stays a unigram),
+    and the non-CJK rest of the run stays one token (``"東京2020"`` → ``["東京", "2020"]``).
+
+    Args:
+        text: any string.
+
+    Returns:
+        Tokens in text order (repeats kept), e.g. ``tokenize("Zürich") == ["zürich"]``,
+        ``tokenize("Москва")`` == ``["москва"]``.
+    """
+    folded = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", fold_text(text)).casefold())
+    tokens: list[str] = []
+    for run in _TOKEN_RE.findall(folded):
+        if run.isascii():
+            tokens.append(run)
+            continue
+        for piece in _CJK_PIECE_RE.finditer(run):
+            part = piece.group()
+            if piece.group(1) is None:
+                tokens.append(part)
+            elif len(part) == 1:
+                tokens.append(part)
+            else:
+                tokens.extend(part[i : i + 2] for i in range(len(part) - 1))
+    return tokens
 
 
 class BM25:

@@ -50,7 +50,14 @@ from kitune.retrieval.base import Hit, SearchResult, SweepResult, WriteFailure, 
 from kitune.retrieval.embedders import Embedder, HashEmbedder
 from kitune.retrieval.fusion import aggregate, branch_weights, rrf_fuse
 from kitune.retrieval.lance_maintenance import CompactionStats, Compactor, retry_conflicts
-from kitune.retrieval.lance_search import branch_lexical, branch_semantic, branch_tag, compile_plan
+from kitune.retrieval.lance_search import (
+    branch_lexical,
+    branch_semantic,
+    branch_tag,
+    compile_plan,
+    fts_config,
+    fts_state,
+)
 from kitune.retrieval.lance_sql import (
     EPOCH,
     SAFE_VALUE_RE,
@@ -137,7 +144,7 @@ class LanceStore:
         if name in names:
             self._table = self._db.open_table(name)
             check_table_schema(self._table.schema, self.config.table, self.path, self.embedder.dim)
-            self._has_fts = any(tuple(i.columns) == ("title",) for i in self._table.list_indices())
+            self._has_fts = fts_state(self._table, "title") != "missing"
         else:
             self._table = self._db.create_table(name, schema=self.schema)
             self._sync_files()
@@ -177,7 +184,7 @@ class LanceStore:
         rows = table.count_rows()
         if rows == 0 or (rows == self._indexed_rows and not ann):
             return
-        from lancedb.index import FTS, Bitmap, BTree, LabelList
+        from lancedb.index import Bitmap, BTree, LabelList
 
         existing = {tuple(i.columns): i.index_type for i in table.list_indices()}
         wanted: list[tuple[str, Any]] = [
@@ -185,8 +192,10 @@ class LanceStore:
             ("tags", LabelList()),
             ("docids", LabelList()),
             ("status", Bitmap()),
-            ("title", FTS(with_position=False)),
+            ("title", fts_config()),
         ]
+        if fts_state(table, "title") == "stale":  # an older tokenizer: rebuild with the current one
+            existing.pop(("title",), None)
         for col, cfg in wanted:
             if (col,) not in existing:
                 retry_conflicts(functools.partial(table.create_index, col, config=cfg, replace=True))
@@ -519,7 +528,7 @@ class LanceStore:
 
     def _lexical(self, plan: QueryPlan, where: str | None, n: int) -> list[str]:
         if not self._has_fts:  # another process may have built it since we opened the table
-            self._has_fts = any(tuple(i.columns) == ("title",) for i in self._table.list_indices())
+            self._has_fts = fts_state(self._table, "title") != "missing"
             if not self._has_fts:
                 return []
         return branch_lexical(self._table, plan, where, n)

@@ -23,6 +23,7 @@ from kitune.errors import DocumentNotFoundError, StoreError, StoreUnavailableErr
 from kitune.retrieval.base import CorpusHit, WriteFailure, WriteResult
 from kitune.retrieval.embedders import Embedder, HashEmbedder
 from kitune.retrieval.fusion import chunk_text, rrf_fuse
+from kitune.retrieval.lance_search import fts_config, fts_state
 from kitune.retrieval.lance_sql import fsync_path as _fsync_path
 from kitune.retrieval.lance_sql import sql_quote
 from kitune.retrieval.memory import group_chunks
@@ -111,7 +112,9 @@ class LanceCorpusStore:
                 f"{self.embedder.dim}-dim ones: set embedder.dim={dim} or use a new path",
                 backend=self.backend,
             )
-        self._has_fts = any(tuple(i.columns) == ("text",) for i in self._chunks.list_indices())
+        fts = fts_state(self._chunks, "text")
+        self._has_fts = fts != "missing"
+        self._fts_current = fts == "current"
 
     def _sync(self) -> None:
         for sub in self.path.iterdir():
@@ -185,13 +188,13 @@ class LanceCorpusStore:
         return WriteResult(submitted=len(docs), indexed=sum(copies.values()), failed=failed)
 
     def _ensure_indices(self) -> None:
-        from lancedb.index import FTS, BTree
+        from lancedb.index import BTree
 
-        if not self._has_fts:
-            self._chunks.create_index("text", config=FTS(with_position=False), replace=True)
+        if not self._fts_current:  # missing, or built with an older tokenizer (see FTS_TOKENIZER)
+            self._chunks.create_index("text", config=fts_config(), replace=True)
             self._chunks.create_index("docid", config=BTree(), replace=True)
             self._docs.create_index("docid", config=BTree(), replace=True)
-            self._has_fts = True
+            self._has_fts = self._fts_current = True
         elif cast(Any, self._chunks.stats())["fragment_stats"]["num_fragments"] >= 32:
             self._chunks.optimize()
             self._docs.optimize()

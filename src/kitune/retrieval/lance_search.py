@@ -10,7 +10,45 @@ from kitune.retrieval.lance_sql import filter_to_sql, sql_and, sql_list
 from kitune.retrieval.memory import effective_filter, tag_forms, tag_matches
 from kitune.schema import QueryPlan
 
-__all__ = ["branch_lexical", "branch_semantic", "branch_tag", "compile_plan"]
+__all__ = [
+    "FTS_TOKENIZER",
+    "branch_lexical",
+    "branch_semantic",
+    "branch_tag",
+    "compile_plan",
+    "fts_config",
+    "fts_state",
+]
+
+FTS_TOKENIZER = "icu"
+"""Lance's base tokenizer for every kitune FTS index (KI titles, corpus passages).
+
+``icu`` splits words by Unicode rules (UAX #29) in every script and segments Chinese and
+Japanese, which have no spaces, with ICU's dictionary. Lance's default ``simple`` tokenizer keeps a
+whole CJK sentence as one token (``北京是中国的首都`` is found only by the whole sentence, never by
+``北京``). Lance's English stemmer, stop words, lower-casing and ASCII folding still apply, so
+``Zürich`` = ``zurich`` and ``Acme's`` = ``acme``. Known limit: a possessive with a typographic
+apostrophe (``Globex’s``) stays one token, so ``globex`` does not match it lexically.
+"""
+
+
+def fts_config() -> Any:
+    """The :class:`lancedb.index.FTS` config every kitune FTS index is built with."""
+    from lancedb.index import FTS
+
+    return FTS(with_position=False, base_tokenizer=FTS_TOKENIZER)
+
+
+def fts_state(table: Any, column: str) -> str:
+    """``"missing"``, ``"stale"`` (built with another tokenizer, e.g. by an older kitune) or ``"current"``.
+
+    A stale index still answers queries; it is rebuilt with :func:`fts_config` on the next write.
+    """
+    for index in table.list_indices():
+        if tuple(index.columns) == (column,) and str(index.index_type).upper() == "FTS":
+            details = getattr(index, "index_details", None) or {}
+            return "current" if details.get("base_tokenizer") == FTS_TOKENIZER else "stale"
+    return "missing"
 
 
 def branch_tag(table: Any, plan: QueryPlan, where: str | None, n: int) -> list[str]:
