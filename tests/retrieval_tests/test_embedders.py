@@ -87,3 +87,14 @@ def test_wordllama_import_leaves_the_root_logger_alone() -> None:
         root.setLevel(saved[0])
         for h in saved[1]:
             root.addHandler(h)
+
+
+def test_hash_embedder_sees_every_script() -> None:
+    # The old [a-z0-9]+ word pattern gave Cyrillic, Greek and CJK texts an all-zero vector.
+    e = HashEmbedder(dim=64)
+    v = e.embed(["Москва — столица России", "Ελλάδα", "北京是中国的首都", "中国首都", "Paris is in France"])
+    assert [float(np.linalg.norm(row)) for row in v] == pytest.approx([1.0] * 5)
+    assert float(v[2] @ v[3]) > float(v[2] @ v[4])
+    zurich = e.embed(["Zürich", "ZÜRICH", "z rich"])
+    assert np.array_equal(zurich[0], zurich[1])
+    assert not np.array_equal(zurich[0], zurich[2])

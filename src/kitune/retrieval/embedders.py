@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import re
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,14 +20,12 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 import numpy as np
 
 from kitune.errors import ConfigError
-from kitune.text import fold_text
+from kitune.retrieval.fusion import tokenize
 
 if TYPE_CHECKING:
     from kitune.config import EmbedderConfig
 
 __all__ = ["Embedder", "HashEmbedder", "WordLlamaEmbedder", "create_embedder", "l2_normalize"]
-
-_WORD_RE = re.compile(r"[a-z0-9]+")
 
 
 @runtime_checkable
@@ -64,8 +61,9 @@ class HashEmbedder:
     """Deterministic bag-of-features embedder (feature hashing of words and char 3-grams).
 
     Texts sharing words or word fragments get similar vectors, which is enough for tests and for a
-    dependency-free fallback. No global RNG is used: each feature's bucket and sign come from a
-    BLAKE2b digest keyed by ``seed``.
+    dependency-free fallback. Words are :func:`~kitune.retrieval.fusion.tokenize` tokens (any
+    script, case-folded, CJK as character bigrams), the same as the lexical branch. No global RNG
+    is used: each feature's bucket and sign come from a BLAKE2b digest keyed by ``seed``.
 
     Args:
         dim: vector dimension, ≥ 8.
@@ -83,7 +81,7 @@ class HashEmbedder:
         self._key = str(seed).encode("utf-8")[:64]
 
     def _features(self, text: str) -> list[tuple[str, float]]:
-        words = _WORD_RE.findall(fold_text(text).lower())
+        words = tokenize(text)
         feats: list[tuple[str, float]] = [("w:" + w, 1.0) for w in words]
         for w in words:
             padded = f"#{w}#"
