@@ -255,3 +255,29 @@ def test_normalize_answer_known_fixed_points(text: str, normal: str) -> None:
 def test_normalize_answer_is_idempotent(text: str) -> None:
     once = normalize_answer(text)
     assert normalize_answer(once) == once
+
+
+# --- Dates as whole answers (issue 25) ---------------------------------------------------------
+
+import datetime  # noqa: E402
+
+from kitune.text import parse_date  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("May 7, 2022", datetime.date(2022, 5, 7)),
+        ("7 May 2022", datetime.date(2022, 5, 7)),
+        ("2022-05-07", datetime.date(2022, 5, 7)),
+        ("7th May 2022", datetime.date(2022, 5, 7)),
+        ("the 7th of May, 2022.", datetime.date(2022, 5, 7)),
+        ("Sept. 7 2022", datetime.date(2022, 9, 7)),
+        ("05/07/2022", None),  # day/month order ambiguous
+        ("May 2022", None),
+        ("30 February 2022", None),
+        ("It was May 7, 2022", None),
+    ],
+)
+def test_parse_date_documented_forms(text: str, expected: datetime.date | None) -> None:
+    assert parse_date(text) == expected
