@@ -184,6 +184,14 @@ class LocalModelConfig(_Section):
         "install_local_model.sh put beside the Python interpreter, else `llama-server` on PATH.",
     )
 
+    @property
+    def slots(self) -> int:
+        """Requests the server decodes at once (>= 1).
+
+        ``parallel`` for llama-server, 1 for llama-cpp-python (one request at a time).
+        """
+        return self.parallel if self.server == "llama-server" else 1
+
 
 class LMConfig(_Section):
     """LLM access for every role."""
@@ -540,11 +548,8 @@ class KituneConfig(BaseSettings):
         return self.lm.role(role).model is None and self.lm.gateway.default_model is None
 
     def local_slots(self) -> int:
-        """Requests the embedded model serves at once (>= 1).
-
-        ``lm.local.parallel`` for llama-server, 1 for llama-cpp-python (one request at a time).
-        """
-        return self.lm.local.parallel if self.lm.local.server == "llama-server" else 1
+        """Requests the embedded model serves at once (>= 1): ``lm.local.slots``."""
+        return self.lm.local.slots
 
     def concurrency_for(self, work: Literal["extraction", "agent", "judge", "optimizer"]) -> int:
         """How many independent LLM-bound jobs of ``work`` run at once (>= 1).

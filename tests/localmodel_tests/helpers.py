@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import struct
 import sys
 from pathlib import Path
@@ -35,6 +36,15 @@ class H(BaseHTTPRequestHandler):
 print("fake: listening", port, flush=True)
 ThreadingHTTPServer(("127.0.0.1", port), H).serve_forever()
 """
+
+
+def gone(pid: int) -> bool:
+    """True when no process ``pid`` exists any more."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
 
 
 def fake_command(script: Path, port: int, *flags: str) -> list[str]:

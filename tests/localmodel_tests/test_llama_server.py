@@ -21,7 +21,7 @@ from kitune.localmodel import (
     find_llama_server,
     guarded_exec_command,
 )
-from localmodel_tests.helpers import FAKE_SERVER
+from localmodel_tests.helpers import FAKE_SERVER, gone
 
 
 def _pairs(argv: list[str]) -> dict[str, str | bool]:
@@ -106,14 +106,6 @@ def test_missing_llama_server_names_the_install_command_and_the_fallback(
         find_llama_server(LocalModelConfig(server_path=not_exec))
 
 
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
-
-
 def test_guard_forwards_terminate_and_reports_the_exit_code(tmp_path: Path) -> None:
     pidfile = tmp_path / "child.pid"
     code = f"import os, time; open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
@@ -127,7 +119,7 @@ def test_guard_forwards_terminate_and_reports_the_exit_code(tmp_path: Path) -> N
     guard.terminate()
     guard.wait(timeout=20)
     deadline = time.monotonic() + 20
-    while not _gone(child_pid):
+    while not gone(child_pid):
         assert time.monotonic() < deadline, "terminating the guard left the server running"
         time.sleep(0.05)
     failing = subprocess.run(guarded_exec_command([sys.executable, "-c", "raise SystemExit(7)"]), timeout=30)
@@ -169,7 +161,7 @@ def test_start_waits_for_health_while_the_model_loads(tmp_path: Path) -> None:
         pid = server.pid
     assert pid is not None
     deadline = time.monotonic() + 20
-    while not _gone(pid):
+    while not gone(pid):
         assert time.monotonic() < deadline
         time.sleep(0.05)
 

@@ -20,7 +20,7 @@ from kitune.localmodel import (
     get_local_server,
     stop_local_server,
 )
-from localmodel_tests.helpers import fake_command
+from localmodel_tests.helpers import fake_command, gone
 
 
 def test_find_free_port_is_bindable() -> None:
@@ -66,14 +66,6 @@ def _server(script: Path, tmp_path: Path, *flags: str, timeout_s: float = 20.0) 
     )
 
 
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
-
-
 def test_start_waits_for_models_endpoint_and_stop_ends_the_process(
     fake_server_script: Path, tmp_path: Path
 ) -> None:
@@ -90,7 +82,7 @@ def test_start_waits_for_models_endpoint_and_stop_ends_the_process(
         assert server.start() is server  # no-op while running
         assert server.pid == pid
     assert not server.is_running()
-    assert _gone(pid)
+    assert gone(pid)
     assert "fake: listening" in (tmp_path / "srv.log").read_text()
     server.stop()  # idempotent
 
@@ -101,7 +93,7 @@ def test_stop_kills_a_process_that_ignores_sigterm(fake_server_script: Path, tmp
     assert proc is not None
     server.stop()
     assert proc.returncode == -9
-    assert _gone(proc.pid)
+    assert gone(proc.pid)
 
 
 def test_crash_during_startup_raises_with_log_tail(fake_server_script: Path, tmp_path: Path) -> None:
@@ -199,6 +191,6 @@ def test_guarded_server_exits_when_its_parent_is_killed(fake_server_script: Path
     parent.send_signal(signal.SIGKILL)
     parent.wait(timeout=5)
     deadline = time.monotonic() + 5
-    while not _gone(child):
+    while not gone(child):
         assert time.monotonic() < deadline, "server outlived its killed parent"
         time.sleep(0.1)

@@ -311,15 +311,14 @@ class LocalModelServer:
         Raises:
             ConfigError: llama-cpp-python or the model packages are missing, or the GGUF is bad.
         """
-        if cfg.server == "llama-server":
-            binary = find_llama_server(cfg)
-        else:
+        binary = find_llama_server(cfg) if cfg.server == "llama-server" else None
+        if binary is None:
             check_server_installed()
         gguf = ensure_gguf(cfg)
         alias = cfg.model if cfg.gguf_path is None else gguf.stem
         port = cfg.port or find_free_port()
         log = cache_dir() / "logs" / f"{cfg.server}-{alias}-{port}.log"
-        if cfg.server == "llama-server":
+        if binary is not None:
             command = build_llama_server_command(cfg, gguf, port=port, alias=alias, binary=binary)
             ready_path = "/health"
         else:
@@ -332,7 +331,7 @@ class LocalModelServer:
             log_path=log,
             startup_timeout_s=cfg.startup_timeout_s,
             ready_path=ready_path,
-            slots=cfg.parallel if cfg.server == "llama-server" else 1,
+            slots=cfg.slots,
         )
 
     @property
@@ -478,7 +477,7 @@ def _key(cfg: LocalModelConfig) -> tuple[object, ...]:
         _threads(cfg),
         cfg.port,
         cfg.server,
-        cfg.parallel if cfg.server == "llama-server" else 1,
+        cfg.slots,
         str(cfg.server_path) if cfg.server_path else None,
     )
 
