@@ -95,6 +95,7 @@ if [[ $SKIP_LLAMA -eq 0 ]]; then
     echo "kitune: building llama-server from llama.cpp as vendored by llama-cpp-python $LLAMA_VERSION (about 8 min on 2 cores)"
     echo "kitune: flags $ARGS"
     BUILD="$CACHE/build/llama-server-$KEY"
+    mkdir -p "$CACHE/build"
     # shellcheck disable=SC2086
     cmake -S "$SRC/vendor/llama.cpp" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF $ARGS \
       -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON \
