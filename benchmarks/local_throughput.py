@@ -11,7 +11,8 @@ Real model, real prompts. Two workloads, each sent at concurrency 1, 2, 4 and 8 
 Per level it records wall time, aggregate output tokens/s and prompt tokens/s (sums of the
 server-reported usage over the wall time), per-request latency, KIs kept (extract) and the
 server's resident memory (VmRSS of the server process, read from /proc). Requests per level:
-``max(2, concurrency)`` (``--requests-scale`` multiplies it). Both servers use the same GGUF,
+``max(2, concurrency)`` (``--requests-scale`` multiplies it); each level takes the next documents
+and questions, so no prompt is sent twice to one server. Both servers use the same GGUF,
 threads and per-slot context; llama-server runs with ``--parallel 8``.
 
 Usage::
@@ -103,8 +104,12 @@ def run_server(
     rows: list[dict[str, Any]] = []
     extractor = FactExtractor.from_config(cfg)
     for workload in ("extract", "agent"):
+        offset = 0  # each level takes the next documents/questions: no level re-reads a prompt
+        # another level sent, so neither the slots' prompt cache nor anything else is reused
         for level in levels:
             n = max(2, level) * scale
+            first = offset
+            offset += n
             ledger = TokenLedger()
             lm = build_lm(cfg, "extract", ledger=ledger)
             latencies: list[float] = []
@@ -113,6 +118,7 @@ def run_server(
 
             def one(
                 i: int,
+                first: int = first,
                 lm: Any = lm,
                 latencies: list[float] = latencies,
                 kis: list[int] = kis,
@@ -122,14 +128,14 @@ def run_server(
                 start = time.monotonic()
                 if workload == "extract":
                     with dspy.context(lm=lm):
-                        res = extractor.extract_document(docs[i % len(docs)])
+                        res = extractor.extract_document(docs[(first + i) % len(docs)])
                     kis[0] += len(res.kis)
                 else:
                     r = httpx.post(
                         f"{server.api_base}/chat/completions",
                         json={
                             "model": server.model_alias,
-                            "messages": agent_msgs[i % len(agent_msgs)],
+                            "messages": agent_msgs[(first + i) % len(agent_msgs)],
                             "max_tokens": 200,
                             "temperature": 0,
                         },
@@ -181,8 +187,8 @@ def main() -> None:
     from kitune.data.loaders import load_dataset
 
     ds = load_dataset(FIXTURE)
-    docs = [d for d in ds.documents if len(d.text) >= 300][:16]
-    agent_msgs = _agent_messages(list(ds.questions)[:8], docs)
+    docs = [d for d in ds.documents if len(d.text) >= 300][:32]
+    agent_msgs = _agent_messages(list(ds.questions)[:24], docs)
     results = [run_server(kind, args.levels, args.requests_scale, docs, agent_msgs) for kind in args.servers]
     rows = [r for res in results for r in res["rows"]]
     best: dict[str, float] = {}
