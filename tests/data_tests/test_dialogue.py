@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from kitune.data.dialogue import (
+    DateRange,
     annotate_dates,
     chunk_session,
     dialogue_tags,
@@ -18,6 +19,7 @@ from kitune.data.dialogue import (
     numbered_turn_view,
     parse_session,
     parse_session_date,
+    relative_date_range,
     resolve_relative_date,
     text_for_units,
     turn_indexed_view,
@@ -67,31 +69,66 @@ def test_parse_session_date(value: str, expected: date | None) -> None:
     assert parse_session_date(value) == expected
 
 
+# MAY8 is a Monday; THU25 (25 May 2023, a Thursday) is a LoCoMo session date: conversation 26's
+# gold for "When did Melanie run a charity race?" is "The sunday before 25 May 2023" = 21 May.
+THU25 = date(2023, 5, 25)
+
+
 @pytest.mark.parametrize(
-    ("expr", "expected"),
+    ("expr", "on_monday_8_may", "on_thursday_25_may"),
     [
-        ("yesterday", "7 May 2023"),
-        ("Yesterday", "7 May 2023"),
-        ("the day before yesterday", "6 May 2023"),
-        ("today", "8 May 2023"),
-        ("tomorrow", "9 May 2023"),
-        ("last week", "the week before 8 May 2023"),
-        ("this week", "the week of 8 May 2023"),
-        ("next weekend", "the weekend after 8 May 2023"),
-        ("last Friday", "the Friday before 8 May 2023"),
-        ("last month", "April 2023"),
-        ("next month", "June 2023"),
-        ("last year", "2022"),
-        ("two days ago", "6 May 2023"),
-        ("3 years ago", "2020"),
-        ("a year ago", "2022"),
-        ("two weeks ago", "the week of 24 April 2023"),
-        ("two weekends ago", "2 weekends before 8 May 2023"),
-        ("a few days ago", None),
+        ("yesterday", "7 May 2023", "24 May 2023"),
+        ("Yesterday", "7 May 2023", "24 May 2023"),
+        ("last night", "7 May 2023", "24 May 2023"),
+        ("the day before yesterday", "6 May 2023", "23 May 2023"),
+        ("today", "8 May 2023", "25 May 2023"),
+        ("tonight", "8 May 2023", "25 May 2023"),
+        ("tomorrow", "9 May 2023", "26 May 2023"),
+        ("last Saturday", "6 May 2023", "20 May 2023"),
+        ("last Sunday", "7 May 2023", "21 May 2023"),
+        ("Last Fri", "5 May 2023", "19 May 2023"),
+        ("last Tues", "2 May 2023", "23 May 2023"),
+        ("last Monday", "1 May 2023", "22 May 2023"),
+        ("past Thurs.", "4 May 2023", "18 May 2023"),
+        ("this Saturday", "13 May 2023", "27 May 2023"),
+        ("next Friday", "12 May 2023", "26 May 2023"),
+        ("last weekend", "6-7 May 2023", "20-21 May 2023"),
+        ("this weekend", "13-14 May 2023", "27-28 May 2023"),
+        ("next weekend", "20-21 May 2023", "3-4 June 2023"),
+        ("last week", "1-7 May 2023", "15-21 May 2023"),
+        ("this week", "8-14 May 2023", "22-28 May 2023"),
+        ("next week", "15-21 May 2023", "29 May - 4 June 2023"),
+        ("last month", "April 2023", "April 2023"),
+        ("next month", "June 2023", "June 2023"),
+        ("last year", "2022", "2022"),
+        ("two days ago", "6 May 2023", "23 May 2023"),
+        ("a couple of days ago", "6 May 2023", "23 May 2023"),
+        ("two weeks ago", "24-30 April 2023", "8-14 May 2023"),
+        ("two weekends ago", "29-30 April 2023", "13-14 May 2023"),
+        ("a month ago", "April 2023", "April 2023"),
+        ("3 years ago", "2020", "2020"),
+        ("a year ago", "2022", "2022"),
+        ("a few days ago", None, None),
+        ("recently", None, None),
     ],
 )
-def test_resolve_relative_date(expr: str, expected: str | None) -> None:
-    assert resolve_relative_date(expr, MAY8) == expected
+def test_relative_date_table(expr: str, on_monday_8_may: str | None, on_thursday_25_may: str | None) -> None:
+    assert resolve_relative_date(expr, MAY8) == on_monday_8_may
+    assert resolve_relative_date(expr, THU25) == on_thursday_25_may
+
+
+def test_relative_dates_are_dates_or_ranges() -> None:
+    assert relative_date_range("last Saturday", THU25) == DateRange(date(2023, 5, 20), date(2023, 5, 20))
+    assert relative_date_range("last weekend", THU25) == DateRange(date(2023, 5, 20), date(2023, 5, 21))
+    assert relative_date_range("next month", THU25) == DateRange(date(2023, 6, 1), date(2023, 6, 30))
+    assert relative_date_range("last week", date(2023, 1, 4)) == DateRange(
+        date(2022, 12, 26), date(2023, 1, 1)
+    )
+    assert str(DateRange(date(2022, 12, 26), date(2023, 1, 1))) == "26 December 2022 - 1 January 2023"
+    assert relative_date_range("yesterday", THU25).is_day  # type: ignore[union-attr]
+    # said on a weekend day, "last weekend" is the one before it
+    assert str(relative_date_range("last weekend", date(2023, 5, 28))) == "20-21 May 2023"
+    assert str(relative_date_range("this weekend", date(2023, 5, 28))) == "27-28 May 2023"
 
 
 def test_month_arithmetic_crosses_years() -> None:
@@ -102,12 +139,18 @@ def test_month_arithmetic_crosses_years() -> None:
 
 
 def test_annotate_dates_in_order() -> None:
-    text = "Yesterday I ran; last week I swam; a few days ago I rested; next month I fly."
+    text = (
+        "Yesterday I ran; last week I swam; a few days ago I rested; next month I fly. Last Fri and "
+        "last Tues were fun, last night too. I last sat down with him on the last sun-lit day."
+    )
     assert annotate_dates(text, MAY8) == [
         ("Yesterday", "7 May 2023"),
-        ("last week", "the week before 8 May 2023"),
+        ("last week", "1-7 May 2023"),
         ("next month", "June 2023"),
-    ]
+        ("Last Fri", "5 May 2023"),
+        ("last Tues", "2 May 2023"),
+        ("last night", "7 May 2023"),
+    ]  # "last sat down" and "last sun-lit" are not weekdays
 
 
 def test_turn_indexed_view_keeps_turns_verbatim_and_lists_dates() -> None:

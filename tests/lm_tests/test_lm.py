@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import sys
 import time
@@ -36,7 +37,7 @@ from kitune.lm import (
     resolve_role,
 )
 from kitune.testing.openai_stub import Reply, StubServer
-from kitune.usage import TokenLedger
+from kitune.usage import TokenLedger, estimate_tokens
 
 CfgFactory = Callable[..., KituneConfig]
 MSG = [{"role": "user", "content": "Where is Acme Corp headquartered?"}]
@@ -344,6 +345,54 @@ def test_answer_in_reasoning_field(gateway_cfg: CfgFactory, stub: StubServer) ->
     assert info.value.reason == "answer_in_reasoning_field"
     assert "reasoning" in str(info.value)
     assert ledger.records[0].output_tokens == 64 and not ledger.records[0].estimated
+
+
+@pytest.mark.parametrize("usage", [None, (11, 0)])
+def test_reasoning_only_reply_without_output_usage_is_booked_with_its_reasoning_tokens(
+    gateway_cfg: CfgFactory, stub: StubServer, usage: tuple[int, int] | None
+) -> None:
+    reasoning = "The user asks where Acme is. The document says Springfield, so the answer is Springfield."
+    stub.push(Reply.reasoning_only(reasoning, usage=usage))
+    lm, ledger = _lm(gateway_cfg())
+    with pytest.raises(EmptyCompletionError) as info:
+        lm(messages=MSG)
+    assert info.value.reason == "answer_in_reasoning_field"
+    (rec,) = ledger.records
+    assert rec.failed and rec.estimated
+    assert rec.output_tokens == estimate_tokens(reasoning) and rec.output_tokens > 10
+    assert info.value.output_tokens == rec.output_tokens  # what the caller is told it was billed
+    if usage is not None:
+        assert rec.input_tokens == 11  # the provider's input count is kept
+
+
+def test_reply_with_content_and_reasoning_but_no_usage_estimates_both(
+    gateway_cfg: CfgFactory, stub: StubServer
+) -> None:
+    body = json.dumps(
+        {
+            "id": "x",
+            "object": "chat.completion",
+            "created": 1,
+            "model": "stub-model",
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": "stop",
+                    "message": {
+                        "role": "assistant",
+                        "content": "Springfield",
+                        "reasoning_content": "Acme's headquarters are in Springfield, says the page.",
+                    },
+                }
+            ],
+        }
+    ).encode()
+    stub.push(Reply(status=200, body=body))
+    lm, ledger = _lm(gateway_cfg())
+    assert lm(messages=MSG)[0]["text"] == "Springfield"
+    (rec,) = ledger.records
+    expected = estimate_tokens("Acme's headquarters are in Springfield, says the page.\nSpringfield")
+    assert rec.estimated and rec.output_tokens == expected
 
 
 # ----------------------------------------------------------------------------- L4: response_format ladder

@@ -13,6 +13,7 @@ from kitune.programs.guardrails import (
     Drop,
     apply_guardrails,
     check_fact,
+    fact_values,
     normalize_predicate,
     normalize_tags,
 )
@@ -212,3 +213,108 @@ def test_forbidden_phrases_are_dropped_and_counted_and_vague_predicates_counted(
     assert [k.payload.properties.predicate for k in result.kis] == ["founded_in", "affiliated_with"]
     assert result.drop_counts == {"forbidden_phrase": 1}
     assert result.counters["vague_predicate"] == 1
+
+
+# ----------------------------------------------------------------------------- a repair never changes a value
+
+ACME_DOC = "Acme signed the agreement on 1 May 2023. The deal was large."
+SIGNED = FactCandidate(
+    title="Acme signed the agreement on 1 June 2023",
+    description="Acme signed the agreement on 1 June 2023 after long talks.",
+    subject="Acme",
+    predicate="signed",
+    object="the agreement",
+    evidence_span="Acme signed the deal on 1 June 2023",
+    confidence=90,
+)
+
+
+def test_repair_that_would_contradict_the_title_drops_the_fact_with_a_counted_reason() -> None:
+    counts: Counter[str] = Counter()
+    drop = check_fact(SIGNED, ACME_DOC, docid="d1", now=NOW, counters=counts)
+    assert isinstance(drop, Drop)
+    assert drop.reason == "evidence_mismatch"
+    assert drop.detail == (
+        "evidence 'Acme signed the deal on 1 June 2023' is not in the text, and 'Acme signed the "
+        "agreement on 1 May 2023.' (which names the subject and object) does not state the fact's "
+        "date 2023-06-01"
+    )
+    assert counts["evidence_repaired"] == 0
+    result = apply_guardrails([(SIGNED, ACME_DOC)], docid="d1", max_facts=5, now=NOW)
+    assert result.kis == () and result.drop_counts == {"evidence_mismatch": 1}
+
+
+def test_correct_repair_is_still_kept_whatever_the_date_form() -> None:
+    for doc in ("Acme signed the agreement on 1 June 2023.", "On June 1, 2023 Acme signed the agreement."):
+        counts: Counter[str] = Counter()
+        ki = check_fact(SIGNED, doc, docid="d1", now=NOW, counters=counts)
+        assert not isinstance(ki, Drop), doc
+        assert ki.payload.evidence == [doc]
+        assert counts["evidence_repaired"] == 1
+
+
+def test_repair_skips_a_contradicting_sentence_for_a_later_supporting_one() -> None:
+    doc = "Acme signed the agreement on 1 May 2023. Acme signed the agreement again on 1 June 2023."
+    ki = check_fact(SIGNED, doc, docid="d1", now=NOW)
+    assert not isinstance(ki, Drop)
+    assert ki.payload.evidence == ["Acme signed the agreement again on 1 June 2023."]
+
+
+def test_repair_needs_every_number_of_title_and_description() -> None:
+    fact = replace(
+        BASE,
+        title="Acme Corp was founded in 1999",
+        description="Acme Corp was founded in 1999 with 1,500 staff.",
+        evidence_span="Acme was set up in 1999",
+    )
+    drop = check_fact(fact, DOC, docid="d1", now=NOW)
+    assert isinstance(drop, Drop) and drop.reason == "evidence_mismatch"
+    assert drop.detail.endswith("does not state the fact's number 1500")
+    ki = check_fact(fact, "Acme Corp was founded in 1999 with 1500 employees.", docid="d1", now=NOW)
+    assert not isinstance(ki, Drop)
+
+
+def test_verbatim_quote_is_not_subject_to_the_value_rule() -> None:
+    # the quote is found as written: nothing is repaired, so nothing is swapped in
+    fact = replace(SIGNED, evidence_span="Acme signed the agreement on 1 May 2023")
+    ki = check_fact(fact, ACME_DOC, docid="d1", now=NOW)
+    assert not isinstance(ki, Drop) and ki.payload.evidence == ["Acme signed the agreement on 1 May 2023"]
+
+
+JUNE1_PARTS = {("month", "2023-06"), ("day", "06-01"), ("number", "2023"), ("number", "1")}
+
+
+@pytest.mark.parametrize(
+    ("text", "required", "supplied_extra"),
+    [
+        (
+            "on 1 June 2023",
+            {("date", "2023-06-01")},
+            JUNE1_PARTS,
+        ),
+        (
+            "June 1st, 2023",
+            {("date", "2023-06-01")},
+            JUNE1_PARTS,
+        ),
+        (
+            "the 1st of June 2023",
+            {("date", "2023-06-01")},
+            JUNE1_PARTS,
+        ),
+        (
+            "2023-06-01",
+            {("date", "2023-06-01")},
+            JUNE1_PARTS,
+        ),
+        ("in June 2023", {("month", "2023-06")}, {("number", "2023")}),
+        ("on 1 June", {("day", "06-01")}, {("number", "1")}),
+        ("1,500 staff and 3.50% of 2 units", {("number", "1500"), ("number", "3.5"), ("number", "2")}, set()),
+        ("the 4th album of B‑52s", {("number", "4"), ("number", "52")}, set()),
+        ("no digits here", set(), set()),
+    ],
+)
+def test_fact_values(text: str, required: set[tuple[str, str]], supplied_extra: set[tuple[str, str]]) -> None:
+    values = fact_values(text)
+    assert values.required == required
+    assert values.supplied == required | supplied_extra

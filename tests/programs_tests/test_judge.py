@@ -203,3 +203,55 @@ def test_judge_confidence_follows_the_one_policy() -> None:
     assert parse_grading('{"correct": "yes", "confidence": 0.85}').confidence == 85
     assert parse_grading('{"correct": "no", "confidence": "85%"}').confidence == 85
     assert parse_grading("correct: no\nconfidence: 72").confidence == 72
+
+
+# --- typed outputs: a model writing int[90] / bool[False] as it saw the types (issue 25) -----
+
+TYPED_FIELDS = {
+    "extracted_final_answer": "Paris",
+    "reasoning": "Paris is not Lyon.",
+    "correct": "bool[False]",
+    "confidence": "int[90]",
+}
+
+
+def test_typed_bracket_outputs_are_coerced_through_the_adapter() -> None:
+    lm = DummyLM([TYPED_FIELDS])  # field-per-section reply: "[[ ## correct ## ]]\nbool[False]"
+    v = judge_answer("Capital?", "Paris", "Lyon", lm=lm)
+    assert (v.status, v.correct, v.confidence, v.extracted_answer) == ("graded", False, 90, "Paris")
+    assert len(lm.history) == 1
+
+
+def test_typed_bracket_outputs_in_a_json_reply_under_a_plain_dspy_adapter() -> None:
+    # dspy's own JSONAdapter fails on "bool[False]"; the raw report is read with the same coercion
+    raw = (
+        '{"extracted_final_answer": "Paris", "reasoning": "r", "correct": "bool[True]", '
+        '"confidence": "int[85]"}'
+    )
+    with dspy.context(adapter=dspy.JSONAdapter()):
+        v = Judge().grade("Capital?", "Paris", "Paris", lm=RawLM([raw]))
+    assert (v.status, v.correct, v.confidence, v.extracted_answer) == ("graded", True, 85, "Paris")
+
+
+@pytest.mark.parametrize(
+    ("raw", "correct", "confidence"),
+    [
+        (
+            "[[ ## extracted_final_answer ## ]]\nParis\n[[ ## correct ## ]]\nbool[False]\n"
+            "[[ ## confidence ## ]]\nint[90]\n[[ ## completed ## ]]",
+            False,
+            90,
+        ),
+        ("extracted_final_answer: Paris\ncorrect: bool[True]\nconfidence: int[70]", True, 70),
+        ("extracted_final_answer: Paris\ncorrect: true\nconfidence: 60", True, 60),
+        ('{"correct": "bool[no]", "confidence": "float[75]"}', False, 75),
+    ],
+)
+def test_parse_grading_reads_typed_values(raw: str, correct: bool, confidence: int) -> None:
+    v = parse_grading(raw)
+    assert (v.status, v.correct, v.confidence) == ("graded", correct, confidence)
+
+
+def test_typed_value_that_does_not_fit_its_type_is_still_a_grader_error() -> None:
+    v = parse_grading("extracted_final_answer: Paris\ncorrect: bool[maybe]\nconfidence: int[high]")
+    assert (v.status, v.correct, v.confidence) == ("grader_error", None, None)

@@ -4,18 +4,25 @@ from __future__ import annotations
 
 import json
 
+import dspy
 import pytest
 
 from kitune.errors import ParseError
+from kitune.lm import KituneLM, ResolvedLM, reset_format_memory
+from kitune.programs.fact_extractor import DocExtraction, FactExtractor
 from kitune.programs.parsing import (
     DEFAULT_CONFIDENCE,
     FIELD_ALIASES,
+    REPLY_FAILURES,
     FactCandidate,
     coerce_confidence,
     coerce_record,
     extract_json,
     parse_facts,
+    reply_failure,
 )
+from kitune.schema import Document
+from kitune.testing.openai_stub import Reply, StubServer
 
 P1_A = """<think>
 The user wants facts from the document. Let me list them carefully...
@@ -282,9 +289,48 @@ def test_array_cut_off_at_the_token_limit_keeps_its_complete_records() -> None:
     assert parsed.counters["truncated_salvaged"] == 1
 
 
-def test_cut_off_inside_the_first_record_is_still_no_json() -> None:
-    with pytest.raises(ParseError, match="no JSON object found"):
+def test_cut_off_inside_the_first_record_is_reported_as_cut_off() -> None:
+    with pytest.raises(ParseError) as info:
         parse_facts('[{"title": "T", "description": "half')
+    assert str(info.value) == (
+        "JSON cut off: the JSON array opened at character 0 never closes (the reply ended inside it, "
+        "e.g. at its token limit) and holds no complete record"
+    )
+    assert reply_failure(info.value) == "cut_off"
+    assert info.value.raw == '[{"title": "T", "description": "half'
+
+
+def test_malformed_object_is_reported_as_malformed_not_as_no_json() -> None:
+    raw = 'Here you go: {"title": "T", "subject": "S" "object": "O"} as asked.'
+    with pytest.raises(ParseError) as info:
+        parse_facts(raw)
+    assert str(info.value) == (
+        "malformed JSON: the JSON object at characters 13-57 does not parse (Expecting ',' delimiter "
+        "at line 1 column 31) and holds no well-formed record"
+    )
+    assert reply_failure(info.value) == "malformed_json"
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        ("I cannot find any facts [1] in this {see above} text.", "no_json"),
+        ('["only", "strings"] and then {"title": "T" "x": 1}', "malformed_json"),
+        ('```json\n{"facts": [{"title": "Acme was fou', "cut_off"),
+        ('<think>{"a": </think> plain prose', "no_json"),
+    ],
+)
+def test_each_reply_failure_has_its_own_reason(raw: str, reason: str) -> None:
+    with pytest.raises(ParseError) as info:
+        parse_facts(raw)
+    assert reply_failure(info.value) == reason
+    assert str(info.value).startswith(REPLY_FAILURES[reason] + ": ")
+
+
+def test_record_errors_are_not_reply_failures() -> None:
+    with pytest.raises(ParseError) as info:
+        coerce_record({"title": "T"})
+    assert reply_failure(info.value) == ""
 
 
 # --- One bad record never costs its neighbours (issue 13 item 5) -----------------------------
@@ -351,3 +397,91 @@ def test_missing_comma_record_reported_and_cut_tail_counted() -> None:
     assert [(e.index, e.reason) for e in parsed.errors] == [(1, "malformed_json"), (3, "malformed_json")]
     assert parsed.counters["truncated_salvaged"] == 1
     assert parsed.counters["records_malformed"] == 2
+
+
+# --- the extractor reports a reply cut twice and a malformed one differently (issue 25) -------
+
+
+def _extract_with_replies(*replies: Reply) -> DocExtraction:
+    reset_format_memory()
+    with StubServer() as stub:
+        stub.push(*replies)
+        resolved = ResolvedLM(
+            role="extract",
+            model="openai/stub",
+            api_base=stub.base_url,
+            api_key="sk-test",
+            key_env=None,
+            base_env=None,
+            is_local=False,
+            temperature=0.0,
+            max_tokens=512,
+            timeout_s=5.0,
+            num_retries=0,
+        )
+        doc = Document(docid="d1", text="Acme Corp was founded in 1999 by Jane Roe.")
+        with dspy.context(lm=KituneLM(resolved)):
+            return FactExtractor(max_retry_tokens=1024).extract_document(doc)
+
+
+def test_reply_cut_twice_and_malformed_reply_fail_for_different_reasons() -> None:
+    cut = '{"facts": [{"title": "Acme Corp was founded in 1999", "description": "Acme Corp was fou'
+    twice = _extract_with_replies(
+        Reply.ok(cut, finish_reason="length"), Reply.ok(cut, finish_reason="length")
+    )
+    malformed = '{"facts": [{"title": "Acme Corp was founded in 1999" "subject": "Acme Corp"}]}'
+    bad = _extract_with_replies(Reply.ok(malformed), Reply.ok(malformed))
+    assert twice.status == bad.status == "failed"
+    assert twice.error == (
+        "JSON cut off: the JSON object opened at character 0 never closes (the reply ended inside it, "
+        "e.g. at its token limit) and holds no complete record"
+    )
+    assert twice.counters["truncated_replies"] == 2 and twice.counters["truncation_retries"] == 1
+    assert bad.error == (
+        "malformed JSON: the JSON object at characters 0-78 does not parse (Expecting ',' delimiter at "
+        "line 1 column 54) and holds no well-formed record"
+    )
+    assert twice.raw == cut and bad.raw == malformed
+
+
+def test_typed_bracket_confidence_and_fields_are_coerced() -> None:
+    assert coerce_confidence("int[90]") == 90
+    assert coerce_confidence("float[0.85]") == 85
+    with pytest.raises(ValueError):
+        coerce_confidence("int[high]")
+    record = {
+        "title": "Acme Corp was founded in 1999",
+        "description": "Acme Corp was founded in 1999.",
+        "subject": "str[Acme Corp]",
+        "predicate": "founded_in",
+        "object": "int[1999]",
+        "evidence_span": "Acme Corp was founded in 1999",
+        "confidence": "int[90]",
+    }
+    parsed = parse_facts(json.dumps([record]))
+    assert parsed.errors == ()
+    assert (parsed.records[0].subject, parsed.records[0].object, parsed.records[0].confidence) == (
+        "Acme Corp",
+        "1999",
+        90,
+    )
+
+
+def test_extractor_keeps_a_fact_whose_confidence_came_back_typed() -> None:
+    from dspy.utils import DummyLM
+
+    record = {
+        "title": "Acme Corp was founded in 1999",
+        "description": "Acme Corp was founded in 1999 by Jane Roe.",
+        "subject": "Acme Corp",
+        "predicate": "founded_in",
+        "object": "1999",
+        "evidence_span": "Acme Corp was founded in 1999",
+        "confidence": "int[90]",
+    }
+    lm = DummyLM([{"facts": json.dumps([record])}])
+    doc = Document(docid="d1", text="Acme Corp was founded in 1999 by Jane Roe.")
+    with dspy.context(lm=lm):
+        result = FactExtractor().extract_document(doc)
+    assert result.status == "ok" and [k.payload.confidence for k in result.kis] == [90]
+    assert "records_rejected" not in result.counters

@@ -9,8 +9,9 @@ turn::
 The turn id ``D<session>:<turn>`` is the natural evidence handle (like a sentence number): an
 extractor can cite it, the cited turn's text can be copied verbatim as the evidence span, and a
 KI's evidence span can be mapped back to the turns it quotes (:func:`turns_for_span`).
-Relative dates are resolved against the session date (:func:`resolve_relative_date`:
-"yesterday" said on 8 May 2023 is 7 May 2023) and listed *beside* the verbatim turns in
+Relative dates are resolved against the session date to a day or a range of days
+(:func:`relative_date_range`: "yesterday" said on Monday 8 May 2023 is 7 May 2023, "last
+Saturday" 6 May 2023, "last weekend" 6-7 May 2023) and listed *beside* the verbatim turns in
 :func:`turn_indexed_view`, never written into them, so an evidence span copied from the view is
 still found verbatim in the original document.
 
@@ -29,6 +30,7 @@ from typing import Any
 from kitune.text import find_span
 
 __all__ = [
+    "DateRange",
     "Session",
     "Unit",
     "annotate_dates",
@@ -40,6 +42,7 @@ __all__ = [
     "numbered_turn_view",
     "parse_session",
     "parse_session_date",
+    "relative_date_range",
     "resolve_relative_date",
     "text_for_units",
     "turn_indexed_view",
@@ -222,15 +225,56 @@ _NUMBER = {
     "seven": 7, "eight": 8, "nine": 9, "ten": 10, "a couple of": 2, "couple of": 2,
 }  # fmt: skip
 _WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
+_WEEKDAY_ABBR = {
+    "mon": 0, "tue": 1, "tues": 1, "wed": 2, "weds": 2, "thu": 3, "thur": 3, "thurs": 3,
+    "fri": 4, "sat": 5, "sun": 6,
+}  # fmt: skip
 _UNIT_RE = r"(day|week|month|year|weekend)s?"
 _NUM_RE = r"(\d+|a couple of|couple of|an?|one|two|three|four|five|six|seven|eight|nine|ten)"
+# Weekday abbreviations only when capitalised ("last Fri", "Last Tues"): "I last sat down" and
+# "the last sun of summer" are not dates.
+_ABBR_RE = "|".join(sorted((a.capitalize() for a in _WEEKDAY_ABBR), key=len, reverse=True))
 _RELATIVE = re.compile(
-    rf"\b(?:the day before yesterday|day before yesterday|yesterday|today|tonight|tomorrow"
+    rf"\b(?:(?i:the day before yesterday|day before yesterday|yesterday|today|tonight|tomorrow|last night"
     rf"|this (?:morning|afternoon|evening)"
     rf"|(?:last|this|next|past) (?:week|weekend|month|year|{'|'.join(_WEEKDAYS)})"
-    rf"|{_NUM_RE} {_UNIT_RE} ago)\b",
-    re.IGNORECASE,
+    rf"|{_NUM_RE} {_UNIT_RE} ago)"
+    rf"|(?i:last|this|next|past) (?:{_ABBR_RE})(?![a-z]))\b",
 )
+
+
+@dataclass(frozen=True)
+class DateRange:
+    """An inclusive span of calendar days a relative time expression names."""
+
+    start: date
+    """First day."""
+    end: date
+    """Last day (``end >= start``; equal for a single day)."""
+
+    @property
+    def is_day(self) -> bool:
+        """True when the range is one day."""
+        return self.start == self.end
+
+    def __str__(self) -> str:
+        """``7 May 2023``; a whole month ``April 2023``; a whole year ``2022``; else a span.
+
+        Spans: ``20-21 May 2023`` (same month), ``29 April - 5 May 2023`` (same year),
+        ``26 December 2022 - 1 January 2023``.
+        """
+        a, b = self.start, self.end
+        if a == b:
+            return format_date(a)
+        if a == date(a.year, 1, 1) and b == date(a.year, 12, 31):
+            return str(a.year)
+        if a.day == 1 and b == _month_end(a):
+            return f"{a:%B %Y}"
+        if (a.year, a.month) == (b.year, b.month):
+            return f"{a.day}-{format_date(b)}"
+        if a.year == b.year:
+            return f"{a.day} {a:%B} - {format_date(b)}"
+        return f"{format_date(a)} - {format_date(b)}"
 
 
 def _add_months(d: date, months: int) -> date:
@@ -238,54 +282,137 @@ def _add_months(d: date, months: int) -> date:
     return date(d.year + y, m + 1, 1)
 
 
-def resolve_relative_date(expression: str, anchor: date) -> str | None:
-    """Resolve a relative time expression against the date it was said on.
+def _month_end(d: date) -> date:
+    return _add_months(d, 1) - timedelta(days=1)
+
+
+def _week_of(d: date) -> DateRange:
+    monday = d - timedelta(days=d.weekday())
+    return DateRange(monday, monday + timedelta(days=6))
+
+
+def _weekend_of_week(d: date) -> DateRange:
+    saturday = d - timedelta(days=d.weekday()) + timedelta(days=5)
+    return DateRange(saturday, saturday + timedelta(days=1))
+
+
+def _weekday_number(word: str) -> int | None:
+    if word in _WEEKDAYS:
+        return _WEEKDAYS.index(word)
+    return _WEEKDAY_ABBR.get(word.rstrip("."))
+
+
+def relative_date_range(expression: str, anchor: date) -> DateRange | None:
+    """The days a relative time expression names, said on ``anchor`` (the session date).
+
+    The table (weeks run Monday to Sunday; "past" means "last"; any case; a weekday may be written
+    in full or abbreviated ``Mon``, ``Tue``/``Tues``, ``Wed``/``Weds``, ``Thu``/``Thur``/``Thurs``,
+    ``Fri``, ``Sat``, ``Sun``):
+
+    ===============================================  ==============================================
+    expression                                        range
+    ===============================================  ==============================================
+    ``today``, ``tonight``, ``this morning`` …        the anchor day
+    ``yesterday``, ``last night``                     the day before
+    ``the day before yesterday``                      two days before
+    ``tomorrow``                                      the day after
+    ``last Saturday``, ``Last Fri``                   the latest such weekday *before* the anchor day
+    ``this Saturday``                                 that weekday in the anchor's week
+    ``next Saturday``                                 the first such weekday *after* the anchor day
+    ``last week`` / ``this week`` / ``next week``     the Monday-Sunday week before / of / after
+    ``last weekend``                                  the latest Saturday-Sunday wholly before the
+                                                      anchor day
+    ``this weekend`` / ``next weekend``               Saturday-Sunday of the anchor's / next week
+    ``last month`` / ``this month`` / ``next month``  the calendar month
+    ``last year`` / ``this year`` / ``next year``     the calendar year
+    ``two days ago``, ``3 days ago``                  that day
+    ``two weeks ago``                                 the week holding the day 14 days before
+    ``two weekends ago``                              the weekend before last weekend
+    ``a month ago``, ``two years ago``                that calendar month / year
+    ===============================================  ==============================================
+
+    Numbers are digits, ``a``/``an``, ``one``…``ten`` or ``a couple of``.
 
     Args:
-        expression: e.g. ``"yesterday"``, ``"last week"``, ``"two days ago"``, ``"last Friday"``.
-        anchor: the session date.
+        expression: the expression, e.g. ``"last Tues"`` (surrounding spaces and a final full stop
+            are ignored).
+        anchor: the date it was said on.
 
     Returns:
-        Days as ``"7 May 2023"``; months as ``"April 2023"``; years as ``"2022"``; weeks,
-        weekends and weekdays as ``"the week before 8 May 2023"`` /
-        ``"the Friday before 8 May 2023"`` (the span it names, without inventing a day).
-        None for an expression this does not handle (e.g. ``"a few days ago"``).
+        The :class:`DateRange` (one day for the day forms); None for an expression not in the
+        table (``"a few days ago"``, ``"recently"``).
     """
-    e = re.sub(r"\s+", " ", expression.strip().lower())
+    e = re.sub(r"\s+", " ", expression.strip().rstrip(".").lower())
     fixed = {
         "today": 0, "tonight": 0, "this morning": 0, "this afternoon": 0, "this evening": 0,
-        "yesterday": -1, "day before yesterday": -2, "the day before yesterday": -2, "tomorrow": 1,
+        "yesterday": -1, "last night": -1, "day before yesterday": -2, "the day before yesterday": -2,
+        "tomorrow": 1,
     }  # fmt: skip
     if e in fixed:
-        return format_date(anchor + timedelta(days=fixed[e]))
-    when = format_date(anchor)
+        day = anchor + timedelta(days=fixed[e])
+        return DateRange(day, day)
     m = re.fullmatch(r"(last|this|next|past) (\w+)", e)
     if m:
-        rel, unit = m.groups()
+        rel, unit = m.group(1), m.group(2)
         step = {"last": -1, "past": -1, "this": 0, "next": 1}[rel]
         if unit == "month":
-            return f"{_add_months(anchor, step):%B %Y}"
+            first = _add_months(anchor, step)
+            return DateRange(first, _month_end(first))
         if unit == "year":
-            return str(anchor.year + step)
-        if unit in ("week", "weekend"):
-            return f"the {unit} " + {-1: "before", 0: "of", 1: "after"}[step] + f" {when}"
-        if unit in _WEEKDAYS:
-            word = {-1: "before", 0: "of the week of", 1: "after"}[step]
-            return f"the {unit.capitalize()} {word} {when}"
-        return None
+            return DateRange(date(anchor.year + step, 1, 1), date(anchor.year + step, 12, 31))
+        if unit == "week":
+            return _week_of(anchor + timedelta(weeks=step))
+        if unit == "weekend":
+            return _weekend(anchor, step)
+        weekday = _weekday_number(unit)
+        if weekday is None:
+            return None
+        if step == 0:
+            day = _week_of(anchor).start + timedelta(days=weekday)
+        elif step < 0:
+            day = anchor - timedelta(days=(anchor.weekday() - weekday - 1) % 7 + 1)
+        else:
+            day = anchor + timedelta(days=(weekday - anchor.weekday() - 1) % 7 + 1)
+        return DateRange(day, day)
     m = re.fullmatch(rf"{_NUM_RE} {_UNIT_RE} ago", e)
     if m:
         n, unit = _NUMBER.get(m.group(1)) or int(m.group(1)), m.group(2)
         if unit == "day":
-            return format_date(anchor - timedelta(days=n))
+            day = anchor - timedelta(days=n)
+            return DateRange(day, day)
         if unit == "week":
-            return f"the week of {format_date(anchor - timedelta(weeks=n))}"
+            return _week_of(anchor - timedelta(weeks=n))
         if unit == "weekend":
-            return f"{n} weekend{'s' if n > 1 else ''} before {when}"
+            return _weekend(anchor, -n)
         if unit == "month":
-            return f"{_add_months(anchor, -n):%B %Y}"
-        return str(anchor.year - n)
+            first = _add_months(anchor, -n)
+            return DateRange(first, _month_end(first))
+        return DateRange(date(anchor.year - n, 1, 1), date(anchor.year - n, 12, 31))
     return None
+
+
+def _weekend(anchor: date, step: int) -> DateRange:
+    """Saturday-Sunday ``step`` weekends from the anchor's (0: its week's; -1: latest wholly before it)."""
+    if step >= 0:
+        return _weekend_of_week(anchor + timedelta(weeks=step))
+    this = _weekend_of_week(anchor)
+    latest = this if this.end < anchor else _weekend_of_week(anchor - timedelta(weeks=1))
+    shift = timedelta(weeks=-step - 1)
+    return DateRange(latest.start - shift, latest.end - shift)
+
+
+def resolve_relative_date(expression: str, anchor: date) -> str | None:
+    """:func:`relative_date_range` as text (``"7 May 2023"``, ``"1-7 May 2023"``, ``"April 2023"``).
+
+    Args:
+        expression: e.g. ``"yesterday"``, ``"last week"``, ``"two days ago"``, ``"Last Fri"``.
+        anchor: the session date.
+
+    Returns:
+        ``str(DateRange)``; None for an expression the table does not hold.
+    """
+    found = relative_date_range(expression, anchor)
+    return str(found) if found is not None else None
 
 
 def annotate_dates(text: str, anchor: date) -> list[tuple[str, str]]:

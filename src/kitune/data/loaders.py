@@ -1,6 +1,6 @@
-"""Dataset loaders: corpora and questions from the BrowseComp-Plus layout or plain JSONL.
+"""Dataset loaders: corpora and questions from the BrowseComp-Plus layout, plain JSONL or LoCoMo.
 
-Two layouts are read:
+Three layouts are read:
 
 * **BrowseComp-Plus layout** (a directory, as in ``shared/data/fixture``): ``corpus.jsonl``
   (``{"docid", "title", "text", "source"?, "url"?}``), ``queries.tsv`` (``query_id<TAB>query``),
@@ -11,7 +11,14 @@ Two layouts are read:
   ``query``/``question``, ``answer`` and optionally ``aliases``/``answer_aliases``,
   ``evidence_docids``, ``gold_docids``, ``dataset``, ``hops``, ``category``,
   ``evidence_turns``/``evidence_dia_ids``). A directory holding
-  ``documents.jsonl`` + ``questions.jsonl`` is read the same way.
+  ``documents.jsonl`` + ``questions.jsonl`` is read the same way. Record fields:
+  :mod:`kitune.data.questions` (an answerless adversarial record is an abstention question).
+* **LoCoMo as published**: ``locomo10.json``, one conversation's ``.json``, or a directory of
+  them (no ``corpus.jsonl`` beside), mapped to the same documents and questions as
+  ``shared/data/locomo`` by :mod:`kitune.data.locomo` (category 5 kept as abstention questions).
+
+Questions get an errata overlay applied when one is given or sits beside the data
+(:mod:`kitune.data.errata`; counted and logged).
 
 Errors: a missing file, an invalid question line, a duplicate id, a qrel naming an unknown
 document or question, or a question without an answer raises :class:`kitune.errors.DataError`
@@ -24,10 +31,12 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Collection, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
+from kitune.data.errata import ErrataReport, apply_errata, errata_path_for, load_errata
+from kitune.data.locomo import is_locomo_path, read_locomo
+from kitune.data.questions import Question, first_field, question_from_record
 from kitune.errors import DataError
 from kitune.schema import Document
 
@@ -42,6 +51,7 @@ __all__ = [
     "load_corpus_with_report",
     "load_dataset",
     "load_questions",
+    "load_questions_with_errata",
 ]
 
 logger = logging.getLogger(__name__)
@@ -56,54 +66,6 @@ _PLAIN_QUESTIONS = "questions.jsonl"
 
 _ID_KEYS = ("docid", "doc_id", "id")
 _TEXT_KEYS = ("text", "contents", "content")
-
-
-@dataclass(frozen=True)
-class Question:
-    """One evaluation question with its gold answer and gold documents."""
-
-    query_id: str
-    """Unique id within the dataset (a string, e.g. ``"43"``)."""
-    query: str
-    """The question text."""
-    answer: str
-    """The gold answer (non-empty)."""
-    aliases: tuple[str, ...] = ()
-    """Other accepted spellings of the answer."""
-    evidence_docids: tuple[str, ...] = ()
-    """Documents needed to answer (qrel_evidence), in file order."""
-    gold_docids: tuple[str, ...] = ()
-    """Documents that contain the answer (qrel_golds), in file order."""
-    dataset: str = ""
-    """Origin dataset, e.g. ``"musique"``."""
-    hops: str = ""
-    """Hop label as given, e.g. ``"2hop"``."""
-    category: str = ""
-    """Question category as given, e.g. ``"temporal"`` (LoCoMo: single-hop, multi-hop, temporal,
-    open-domain); empty when the dataset has none. Reports break accuracy down by it."""
-    evidence_turns: tuple[str, ...] = ()
-    """Ids of the dialogue turns holding the evidence (LoCoMo ``evidence_dia_ids``, e.g.
-    ``("D1:3",)``: session 1, turn 3), in file order; empty for non-dialogue data."""
-
-    @property
-    def golds(self) -> tuple[str, ...]:
-        """The answer followed by its aliases (for EM/F1)."""
-        return (self.answer, *self.aliases)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able dict with list-valued tuples."""
-        return {
-            "query_id": self.query_id,
-            "query": self.query,
-            "answer": self.answer,
-            "aliases": list(self.aliases),
-            "evidence_docids": list(self.evidence_docids),
-            "gold_docids": list(self.gold_docids),
-            "dataset": self.dataset,
-            "hops": self.hops,
-            "category": self.category,
-            "evidence_turns": list(self.evidence_turns),
-        }
 
 
 @dataclass(frozen=True)
@@ -175,13 +137,6 @@ def iter_lines(path: Path, skipped: list[SkippedLine] | None = None) -> Iterator
                 yield lineno, line
 
 
-def _first(record: dict[str, Any], keys: tuple[str, ...]) -> Any:
-    for key in keys:
-        if key in record and record[key] is not None:
-            return record[key]
-    return None
-
-
 def _resolve_corpus_path(path: Path) -> Path:
     if path.is_dir():
         for name in (CORPUS_FILE, _PLAIN_DOCS):
@@ -200,8 +155,8 @@ def load_corpus_with_report(path: Path | str) -> tuple[list[Document], LoadRepor
     """Read a corpus and report skipped lines.
 
     Args:
-        path: a JSONL file (one document per line) or a directory holding ``corpus.jsonl`` or
-            ``documents.jsonl``.
+        path: a JSONL file (one document per line), a directory holding ``corpus.jsonl`` or
+            ``documents.jsonl``, or LoCoMo as published (:mod:`kitune.data.locomo`).
 
     Returns:
         ``(documents, report)``: documents in file order; ``report.loaded == len(documents)``.
@@ -211,6 +166,9 @@ def load_corpus_with_report(path: Path | str) -> tuple[list[Document], LoadRepor
     Raises:
         DataError: the file is missing, or two lines share a doc id (names both lines).
     """
+    if is_locomo_path(path):
+        data = read_locomo(path)
+        return data.documents, LoadReport(path=str(data.files[0]), loaded=len(data.documents))
     file = _resolve_corpus_path(Path(path))
     docs: list[Document] = []
     skipped: list[SkippedLine] = []
@@ -224,8 +182,8 @@ def load_corpus_with_report(path: Path | str) -> tuple[list[Document], LoadRepor
         if not isinstance(record, dict):
             skipped.append(SkippedLine(str(file), lineno, f"expected an object, got {type(record).__name__}"))
             continue
-        docid = _first(record, _ID_KEYS)
-        text = _first(record, _TEXT_KEYS)
+        docid = first_field(record, _ID_KEYS)
+        text = first_field(record, _TEXT_KEYS)
         if docid is None or str(docid).strip() == "":
             skipped.append(SkippedLine(str(file), lineno, "no docid/id field"))
             continue
@@ -313,53 +271,6 @@ def _read_qrels(
     return out
 
 
-def _str_list(value: Any, path: Path, lineno: int, key: str) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        return (value,)
-    if isinstance(value, list):
-        return tuple(str(v) for v in value if v is not None and str(v) != "")
-    raise DataError(f"{path}:{lineno}: {key} must be a list of strings", path=str(path), line=lineno)
-
-
-def _question_from_record(record: dict[str, Any], path: Path, lineno: int) -> Question:
-    qid = _first(record, ("query_id", "qid", "id"))
-    if qid is None or str(qid).strip() == "":
-        raise DataError(f"{path}:{lineno}: question has no query_id/id", path=str(path), line=lineno)
-    query = _first(record, ("query", "question"))
-    answer = record.get("answer")
-    if isinstance(answer, list):  # some exports give a list of accepted answers
-        answer, *rest = answer or [None]
-        record = {**record, "answer_aliases": [*rest, *(record.get("answer_aliases") or [])]}
-    if answer is None or str(answer).strip() == "":
-        raise DataError(
-            f"{path}:{lineno}: question {qid!r} has no answer: every evaluation question needs a gold "
-            "'answer' field",
-            path=str(path),
-            line=lineno,
-        )
-    return Question(
-        query_id=str(qid).strip(),
-        query=str(query or ""),
-        answer=str(answer),
-        aliases=_str_list(_first(record, ("answer_aliases", "aliases")), path, lineno, "aliases"),
-        evidence_docids=_str_list(
-            _first(record, ("evidence_docids", "evidence_doc_ids")), path, lineno, "evidence"
-        ),
-        gold_docids=_str_list(_first(record, ("gold_docids", "gold_doc_ids")), path, lineno, "gold_docids"),
-        dataset=str(record.get("dataset") or ""),
-        hops=str(record.get("hops") or ""),
-        category=str(_first(record, ("category", "question_category")) or "").strip(),
-        evidence_turns=_str_list(
-            _first(record, ("evidence_turns", "evidence_dia_ids", "evidence_turn_ids")),
-            path,
-            lineno,
-            "evidence_turns",
-        ),
-    )
-
-
 def _read_question_records(path: Path, *, require_query: bool = True) -> list[Question]:
     # require_query=False only for BrowseComp's ground_truth.jsonl, whose text may come from queries.tsv.
     questions: list[Question] = []
@@ -375,7 +286,7 @@ def _read_question_records(path: Path, *, require_query: bool = True) -> list[Qu
             ) from e
         if not isinstance(record, dict):
             raise DataError(f"{path}:{lineno}: expected a JSON object", path=str(path), line=lineno)
-        q = _question_from_record(record, path, lineno)
+        q = question_from_record(record, path, lineno)
         if require_query and not q.query.strip():
             # A blank question would still be sent to the agent and the judge: tokens for nothing.
             raise DataError(
@@ -455,17 +366,11 @@ def _load_browsecomp(root: Path, doc_ids: Collection[str] | None) -> list[Questi
                 f"question {qid!r} has no query text in {queries_path} or {gt_path}", path=str(gt_path)
             )
         out.append(
-            Question(
-                query_id=qid,
+            replace(
+                q,
                 query=query,
-                answer=q.answer,
-                aliases=q.aliases,
                 evidence_docids=tuple(evidence.get(qid, q.evidence_docids)),
                 gold_docids=tuple(golds.get(qid, q.gold_docids)),
-                dataset=q.dataset,
-                hops=q.hops,
-                category=q.category,
-                evidence_turns=q.evidence_turns,
             )
         )
     return out
@@ -483,24 +388,68 @@ def _check_doc_refs(questions: list[Question], doc_ids: Collection[str] | None, 
                 )
 
 
-def load_questions(path: Path | str, *, doc_ids: Collection[str] | None = None) -> list[Question]:
-    """Read evaluation questions.
+def load_questions(
+    path: Path | str,
+    *,
+    doc_ids: Collection[str] | None = None,
+    errata: Path | str | None = None,
+) -> list[Question]:
+    """Read evaluation questions, with an errata overlay applied when there is one.
 
     Args:
         path: a BrowseComp-Plus directory (``ground_truth.jsonl`` [+ ``queries.tsv`` + qrels]),
-            a directory with ``questions.jsonl``, or a questions JSONL file.
+            a directory with ``questions.jsonl``, a questions JSONL file, or LoCoMo as published.
         doc_ids: known corpus doc ids to validate qrels against. None: read them from the
             directory's corpus file when there is one, else skip the check.
+        errata: an overlay file (:mod:`kitune.data.errata`); None: the one beside ``path`` by
+            convention (:func:`kitune.data.errata.errata_path_for`), if any.
 
     Returns:
         Questions in file order (``queries.tsv`` order when present); query ids unique.
 
     Raises:
         DataError: missing file, invalid JSON line, duplicate query id, a question without an
-            answer or without question text, or a qrel/evidence doc id not in the corpus (message
-            names file and line).
+            answer (an answerless adversarial one is an abstention question) or without question
+            text, a qrel/evidence doc id not in the corpus (message names file and line), or an
+            invalid errata file.
     """
-    p = Path(path)
+    questions = _load_questions(Path(path), doc_ids)
+    return load_questions_with_errata(questions, path, errata)[0]
+
+
+def load_questions_with_errata(
+    questions: list[Question], path: Path | str, errata: Path | str | None = None
+) -> tuple[list[Question], ErrataReport | None]:
+    """Apply the errata overlay for ``path`` (``errata`` when given) to ``questions``.
+
+    Returns:
+        ``(questions, report)``; ``report`` is None when there is no overlay.
+
+    Raises:
+        DataError: the overlay file is invalid (:func:`kitune.data.errata.load_errata`).
+    """
+    overlay = Path(errata) if errata is not None else errata_path_for(path)
+    if overlay is None:
+        return questions, None
+    return apply_errata(questions, load_errata(overlay), path=overlay)
+
+
+def _read_locomo_questions(path: Path) -> list[Question]:
+    data = read_locomo(path)
+    out: list[Question] = []
+    seen: set[str] = set()
+    for n, record in enumerate(data.records, start=1):
+        q = question_from_record(record, data.files[0], n)
+        if q.query_id in seen:  # pragma: no cover - read_locomo refuses a conversation twice
+            raise DataError(f"{path}: duplicate query_id {q.query_id!r}", path=str(path))
+        seen.add(q.query_id)
+        out.append(q)
+    return out
+
+
+def _load_questions(p: Path, doc_ids: Collection[str] | None) -> list[Question]:
+    if is_locomo_path(p):
+        return _read_locomo_questions(p)
     if p.is_dir():
         if doc_ids is None:
             doc_ids = _read_corpus_ids(p)
@@ -521,12 +470,16 @@ def load_questions(path: Path | str, *, doc_ids: Collection[str] | None = None) 
     return qs
 
 
-def load_dataset(path: Path | str, *, questions_path: Path | str | None = None) -> Dataset:
+def load_dataset(
+    path: Path | str, *, questions_path: Path | str | None = None, errata: Path | str | None = None
+) -> Dataset:
     """Read a corpus and its questions together, validating qrels against the corpus.
 
     Args:
-        path: a dataset directory, or a documents JSONL file (then ``questions_path`` is required).
+        path: a dataset directory, LoCoMo as published, or a documents JSONL file (then
+            ``questions_path`` is required).
         questions_path: a questions JSONL file overriding the directory's questions.
+        errata: an errata overlay (None: the one beside the questions by convention, if any).
 
     Returns:
         A :class:`Dataset`; ``report`` lists skipped corpus lines.
@@ -538,9 +491,9 @@ def load_dataset(path: Path | str, *, questions_path: Path | str | None = None) 
     docs, report = load_corpus_with_report(p)
     ids = {d.docid for d in docs}
     if questions_path is None:
-        if not p.is_dir():
+        if not p.is_dir() and not is_locomo_path(p):
             raise DataError(f"{p} is a documents file: pass the questions file too", path=str(p))
-        questions = load_questions(p, doc_ids=ids)
+        questions = load_questions(p, doc_ids=ids, errata=errata)
     else:
-        questions = load_questions(questions_path, doc_ids=ids)
+        questions = load_questions(questions_path, doc_ids=ids, errata=errata)
     return Dataset(documents=docs, questions=questions, report=report, root=p if p.is_dir() else p.parent)

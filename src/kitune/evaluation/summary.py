@@ -80,14 +80,20 @@ class RunSummary:
     failure_kinds: dict[str, int] = field(default_factory=dict)
     """Failure kind → count (every kind of :data:`~kitune.evaluation.failures.FAILURE_KINDS`,
     0 when absent), by :func:`~kitune.evaluation.failures.classify_failure`'s rules."""
+    data_sha256: str = ""
+    """SHA-256 of the dataset files the run read (:func:`kitune.data.checksum.dataset_checksum`);
+    empty when not known (a summary rebuilt from traces alone)."""
 
     def to_dict(self) -> dict[str, object]:
         """JSON-able dict."""
         return asdict(self)
 
 
-def summarize(traces: Sequence[Trace], name: str = "run") -> RunSummary:
-    """Aggregate traces into a :class:`RunSummary` (see its field docs for definitions)."""
+def summarize(traces: Sequence[Trace], name: str = "run", *, data_sha256: str = "") -> RunSummary:
+    """Aggregate traces into a :class:`RunSummary` (see its field docs for definitions).
+
+    ``data_sha256`` is recorded as given (the dataset checksum of the run).
+    """
     n = len(traces)
     graded = [t for t in traces if t.is_graded]
     correct = sum(1 for t in graded if t.judge_correct)
@@ -122,4 +128,5 @@ def summarize(traces: Sequence[Trace], name: str = "run") -> RunSummary:
         wall_time_s=sum(t.wall_time_s for t in traces),
         incomplete=bool(n) and grader_errors / n > GRADER_ERROR_THRESHOLD,
         failure_kinds=count_failure_kinds(traces),
+        data_sha256=data_sha256,
     )

@@ -12,7 +12,8 @@ Modules, one job each:
 * :mod:`kitune.lm.formats` — the response_format ladder and :func:`reset_format_memory`;
 * :mod:`kitune.lm.calls` — :func:`track_calls`, :func:`finish_reason_of`;
 * :mod:`kitune.lm.client` — :class:`KituneLM` and :func:`build_lm`;
-* :mod:`kitune.lm.adapters` — :class:`LocalJSONAdapter`, :func:`adapter_for`, :func:`default_adapter`;
+* :mod:`kitune.lm.adapters` — the adapters (typed values such as ``int[90]`` read), :func:`adapter_for`,
+  :func:`default_adapter`;
 * :mod:`kitune.lm.chat_model` — :class:`LiteLLMChatModel`, the agent's tool-calling chat model.
 
 Import from ``kitune.lm`` (this package); callers and tests patch names here
@@ -24,7 +25,15 @@ from __future__ import annotations
 
 import warnings
 
-from kitune.lm.adapters import LocalJSONAdapter, adapter_for, default_adapter
+from kitune.lm.adapters import (
+    KituneChatAdapter,
+    KituneJSONAdapter,
+    LocalJSONAdapter,
+    adapter_for,
+    default_adapter,
+    typed_value,
+    unwrap_typed,
+)
 from kitune.lm.calls import CallOutcome, finish_reason_of, track_calls
 from kitune.lm.chat_model import LiteLLMChatModel
 from kitune.lm.client import KituneLM, build_lm
@@ -35,6 +44,8 @@ from kitune.lm.roles import ResolvedLM, resolve_role
 __all__ = [
     "FORMAT_LEVELS",
     "CallOutcome",
+    "KituneChatAdapter",
+    "KituneJSONAdapter",
     "KituneLM",
     "LiteLLMChatModel",
     "LocalJSONAdapter",
@@ -48,6 +59,8 @@ __all__ = [
     "reset_format_memory",
     "resolve_role",
     "track_calls",
+    "typed_value",
+    "unwrap_typed",
 ]
 
 # KituneLM overrides forward()/aforward() to own timeouts, retries and the ledger; dspy 3.4 warns

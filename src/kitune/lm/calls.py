@@ -9,7 +9,16 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CallOutcome", "content_of", "finish_reason_of", "messages_text", "note_finish", "track_calls"]
+__all__ = [
+    "CallOutcome",
+    "content_of",
+    "finish_reason_of",
+    "generated_text",
+    "messages_text",
+    "note_finish",
+    "reasoning_of",
+    "track_calls",
+]
 
 
 def messages_text(messages: Sequence[dict[str, Any]]) -> str:
@@ -27,6 +36,28 @@ def content_of(response: Any) -> str:
         return response.choices[0].message.content or ""
     except (AttributeError, IndexError, TypeError):
         return ""
+
+
+def reasoning_of(response: Any) -> str:
+    """The first choice's ``reasoning_content`` (a reasoning model's thinking; "" when absent).
+
+    LiteLLM puts a provider's reasoning text (DeepSeek/Qwen ``reasoning_content``, llama.cpp's
+    ``--reasoning-format``, Anthropic thinking) on the message's ``reasoning_content``.
+    """
+    try:
+        value = response.choices[0].message.reasoning_content
+    except (AttributeError, IndexError, TypeError):
+        return ""
+    return value if isinstance(value, str) else ""
+
+
+def generated_text(response: Any) -> str:
+    """Everything the model generated in the first choice: reasoning text, then content.
+
+    What the output tokens of a reply without usage are estimated from: a reply whose whole text
+    came back in ``reasoning_content`` still cost its tokens.
+    """
+    return "\n".join(t for t in (reasoning_of(response), content_of(response)) if t)
 
 
 @dataclass(frozen=True)

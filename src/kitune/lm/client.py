@@ -31,7 +31,7 @@ import tenacity
 
 from kitune.config import KituneConfig, Role
 from kitune.errors import EmptyCompletionError, LMError, LMRateLimitError, ResponseFormatError
-from kitune.lm.calls import content_of, messages_text, note_finish
+from kitune.lm.calls import generated_text, messages_text, note_finish
 from kitune.lm.errors import classify_error
 from kitune.lm.formats import (
     FORMAT_LEVELS,
@@ -195,11 +195,23 @@ class KituneLM(dspy.LM):  # type: ignore[misc]
         )
 
     def _usage(self, response: Any, messages: Sequence[dict[str, Any]]) -> tuple[int, int, bool]:
+        """``(input, output, estimated)`` tokens of a reply.
+
+        The provider's usage when it gives one. A missing usage (LiteLLM turns it into zeros) is
+        estimated on both sides; a usage reporting 0 output tokens for a reply that holds text is
+        estimated on the output side. Output is estimated from everything generated, the
+        ``reasoning_content`` included, so a reply whose whole text came back there is never
+        booked as 0 output tokens.
+        """
         usage = getattr(response, "usage", None)
         prompt = int(getattr(usage, "prompt_tokens", 0) or 0) if usage is not None else 0
         completion = int(getattr(usage, "completion_tokens", 0) or 0) if usage is not None else 0
-        if prompt == 0 and completion == 0:  # LiteLLM turns a missing usage into zeros
-            return estimate_tokens(messages_text(messages)), estimate_tokens(content_of(response)), True
+        if prompt == 0 and completion == 0:
+            return estimate_tokens(messages_text(messages)), estimate_tokens(generated_text(response)), True
+        if completion == 0:
+            generated = estimate_tokens(generated_text(response))
+            if generated:
+                return prompt, generated, True
         return prompt, completion, False
 
     def _wait_for(self, err: LMError, attempt: int) -> float:
@@ -337,14 +349,13 @@ class KituneLM(dspy.LM):  # type: ignore[misc]
             try:
                 self._check_completion(response)
             except EmptyCompletionError:
-                has_usage = not estimated
                 spent[0] += prompt_toks
-                spent[1] += completion_toks if has_usage else 0
+                spent[1] += completion_toks  # a reasoning-only reply cost its reasoning tokens
                 self._record(
                     input_tokens=prompt_toks,
-                    output_tokens=completion_toks if has_usage else 0,
+                    output_tokens=completion_toks,
                     latency_s=latency,
-                    estimated=not has_usage,
+                    estimated=estimated,
                     failed=True,
                 )
                 raise

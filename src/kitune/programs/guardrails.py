@@ -22,7 +22,10 @@ reason                     rule
                            task bookkeeping leaked into a fact
 ``evidence_not_found``     the evidence span is not a verbatim substring of the source text
                            after :func:`kitune.text.fold_text` on both sides (case E1), and
-                           no repair below finds a verbatim span that supports the fact
+                           no sentence of the source names both the fact's subject and object
+``evidence_mismatch``      the quote is not found, and every sentence naming the subject and
+                           object lacks a number or date the fact's title or description
+                           states: a repair would store evidence that contradicts the fact
 ``duplicate``              same KI id as an earlier fact from this document
 ``invalid_ki``             the KI model still rejects the fact (reported with the message)
 ``over_cap``               beyond ``max_facts`` valid facts for the document
@@ -31,10 +34,22 @@ reason                     rule
 Evidence repair (policy; the stored span is always a verbatim slice of the source): when the
 model's quote is not found, (1) edge punctuation and quote marks are trimmed and the search
 repeated (``evidence_trimmed``: small models end a clause with an invented full stop); then
-(2) the first sentence of the source that contains both the object and the subject (folded,
+(2) the first sentence of the source that contains the object, the subject (folded,
 case-insensitive; for the subject, its full name or, failing that, every one of its words of
-four or more letters) is used instead (``evidence_repaired``). A fact whose object appears in
-no sentence with its subject is still dropped as ``evidence_not_found``.
+four or more letters) **and every number and date the fact's title and description state** is
+used instead (``evidence_repaired``). A repair never changes a fact's value: title "Acme signed
+the agreement on 1 June 2023" is not stored with "Acme signed the agreement on 1 May 2023." as
+its evidence. A fact whose object appears in no sentence with its subject is dropped as
+``evidence_not_found``; one whose subject-and-object sentences all lack one of its numbers or
+dates is dropped as ``evidence_mismatch`` (the detail names the missing values).
+
+Numbers and dates (:func:`fact_values`), read after :func:`kitune.text.fold_text` on both sides:
+a full date in any form :func:`kitune.text.parse_date` reads (``1 June 2023``, ``June 1,
+2023``, ``2023-06-01``), a month and year (``June 2023``), a day and month (``1 June``), and
+every other digit run as a number (``1,500`` = ``1500``; ``4th`` is 4; ``B-52`` holds 52). A
+sentence supplies what it states and what its dates imply: ``1 June 2023`` supplies that date,
+``June 2023``, ``1 June`` and the numbers 2023 and 1, so a title saying only "in 2023" is
+supported by it, but a title saying ``1 June 2023`` is not supported by ``1 May 2023``.
 
 Tags are normalised rather than dropped: each is slugified to lowercase ``a-z0-9-``; tags that
 end empty are removed. The stored evidence span is cut from the *original* text, with its
@@ -47,21 +62,25 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import date, datetime
+from decimal import Decimal
 
 from pydantic import ValidationError
 
 from kitune.ki import DESCRIPTION_MAX_CHARS, KI, PREDICATE_MAX_CHARS, TITLE_MAX_CHARS, ki_id, slugify
 from kitune.programs.parsing import FactCandidate
-from kitune.text import find_span, fold_text
+from kitune.text import find_span, fold_text, parse_date
 
 __all__ = [
     "DROP_REASONS",
     "FORBIDDEN_PHRASES",
     "Drop",
+    "EvidenceMiss",
     "GuardrailResult",
+    "StatedValues",
     "apply_guardrails",
     "check_fact",
+    "fact_values",
     "fit_description",
     "locate_evidence",
     "normalize_predicate",
@@ -77,6 +96,7 @@ DROP_REASONS: tuple[str, ...] = (
     "benchmark_marker",
     "forbidden_phrase",
     "evidence_not_found",
+    "evidence_mismatch",
     "duplicate",
     "invalid_ki",
     "over_cap",
@@ -165,9 +185,126 @@ def _subject_in(sentence: str, subject: str) -> bool:
     return bool(words) and all(_contains(sentence, w) for w in words)
 
 
+_MONTH_WORD = (
+    r"(?:jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?"
+    r"|sep(?:t(?:ember)?)?|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?)"
+)
+_ORDINAL = r"(?:st|nd|rd|th)?"
+_DATE_MENTION = re.compile(
+    r"(?P<iso>\b\d{4}-\d{2}-\d{2}\b)"
+    rf"|\b(?:the\s+)?(?P<d1>\d{{1,2}}){_ORDINAL}\s+(?:of\s+)?(?P<m1>{_MONTH_WORD})\b\.?(?:,?\s+(?P<y1>\d{{4}})\b)?"
+    rf"|\b(?P<m2>{_MONTH_WORD})\b\.?\s+(?:(?P<d2>\d{{1,2}}){_ORDINAL}\b(?:,?\s+(?P<y2>\d{{4}})\b)?|(?P<y3>\d{{4}})\b)",
+    re.IGNORECASE,
+)
+_NUMBER_RUN = re.compile(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?")
+
+Value = tuple[str, str]
+"""One stated value: ``("date", "2023-06-01")``, ``("month", "2023-06")``, ``("day", "06-01")`` or
+``("number", "1999")``."""
+
+
+@dataclass(frozen=True)
+class StatedValues:
+    """The numbers and dates a text states (see the module docstring for what counts)."""
+
+    required: frozenset[Value]
+    """What the text states, each at its own precision (a full date as a date, not its parts):
+    what a fact's evidence must hold."""
+    supplied: frozenset[Value]
+    """What the text supports: ``required`` plus what its dates imply (the month, day, year and
+    day number of a full date)."""
+
+
+def _month_number(word: str) -> int:
+    parsed = parse_date(f"1 {word} 2000")  # kitune.text's month table, the one grading uses
+    assert parsed is not None, word  # _MONTH_WORD admits only month names parse_date reads
+    return parsed.month
+
+
+def _number_key(digits: str) -> Value:
+    return "number", format(Decimal(digits.replace(",", "")).normalize(), "f")
+
+
+def _date_values(m: re.Match[str]) -> tuple[Value, set[Value]] | None:
+    """``(required, supplied)`` for one date mention; None when it names no real day."""
+    g = m.groupdict()
+    if g["iso"]:
+        full = parse_date(g["iso"])
+        if full is None:
+            return None
+        day, month, year = full.day, full.month, full.year
+    else:
+        day_text, month_word, year_text = (
+            (g["d1"], g["m1"], g["y1"]) if g["m1"] else (g["d2"], g["m2"], g["y2"] or g["y3"])
+        )
+        month = _month_number(month_word)
+        day = int(day_text) if day_text else 0
+        year = int(year_text) if year_text else 0
+        try:  # a leap year when no year is given, so "29 February" stays a day
+            date(year or 2000, month, day or 1)
+        except ValueError:
+            return None
+    month_key: Value = ("month", f"{year:04d}-{month:02d}")
+    day_key: Value = ("day", f"{month:02d}-{day:02d}")
+    if day and year:
+        date_key: Value = ("date", f"{year:04d}-{month:02d}-{day:02d}")
+        return date_key, {date_key, month_key, day_key, _number_key(str(year)), _number_key(str(day))}
+    if year:
+        return month_key, {month_key, _number_key(str(year))}
+    return day_key, {day_key, _number_key(str(day))}
+
+
+def fact_values(text: str) -> StatedValues:
+    """The numbers and dates ``text`` states, after :func:`kitune.text.fold_text`.
+
+    Dates are read first (the forms in the module docstring) and their characters are not read
+    again as numbers; every remaining digit run is a number (thousands separators dropped,
+    trailing decimal zeros ignored: ``1,500.0`` is 1500).
+
+    Returns:
+        :class:`StatedValues`; both sets empty when ``text`` has no digit.
+    """
+    folded = fold_text(text)
+    required: set[Value] = set()
+    supplied: set[Value] = set()
+    rest = list(folded)
+    for m in _DATE_MENTION.finditer(folded):
+        values = _date_values(m)
+        if values is None:
+            continue
+        required.add(values[0])
+        supplied |= values[1]
+        rest[m.start() : m.end()] = " " * (m.end() - m.start())
+    for m in _NUMBER_RUN.finditer("".join(rest)):
+        key = _number_key(m.group(0))
+        required.add(key)
+        supplied.add(key)
+    return StatedValues(required=frozenset(required), supplied=frozenset(supplied))
+
+
+def _show(values: Sequence[Value]) -> str:
+    return ", ".join(f"{kind} {value}" for kind, value in sorted(values))
+
+
+@dataclass(frozen=True)
+class EvidenceMiss:
+    """Why no evidence span was kept for a fact."""
+
+    reason: str
+    """``evidence_not_found`` or ``evidence_mismatch`` (see :data:`DROP_REASONS`)."""
+    detail: str
+    """What was looked for and what was missing."""
+
+
 def locate_evidence(
-    text: str, quote: str, *, subject: str, obj: str, counters: Counter[str] | None = None
-) -> tuple[int, int] | None:
+    text: str,
+    quote: str,
+    *,
+    subject: str,
+    obj: str,
+    claims: Sequence[str] = (),
+    counters: Counter[str] | None = None,
+) -> tuple[int, int] | EvidenceMiss:
     """Find the evidence for a fact in ``text``, repairing near-miss quotes (see module docstring).
 
     Args:
@@ -175,10 +312,14 @@ def locate_evidence(
         quote: the model's evidence span.
         subject: the fact's subject.
         obj: the fact's object (value).
+        claims: the fact's title and description: a repaired span must state every number and
+            date they state (:func:`fact_values`).
         counters: incremented with ``evidence_trimmed`` / ``evidence_repaired`` when a repair is used.
 
     Returns:
-        ``(start, end)`` offsets into ``text`` of a verbatim span, or None when no span supports the fact.
+        ``(start, end)`` offsets into ``text`` of a verbatim span, or an :class:`EvidenceMiss`
+        (``evidence_not_found``: no sentence names both subject and object; ``evidence_mismatch``:
+        each one that does lacks a number or date of the fact).
     """
     counts: Counter[str] = counters if counters is not None else Counter()
     span = find_span(text, quote)
@@ -190,15 +331,30 @@ def locate_evidence(
         if span is not None:
             counts["evidence_trimmed"] += 1
             return span
+    not_found = EvidenceMiss("evidence_not_found", f"evidence {quote[:80]!r} is not in the text")
     if len(fold_text(obj)) < 2:
-        return None
+        return not_found
+    wanted = fact_values(" ".join(claims)).required
+    first_missing: tuple[str, list[Value]] | None = None
     for m in _SENTENCE_RE.finditer(text):
         sentence = m.group(0)
-        if _contains(sentence, obj) and _subject_in(sentence, subject):
-            lead = len(sentence) - len(sentence.lstrip())
-            counts["evidence_repaired"] += 1
-            return m.start() + lead, m.end() - (len(sentence) - len(sentence.rstrip()))
-    return None
+        if not (_contains(sentence, obj) and _subject_in(sentence, subject)):
+            continue
+        missing = sorted(wanted - fact_values(sentence).supplied)
+        if missing:
+            first_missing = first_missing or (sentence.strip(), missing)
+            continue
+        lead = len(sentence) - len(sentence.lstrip())
+        counts["evidence_repaired"] += 1
+        return m.start() + lead, m.end() - (len(sentence) - len(sentence.rstrip()))
+    if first_missing is None:
+        return not_found
+    sentence, missing = first_missing
+    return EvidenceMiss(
+        "evidence_mismatch",
+        f"evidence {quote[:80]!r} is not in the text, and {sentence[:80]!r} (which names the subject "
+        f"and object) does not state the fact's {_show(missing)}",
+    )
 
 
 def fit_description(text: str) -> tuple[str, bool]:
@@ -287,11 +443,16 @@ def check_fact(
         return Drop("benchmark_marker", fact.title, "a tag names a benchmark")
     if tags != list(fact.tags):
         counts["tags_normalised"] += 1
-    span = locate_evidence(text, fact.evidence_span, subject=fact.subject, obj=fact.object, counters=counts)
-    if span is None:
-        return Drop(
-            "evidence_not_found", fact.title, f"evidence {fact.evidence_span[:80]!r} is not in the text"
-        )
+    span = locate_evidence(
+        text,
+        fact.evidence_span,
+        subject=fact.subject,
+        obj=fact.object,
+        claims=(fact.title, description),
+        counters=counts,
+    )
+    if isinstance(span, EvidenceMiss):
+        return Drop(span.reason, fact.title, span.detail)
     evidence = text[span[0] : span[1]]
     try:
         return KI.from_fact(

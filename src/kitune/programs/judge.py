@@ -30,7 +30,7 @@ import dspy
 from dspy.utils.exceptions import AdapterParseError
 
 from kitune.errors import LMError
-from kitune.lm import default_adapter, track_calls
+from kitune.lm import default_adapter, track_calls, unwrap_typed
 from kitune.programs.instructions import resolve_instruction
 from kitune.programs.parsing import coerce_confidence
 
@@ -125,6 +125,7 @@ class JudgeVerdict:
 
 
 _JSON_BOOL = {"yes": "yes", "true": "yes", "no": "no", "false": "no"}
+_SECTION_RE = re.compile(r"\[\[ ## (extracted_final_answer|reasoning|correct|confidence) ## \]\][ \t]*\n?")
 
 
 def _confidence(value: Any) -> int | None:
@@ -161,7 +162,11 @@ def _json_report(raw: str) -> tuple[str | None, str | None, int | None] | None:
     if "correct" not in fields:
         return None
     value = fields["correct"]
-    key = ("true" if value else "false") if isinstance(value, bool) else str(value).strip().casefold()
+    key = (
+        ("true" if value else "false")
+        if isinstance(value, bool)
+        else unwrap_typed(str(value)).strip().casefold()
+    )
     verdict = _JSON_BOOL.get(key)
     answer = fields.get("extracted_final_answer", fields.get("extracted_answer"))
     empty = answer is None or str(answer).strip().casefold() in ("", "none", "n/a")
@@ -176,9 +181,11 @@ def parse_grading(raw: str) -> JudgeVerdict:
         raw: the grader's report (see the module docstring for the format).
 
     Returns:
-        ``status="graded"`` with ``correct`` from the anchored ``correct: yes|no`` field (or,
-        when the report is a JSON object with a ``correct`` key, from that key: ``"yes"``,
-        ``"no"``, ``true``, ``false``), or ``status="grader_error"`` with
+        ``status="graded"`` with ``correct`` from the anchored ``correct: yes|no`` field
+        (``true``/``false`` too; a ``[[ ## correct ## ]]`` section reads the same) or, when the
+        report is a JSON object with a ``correct`` key, from that key (``"yes"``, ``"no"``,
+        ``true``, ``false``). Type-annotated values are read bare: ``bool[False]`` is ``false``,
+        ``int[90]`` is ``90`` (:func:`kitune.lm.unwrap_typed`). Otherwise ``status="grader_error"`` with
         ``error="no parsable verdict in the grader output"`` and
         ``correct=None`` when that field is absent or holds another value.
     """
@@ -186,13 +193,19 @@ def parse_grading(raw: str) -> JudgeVerdict:
     if as_json is not None:
         verdict, extracted, confidence = as_json
     else:
-        verdict = parse_anchored_verdict(raw, cues=("correct",), values=("yes", "no"), connectors=(":", "="))
+        # A field-per-section reply ("[[ ## correct ## ]]" then the value on the next line) reads
+        # as "correct: <value>"; type-annotated values ("bool[False]", "int[90]") as bare values.
+        text = _SECTION_RE.sub(r"\1: ", unwrap_typed(raw or ""))
+        found = parse_anchored_verdict(
+            text, cues=("correct",), values=("yes", "no", "true", "false"), connectors=(":", "=")
+        )
+        verdict = _JSON_BOOL[found] if found is not None else None
         extracted = None
-        m = list(_FIELD_RE["extracted"].finditer(raw or ""))
+        m = list(_FIELD_RE["extracted"].finditer(text))
         if m:
             value = m[-1].group(1).strip().strip("*_ ").strip()
             extracted = None if value.casefold() in ("", "none", "n/a") else value
-        c = list(_FIELD_RE["confidence"].finditer(raw or ""))
+        c = list(_FIELD_RE["confidence"].finditer(text))
         confidence = _confidence(c[-1].group(1)) if c else None
     if verdict is None:
         return JudgeVerdict(

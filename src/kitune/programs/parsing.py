@@ -4,8 +4,13 @@ Models rarely return exactly the JSON they were asked for. :func:`parse_facts` s
 shapes catalogued in ``shared/cases/failure-cases.md``:
 
 * **P1** — ``<think>…</think>`` reasoning, prose preambles and code fences around the JSON are
-  stripped; output with no JSON object or array anywhere raises
-  :class:`kitune.errors.ParseError` (``"no JSON object found"``), never "success with 0 facts".
+  stripped; output with no usable JSON raises :class:`kitune.errors.ParseError`, never "success
+  with 0 facts", with one of three reasons (:data:`REPLY_FAILURES`, read back with
+  :func:`reply_failure`): ``no_json`` (``"no JSON object found"``: no JSON object or array
+  anywhere), ``cut_off`` (``"JSON cut off"``: a JSON object or array opens and the reply ends
+  before it closes, as when a reply is cut at its token limit before one record ended) and
+  ``malformed_json`` (``"malformed JSON"``: a JSON object or array opens and closes but does not
+  parse, with the decoder's message and position).
 * **P2** — *policy*: a bare top-level list is accepted as the facts array (it is unambiguous).
   Drifting key names are mapped only through the explicit :data:`FIELD_ALIASES` table; a record
   that still lacks a required field (or has it empty) is rejected with a field-level error that
@@ -22,6 +27,8 @@ shapes catalogued in ``shared/cases/failure-cases.md``:
   (``"high"``, booleans) rejects the record — no clamping. A missing confidence defaults to
   :data:`DEFAULT_CONFIDENCE` and is counted (``confidence_defaulted``). Scalars given for string
   fields are coerced with ``str`` (``1999`` → ``"1999"``); booleans, lists and objects are not.
+  A value written in the type-annotated form a model copied from its prompt (``"int[90]"``,
+  ``"str[Acme]"``) is read as its bare value (:func:`kitune.lm.typed_value`).
 
 * **Broken arrays** — an array that is not valid JSON (an unescaped quote or a missing comma in
   one record, or a reply cut at its token limit) is read with ``json_repair``; every element
@@ -43,11 +50,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kitune.errors import ParseError
+from kitune.lm.adapters import typed_value
 
 __all__ = [
     "DEFAULT_CONFIDENCE",
     "FACT_LIST_KEYS",
     "FIELD_ALIASES",
+    "REPLY_FAILURES",
     "REQUIRED_FIELDS",
     "FactCandidate",
     "ParsedFacts",
@@ -56,6 +65,7 @@ __all__ = [
     "coerce_record",
     "extract_json",
     "parse_facts",
+    "reply_failure",
     "strip_reasoning",
 ]
 
@@ -273,6 +283,85 @@ def _repair_array(text: str, start: int, counts: Counter[str]) -> list[Any] | No
     return out
 
 
+REPLY_FAILURES: dict[str, str] = {
+    "no_json": "no JSON object found",
+    "cut_off": "JSON cut off",
+    "malformed_json": "malformed JSON",
+}
+"""Why a whole reply held no usable JSON → the prefix of its :class:`ParseError` message."""
+
+# Where a JSON value plausibly starts: an object opening on a key (or closing at once), or an
+# array opening on an object/array/string; prose like "[1]" or "{see above}" is not JSON.
+_JSON_START_RE = re.compile(r"\{\s*(?:[\"'}]|$)|\[\s*(?:[\[{\"\]]|$)")
+
+
+def reply_failure(err: ParseError) -> str:
+    """The reason a whole reply failed to parse (a key of :data:`REPLY_FAILURES`).
+
+    Returns:
+        ``"no_json"``, ``"cut_off"`` or ``"malformed_json"``; ``""`` when ``err`` is not a
+        whole-reply failure (a record-level error from :func:`coerce_record`).
+    """
+    text = str(err)
+    for reason, prefix in REPLY_FAILURES.items():
+        if text.startswith(prefix + ":"):
+            return reason
+    return ""
+
+
+def _closing_end(text: str, start: int) -> int | None:
+    """End offset of the bracket group opening at ``start`` (strings skipped); None if it never closes."""
+    depth = 0
+    in_string = escaped = False
+    for i in range(start, len(text)):
+        ch = text[i]
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+    return None
+
+
+def _no_json_error(text: str, raw: str) -> ParseError:
+    """The :class:`ParseError` for a reply in which nothing decoded: cut off, malformed or no JSON."""
+    pos = 0
+    while (m := _JSON_START_RE.search(text, pos)) is not None:
+        start = m.start()
+        kind = "object" if text[start] == "{" else "array"
+        end = _closing_end(text, start)
+        if end is None:
+            return ParseError(
+                f"{REPLY_FAILURES['cut_off']}: the JSON {kind} opened at character {start} never closes "
+                "(the reply ended inside it, e.g. at its token limit) and holds no complete record",
+                raw=raw,
+            )
+        try:
+            json.loads(text[start:end])
+        except json.JSONDecodeError as e:
+            return ParseError(
+                f"{REPLY_FAILURES['malformed_json']}: the JSON {kind} at characters {start}-{end} does not "
+                f"parse ({e.msg} at line {e.lineno} column {e.colno}) and holds no well-formed record",
+                raw=raw,
+            )
+        pos = end  # valid JSON that is not facts-shaped (a list of strings): look further
+    return ParseError(
+        f"{REPLY_FAILURES['no_json']}: the reply holds no JSON object or array of objects; "
+        "the instruction asks for a JSON array of facts",
+        raw=raw,
+    )
+
+
 def extract_json(raw: str, counters: Counter[str] | None = None) -> Any:
     """Find the JSON object or array in a model reply.
 
@@ -293,7 +382,9 @@ def extract_json(raw: str, counters: Counter[str] | None = None) -> Any:
         A ``dict`` or a ``list`` of dicts (possibly empty).
 
     Raises:
-        ParseError: ``"no JSON object found"`` when nothing decodes; ``raw`` is kept.
+        ParseError: when nothing decodes, ``raw`` kept, the message starting with one of
+            :data:`REPLY_FAILURES` (:func:`reply_failure` reads it back): ``"JSON cut off"``,
+            ``"malformed JSON"`` or ``"no JSON object found"``.
     """
     counts: Counter[str] = counters if counters is not None else Counter()
     text, stripped = strip_reasoning(_DSPY_MARKER_RE.sub("\n", raw))
@@ -317,11 +408,7 @@ def extract_json(raw: str, counters: Counter[str] | None = None) -> Any:
     try:
         return _scan_json(text, counts)
     except LookupError:
-        raise ParseError(
-            "no JSON object found: the reply holds no JSON object or array of objects; "
-            "the instruction asks for a JSON array of facts",
-            raw=raw,
-        ) from None
+        raise _no_json_error(text, raw) from None
 
 
 def _canonical_keys(record: dict[str, Any], counts: Counter[str]) -> dict[str, Any]:
@@ -405,7 +492,8 @@ def coerce_confidence(value: Any) -> int:
     """Apply the G1 confidence policy (see the module docstring).
 
     Args:
-        value: what the model gave: int, float, or a string like ``"85"``, ``"0.85"``, ``"85%"``.
+        value: what the model gave: int, float, or a string like ``"85"``, ``"0.85"``, ``"85%"``
+            or ``"int[85]"`` (a type-annotated value, read as ``"85"``).
 
     Returns:
         An int in 0–100.
@@ -416,6 +504,7 @@ def coerce_confidence(value: Any) -> int:
     if isinstance(value, bool) or value is None:
         raise ValueError(f"confidence {value!r} is not a number: give an integer 0-100")
     if isinstance(value, str):
+        value = typed_value(value) or value  # "int[90]" -> "90"
         pct = _PERCENT_RE.match(value)
         if pct:
             number = float(pct.group(1))
@@ -439,7 +528,7 @@ def _coerce_str(name: str, value: Any) -> str:
     if value is None:
         return ""
     if isinstance(value, str):
-        return value.strip()
+        return (typed_value(value) or value).strip()
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"field {name!r} must be a string, got {type(value).__name__} {value!r}")
     return str(value)

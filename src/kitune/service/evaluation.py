@@ -3,9 +3,10 @@
 ``run_eval`` wires a dataset, the skill's tools (corpus store, KI store + ``get_context``), the
 agent chat model and the judge, then calls :func:`kitune.evaluation.harness.evaluate`, writing
 ``<workdir>/runs/<run-name>/traces.jsonl`` (resumable), ``run.json`` (parameters: skill, data,
-split, subset ids, models, budget, prompt versions) and ``summary.json``/``usage.json`` at the
-end. Every dependency can be injected, so the wiring is testable without a store or an LLM; the
-defaults are built lazily from the config.
+the dataset checksum ``data_sha256`` and each file's, split, subset ids, models, budget, prompt
+versions) and ``summary.json`` (with ``data_sha256``)/``usage.json`` at the end. Every dependency
+can be injected, so the wiring is testable without a store or an LLM; the defaults are built
+lazily from the config.
 
 The in-context skill runs what production runs
 (:func:`kitune.service.prompts.production_setting`): the KI table of the production extractor
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kitune.config import KituneConfig
+from kitune.data.checksum import dataset_checksum
 from kitune.data.examples import Split, select_split, slice_questions
 from kitune.data.loaders import Question, load_corpus, load_questions
 from kitune.errors import ConfigError, DataError, HarnessError
@@ -239,6 +241,7 @@ def run_eval(
     questions = _questions(data, Path(questions_path) if questions_path else None, split, limit, cfg)
     if not questions:
         raise DataError(f"no questions selected from {data} (split={split}, limit={limit})", path=str(data))
+    checksum = dataset_checksum(data, questions_path=questions_path)  # what was read, in every record
     ledger = ledger if ledger is not None else TokenLedger()
     setting = None
     versions: dict[str, str] = {}
@@ -303,6 +306,8 @@ def run_eval(
         "rewrite": rewrite,
         "disambiguation": disambiguation,
         "data": str(data.resolve()),
+        "data_sha256": checksum.sha256,
+        "data_files": checksum.files,
         "split": split,
         "limit": limit,
         "question_ids": [q.query_id for q in questions],
@@ -338,7 +343,7 @@ def run_eval(
             from kitune.evaluation.judging import judge_pending
 
             traces = judge_pending(questions, traces, judge, traces_path=traces_path)
-    summary = summarize(traces, name)
+    summary = summarize(traces, name, data_sha256=checksum.sha256)
     usage = {f"{r}/{s}": t for (r, s), t in ledger.by_role_stage().items()}
     (run_dir / "summary.json").write_text(json.dumps(summary.to_dict(), indent=2), encoding="utf-8")
     (run_dir / "usage.json").write_text(json.dumps(usage, indent=2), encoding="utf-8")

@@ -8,7 +8,8 @@
   (:meth:`kitune.usage.TokenLedger.stage`) and a ``dspy.context(lm=...)`` set by the caller hold
   inside the workers. Results do not depend on the number of workers.
 * **Resume** — a JSONL state file gets one line per finished document
-  (``{"docid", "status", "kis", "error", "prompt_version", "at", "hash"}``). A rerun skips documents
+  (``{"docid", "status", "kis", "error", "prompt_version", "at", "hash"}``; a ``failed`` line whose
+  model reply could not be used also carries that reply, whole, as ``raw``). A rerun skips documents
   whose last status is ``ok`` and retries ``failed`` ones. A truncated last line (a crash while
   writing) is ignored.
 * **Lifecycle** — ``hash`` is the document's content hash (:func:`content_hash`). A rerun
@@ -233,7 +234,9 @@ class _StateWriter:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._fh = path.open("a", encoding="utf-8")
 
-    def write(self, docid: str, status: str, kis: int, error: str = "", content: str = "") -> None:
+    def write(
+        self, docid: str, status: str, kis: int, error: str = "", content: str = "", raw: str = ""
+    ) -> None:
         if self._fh is None:
             return
         rec = {
@@ -246,6 +249,8 @@ class _StateWriter:
         }
         if content:
             rec["hash"] = content
+        if raw:
+            rec["raw"] = raw
         self._fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
 
     def sync(self) -> None:
@@ -494,7 +499,7 @@ def extract_corpus(
                 flush()
         else:
             failed[res.docid] = res.error
-            writer.write(res.docid, "failed", 0, res.error)
+            writer.write(res.docid, "failed", 0, res.error, raw=res.raw)
             writer.sync()
         if on_result is not None:
             on_result(res)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from kitune.config import KituneConfig
+from kitune.data.checksum import dataset_checksum
 from kitune.errors import ConfigError
 from kitune.optimizers.loop import LOOP_PROGRAMS, LoopResult
 from kitune.service.eval_cache import store_fingerprint
@@ -156,6 +157,7 @@ def run_optimize(
                 "programs": ",".join(opts.programs),
                 "questions": len(questions),
                 "data": str(Path(opts.data_dir).resolve()),
+                "data_sha256": dataset_checksum(opts.data_dir).sha256,
                 "knob_trials": opts.knob_trials,
                 "max_metric_calls": opts.max_metric_calls,
             },

@@ -202,9 +202,12 @@ class Reply:
 
     @classmethod
     def reasoning_only(
-        cls, reasoning: str = "The answer is Springfield.", *, usage: tuple[int, int] = (11, 64)
+        cls, reasoning: str = "The answer is Springfield.", *, usage: tuple[int, int] | None = (11, 64)
     ) -> Reply:
-        """Empty ``content`` with the text in ``reasoning_content`` (a reasoning model out of tokens)."""
+        """Empty ``content`` with the text in ``reasoning_content`` (a reasoning model out of tokens).
+
+        ``usage`` is ``(prompt_tokens, completion_tokens)``, or None to omit it.
+        """
         data = _completion("", usage=usage, finish_reason="length", reasoning_content=reasoning)
         return cls._json(200, data, label="reasoning_only")
 
