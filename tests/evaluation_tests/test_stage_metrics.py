@@ -11,8 +11,6 @@ from kitune.evaluation.stage_metrics import (
     ExtractionCounts,
     StageReport,
     answer_coverage,
-    answer_sentences,
-    document_coverage,
     evidence_coverage,
     extractor_metrics,
     grounding_rate,
@@ -21,17 +19,7 @@ from kitune.evaluation.stage_metrics import (
     rewriter_metrics,
 )
 from kitune.programs.fact_extractor import DocExtraction
-from kitune.schema import Document
 from kitune.testing.store_contract import make_ki
-
-D1 = Document(
-    docid="d1",
-    title="Old Mill Bakery",
-    text=(
-        "Tom O'Neill opened the Old Mill Bakery in Harwick in 1921. Dr. Ann Lee baked its first loaf.\n"
-        "The U.S. Army bought bread there! Nobody from Leeds came."
-    ),
-)
 
 QUESTIONS = [
     Question(
@@ -183,38 +171,3 @@ def test_stage_report_flat_metrics_and_markdown() -> None:
     empty = StageReport("validation", (answer_coverage([], {}),))
     assert empty.to_metrics("val") == {"val_extractor_answer_coverage_n": 0.0}
     assert empty.markdown_row() == "| validation | – (n=0) |"
-
-
-def test_answer_sentences_respect_abbreviations_initials_and_whole_words() -> None:
-    assert answer_sentences(D1.text, ["Ann Lee"]) == ["Dr. Ann Lee baked its first loaf."]
-    assert answer_sentences(D1.text, ["Army"]) == ["The U.S. Army bought bread there!"]
-    assert answer_sentences(D1.text, ["Lee"]) == ["Dr. Ann Lee baked its first loaf."]  # not "Leeds"
-    assert answer_sentences(D1.text, ["1921", "bread"]) == [
-        "Tom O'Neill opened the Old Mill Bakery in Harwick in 1921.",
-        "The U.S. Army bought bread there!",
-    ]
-    assert answer_sentences(D1.text, ["1921", "bread"], max_sentences=1) == [
-        "Tom O'Neill opened the Old Mill Bakery in Harwick in 1921."
-    ]
-    assert answer_sentences(D1.text, ["Paris"]) == []
-
-
-def test_document_coverage_names_the_missed_answer_sentence() -> None:
-    questions = [
-        QUESTIONS[0],  # covered by the d1 KI
-        Question("qa", "Who baked the first loaf?", "Ann Lee", gold_docids=("d1",)),
-        Question("qb", "Where?", "Paris", gold_docids=("d1",)),  # d1 does not say it
-        QUESTIONS[3],  # yes/no: ignored
-        QUESTIONS[1],  # d1 is not its gold document: ignored
-    ]
-    cov = document_coverage(D1, questions, KIS["d1"])
-    assert cov.covered == ("q1",)
-    assert [(m.query_id, m.sentences) for m in cov.missed] == [("qa", ("Dr. Ann Lee baked its first loaf.",))]
-    assert cov.absent == ("qb",)
-    assert cov.score == 0.5
-    assert cov.feedback() == (
-        "Document d1: no fact states 'Ann Lee'; it is in \"Dr. Ann Lee baked its first loaf.\""
-    )
-    full = document_coverage(D1, questions[:1], KIS["d1"])
-    assert (full.score, full.feedback()) == (1.0, "Document d1: every answer it states is in a fact (1).")
-    assert document_coverage(D1, [], []).score == 1.0
