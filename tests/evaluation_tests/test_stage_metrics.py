@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
-from kitune.data.loaders import Question
+from kitune.data.loaders import Question, load_dataset
 from kitune.evaluation.stage_metrics import (
     ExtractionCounts,
     StageReport,
@@ -18,6 +19,7 @@ from kitune.evaluation.stage_metrics import (
     reciprocal_rank,
     rewriter_metrics,
 )
+from kitune.ki import KI
 from kitune.programs.fact_extractor import DocExtraction
 from kitune.testing.store_contract import make_ki
 
@@ -171,3 +173,24 @@ def test_stage_report_flat_metrics_and_markdown() -> None:
     empty = StageReport("validation", (answer_coverage([], {}),))
     assert empty.to_metrics("val") == {"val_extractor_answer_coverage_n": 0.0}
     assert empty.markdown_row() == "| validation | – (n=0) |"
+
+
+RUN_24 = Path(__file__).resolve().parents[2] / "experiments" / "loop-fixture-24"
+
+
+def test_extractor_metrics_on_the_committed_loop_fixture_24_kis(fixture_dir: Path) -> None:
+    """The 105 extracted KIs of experiments/loop-fixture-24 (disambiguation KIs left out)."""
+    kis = [
+        KI.model_validate_json(line)
+        for line in (RUN_24 / "kis.jsonl").read_text(encoding="utf-8").splitlines()
+    ]
+    by_doc: dict[str, list[KI]] = {}
+    for ki in kis:
+        if ki.payload.subtype != "disambiguation":
+            for d in ki.evidence_doc_ids:
+                by_doc.setdefault(d, []).append(ki)
+    questions = load_dataset(fixture_dir).questions
+    cov = answer_coverage(questions, by_doc)
+    assert (cov.successes, cov.n, cov.excluded) == (12, 22, 2)  # the 2 yes/no questions left out
+    ev = evidence_coverage(questions, by_doc)
+    assert (ev.successes, ev.n) == (46, 52)

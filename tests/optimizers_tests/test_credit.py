@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from kitune.evaluation.harness import read_traces
 from kitune.evaluation.metrics import Trace
 from kitune.optimizers.credit import (
     DEMOTE_FACTOR,
@@ -191,3 +192,39 @@ def test_episodes_from_traces_reads_correctness_and_the_shown_ids() -> None:
         ShownEpisode("4", None, ()),
         ShownEpisode("5", True, ()),
     ]
+
+
+RUN_24 = Path(__file__).resolve().parents[2] / "experiments" / "loop-fixture-24"
+
+
+def test_credit_replayed_on_loop_fixture_24_retires_the_ki_behind_both_validation_breaks() -> None:
+    """Three store states of experiments/loop-fixture-24, each split one run, in loop order."""
+    if not (RUN_24 / "evals" / "observations.jsonl").is_file():
+        pytest.skip(f"committed run not found at {RUN_24}")
+    states = ["ffea4be9b8c4cfd8", "8632401159a06710", "656f74ffb8f6447f"]
+    shown: dict[tuple[str, str], list[str]] = {}
+    for line in (RUN_24 / "evals" / "observations.jsonl").read_text(encoding="utf-8").splitlines():
+        rec = json.loads(line)
+        shown[(rec["store"], rec["query_id"])] = [i for c in rec["calls"] for i in c["ki_ids"]]
+    split = {
+        q: e["split"]
+        for q, e in json.loads((RUN_24 / "failure_ledger.json").read_text(encoding="utf-8"))[
+            "questions"
+        ].items()
+    }
+    ledger = CreditLedger()
+    for i, state in enumerate(states):
+        traces = read_traces(RUN_24 / "evals" / f"c41552d3-{state}.jsonl")
+        for s in ("tune", "validation"):
+            ts = [t for t in traces if split[t.query_id] == s]
+            ledger.record_run(
+                f"it{i}:{s}", episodes_from_traces(ts, {t.query_id: shown[(state, t.query_id)] for t in ts})
+            )
+    assert ledger.credit("ki-113576d9264e350ca4a567fc") == KICredit(
+        "ki-113576d9264e350ca4a567fc", 2, 6, 2, ("it1:validation:187", "it1:validation:9")
+    )
+    assert ledger.credit("ki-2d80d86a38cc1be1821a96e7") == KICredit(
+        "ki-2d80d86a38cc1be1821a96e7", 4, 2, 1, ("it1:validation:9",)
+    )
+    assert ledger.verdicts()["ki-2d80d86a38cc1be1821a96e7"] == "keep"  # more right than wrong
+    assert ledger.summary() == {"runs": 6, "kis": 108, "harmful": 2, "demoted": 0, "retire": 1, "retired": 0}

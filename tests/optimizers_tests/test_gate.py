@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
+from kitune.evaluation.harness import read_traces
 from kitune.evaluation.metrics import Trace
 from kitune.ki import KI
 from kitune.optimizers.gate import GateRejection, attribute_changes, run_gate
@@ -213,3 +216,42 @@ def test_attribute_changes(
     before: dict[str, list[str]], after: dict[str, list[str]], expected: dict[str, frozenset[str]]
 ) -> None:
     assert attribute_changes(before, after, ["k"]) == expected
+
+
+RUN_24 = Path(__file__).resolve().parents[2] / "experiments" / "loop-fixture-24"
+
+
+def test_gate_replayed_on_loop_fixture_24_rejects_the_two_kis_that_broke_validation() -> None:
+    """Iteration 0 of experiments/loop-fixture-24: 8 feedback KIs, then 187 and 9 went right → wrong."""
+    if not (RUN_24 / "evals" / "observations.jsonl").is_file():
+        pytest.skip(f"committed run not found at {RUN_24}")
+    states = ["ffea4be9b8c4cfd8", "8632401159a06710"]  # the store before / after iteration 0's feedback
+    shown: dict[str, dict[str, list[str]]] = {s: {} for s in states}
+    for line in (RUN_24 / "evals" / "observations.jsonl").read_text(encoding="utf-8").splitlines():
+        rec = json.loads(line)
+        if rec["store"] in shown:
+            shown[rec["store"]][rec["query_id"]] = [i for c in rec["calls"] for i in c["ki_ids"]]
+    traces = {
+        s: {t.query_id: t for t in read_traces(RUN_24 / "evals" / f"c41552d3-{s}.jsonl")} for s in states
+    }
+    ledger = json.loads((RUN_24 / "failure_ledger.json").read_text(encoding="utf-8"))["questions"]
+    written = [
+        k for e in ledger.values() for fb in e["feedback"] if fb["iteration"] == 0 for k in fb["ki_ids"]
+    ]
+    report = run_gate(
+        written,
+        changed=lambda ids: attribute_changes(shown[states[0]], shown[states[1]], ids),
+        rerun=lambda qids: [traces[states[1]][q] for q in qids],
+        previous=traces[states[0]],
+        reject=len,
+    )
+    # the look-up replay re-ran 9 tuning + 5 validation questions, as the run's log says
+    assert len(report.rerun) == 14
+    assert report.broken == ("187", "9")
+    assert report.fixed == ("199", "43", "47", "58")
+    # both KIs shown to question 9 are blamed (conservative); the one that also reached 187 twice over
+    assert report.rejected == (
+        GateRejection("ki-2d80d86a38cc1be1821a96e7", "broke", ("9",)),
+        GateRejection("ki-113576d9264e350ca4a567fc", "broke", ("187", "9")),
+    )
+    assert (len(written), len(report.kept)) == (8, 6)
