@@ -440,7 +440,12 @@ class TrackingConfig(_Section):
 class OptimizeConfig(_Section):
     """Optimisation loop."""
 
-    optimizer: Literal["gepa", "mipro"] = Field(default="gepa", description="DSPy optimiser.")
+    optimizer: str = Field(
+        default="gepa",
+        pattern=r"^[a-z0-9_-]+$",
+        description="Optimiser name from kitune.optimizers.registry (built in: gepa, mipro; plug-ins "
+        "register more). Checked against the registry when the loop starts (config.py cannot import it).",
+    )
     iterations: int = Field(default=2, ge=1, le=100, description="Loop iterations.")
     accept_margin: float = Field(
         default=0.0,

@@ -31,9 +31,11 @@ from kitune.optimizers.base import (
     get_candidate,
     require_sets,
 )
-from kitune.optimizers.stopping import Stopper, as_gepa_stopper
+from kitune.optimizers.budget import OptimizerBudget
+from kitune.optimizers.registry import register_optimizer
+from kitune.optimizers.stopping import Stopper, Timeout, as_gepa_stopper
 
-__all__ = ["GepaOptimizer", "SizedInstructionProposer", "fit_examples"]
+__all__ = ["GepaOptimizer", "SizedInstructionProposer", "fit_examples", "make_gepa"]
 
 CHARS_PER_TOKEN = 4
 """Token estimate for sizing reflection prompts (conservative for English text)."""
@@ -258,3 +260,32 @@ def _stop_reason(proposer: SizedInstructionProposer, stopper: Any) -> str | None
     if proposer.all_failed:
         return f"every reflection call failed ({proposer.failures}/{proposer.calls}): {proposer.errors[0]}"
     return stopper.reason if stopper else None
+
+
+@register_optimizer("gepa")
+def make_gepa(
+    metric: Callable[..., Any],
+    *,
+    reflection_lm: Any,
+    budget: OptimizerBudget,
+    rng: random.Random,
+    input_tokens: Callable[[], int] | None = None,
+) -> GepaOptimizer:
+    """The ``gepa`` entry of the optimiser registry: :class:`GepaOptimizer` from one budget.
+
+    Reads ``max_metric_calls``, a timeout stopper from ``minutes``, ``threads``, the reflection
+    window and reply cap.
+    """
+    stopper = Timeout(budget.minutes * 60) if budget.minutes else None
+    return GepaOptimizer(
+        metric,
+        reflection_lm=reflection_lm,
+        max_metric_calls=budget.max_metric_calls or 8,
+        rng=rng,
+        stopper=stopper,
+        reflection_minibatch_size=budget.reflection_minibatch_size,
+        num_threads=budget.threads,
+        input_tokens=input_tokens or (lambda: 0),
+        reflection_context_tokens=budget.reflection_context_tokens,
+        reflection_max_tokens=budget.reflection_max_tokens,
+    )

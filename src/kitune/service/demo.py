@@ -172,7 +172,7 @@ def run_demo(
         data_dir=data,
         questions=opts.questions,
         iterations=opts.iterations,
-        optimizer=opts.optimizer,  # type: ignore[arg-type]
+        optimizer=opts.optimizer,
         programs=opts.programs,
         knob_trials=opts.knob_trials,
         max_metric_calls=opts.max_metric_calls,

@@ -15,11 +15,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from kitune.config import KituneConfig
 from kitune.errors import ConfigError
 from kitune.optimizers.loop import LOOP_PROGRAMS, LoopResult
+from kitune.optimizers.registry import check_optimizer
 from kitune.service.eval_cache import store_fingerprint
 from kitune.service.loop_env import LoopDeps, ServiceLoopEnv, route_feedback
 from kitune.service.slicing import load_slice, select_documents
@@ -56,7 +57,8 @@ class OptimizeOptions:
     questions: int | None = None
     """First N questions of the dataset (None: all); split into tune/validation."""
     iterations: int = 2
-    optimizer: Literal["gepa", "mipro"] = "gepa"
+    optimizer: str = "gepa"
+    """A name registered in :mod:`kitune.optimizers.registry` (checked by :func:`run_optimize`)."""
     programs: tuple[str, ...] = PROGRAMS
     knob_trials: int = 0
     """Optuna trials per iteration (0: no knob tuning)."""
@@ -129,6 +131,7 @@ def run_optimize(
     unknown = sorted(set(opts.programs) - set(PROGRAMS))
     if unknown or not opts.programs:
         raise ConfigError(f"unknown program(s) {unknown or '(none)'}: choose from {', '.join(PROGRAMS)}")
+    check_optimizer(opts.optimizer)
     questions, documents = load_slice(cfg, opts)
     ledger = deps.ledger if deps is not None and deps.ledger is not None else TokenLedger()
     if deps is None:
