@@ -324,8 +324,13 @@ def optimize_cmd(
     ] = "extractor,rewriter,disambiguator",
     knob_trials: Annotated[int, typer.Option(min=0, help="Optuna trials per iteration (0: none).")] = 0,
     max_metric_calls: Annotated[
-        int, typer.Option(min=1, help="GEPA metric calls (MIPROv2 trials) per program.")
-    ] = 8,
+        int | None,
+        typer.Option(
+            min=1,
+            help="GEPA metric calls (MIPROv2 trials) per program (default optimize.max_metric_calls; unset: "
+            "the smallest budget that makes optimize.min_proposals proposals).",
+        ),
+    ] = None,
     distractors: Annotated[int, typer.Option(min=0, help="Extra non-evidence documents indexed.")] = 4,
     budget_minutes: Annotated[
         float | None, typer.Option(help="Wall-clock cap per program optimisation.")
@@ -479,7 +484,10 @@ def demo_cmd(
     optimizer: Annotated[
         str, typer.Option(help="A registered optimiser: gepa or mipro, or a plug-in.")
     ] = "gepa",
-    max_metric_calls: Annotated[int, typer.Option(min=1, help="GEPA metric calls per program.")] = 4,
+    max_metric_calls: Annotated[
+        int | None,
+        typer.Option(min=1, help="GEPA metric calls per program (default: enough for one proposal)."),
+    ] = None,
     knob_trials: Annotated[int, typer.Option(min=0, help="Optuna trials (LLM-free objective).")] = 5,
     budget_minutes: Annotated[
         float | None, typer.Option(help="Wall-clock cap of the prompt optimisation.")

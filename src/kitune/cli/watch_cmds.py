@@ -55,7 +55,12 @@ def loop_cmd(
     programs: Annotated[
         str | None, typer.Option(help="Programs to tune, comma-separated (default: optimize's).")
     ] = None,
-    max_metric_calls: Annotated[int, typer.Option(min=1, help="GEPA metric calls per program.")] = 8,
+    max_metric_calls: Annotated[
+        int | None,
+        typer.Option(
+            min=1, help="GEPA metric calls per program (default: optimize.max_metric_calls, else sized)."
+        ),
+    ] = None,
     knob_trials: Annotated[int, typer.Option(min=0, help="Optuna trials per iteration.")] = 0,
     distractors: Annotated[int, typer.Option(min=0, help="Extra non-evidence documents indexed.")] = 4,
     budget_minutes: Annotated[

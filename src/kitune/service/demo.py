@@ -74,7 +74,8 @@ class DemoOptions:
     iterations: int = 1
     programs: tuple[str, ...] = ("extractor",)
     optimizer: str = "gepa"
-    max_metric_calls: int = 4
+    max_metric_calls: int | None = None
+    """None: ``optimize.max_metric_calls``, else sized to ``optimize.min_proposals`` proposals."""
     knob_trials: int = 5
     budget_minutes: float | None = None
     progress: bool = True

@@ -53,13 +53,18 @@ RETRIEVAL_KNOBS = (
 def optimizer_budget(env: ServiceLoopEnv) -> OptimizerBudget:
     """The loop's :class:`~kitune.optimizers.budget.OptimizerBudget`, from the options and the config.
 
-    ``max_metric_calls`` and ``minutes`` from the command (``--max-metric-calls``,
-    ``--budget-minutes``), the reflection window (:func:`reflection_context_tokens`) and reply cap
+    ``max_metric_calls`` from the command (``--max-metric-calls``), else ``optimize.max_metric_calls``
+    (both unset: sized by the optimiser to ``optimize.min_proposals`` proposals), ``minutes`` from
+    ``--budget-minutes``, the reflection window (:func:`reflection_context_tokens`) and reply cap
     (``lm.reflection.max_tokens``).
     """
+    o = env.cfg.optimize
     return OptimizerBudget(
-        max_metric_calls=env.opts.max_metric_calls,
+        max_metric_calls=env.opts.max_metric_calls
+        if env.opts.max_metric_calls is not None
+        else o.max_metric_calls,
         minutes=env.opts.budget_minutes,
+        min_proposals=o.min_proposals,
         reflection_context_tokens=reflection_context_tokens(env.cfg),
         reflection_max_tokens=env.cfg.lm.reflection.max_tokens,
     )

@@ -62,8 +62,10 @@ class OptimizeOptions:
     programs: tuple[str, ...] = PROGRAMS
     knob_trials: int = 0
     """Optuna trials per iteration (0: no knob tuning)."""
-    max_metric_calls: int = 8
-    """GEPA budget per program per iteration (MIPROv2: trials)."""
+    max_metric_calls: int | None = None
+    """GEPA budget per program per iteration (MIPROv2: trials); None: ``optimize.max_metric_calls``
+    (unset there too: sized to ``optimize.min_proposals`` proposals, see
+    :func:`kitune.optimizers.gepa.min_metric_calls`)."""
     budget_minutes: float | None = None
     """Wall-clock cap per program optimisation (a Timeout stopper); None: none."""
     distractors: int = 4
@@ -160,7 +162,8 @@ def run_optimize(
                 "questions": len(questions),
                 "data": str(Path(opts.data_dir).resolve()),
                 "knob_trials": opts.knob_trials,
-                "max_metric_calls": opts.max_metric_calls,
+                "max_metric_calls": opts.max_metric_calls or cfg.optimize.max_metric_calls or "auto",
+                "min_proposals": cfg.optimize.min_proposals,
             },
             log=log,
         )
