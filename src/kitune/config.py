@@ -448,8 +448,27 @@ class TrackingConfig(_Section):
 class OptimizeConfig(_Section):
     """Optimisation loop."""
 
-    optimizer: Literal["gepa", "mipro"] = Field(default="gepa", description="DSPy optimiser.")
+    optimizer: str = Field(
+        default="gepa",
+        pattern=r"^[a-z0-9_-]+$",
+        description="Optimiser name from kitune.optimizers.registry (built in: gepa, mipro; plug-ins "
+        "register more). Checked against the registry when the loop starts (config.py cannot import it).",
+    )
     iterations: int = Field(default=2, ge=1, le=100, description="Loop iterations.")
+    max_metric_calls: int | None = Field(
+        default=None,
+        ge=1,
+        description="GEPA metric calls per program per iteration (MIPROv2: trials); --max-metric-calls wins. "
+        "None: sized per run to the smallest budget that makes min_proposals proposals on its split sizes "
+        "(GEPA; MIPROv2: 8 trials). A set budget below that minimum is refused with the minimum named.",
+    )
+    min_proposals: int = Field(
+        default=1,
+        ge=1,
+        le=100,
+        description="Proposals (reflection + minibatch evaluations) a GEPA budget must be able to pay for; "
+        "see kitune.optimizers.gepa.min_metric_calls.",
+    )
     accept_margin: float = Field(
         default=0.0,
         ge=0.0,

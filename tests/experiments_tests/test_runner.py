@@ -16,6 +16,7 @@ from kitune.config import KituneConfig
 from kitune.errors import ConfigError
 from kitune.experiments.prompts import PromptRegistry, prompt_name
 from kitune.experiments.runner import make_optimizer, run_experiment
+from kitune.optimizers.budget import OptimizerBudget
 from kitune.optimizers.gepa import GepaOptimizer
 from kitune.optimizers.loop import start_prompts
 from kitune.optimizers.mipro import MiproOptimizer
@@ -24,18 +25,34 @@ from kitune.programs.instructions import load_instruction
 from kitune.testing.tracking import RecordingTracker
 
 
-def _metric(gold: object, pred: object, trace: object = None) -> float:
+def _metric(
+    gold: object, pred: object, trace: object = None, pred_name: object = None, pred_trace: object = None
+) -> float:
     return 0.0
 
 
-def test_make_optimizer_selects_and_sizes() -> None:
-    g = make_optimizer("gepa", _metric, reflection_lm=None, budget=7, rng=random.Random(0), budget_minutes=2)
+def test_make_optimizer_selects_from_the_registry_and_sizes() -> None:
+    g = make_optimizer(
+        "gepa",
+        _metric,
+        reflection_lm=object(),
+        budget=OptimizerBudget(max_metric_calls=7, minutes=2),
+        rng=random.Random(0),
+    )
     assert isinstance(g, GepaOptimizer) and g.max_metric_calls == 7
     assert isinstance(g.stopper, Timeout) and g.stopper.seconds == 120
-    m = make_optimizer("mipro", _metric, reflection_lm=None, budget=5, rng=random.Random(0))
+    m = make_optimizer(
+        "mipro",
+        _metric,
+        reflection_lm=object(),
+        budget=OptimizerBudget(max_metric_calls=5),
+        rng=random.Random(0),
+    )
     assert isinstance(m, MiproOptimizer) and m.num_trials == 5
-    with pytest.raises(ConfigError, match="gepa or mipro"):
-        make_optimizer("adam", _metric, reflection_lm=None, budget=1, rng=random.Random(0))
+    with pytest.raises(ConfigError, match="registered optimizers are gepa, mipro"):
+        make_optimizer(
+            "adam", _metric, reflection_lm=object(), budget=OptimizerBudget(), rng=random.Random(0)
+        )
 
 
 def test_run_experiment_starts_from_production_and_uses_config_weights(tmp_path: Path) -> None:

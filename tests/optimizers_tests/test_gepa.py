@@ -9,7 +9,7 @@ import pytest
 from opt_fakes import RuleLM, extractor_rule, reflection_lm
 
 from kitune.data.loaders import Question
-from kitune.errors import OptimizationError
+from kitune.errors import ConfigError, OptimizationError
 from kitune.optimizers.base import Optimizer
 from kitune.optimizers.gepa import GepaOptimizer
 from kitune.optimizers.stopping import MaxMetricCalls
@@ -57,7 +57,7 @@ def test_gepa_with_kitune_stopper_and_empty_sets() -> None:
     )
     with dspy.context(lm=RuleLM(extractor_rule)):
         result = opt.compile(FactExtractor("Extract facts."), trainset=examples[:2], valset=examples[2:])
-    assert result.stop_reason is not None and "metric calls" in result.stop_reason
+    assert result.stop_reason == "no proposal: stopped before the first iteration (metric calls >= 2)"
     assert result.best_candidate == {"extract": "Extract facts."}
     with pytest.raises(OptimizationError, match="non-empty"):
         opt.compile(FactExtractor("x"), trainset=[], valset=examples)
@@ -76,7 +76,8 @@ def test_every_failed_reflection_call_is_the_stop_reason() -> None:
     with dspy.context(lm=RuleLM(extractor_rule)):
         result = opt.compile(FactExtractor("Extract facts."), trainset=examples[:2], valset=examples[2:])
     assert result.best_candidate == {"extract": "Extract facts."}
-    assert result.stop_reason is not None and result.stop_reason.startswith("every reflection call failed (")
+    assert result.stop_reason is not None
+    assert result.stop_reason.startswith("no proposal: every reflection reply was unusable (")
     assert "context window exceeded" in result.stop_reason
     assert result.details["reflection_calls"] >= 1
     assert result.details["reflection_failures"] == result.details["reflection_calls"]
@@ -94,3 +95,81 @@ def test_reflection_examples_are_sized_to_the_window() -> None:
     assert fit_examples(small, 2000) == small  # nothing to trim
     # never empty, even when one trimmed example is still over budget
     assert len(fit_examples(big, 10)) == 1
+
+
+def _examples() -> list[dspy.Example]:
+    docs = _docs()
+    qs = [Question(str(i), "When was Acme founded?", "1999", gold_docids=(f"d{i}",)) for i in range(4)]
+    return extractor_examples(qs, docs.__getitem__)
+
+
+def test_proposal_cost_and_minimum_budget_arithmetic() -> None:
+    from kitune.optimizers.gepa import min_metric_calls, proposal_cost
+
+    assert proposal_cost(2, 2) == 6  # parent + child on the minibatch, then the valset
+    assert min_metric_calls(2, 2, 1) == 3  # the seed evaluation, then one iteration must start
+    assert min_metric_calls(12, 2, 3) == 12 + 2 * 16 + 1 == 45
+    assert min_metric_calls(1, 3, 2) == 1 + 7 + 1
+
+
+def test_a_budget_too_small_to_propose_is_refused_with_the_minimum() -> None:
+    examples = _examples()
+    lm = RuleLM(extractor_rule)
+    opt = GepaOptimizer(extractor_metric, reflection_lm=reflection_lm(), max_metric_calls=2)
+    with dspy.context(lm=lm), pytest.raises(ConfigError) as err:
+        opt.compile(FactExtractor("Extract facts."), trainset=examples[:2], valset=examples[2:])
+    msg = str(err.value)
+    assert (
+        "max_metric_calls=2 cannot make 1 proposal(s) with a 2-example validation set and minibatch 2" in msg
+    )
+    assert "the minimum budget is 3" in msg and "--max-metric-calls" in msg
+    assert lm.calls == 0  # refused before any metric call
+    three = GepaOptimizer(
+        extractor_metric, reflection_lm=reflection_lm(), max_metric_calls=14, min_proposals=3
+    )
+    with pytest.raises(ConfigError, match="the minimum budget is 15"):
+        three.compile(FactExtractor("Extract facts."), trainset=examples[:2], valset=examples[2:])
+
+
+def test_an_unset_budget_is_sized_to_the_minimum_and_proposes() -> None:
+    examples = _examples()
+    opt = GepaOptimizer(
+        extractor_metric, reflection_lm=reflection_lm(), max_metric_calls=None, min_proposals=1
+    )
+    with dspy.context(lm=RuleLM(extractor_rule)):
+        result = opt.compile(FactExtractor("Extract facts."), trainset=examples[:2], valset=examples[2:])
+    assert result.details["max_metric_calls"] == 3 and result.details["max_metric_calls_set"] is None
+    assert result.details["proposals"] == 1 and result.details["proposals_accepted"] == 1
+    assert result.metric_calls == 2 + 2 + 2 + 2  # seed, parent, child, child on the valset
+    assert result.improved and result.stop_reason is None
+
+
+def test_a_compile_without_a_proposal_says_every_minibatch_was_perfect() -> None:
+    examples = _examples()
+    opt = GepaOptimizer(extractor_metric, reflection_lm=reflection_lm(), max_metric_calls=6)
+    with dspy.context(lm=RuleLM(extractor_rule)):
+        result = opt.compile(
+            FactExtractor("Extract facts with DATES."), trainset=examples[:2], valset=examples[2:]
+        )
+    assert result.stop_reason == "no proposal: every minibatch already scored perfectly (2 of 2 iterations)"
+    assert result.details["proposals"] == 0 and result.details["skipped"] == {"all_scores_perfect": 2}
+    assert result.metric_calls == 6
+
+
+def test_no_proposal_reasons_for_the_seed_evaluation_and_mixed_iterations() -> None:
+    from kitune.optimizers.gepa import ProposalLog, SizedInstructionProposer, _stop_reason
+
+    proposer = SizedInstructionProposer()
+    log = ProposalLog()
+    assert _stop_reason(proposer, None, log, 12, 12, 12) == (
+        "no proposal: budget spent on the seed evaluation (12 of 12 metric calls; the validation set has 12 "
+        "examples)"
+    )
+    log.iterations, log.skipped = 3, {"all_scores_perfect": 1}
+    proposer.calls, proposer.failures, proposer.errors = 2, 1, ["ValueError: bad"]
+    assert _stop_reason(proposer, None, log, 20, 20, 4) == (
+        "no proposal in 3 iterations: 1 minibatch(es) already perfect, 0 without trajectories, 1 reflection "
+        "failure(s), 1 reflection(s) without a new instruction"
+    )
+    log.proposals = 1
+    assert _stop_reason(proposer, None, log, 20, 20, 4) is None

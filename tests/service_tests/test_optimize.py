@@ -50,7 +50,8 @@ def test_optimize_extractor_accepts_a_better_prompt_and_registers_it(tmp_path: P
         progress=False,
         knob_trials=2,
     )
-    res = run_optimize(cfg, opts, deps=deps, tracker=tracker, registry=registry)
+    lines: list[str] = []
+    res = run_optimize(cfg, opts, deps=deps, tracker=tracker, registry=registry, log=lines.append)
     hist = res.loop.history
     assert len(hist) == 2
     assert hist[0].accepted and hist[0].changed == ("extractor",)
@@ -65,6 +66,10 @@ def test_optimize_extractor_accepts_a_better_prompt_and_registers_it(tmp_path: P
     assert m0["candidate_val_accuracy"] > m0["val_accuracy"]
     assert m0["improve_extractor_best_score"] > m0["improve_extractor_baseline_score"]
     assert "tune_extract_answer_coverage" in m0 and "improve_knob_trials" in m0
+    assert m0["improve_extractor_proposals"] == 1.0
+    # iteration 1 starts from the accepted prompt: nothing to reflect on, and the run says why
+    assert runs["iteration-1"].data.metrics["improve_extractor_proposals"] == 0.0
+    assert "extractor: no proposal: every minibatch already scored perfectly (2 of 2 iterations)" in lines
     assert (res.state_dir / "curves.md").is_file() and (res.state_dir / "knobs.journal").is_file()
     assert set(res.tune_ids).isdisjoint(res.validation_ids)
 

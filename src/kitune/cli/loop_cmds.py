@@ -253,6 +253,16 @@ def _programs(value: str) -> tuple[str, ...]:
     return names
 
 
+def _optimizer(value: str) -> str:
+    """``--optimizer``: a name from the optimiser registry (exit 2 listing the registered ones)."""
+    from kitune.optimizers.registry import check_optimizer
+
+    try:
+        return check_optimizer(value)
+    except KituneError as e:
+        fail(str(e))
+
+
 def _log(message: str) -> None:
     out.print(f"[dim]{datetime.now(UTC).strftime('%H:%M:%S')}[/] {message}", soft_wrap=True, highlight=False)
 
@@ -303,14 +313,24 @@ def optimize_cmd(
     iterations: Annotated[
         int | None, typer.Option(min=1, help="Total iterations (default optimize.iterations).")
     ] = None,
-    optimizer: Annotated[str | None, typer.Option(help="gepa (default) or mipro.")] = None,
+    optimizer: Annotated[
+        str | None,
+        typer.Option(
+            help="A registered optimiser: gepa or mipro, or a plug-in (default optimize.optimizer)."
+        ),
+    ] = None,
     programs: Annotated[
         str, typer.Option(help="Programs to tune, comma-separated.")
     ] = "extractor,rewriter,disambiguator",
     knob_trials: Annotated[int, typer.Option(min=0, help="Optuna trials per iteration (0: none).")] = 0,
     max_metric_calls: Annotated[
-        int, typer.Option(min=1, help="GEPA metric calls (MIPROv2 trials) per program.")
-    ] = 8,
+        int | None,
+        typer.Option(
+            min=1,
+            help="GEPA metric calls (MIPROv2 trials) per program (default optimize.max_metric_calls; unset: "
+            "the smallest budget that makes optimize.min_proposals proposals).",
+        ),
+    ] = None,
     distractors: Annotated[int, typer.Option(min=0, help="Extra non-evidence documents indexed.")] = 4,
     budget_minutes: Annotated[
         float | None, typer.Option(help="Wall-clock cap per program optimisation.")
@@ -331,14 +351,12 @@ def optimize_cmd(
     from kitune.service.optimize import OptimizeOptions, run_optimize
 
     cfg = get_config(config, record_overrides(record, replay) or None)
-    choice = optimizer or cfg.optimize.optimizer
-    if choice not in ("gepa", "mipro"):
-        fail(f"--optimizer {choice!r}: use gepa or mipro")
+    choice = _optimizer(optimizer or cfg.optimize.optimizer)
     opts = OptimizeOptions(
         data_dir=data,
         questions=questions,
         iterations=iterations or cfg.optimize.iterations,
-        optimizer=choice,  # type: ignore[arg-type]
+        optimizer=choice,
         programs=_programs(programs),
         knob_trials=knob_trials,
         max_metric_calls=max_metric_calls,
@@ -463,8 +481,13 @@ def demo_cmd(
     distractors: Annotated[int, typer.Option(min=0, help="Extra non-evidence documents.")] = 2,
     iterations: Annotated[int, typer.Option(min=1, help="Optimisation iterations.")] = 1,
     programs: Annotated[str, typer.Option(help="Programs the optimisation round tunes.")] = "extractor",
-    optimizer: Annotated[str, typer.Option(help="gepa or mipro.")] = "gepa",
-    max_metric_calls: Annotated[int, typer.Option(min=1, help="GEPA metric calls per program.")] = 4,
+    optimizer: Annotated[
+        str, typer.Option(help="A registered optimiser: gepa or mipro, or a plug-in.")
+    ] = "gepa",
+    max_metric_calls: Annotated[
+        int | None,
+        typer.Option(min=1, help="GEPA metric calls per program (default: enough for one proposal)."),
+    ] = None,
     knob_trials: Annotated[int, typer.Option(min=0, help="Optuna trials (LLM-free objective).")] = 5,
     budget_minutes: Annotated[
         float | None, typer.Option(help="Wall-clock cap of the prompt optimisation.")
@@ -488,8 +511,7 @@ def demo_cmd(
     overrides: dict[str, object] = {"workdir": str(workdir)} if workdir is not None else {}
     overrides.update(record_overrides(record, replay))
     cfg = get_config(path if path.is_file() or config is not None else None, overrides or None)
-    if optimizer not in ("gepa", "mipro"):
-        fail(f"--optimizer {optimizer!r}: use gepa or mipro")
+    _optimizer(optimizer)
     opts = DemoOptions(
         data_dir=data,
         questions=questions,

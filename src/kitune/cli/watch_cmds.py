@@ -49,11 +49,18 @@ def loop_cmd(
         int | None, typer.Option("--max-questions", min=2, help="Tune on the newest N questions.")
     ] = None,
     iterations: Annotated[int, typer.Option(min=1, help="Optimisation iterations per round.")] = 1,
-    optimizer: Annotated[str, typer.Option(help="gepa or mipro.")] = "gepa",
+    optimizer: Annotated[
+        str, typer.Option(help="A registered optimiser: gepa or mipro, or a plug-in.")
+    ] = "gepa",
     programs: Annotated[
         str | None, typer.Option(help="Programs to tune, comma-separated (default: optimize's).")
     ] = None,
-    max_metric_calls: Annotated[int, typer.Option(min=1, help="GEPA metric calls per program.")] = 8,
+    max_metric_calls: Annotated[
+        int | None,
+        typer.Option(
+            min=1, help="GEPA metric calls per program (default: optimize.max_metric_calls, else sized)."
+        ),
+    ] = None,
     knob_trials: Annotated[int, typer.Option(min=0, help="Optuna trials per iteration.")] = 0,
     distractors: Annotated[int, typer.Option(min=0, help="Extra non-evidence documents indexed.")] = 4,
     budget_minutes: Annotated[
@@ -84,8 +91,12 @@ def loop_cmd(
     from kitune.service.watch import LoopOptions, WatchOptions, corpus_file, loop_once, watch
 
     cfg = get_config(config)
-    if optimizer not in ("gepa", "mipro"):
-        fail(f"--optimizer {optimizer!r}: use gepa or mipro")
+    from kitune.optimizers.registry import check_optimizer
+
+    try:
+        check_optimizer(optimizer)
+    except KituneError as e:
+        fail(str(e))
     if traces is not None and watch_dir is not None:
         fail("use --traces DIR (once) or --watch DIR (polling), not both")
     try:

@@ -1,10 +1,12 @@
 """``run_experiment``: wire a loop environment to the tracker, the prompt registry and the optimiser choice.
 
-:func:`make_optimizer` builds the selected optimiser (``gepa`` by default, ``mipro``) with its
-budget; :func:`run_experiment` resolves the tracker (``create_tracker(cfg)``: MLflow at
-``cfg.mlflow_uri``), the prompt registry (``PromptRegistry(cfg.mlflow_uri)``), the starting
-setting (the registry's ``production`` prompts, else the packaged instructions; a saved loop
-state wins over both) and runs :func:`kitune.optimizers.loop.run_loop` (one tracking run per iteration).
+:func:`make_optimizer` builds the optimiser a name selects from the registry
+(:mod:`kitune.optimizers.registry`: ``gepa`` by default, ``mipro``, plug-ins) with its
+:class:`~kitune.optimizers.budget.OptimizerBudget`; :func:`run_experiment` resolves the tracker
+(``create_tracker(cfg)``: MLflow at ``cfg.mlflow_uri``), the prompt registry
+(``PromptRegistry(cfg.mlflow_uri)``), the starting setting (the registry's ``production``
+prompts, else the packaged instructions; a saved loop state wins over both) and runs
+:func:`kitune.optimizers.loop.run_loop` (one tracking run per iteration).
 """
 
 from __future__ import annotations
@@ -15,10 +17,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kitune.errors import ConfigError, TrackingError
+from kitune.errors import TrackingError
+from kitune.optimizers.base import Optimizer
+from kitune.optimizers.budget import OptimizerBudget
 from kitune.optimizers.loop import LoopEnv, LoopResult, Setting, run_loop, start_prompts
 from kitune.optimizers.objective import LoopWeights
-from kitune.optimizers.stopping import Timeout
+from kitune.optimizers.registry import make_optimizer as registry_make_optimizer
 from kitune.programs.instructions import instruction_version
 
 if TYPE_CHECKING:
@@ -34,47 +38,23 @@ def make_optimizer(
     metric: Callable[..., Any],
     *,
     reflection_lm: Any,
-    budget: int,
+    budget: OptimizerBudget,
     rng: random.Random,
-    budget_minutes: float | None = None,
-    reflection_context_tokens: int | None = None,
-    reflection_max_tokens: int = 1024,
-) -> Any:
-    """Build the optimiser ``name`` (``gepa`` or ``mipro``).
+    input_tokens: Callable[[], int] | None = None,
+) -> Optimizer:
+    """Build the optimiser registered as ``name`` from the one budget object.
 
-    Args:
-        name: ``gepa`` (GEPA, ``budget`` = max metric calls) or ``mipro`` (MIPROv2, ``budget`` =
-            trials, 3 candidates).
-        metric: a feedback metric (see :mod:`kitune.optimizers.tasks`).
-        reflection_lm: the proposer LM (``reflection`` role).
-        budget: metric calls (GEPA) or trials (MIPROv2), ≥ 1.
-        rng: the seed source.
-        budget_minutes: GEPA only: stop after this many minutes (a Timeout stopper).
-        reflection_context_tokens: GEPA only: the reflection model's context window, to size
-            reflection prompts (None: no sizing).
-        reflection_max_tokens: GEPA only: the reflection reply's token cap.
+    Reads :mod:`kitune.optimizers.registry` (``gepa``, ``mipro`` and any plug-in registered by
+    importing its module); see :class:`~kitune.optimizers.registry.OptimizerFactory` for the
+    arguments.
 
     Raises:
-        ConfigError: unknown ``name``.
+        ConfigError: ``name`` is not registered (the message lists the registered names), or
+            the factory refused the metric, the reflection model or the budget.
     """
-    if name == "gepa":
-        from kitune.optimizers.gepa import GepaOptimizer
-
-        stopper = Timeout(budget_minutes * 60) if budget_minutes else None
-        return GepaOptimizer(
-            metric,
-            reflection_lm=reflection_lm,
-            max_metric_calls=budget,
-            rng=rng,
-            stopper=stopper,
-            reflection_context_tokens=reflection_context_tokens,
-            reflection_max_tokens=reflection_max_tokens,
-        )
-    if name == "mipro":
-        from kitune.optimizers.mipro import MiproOptimizer
-
-        return MiproOptimizer(metric, prompt_lm=reflection_lm, num_trials=budget, rng=rng)
-    raise ConfigError(f"unknown optimizer {name!r}: use gepa or mipro")
+    return registry_make_optimizer(
+        name, metric, reflection_lm=reflection_lm, budget=budget, rng=rng, input_tokens=input_tokens
+    )
 
 
 def run_experiment(

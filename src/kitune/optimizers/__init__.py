@@ -1,6 +1,7 @@
 """The optimisers and the self-improvement loop.
 
-GEPA/MIPROv2 wrappers, Optuna knobs, stoppers, the loop, its score, ledger and accept rule.
+GEPA/MIPROv2 wrappers (named in the optimiser registry, built from one budget), Optuna knobs,
+stoppers, the loop, its score, ledger and accept rule.
 
 Public names are imported lazily on first use (PEP 562), so importing the package is cheap and
 has no side effects; ``__all__`` lists them and ``tests/test_public_api.py`` checks it.
@@ -36,6 +37,10 @@ _EXPORTS: dict[str, str] = {
     "GepaOptimizer": "kitune.optimizers.gepa",
     "MiproOptimizer": "kitune.optimizers.mipro",
     "OptimizationResult": "kitune.optimizers.base",
+    "OptimizerBudget": "kitune.optimizers.budget",
+    "register_optimizer": "kitune.optimizers.registry",
+    "optimizer_names": "kitune.optimizers.registry",
+    "make_optimizer": "kitune.optimizers.registry",
 }
 """Public name → the module that defines it."""
 

@@ -7,6 +7,25 @@ reflection LM is the ``reflection`` role (``kitune.lm.build_lm(cfg, "reflection"
 adapted with :func:`~kitune.optimizers.stopping.as_gepa_stopper`. The seed comes from the
 ``random.Random`` passed in, so the same RNG state and LM replies give the same result.
 
+**Budgets that can propose.** What GEPA (``gepa`` 0.1.4 under ``dspy.GEPA`` 3.4) spends, in
+metric calls (one call = one example run by the program and scored):
+
+* the seed evaluation: every validation example once (``len(valset)``);
+* each iteration (a *proposal*): the parent on a minibatch of ``reflection_minibatch_size``
+  training examples (padded to that size), then — when reflection gives a new instruction — the
+  child on the same minibatch, then — only when the child beats the parent there — the child on
+  the whole validation set: at most ``2 × minibatch + len(valset)``.
+
+GEPA checks its budget only *before* an iteration (``total >= max_metric_calls`` stops), so
+``k`` proposal iterations start whatever the outcomes when ``max_metric_calls`` exceeds the seed
+evaluation plus ``k − 1`` worst-case iterations: :func:`min_metric_calls`
+``= len(valset) + (k − 1)(2·minibatch + len(valset)) + 1``. :meth:`GepaOptimizer.compile`
+refuses a smaller budget with a :class:`~kitune.errors.ConfigError` naming that minimum (for
+``k = min_proposals``), and sizes an unset budget to it. A run that made no proposal says why in
+its ``stop_reason`` (``"no proposal: budget spent on the seed evaluation …"``, ``"no proposal:
+every reflection reply was unusable …"``, ``"no proposal: every minibatch already scored
+perfectly …"``), read from gepa's own callbacks (:class:`ProposalLog`).
+
 **Failing loudly.** The instruction proposer is :class:`SizedInstructionProposer`, DSPy's own
 ``InstructionProposer`` with two additions: before each reflection call it sizes the examples
 with feedback to the reflection model's context window (``context_tokens`` minus the reply's
@@ -24,6 +43,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from kitune.errors import ConfigError
 from kitune.optimizers.base import (
     CandidateScore,
     OptimizationResult,
@@ -31,15 +51,98 @@ from kitune.optimizers.base import (
     get_candidate,
     require_sets,
 )
-from kitune.optimizers.stopping import Stopper, as_gepa_stopper
+from kitune.optimizers.budget import OptimizerBudget
+from kitune.optimizers.registry import register_optimizer
+from kitune.optimizers.stopping import Stopper, Timeout, as_gepa_stopper
 
-__all__ = ["GepaOptimizer", "SizedInstructionProposer", "fit_examples"]
+__all__ = [
+    "GepaOptimizer",
+    "ProposalLog",
+    "SizedInstructionProposer",
+    "fit_examples",
+    "make_gepa",
+    "min_metric_calls",
+    "proposal_cost",
+]
 
 CHARS_PER_TOKEN = 4
 """Token estimate for sizing reflection prompts (conservative for English text)."""
 
 PROMPT_OVERHEAD_TOKENS = 400
 """Tokens the proposer's own instructions and field markers take, reserved before the examples."""
+
+
+def proposal_cost(n_val: int, minibatch: int) -> int:
+    """Most metric calls one GEPA iteration can spend: parent and child on a minibatch, then the valset.
+
+    Args:
+        n_val: validation examples (GEPA's Pareto set), ≥ 1.
+        minibatch: ``reflection_minibatch_size``, ≥ 1.
+
+    Returns:
+        ``2 * minibatch + n_val``.
+    """
+    return 2 * minibatch + n_val
+
+
+def min_metric_calls(n_val: int, minibatch: int, proposals: int = 1) -> int:
+    """The smallest ``max_metric_calls`` with which GEPA starts ``proposals`` iterations, whatever happens.
+
+    The seed evaluation costs ``n_val``; GEPA starts another iteration while the calls spent are
+    below the budget, and an iteration costs at most :func:`proposal_cost`.
+
+    Args:
+        n_val: validation examples, ≥ 1.
+        minibatch: ``reflection_minibatch_size``, ≥ 1.
+        proposals: iterations that must start, ≥ 1.
+
+    Returns:
+        ``n_val + (proposals - 1) * proposal_cost(n_val, minibatch) + 1``; e.g. 3 for a 2-example
+        valset and one proposal, 45 for 12 validation examples, minibatch 2 and 3 proposals.
+    """
+    return n_val + (proposals - 1) * proposal_cost(n_val, minibatch) + 1
+
+
+class ProposalLog:
+    """A gepa callback (``gepa_kwargs={"callbacks": [...]}``) that counts what each iteration did.
+
+    Attributes:
+        iterations: iterations started.
+        proposals: new instructions reflection produced (each evaluated on its minibatch).
+        accepted: proposals that beat their parent on the minibatch (then run on the valset).
+        skipped: reason → iterations skipped before reflecting (``all_scores_perfect``,
+            ``no_trajectories``).
+        seed_metric_calls: validation examples the seed evaluation scored.
+    """
+
+    def __init__(self) -> None:
+        self.iterations = 0
+        self.proposals = 0
+        self.accepted = 0
+        self.skipped: dict[str, int] = {}
+        self.seed_metric_calls = 0
+
+    def on_iteration_start(self, event: Mapping[str, Any]) -> None:
+        """An iteration began."""
+        self.iterations += 1
+
+    def on_evaluation_skipped(self, event: Mapping[str, Any]) -> None:
+        """An iteration stopped before reflecting (perfect minibatch, no trajectories)."""
+        reason = str(event.get("reason", "unknown"))
+        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+
+    def on_proposal_end(self, event: Mapping[str, Any]) -> None:
+        """Reflection produced a new instruction."""
+        self.proposals += 1
+
+    def on_candidate_accepted(self, event: Mapping[str, Any]) -> None:
+        """A proposal beat its parent on the minibatch."""
+        self.accepted += 1
+
+    def on_valset_evaluated(self, event: Mapping[str, Any]) -> None:
+        """The seed's (iteration 0) or an accepted candidate's valset evaluation."""
+        if event.get("iteration") == 0:
+            self.seed_metric_calls = int(event.get("num_examples_evaluated", 0) or 0)
 
 
 def _cut(value: Any, max_chars: int) -> Any:
@@ -137,7 +240,8 @@ class GepaOptimizer:
         metric: GEPA feedback metric ``(gold, pred, trace, pred_name, pred_trace) ->
             dspy.Prediction(score, feedback)`` or a float, 0.0–1.0.
         reflection_lm: the ``dspy.LM`` that proposes new instructions.
-        max_metric_calls: GEPA's budget in metric calls (one call = one example run), ≥ 1.
+        max_metric_calls: GEPA's budget in metric calls (one call = one example run), ≥ 1; None:
+            :func:`min_metric_calls` for ``min_proposals`` on the sets ``compile`` is given.
         rng: seeds GEPA (``rng.randrange(2**31)``); default ``random.Random(0)``.
         stopper: an extra kitune stopper (time, cost, no improvement …).
         reflection_minibatch_size: examples shown to the reflection LM per proposal.
@@ -147,6 +251,7 @@ class GepaOptimizer:
         input_tokens: callable giving input tokens spent so far (for token stoppers).
         reflection_context_tokens: the reflection model's context window (None: no sizing).
         reflection_max_tokens: the reflection reply's token cap (reserved when sizing).
+        min_proposals: ``compile`` refuses a budget that cannot start this many proposals, ≥ 1.
     """
 
     name = "gepa"
@@ -156,7 +261,7 @@ class GepaOptimizer:
         metric: Callable[..., Any],
         *,
         reflection_lm: Any,
-        max_metric_calls: int,
+        max_metric_calls: int | None,
         rng: random.Random | None = None,
         stopper: Stopper | None = None,
         reflection_minibatch_size: int = 2,
@@ -166,9 +271,12 @@ class GepaOptimizer:
         input_tokens: Callable[[], int] = lambda: 0,
         reflection_context_tokens: int | None = None,
         reflection_max_tokens: int = 1024,
+        min_proposals: int = 1,
     ) -> None:
-        if max_metric_calls < 1:
+        if max_metric_calls is not None and max_metric_calls < 1:
             raise ValueError(f"max_metric_calls={max_metric_calls}: allow at least 1")
+        if min_proposals < 1:
+            raise ValueError(f"min_proposals={min_proposals}: ask for at least 1")
         self.metric = metric
         self.reflection_lm = reflection_lm
         self.max_metric_calls = max_metric_calls
@@ -181,19 +289,47 @@ class GepaOptimizer:
         self.input_tokens = input_tokens
         self.reflection_context_tokens = reflection_context_tokens
         self.reflection_max_tokens = reflection_max_tokens
+        self.min_proposals = min_proposals
+
+    def budget_for(self, n_val: int) -> int:
+        """The metric-call budget for a ``n_val``-example valset (checked against the minimum).
+
+        Raises:
+            ConfigError: ``max_metric_calls`` is below :func:`min_metric_calls` for these sizes
+                (the message names the minimum and the settings to change).
+        """
+        mb = self.reflection_minibatch_size
+        need = min_metric_calls(n_val, mb, self.min_proposals)
+        if self.max_metric_calls is None:
+            return need
+        if self.max_metric_calls < need:
+            raise ConfigError(
+                f"GEPA budget max_metric_calls={self.max_metric_calls} cannot make {self.min_proposals} "
+                f"proposal(s) with a {n_val}-example validation set and minibatch {mb}: the seed evaluation "
+                f"costs {n_val} metric calls and each proposal up to {proposal_cost(n_val, mb)} (parent and "
+                f"child on {mb} examples, then the validation set), so the minimum budget is {need}. Raise "
+                f"--max-metric-calls / optimize.max_metric_calls to at least {need}, leave it unset to size "
+                "it automatically, or lower optimize.min_proposals"
+            )
+        return self.max_metric_calls
 
     def compile(self, program: Any, *, trainset: Sequence[Any], valset: Sequence[Any]) -> OptimizationResult:
         """Run GEPA on ``program`` (a copy is returned; the input is unchanged).
 
         Raises:
             OptimizationError: empty ``trainset``/``valset`` or GEPA failed to run.
+            ConfigError: the budget cannot start ``min_proposals`` proposals on these sets.
         """
         import dspy
 
         require_sets("GEPA", trainset, valset)
+        budget = self.budget_for(len(valset))
         baseline = get_candidate(program)
         gepa_stopper = as_gepa_stopper(self.stopper, input_tokens=self.input_tokens) if self.stopper else None
-        kwargs: dict[str, Any] = {"stop_callbacks": [gepa_stopper]} if gepa_stopper else {}
+        log = ProposalLog()
+        kwargs: dict[str, Any] = {"callbacks": [log]}
+        if gepa_stopper:
+            kwargs["stop_callbacks"] = [gepa_stopper]
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
         proposer = SizedInstructionProposer(
@@ -202,7 +338,7 @@ class GepaOptimizer:
         optimizer = dspy.GEPA(
             metric=self.metric,
             instruction_proposer=proposer,
-            max_metric_calls=self.max_metric_calls,
+            max_metric_calls=budget,
             reflection_lm=self.reflection_lm,
             reflection_minibatch_size=self.reflection_minibatch_size,
             num_threads=self.num_threads,
@@ -243,10 +379,16 @@ class GepaOptimizer:
             metric_calls=calls,
             input_tokens=int(self.input_tokens()),
             history=history,
-            stop_reason=_stop_reason(proposer, gepa_stopper),
+            stop_reason=_stop_reason(proposer, gepa_stopper, log, calls, budget, len(valset)),
             details={
                 "optimizer": "gepa",
-                "max_metric_calls": self.max_metric_calls,
+                "max_metric_calls": budget,
+                "max_metric_calls_set": self.max_metric_calls,
+                "min_proposals": self.min_proposals,
+                "iterations": log.iterations,
+                "proposals": log.proposals,
+                "proposals_accepted": log.accepted,
+                "skipped": dict(log.skipped),
                 "reflection_calls": proposer.calls,
                 "reflection_failures": proposer.failures,
                 "reflection_trimmed": proposer.trimmed,
@@ -254,7 +396,68 @@ class GepaOptimizer:
         )
 
 
-def _stop_reason(proposer: SizedInstructionProposer, stopper: Any) -> str | None:
+def _stop_reason(
+    proposer: SizedInstructionProposer, stopper: Any, log: ProposalLog, calls: int, budget: int, n_val: int
+) -> str | None:
+    """Why the run stopped; for a run without a proposal, why none was made."""
+    fired = stopper.reason if stopper else None
+    if log.proposals:
+        return fired
+    if log.iterations == 0:
+        if fired:
+            return f"no proposal: stopped before the first iteration ({fired})"
+        return (
+            f"no proposal: budget spent on the seed evaluation ({calls} of {budget} metric calls; the "
+            f"validation set has {n_val} examples)"
+        )
     if proposer.all_failed:
-        return f"every reflection call failed ({proposer.failures}/{proposer.calls}): {proposer.errors[0]}"
-    return stopper.reason if stopper else None
+        return (
+            f"no proposal: every reflection reply was unusable ({proposer.failures}/{proposer.calls}): "
+            f"{proposer.errors[0]}"
+        )
+    perfect = log.skipped.get("all_scores_perfect", 0)
+    no_traces = log.skipped.get("no_trajectories", 0)
+    if perfect == log.iterations:
+        return (
+            f"no proposal: every minibatch already scored perfectly ({perfect} of {log.iterations} "
+            "iterations)"
+        )
+    if no_traces == log.iterations:
+        return f"no proposal: no trajectories were captured in any of {log.iterations} iterations"
+    failed = proposer.failures
+    other = max(0, log.iterations - perfect - no_traces - (1 if failed else 0))
+    return (
+        f"no proposal in {log.iterations} iterations: {perfect} minibatch(es) already perfect, "
+        f"{no_traces} without trajectories, {failed} reflection failure(s), {other} reflection(s) without a "
+        "new instruction" + (f"; then {fired}" if fired else "")
+    )
+
+
+@register_optimizer("gepa")
+def make_gepa(
+    metric: Callable[..., Any],
+    *,
+    reflection_lm: Any,
+    budget: OptimizerBudget,
+    rng: random.Random,
+    input_tokens: Callable[[], int] | None = None,
+) -> GepaOptimizer:
+    """The ``gepa`` entry of the optimiser registry: :class:`GepaOptimizer` from one budget.
+
+    Reads ``max_metric_calls`` (unset: the minimum for ``min_proposals``), a timeout stopper from
+    ``minutes``, ``threads``, the reflection window and reply cap.
+    """
+    stopper = Timeout(budget.minutes * 60) if budget.minutes else None
+    return GepaOptimizer(
+        metric,
+        reflection_lm=reflection_lm,
+        max_metric_calls=budget.max_metric_calls,
+        rng=rng,
+        stopper=stopper,
+        reflection_minibatch_size=budget.reflection_minibatch_size,
+        num_threads=budget.threads,
+        input_tokens=input_tokens or (lambda: 0),
+        reflection_context_tokens=budget.reflection_context_tokens,
+        reflection_max_tokens=budget.reflection_max_tokens,
+        min_proposals=budget.min_proposals,
+    )

@@ -22,9 +22,14 @@ from kitune.optimizers.base import (
     get_candidate,
     require_sets,
 )
+from kitune.optimizers.budget import OptimizerBudget
+from kitune.optimizers.registry import register_optimizer
 from kitune.optimizers.tasks import as_float_metric
 
-__all__ = ["MiproOptimizer"]
+__all__ = ["DEFAULT_TRIALS", "MiproOptimizer", "make_mipro"]
+
+DEFAULT_TRIALS = 8
+"""Trials when the budget leaves ``max_metric_calls`` unset."""
 
 
 class MiproOptimizer:
@@ -138,3 +143,26 @@ class MiproOptimizer:
                 "num_trials": self.num_trials,
             },
         )
+
+
+@register_optimizer("mipro")
+def make_mipro(
+    metric: Callable[..., Any],
+    *,
+    reflection_lm: Any,
+    budget: OptimizerBudget,
+    rng: random.Random,
+    input_tokens: Callable[[], int] | None = None,
+) -> MiproOptimizer:
+    """The ``mipro`` entry of the optimiser registry: :class:`MiproOptimizer` from one budget.
+
+    ``max_metric_calls`` trials (unset: :data:`DEFAULT_TRIALS`), 3 candidates, ``threads``; no
+    time or token cap.
+    """
+    return MiproOptimizer(
+        metric,
+        prompt_lm=reflection_lm,
+        num_trials=budget.max_metric_calls or DEFAULT_TRIALS,
+        rng=rng,
+        num_threads=budget.threads,
+    )

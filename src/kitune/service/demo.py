@@ -74,7 +74,8 @@ class DemoOptions:
     iterations: int = 1
     programs: tuple[str, ...] = ("extractor",)
     optimizer: str = "gepa"
-    max_metric_calls: int = 4
+    max_metric_calls: int | None = None
+    """None: ``optimize.max_metric_calls``, else sized to ``optimize.min_proposals`` proposals."""
     knob_trials: int = 5
     budget_minutes: float | None = None
     progress: bool = True
@@ -172,7 +173,7 @@ def run_demo(
         data_dir=data,
         questions=opts.questions,
         iterations=opts.iterations,
-        optimizer=opts.optimizer,  # type: ignore[arg-type]
+        optimizer=opts.optimizer,
         programs=opts.programs,
         knob_trials=opts.knob_trials,
         max_metric_calls=opts.max_metric_calls,

@@ -17,9 +17,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kitune.errors import ConfigError
+from kitune.optimizers.budget import OptimizerBudget
 from kitune.optimizers.feedback import FeedbackReport, count_flips, write_disambiguation_kis
 from kitune.optimizers.loop import Evaluation, Setting
 from kitune.optimizers.objective import text_contains_answer
+from kitune.optimizers.registry import make_optimizer
 
 if TYPE_CHECKING:
     from kitune.optimizers.ledger import FailureLedger
@@ -30,6 +32,7 @@ __all__ = [
     "knob_objective",
     "make_program_optimizer",
     "optimize_program",
+    "optimizer_budget",
     "reflection_context_tokens",
     "tune_knobs",
     "write_feedback",
@@ -47,19 +50,34 @@ RETRIEVAL_KNOBS = (
 """Knobs the LLM-free objective can measure (no re-extraction or agent run needed)."""
 
 
-def make_program_optimizer(env: ServiceLoopEnv, metric: Callable[..., Any]) -> Any:
-    """The optimiser the options select, seeded from the environment's RNG."""
-    from kitune.experiments.runner import make_optimizer
+def optimizer_budget(env: ServiceLoopEnv) -> OptimizerBudget:
+    """The loop's :class:`~kitune.optimizers.budget.OptimizerBudget`, from the options and the config.
 
+    ``max_metric_calls`` from the command (``--max-metric-calls``), else ``optimize.max_metric_calls``
+    (both unset: sized by the optimiser to ``optimize.min_proposals`` proposals), ``minutes`` from
+    ``--budget-minutes``, the reflection window (:func:`reflection_context_tokens`) and reply cap
+    (``lm.reflection.max_tokens``).
+    """
+    o = env.cfg.optimize
+    return OptimizerBudget(
+        max_metric_calls=env.opts.max_metric_calls
+        if env.opts.max_metric_calls is not None
+        else o.max_metric_calls,
+        minutes=env.opts.budget_minutes,
+        min_proposals=o.min_proposals,
+        reflection_context_tokens=reflection_context_tokens(env.cfg),
+        reflection_max_tokens=env.cfg.lm.reflection.max_tokens,
+    )
+
+
+def make_program_optimizer(env: ServiceLoopEnv, metric: Callable[..., Any]) -> Any:
+    """The optimiser the options name (from the registry), seeded from the environment's RNG."""
     return make_optimizer(
         env.opts.optimizer,
         metric,
         reflection_lm=env.deps.lms["reflection"],
-        budget=env.opts.max_metric_calls,
+        budget=optimizer_budget(env),
         rng=random.Random(env.rng.randrange(2**31)),
-        budget_minutes=env.opts.budget_minutes,
-        reflection_context_tokens=reflection_context_tokens(env.cfg),
-        reflection_max_tokens=env.cfg.lm.reflection.max_tokens,
     )
 
 

@@ -408,6 +408,10 @@ class ServiceLoopEnv:
             if result.baseline_score is not None:
                 metrics[f"{program}_baseline_score"] = result.baseline_score
             notes[f"{program}_stop_reason"] = result.stop_reason
+            if "proposals" in result.details:
+                metrics[f"{program}_proposals"] = float(result.details["proposals"])
+            if result.stop_reason:
+                self.log(f"{program}: {result.stop_reason}")
             if result.improved and new_text.strip():
                 prompts[program] = new_text
                 programs[program] = result.program

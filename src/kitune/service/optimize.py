@@ -15,12 +15,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from kitune.config import KituneConfig
 from kitune.data.checksum import dataset_checksum
 from kitune.errors import ConfigError
 from kitune.optimizers.loop import LOOP_PROGRAMS, LoopResult
+from kitune.optimizers.registry import check_optimizer
 from kitune.service.eval_cache import store_fingerprint
 from kitune.service.loop_env import LoopDeps, ServiceLoopEnv, route_feedback
 from kitune.service.slicing import load_slice, select_documents
@@ -57,12 +58,15 @@ class OptimizeOptions:
     questions: int | None = None
     """First N questions of the dataset (None: all); split into tune/validation."""
     iterations: int = 2
-    optimizer: Literal["gepa", "mipro"] = "gepa"
+    optimizer: str = "gepa"
+    """A name registered in :mod:`kitune.optimizers.registry` (checked by :func:`run_optimize`)."""
     programs: tuple[str, ...] = PROGRAMS
     knob_trials: int = 0
     """Optuna trials per iteration (0: no knob tuning)."""
-    max_metric_calls: int = 8
-    """GEPA budget per program per iteration (MIPROv2: trials)."""
+    max_metric_calls: int | None = None
+    """GEPA budget per program per iteration (MIPROv2: trials); None: ``optimize.max_metric_calls``
+    (unset there too: sized to ``optimize.min_proposals`` proposals, see
+    :func:`kitune.optimizers.gepa.min_metric_calls`)."""
     budget_minutes: float | None = None
     """Wall-clock cap per program optimisation (a Timeout stopper); None: none."""
     distractors: int = 4
@@ -130,6 +134,7 @@ def run_optimize(
     unknown = sorted(set(opts.programs) - set(PROGRAMS))
     if unknown or not opts.programs:
         raise ConfigError(f"unknown program(s) {unknown or '(none)'}: choose from {', '.join(PROGRAMS)}")
+    check_optimizer(opts.optimizer)
     questions, documents = load_slice(cfg, opts)
     ledger = deps.ledger if deps is not None and deps.ledger is not None else TokenLedger()
     if deps is None:
@@ -159,7 +164,8 @@ def run_optimize(
                 "data": str(Path(opts.data_dir).resolve()),
                 "data_sha256": dataset_checksum(opts.data_dir).sha256,
                 "knob_trials": opts.knob_trials,
-                "max_metric_calls": opts.max_metric_calls,
+                "max_metric_calls": opts.max_metric_calls or cfg.optimize.max_metric_calls or "auto",
+                "min_proposals": cfg.optimize.min_proposals,
             },
             log=log,
         )

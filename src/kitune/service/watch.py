@@ -48,7 +48,8 @@ class LoopOptions:
     optimizer: str = "gepa"
     programs: tuple[str, ...] | None = None
     """None: run_optimize's default programs."""
-    max_metric_calls: int = 8
+    max_metric_calls: int | None = None
+    """None: ``optimize.max_metric_calls``, else sized to ``optimize.min_proposals`` proposals."""
     knob_trials: int = 0
     distractors: int = 4
     budget_minutes: float | None = None

@@ -1,0 +1,104 @@
+"""Plug-ins added by one file each are picked up by the loop and the CLI (issue 24 item 1)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1] / "optimizers_tests"))
+
+from loop_fakes import disambiguator_rule, extractor_rule, make_deps, reflection_rule, write_dataset
+from opt_fakes import RuleLM
+
+from kitune.config import KituneConfig
+from kitune.optimizers.registry import OPTIMIZERS, register_optimizer, unregister_optimizer
+from kitune.service.optimize import OptimizeOptions, run_optimize
+from kitune.testing.tracking import RecordingTracker
+
+
+def _task_rule(system: str, user: str) -> dict[str, object]:
+    if "[[ ## correct_answer ## ]]" in user:
+        return disambiguator_rule(system, user)
+    return extractor_rule(system, user)
+
+
+def _cfg(tmp_path: Path) -> KituneConfig:
+    return KituneConfig(
+        workdir=tmp_path / "w",
+        corpus_name="tiny",
+        agent={"max_steps": 4, "concurrency": 1},
+        optimize={"validation_fraction": 0.5, "seed": 0, "iterations": 1},
+        extraction={"concurrency": 1},
+    )
+
+
+@pytest.fixture
+def toy() -> Iterator[ModuleType]:
+    module = importlib.import_module("toy_optimizer")  # the one file that adds the optimiser
+    if "toy" not in OPTIMIZERS:  # imported (and cleaned up) by an earlier test
+        register_optimizer("toy", module.make_toy)
+    module.BUILT.clear()
+    yield module
+    unregister_optimizer("toy")
+
+
+def test_a_toy_optimizer_in_one_file_runs_in_the_loop(tmp_path: Path, toy: ModuleType) -> None:
+    data = write_dataset(tmp_path / "data")
+    deps = make_deps(RuleLM(_task_rule), RuleLM(reflection_rule, json=True))
+    opts = OptimizeOptions(
+        data_dir=data,
+        iterations=1,
+        optimizer="toy",
+        programs=("extractor",),
+        max_metric_calls=5,
+        distractors=1,
+        progress=False,
+    )
+    tracker = RecordingTracker()
+    res = run_optimize(_cfg(tmp_path), opts, deps=deps, tracker=tracker)
+    rec = res.loop.history[0]
+    assert rec.accepted and rec.changed == ("extractor",)
+    assert res.loop.setting.prompts["extractor"] == toy.TOY_INSTRUCTION
+    assert [b.max_metric_calls for b in toy.BUILT] == [5]
+    notes = json.loads(str(tracker.by_name("iteration-0").artifacts["improve.json"]))
+    assert notes["extractor_stop_reason"] == "toy: one fixed proposal"
+
+
+def test_the_cli_validates_optimizer_names_against_the_registry(
+    tmp_path: Path, toy: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    import kitune.service.optimize as optimize_service
+    from kitune.cli import _register, app
+
+    seen: list[Any] = []
+
+    def fake_run(cfg: Any, opts: Any, **_: Any) -> Any:
+        seen.append(opts)
+        raise optimize_service.ConfigError("stop here")
+
+    monkeypatch.setattr(optimize_service, "run_optimize", fake_run)
+    _register()
+    runner = CliRunner()
+    args = ["optimize", "--data", str(tmp_path), "--programs", "extractor"]
+    bad = runner.invoke(app, [*args, "--optimizer", "adam"])
+    assert bad.exit_code == 2
+    out = " ".join(bad.output.split())
+    assert "unknown optimizer 'adam'" in out and "registered optimizers are gepa, mipro, toy" in out
+    assert seen == []
+    ok = runner.invoke(app, [*args, "--optimizer", "toy"])
+    assert "stop here" in " ".join(ok.output.split())
+    assert [o.optimizer for o in seen] == ["toy"]
+    watch = runner.invoke(app, ["loop", "--corpus", str(tmp_path), "--optimizer", "adam"])
+    assert watch.exit_code == 2 and "registered optimizers are gepa, mipro, toy" in " ".join(
+        watch.output.split()
+    )
