@@ -34,7 +34,8 @@ class ToolCall:
     """One native function call the model made."""
 
     id: str
-    """The provider's call id (answered by a ``role="tool"`` message with this ``tool_call_id``)."""
+    """The provider's call id (answered by a ``role="tool"`` message with this ``tool_call_id``);
+    empty when the provider sent none (the agent then names it)."""
     name: str
     """The function name."""
     arguments: str

@@ -660,7 +660,10 @@ def with_overrides(cfg: KituneConfig, overrides: Mapping[str, Any]) -> KituneCon
     """``cfg`` with dotted-key ``overrides`` applied and re-validated; ``cfg`` is not changed.
 
     The one override merger: :func:`load_config` and the loop's knob settings both use it. The
-    environment is not read again, so an override always wins.
+    environment is not read again, so an override always wins. An override that switches
+    ``store.type`` (the backend) starts the store section afresh: the other backend's settings do
+    not carry over (``{"store.type": "elasticsearch"}`` gives the Elasticsearch defaults plus the
+    other ``store.*`` overrides); a ``store.*`` override the new backend does not have is an error.
 
     Args:
         cfg: the configuration.
@@ -671,7 +674,12 @@ def with_overrides(cfg: KituneConfig, overrides: Mapping[str, Any]) -> KituneCon
     """
     if not overrides:
         return cfg
-    merged = _deep_merge(cfg.model_dump(mode="python"), _dotted_to_nested(dict(overrides)))
+    base = cfg.model_dump(mode="python")
+    nested = _dotted_to_nested(dict(overrides))
+    store = nested.get("store")
+    if isinstance(store, dict) and store.get("type", cfg.store.type) != cfg.store.type:
+        base["store"] = {}  # another backend: the current one's keys are not its keys
+    merged = _deep_merge(base, nested)
     token = _IGNORE_ENV.set(True)
     try:
         return KituneConfig.model_validate(merged)

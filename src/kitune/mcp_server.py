@@ -8,10 +8,20 @@ Tools (JSON schemas generated from the signatures below; the tool bodies are
 * ``search_documents(query, k?)`` → raw corpus hits with snippets;
 * ``get_document(docid)`` → one document's text (capped).
 
+Every tool refuses arguments it does not take: its input schema has ``additionalProperties:
+false`` and a call with an unknown argument (``{"query": …, "sise": 3}``) is a tool error naming
+it and the arguments the tool takes, never silently ignored.
+
 Resource: ``kitune://source-description`` (Markdown), the corpus's source-description KIs, for
 an agent to read first.
 
-Transports: ``stdio`` (the client starts ``kitune mcp`` as a subprocess) and ``http``
+What is served follows production like ``kitune serve``: with a ``setting_source`` (``kitune
+mcp`` passes the production rewriter prompt and the production extractor's KI table) the server
+re-resolves them at most every ``refresh_s`` seconds, on a call, so ``kitune prompts promote`` /
+``rollback`` change what a running ``kitune mcp`` answers with, no restart.
+
+Transports: ``stdio`` (the client starts ``kitune mcp`` as a subprocess; stdout carries only
+MCP messages, see :mod:`kitune.cli.mcp_cmds`) and ``http``
 (streamable HTTP at ``http://HOST:PORT/mcp``). The HTTP transport follows ``kitune serve``'s
 rules: a non-loopback host is refused unless ``KITUNE_API_TOKEN`` is set; with a token every
 request needs ``Authorization: Bearer <token>`` (constant-time compare, 401 otherwise);
@@ -28,14 +38,15 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 from pydantic import Field, ValidationError
 
 from kitune.config import KituneConfig
 from kitune.errors import DocumentNotFoundError, KituneError, StoreUnavailableError
-from kitune.server import API_TOKEN_ENV, MAX_BODY_BYTES, is_loopback_host
+from kitune.server import API_TOKEN_ENV, MAX_BODY_BYTES, ServedSetting, is_loopback_host
 from kitune.service.mcp import (
     MAX_QUERY_CHARS,
     ContextFilters,
@@ -47,6 +58,7 @@ from kitune.service.mcp import (
 
 if TYPE_CHECKING:
     from mcp.server.mcpserver import MCPServer
+    from mcp.server.mcpserver.tools import Tool
     from starlette.types import ASGIApp, Receive, Scope, Send
 
     from kitune.programs.query_rewriter import QueryRewriter
@@ -153,6 +165,90 @@ def _guard(tool: str, fn: Callable[[], _T]) -> _T:
         raise ToolError(f"{tool} failed ({type(e).__name__}); see the server log") from e
 
 
+def _strict_tools(fns: Sequence[Callable[..., Any]], annotations: Mapping[str, Any]) -> list[Tool]:
+    """SDK tools for ``fns`` that refuse unknown arguments.
+
+    The SDK's argument model ignores keys it does not know; here the input schema says
+    ``additionalProperties: false`` and a call naming any other key is a ``ToolError``: ``Error
+    executing tool get_context: unknown argument(s) ['sise']: get_context takes query, size,
+    filters``. Nested objects (``filters``) are refused by their own models.
+    """
+    from mcp.server.mcpserver.exceptions import ToolError
+    from mcp.server.mcpserver.tools import Tool
+
+    class StrictTool(Tool):
+        async def run(self, arguments: dict[str, Any], context: Any, convert_result: bool = False) -> Any:
+            known = list(self.parameters.get("properties", {}))
+            unknown = sorted(set(arguments) - set(known))
+            if unknown:
+                raise ToolError(
+                    f"Error executing tool {self.name}: unknown argument(s) {unknown}: {self.name} takes "
+                    f"{', '.join(known)}"
+                )
+            return await super().run(arguments, context, convert_result)
+
+    tools: list[Tool] = []
+    for fn in fns:
+        tool = StrictTool.from_function(fn, annotations=dict(annotations))  # type: ignore[arg-type]
+        tool.parameters["additionalProperties"] = False
+        tools.append(tool)
+    return tools
+
+
+class _Served:
+    """The KI store and rewriter the tools answer with, re-resolved like ``kitune serve``'s.
+
+    ``current()`` asks ``source`` (with the served versions) at most every ``refresh_s`` seconds
+    and swaps in what it returns; None means unchanged, and a failing source keeps the current
+    setting (logged). Thread-safe.
+    """
+
+    def __init__(
+        self,
+        cfg: KituneConfig,
+        store: Store | None,
+        rewriter: QueryRewriter | None,
+        versions: Mapping[str, str] | None,
+        source: Callable[[Mapping[str, str]], ServedSetting | None] | None,
+        refresh_s: float,
+        clock: Callable[[], float],
+    ) -> None:
+        if refresh_s <= 0:
+            raise ValueError(f"refresh_s must be > 0, got {refresh_s}")
+        self.cfg = cfg
+        self.store = store
+        self.rewriter = rewriter
+        self.versions = dict(versions or {})
+        self.source = source
+        self.refresh_s = refresh_s
+        self.clock = clock
+        self.checked = clock()
+        self.lock = threading.Lock()
+
+    def _refresh(self) -> None:
+        if self.source is None or self.clock() - self.checked < self.refresh_s:
+            return
+        self.checked = self.clock()
+        try:
+            new = self.source(dict(self.versions))
+        except Exception:  # a registry hiccup must not take the tools down: keep serving
+            logger.exception("could not re-resolve the production setting; serving %s", self.versions)
+            return
+        if new is not None:
+            logger.info("now serving %s (was %s)", dict(new.versions), self.versions)
+            self.store, self.rewriter, self.versions = new.store, new.rewriter, dict(new.versions)
+
+    def current(self) -> tuple[Store, QueryRewriter | None]:
+        """The store (created from the config on first use when none was given) and the rewriter."""
+        with self.lock:
+            self._refresh()
+            if self.store is None:
+                from kitune.retrieval import create_store
+
+                self.store = create_store(self.cfg)
+            return self.store, self.rewriter
+
+
 def create_mcp_server(
     cfg: KituneConfig,
     *,
@@ -160,6 +256,10 @@ def create_mcp_server(
     corpus_store: CorpusStore | None = None,
     rewriter: QueryRewriter | None = None,
     ledger: TokenLedger | None = None,
+    versions: Mapping[str, str] | None = None,
+    setting_source: Callable[[Mapping[str, str]], ServedSetting | None] | None = None,
+    refresh_s: float = 30.0,
+    clock: Callable[[], float] = time.monotonic,
 ) -> MCPServer[Any]:
     """Build the MCP server with kitune's three tools and the source-description resource.
 
@@ -170,26 +270,30 @@ def create_mcp_server(
         corpus_store: the document store (None: ``create_corpus_store(cfg)`` on first use).
         rewriter: the query rewriter with its LM (None: plain plans, no LLM calls).
         ledger: token ledger of the rewrites.
+        versions: what ``store``/``rewriter`` are (program → prompt version label, ``"store"`` →
+            table), handed to ``setting_source``.
+        setting_source: called with the served ``versions`` at most every ``refresh_s`` seconds
+            (on a tool call or resource read); returns a new ``ServedSetting`` when production
+            changed, else None (None: what was given is served until exit).
+        refresh_s: seconds between ``setting_source`` calls (> 0).
+        clock: monotonic clock in seconds (tests).
 
     Returns:
         An ``mcp.server.mcpserver.MCPServer``; run it with :func:`run_mcp` or its own ``run``.
+
+    Raises:
+        ValueError: ``refresh_s <= 0``.
     """
     from mcp.server.mcpserver import MCPServer
 
+    served = _Served(cfg, store, rewriter, versions, setting_source, refresh_s, clock)
     lock = threading.Lock()
     held: dict[str, Any] = {}
-    if store is not None:
-        held["store"] = store
     if corpus_store is not None:
         held["corpus"] = corpus_store
 
     def kis() -> Store:
-        with lock:
-            if "store" not in held:
-                from kitune.retrieval import create_store
-
-                held["store"] = create_store(cfg)
-            return held["store"]  # type: ignore[no-any-return]
+        return served.current()[0]
 
     def corpus() -> CorpusStore:
         with lock:
@@ -200,7 +304,6 @@ def create_mcp_server(
             return held["corpus"]  # type: ignore[no-any-return]
 
     max_size = cfg.retrieval.max_size
-    server: MCPServer[Any] = MCPServer("kitune", instructions=_INSTRUCTIONS, version="1")
 
     query_t = Annotated[
         str,
@@ -238,12 +341,14 @@ def create_mcp_server(
         Returns the KIs best first, each with tags, references, evidence doc ids, subtype,
         confidence and score, plus aggregations (counts by tag, document and entity).
         """
-        return _guard(
-            "get_context",
-            lambda: context_tool(
-                query, store=kis(), cfg=cfg, size=size, filters=filters, rewriter=rewriter, ledger=ledger
-            ),
-        )
+
+        def run() -> dict[str, Any]:
+            store, rewriter = served.current()
+            return context_tool(
+                query, store=store, cfg=cfg, size=size, filters=filters, rewriter=rewriter, ledger=ledger
+            )
+
+        return _guard("get_context", run)
 
     def search_documents(query: str, k: int | None = None) -> dict[str, Any]:
         """Search the raw documents (BM25 + vectors); returns doc ids, titles and best snippets."""
@@ -263,8 +368,8 @@ def create_mcp_server(
     get_document.__annotations__ = {"docid": docid_t, "return": result_t}
 
     read_only = {"readOnlyHint": True, "openWorldHint": False}
-    for fn in (get_context, search_documents, get_document):
-        server.add_tool(fn, annotations=read_only)  # type: ignore[arg-type]
+    tools = _strict_tools((get_context, search_documents, get_document), read_only)  # every tool goes here
+    server: MCPServer[Any] = MCPServer("kitune", instructions=_INSTRUCTIONS, version="1", tools=tools)
 
     @server.resource(
         SOURCE_DESCRIPTION_URI,

@@ -171,3 +171,28 @@ def test_config_show_never_prints_a_pasted_key(tmp_path):
     result = CliRunner().invoke(app, ["config", "show", "--config", str(f)])
     assert result.exit_code == 2
     assert "sk-live" not in result.output and "lm.gateway.api_key_env" in result.output
+
+
+def test_switching_the_store_type_by_override_drops_the_other_backends_keys(tmp_path):
+    # issue 25: {"store.type": "elasticsearch"} failed on the embedded store's own keys
+    from kitune.config import ElasticsearchStoreConfig, LanceStoreConfig
+
+    es = load_config(overrides={"store.type": "elasticsearch"}).store
+    assert es == ElasticsearchStoreConfig()  # the Elasticsearch defaults, nothing carried over
+    path = tmp_path / "kitune.yaml"
+    path.write_text(
+        f"store: {{type: lancedb, path: {tmp_path / 'lance'}, table: firms, write_batch_size: 64}}\n",
+        encoding="utf-8",
+    )
+    chosen = load_config(path, overrides={"store.type": "elasticsearch", "store.index": "firms-kis"}).store
+    assert chosen == ElasticsearchStoreConfig(index="firms-kis")
+    back = load_config(overrides={"store.type": "elasticsearch", "store.index": "x"})
+    from kitune.config import with_overrides
+
+    assert with_overrides(back, {"store.type": "lancedb"}).store == LanceStoreConfig()
+    # the same type keeps the file's keys; a key the chosen backend does not have is named
+    same = load_config(path, overrides={"store.type": "lancedb", "store.table": "t2"}).store
+    assert (same.table, same.write_batch_size) == ("t2", 64)
+    with pytest.raises(ConfigError) as e:
+        load_config(path, overrides={"store.type": "elasticsearch", "store.table": "firms"})
+    assert str(e.value) == "invalid configuration: store.elasticsearch.table: Extra inputs are not permitted"

@@ -5,7 +5,7 @@ import json
 from eval_fakes import DOCS, FakeCorpusStore
 
 from kitune.errors import LMContextWindowError, LMRateLimitError
-from kitune.evaluation.agent import Agent
+from kitune.evaluation.agent import MALFORMED_IN_A_ROW, NOT_RUN, Agent
 from kitune.evaluation.budget import Budget
 from kitune.evaluation.tools import baseline_toolbox, closed_book_toolbox
 from kitune.testing.chat import ScriptedChatModel
@@ -246,6 +246,16 @@ def _both_modes(script: list[str], *, max_steps: int = 43, usage: tuple[int, int
     return out
 
 
+MODE_KEYS = ("call_id", "finish_reason")
+"""Step fields that differ between the modes by nature (native call ids, ``tool_calls`` endings)."""
+
+
+def _neutral(trace: dict) -> dict:
+    """``trace`` without the tool mode and the per-mode step fields."""
+    steps = [{k: v for k, v in s.items() if k not in MODE_KEYS} for s in trace["steps"]]
+    return {**trace, "tool_mode": "", "steps": steps}
+
+
 def test_same_scripted_episode_gives_equal_traces_in_both_modes() -> None:
     script = [
         tool("search", query="capital France"),
@@ -258,10 +268,16 @@ def test_same_scripted_episode_gives_equal_traces_in_both_modes() -> None:
     (ej, tj, mj), (en, tn, mn) = runs["json"], runs["native"]
     assert ej.tool_mode == "json" and en.tool_mode == "native"
     assert tj["tool_mode"] == "json" and tn["tool_mode"] == "native"  # the mode is on the trace
-    assert {**tj, "tool_mode": ""} == {
-        **tn,
-        "tool_mode": "",
-    }  # steps (kinds, args, observation sizes, doc ids, errors, tokens, latency, reply), totals
+    # steps (kinds, args, observation sizes, doc ids, errors, tokens, latency, reply), totals
+    assert _neutral(tj) == _neutral(tn)
+    assert [(s["call_id"], s["finish_reason"]) for s in tj["steps"]] == [(None, "stop")] * 5
+    assert [(s["call_id"], s["finish_reason"]) for s in tn["steps"]] == [
+        ("c0", "tool_calls"),
+        (None, "stop"),  # the text reply
+        ("c2", "tool_calls"),
+        ("c3", "tool_calls"),
+        ("c4", "tool_calls"),
+    ]
     assert [s["kind"] for s in tn["steps"]] == ["tool", "invalid", "tool", "tool", "answer"]
     assert tn["steps"][2]["repeated"] is True and tn["tool_calls"] == {"search": 1, "get_by_doc_id": 1}
     assert (tn["input_tokens"], tn["output_tokens"]) == (5 * 150, 5 * 12)
@@ -285,7 +301,7 @@ def test_force_commit_is_equal_in_both_modes_and_native_forces_the_answer_functi
     runs = _both_modes(script, max_steps=3)
     (_, tj, _), (en, tn, mn) = runs["json"], runs["native"]
     assert tj["tool_mode"] == "json" and tn["tool_mode"] == "native"  # the mode is on the trace
-    assert {**tj, "tool_mode": ""} == {**tn, "tool_mode": ""}
+    assert _neutral(tj) == _neutral(tn)
     assert en.status == "budget_exhausted" and en.force_committed and en.exhausted_by == "steps"
     assert en.exact_answer == "Paris" and [s.kind for s in en.steps][-1] == "force_commit"
     last = mn.calls[-1]
@@ -294,33 +310,196 @@ def test_force_commit_is_equal_in_both_modes_and_native_forces_the_answer_functi
     assert "budget is spent" in last.messages[-1]["content"] and len(mn.calls) == 4
 
 
-def test_native_runs_only_the_first_call_and_answers_the_rest() -> None:
-    two = ChatResponse(
-        text="",
-        input_tokens=50,
-        output_tokens=5,
-        tool_calls=(ToolCall("a", "search", '{"query": "Paris"}'), ToolCall("b", "search", '{"query": "x"}')),
+def _calls(*calls: ToolCall, finish: str = "tool_calls", usage: tuple[int, int] = (50, 5)) -> ChatResponse:
+    return ChatResponse(
+        text="", input_tokens=usage[0], output_tokens=usage[1], finish_reason=finish, tool_calls=calls
     )
-    bad_args = ChatResponse(
-        text="",
-        input_tokens=50,
-        output_tokens=5,
-        tool_calls=(ToolCall("c", "search", '["not", "an", "object"]'),),
-    )
-    model = ScriptedChatModel([two, bad_args, native_turn(answer("Paris"), call_id="d")], tool_mode="native")
+
+
+TRUNCATED = '{"city": "Par'
+"""The arguments of a call cut at the output-token limit (issue 25)."""
+
+
+def test_truncated_arguments_are_a_named_error_shown_to_the_model_never_repaired() -> None:
+    cut = _calls(ToolCall("call_1", "search", TRUNCATED), finish="length")
+    model = ScriptedChatModel([cut, native_turn(answer("Paris"), call_id="call_2")], tool_mode="native")
     store = FakeCorpusStore(DOCS)
     ep = Agent(model, baseline_toolbox(store)).run("q")
-    assert store.searches == ["Paris"]
-    tool_msgs = [m for m in model.calls[1].messages if m["role"] == "tool"]
-    assert [m["tool_call_id"] for m in tool_msgs] == ["a", "b"]
-    assert "one tool call per turn" in tool_msgs[1]["content"]
-    assert ep.steps[1].kind == "invalid" and "not a JSON object" in (ep.steps[1].error or "")
-    assert model.calls[2].messages[-1] == {
-        "role": "tool",
-        "tool_call_id": "c",
-        "content": model.calls[2].messages[-1]["content"],
-    } and model.calls[2].messages[-1]["content"].startswith("ERROR:")
+    assert store.searches == []  # not run with a "repaired" {"city": "Par"}
+    error = (
+        "truncated_arguments: the arguments of search are not valid JSON (the reply was cut at the "
+        'output-token limit (finish_reason=length)): \'{"city": "Par\'. The call was not run; call search '
+        "again with complete JSON arguments."
+    )
+    first = ep.steps[0]
+    assert (first.kind, first.tool, first.args, first.error) == ("invalid", None, {}, error)
+    assert (first.reply, first.call_id, first.finish_reason) == ('search({"city": "Par)', "call_1", "length")
+    assert first.to_dict()["finish_reason"] == "length" and ep.errors == (f"step 1: {error}",)
+    # the model sees the error in the tool message answering its call, the raw arguments as sent
+    sent = model.calls[1].messages[-2:]
+    assert sent == [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "search", "arguments": TRUNCATED}}
+            ],
+        },
+        {
+            "role": "tool",
+            "tool_call_id": "call_1",
+            "content": f"ERROR: {error} Call one of the tools, or call answer with your final answer.\n\n"
+            "[42 step(s) left]",
+        },
+    ]
     assert ep.status == "answered" and ep.exact_answer == "Paris"
+
+
+def test_invalid_and_non_object_arguments_are_named_errors() -> None:
+    bad = _calls(
+        ToolCall("x", "search", '{"query": Paris}'), ToolCall("y", "search", '["not", "an", "object"]')
+    )
+    model = ScriptedChatModel([bad, native_turn(answer("Paris"), call_id="z")], tool_mode="native")
+    ep = Agent(model, baseline_toolbox(FakeCorpusStore(DOCS))).run("q")
+    assert [(s.kind, s.error) for s in ep.steps[:2]] == [
+        (
+            "invalid",
+            "invalid_arguments: the arguments of search are not valid JSON (Expecting value at character "
+            "10): '{\"query\": Paris}'. The call was not run; call search again with complete JSON "
+            "arguments.",
+        ),
+        (
+            "invalid",
+            'invalid_arguments: the arguments of search are not a JSON object: \'["not", "an", "object"]\'. '
+            "The call was not run; call search again with a JSON object of arguments.",
+        ),
+    ]
+    assert ep.status == "answered"
+
+
+def test_eight_malformed_calls_in_a_row_end_as_malformed_calls_not_budget_exhausted() -> None:
+    cut = _calls(ToolCall("c", "search", TRUNCATED), finish="length")
+    model = ScriptedChatModel([cut] * 8, tool_mode="native")
+    ep = Agent(model, baseline_toolbox(FakeCorpusStore(DOCS)), budget=Budget(max_steps=8)).run("q")
+    assert ep.status == "malformed_calls" and MALFORMED_IN_A_ROW == 5
+    assert [s.kind for s in ep.steps] == ["invalid"] * 5 and model.remaining == 3  # no force-commit either
+    assert [s.call_id for s in ep.steps] == ["c", "c_1", "c_2", "c_3", "c_4"]  # the reused id renamed
+    assert (ep.exact_answer, ep.confidence, ep.force_committed, ep.timed_out, ep.exhausted_by) == (
+        "",
+        None,
+        False,
+        False,
+        None,
+    )
+    assert ep.errors[-1] == (
+        "5 malformed replies or tool calls in a row: the episode ends as malformed_calls "
+        "(no call could be run; see the step errors)"
+    )
+    # the same in JSON mode with unusable text, and unknown tools / wrong argument names count too
+    json_model = ScriptedChatModel(
+        ["not json", tool("fly", query="x"), json.dumps({"tool": "search", "args": {}})] * 3
+    )
+    ep2 = _agent(json_model, max_steps=8).run("q")
+    assert ep2.status == "malformed_calls"
+    assert [s.kind for s in ep2.steps] == ["invalid", "tool", "tool", "invalid", "tool"]
+    # a call that runs resets the count
+    mixed = ScriptedChatModel(
+        ["not json"] * 4 + [tool("search", query="Paris")] + ["not json"] * 4 + [answer("Paris")]
+    )
+    assert _agent(mixed).run("q").status == "answered"
+
+
+def test_parallel_calls_run_in_order_with_their_own_ids_and_results() -> None:
+    first = _calls(
+        ToolCall("a", "search", '{"query": "Paris"}'),
+        ToolCall("a", "search", '{"query": "Lyon"}'),  # duplicate id in one reply
+        ToolCall("", "get_by_doc_id", '{"docid": "d3"}'),  # missing id
+    )
+    again = _calls(ToolCall("a", "get_by_doc_id", '{"docid": "d1"}'))  # the same id as in an earlier reply
+    done = native_turn(answer("Paris"), call_id="a")
+    model = ScriptedChatModel([first, again, done], tool_mode="native")
+    store = FakeCorpusStore(DOCS)
+    ep = Agent(model, baseline_toolbox(store)).run("q")
+    assert store.searches == ["Paris", "Lyon"] and ep.status == "answered" and ep.exact_answer == "Paris"
+    assert [(s.kind, s.tool, s.args, s.call_id) for s in ep.steps] == [
+        ("tool", "search", {"query": "Paris"}, "a"),
+        ("tool", "search", {"query": "Lyon"}, "a_1"),
+        ("tool", "get_by_doc_id", {"docid": "d3"}, "call_1"),
+        ("tool", "get_by_doc_id", {"docid": "d1"}, "a_2"),
+        ("answer", None, {}, "a_3"),
+    ]
+    # each call is one step; the reply's tokens are booked once, on its first step
+    assert [(s.input_tokens, s.output_tokens) for s in ep.steps] == [
+        (50, 5),
+        (0, 0),
+        (0, 0),
+        (50, 5),
+        (100, 10),
+    ]
+    assert ep.tool_calls == {"search": 2, "get_by_doc_id": 2}
+    sent = model.calls[1].messages[2:]
+    assert [c["id"] for c in sent[0]["tool_calls"]] == ["a", "a_1", "call_1"]
+    assert [(m["role"], m["tool_call_id"]) for m in sent[1:]] == [
+        ("tool", "a"),
+        ("tool", "a_1"),
+        ("tool", "call_1"),
+    ]
+    assert sent[1]["content"].startswith("1. [d1] Paris") and "Lyon" in sent[2]["content"]
+    assert sent[3]["content"] == "[d3] Lyon\nLyon is a city in France.\n\n[40 step(s) left]"  # 3 steps spent
+    history = model.calls[2].messages
+    ids = [c["id"] for m in history for c in m.get("tool_calls", [])]
+    answered = [m["tool_call_id"] for m in history if m["role"] == "tool"]
+    assert ids == answered == ["a", "a_1", "call_1", "a_2"]  # unique, each answered once
+
+
+def test_parallel_calls_past_the_budget_are_answered_not_run_then_force_commit() -> None:
+    three = _calls(
+        *(
+            ToolCall(f"k{i}", "search", json.dumps({"query": q}))
+            for i, q in enumerate(["Paris", "Lyon", "France"])
+        )
+    )
+    model = ScriptedChatModel([three, native_turn(answer("Paris", 40), call_id="f")], tool_mode="native")
+    store = FakeCorpusStore(DOCS)
+    ep = Agent(model, baseline_toolbox(store), budget=Budget(max_steps=2)).run("q")
+    assert store.searches == ["Paris", "Lyon"]
+    assert [s.kind for s in ep.steps] == ["tool", "tool", "force_commit"]
+    assert ep.status == "budget_exhausted" and ep.force_committed and ep.exact_answer == "Paris"
+    tool_msgs = [m for m in model.calls[1].messages if m["role"] == "tool"]
+    assert [m["tool_call_id"] for m in tool_msgs] == ["k0", "k1", "k2"]
+    assert tool_msgs[2]["content"] == f"{NOT_RUN}\n\n[0 step(s) left]"
+
+
+def test_an_answer_among_parallel_calls_ends_the_episode_where_it_stands() -> None:
+    reply = _calls(
+        ToolCall("s", "search", '{"query": "Paris"}'),
+        ToolCall("t", "answer", '{"explanation": "[d1]", "exact_answer": "Paris", "confidence": 70}'),
+        ToolCall("u", "search", '{"query": "Lyon"}'),
+    )
+    model = ScriptedChatModel([reply], tool_mode="native")
+    store = FakeCorpusStore(DOCS)
+    ep = Agent(model, baseline_toolbox(store)).run("q")
+    assert store.searches == ["Paris"] and [s.kind for s in ep.steps] == ["tool", "answer"]
+    assert ep.status == "answered" and ep.exact_answer == "Paris" and ep.confidence == 70
+
+
+PROSE_TWO_CALLS = (
+    'I could search {"tool": "search", "args": {"query": "Paris"}} or fetch '
+    '{"tool": "get_by_doc_id", "args": {"docid": "d1"}} next.'
+)
+
+
+def test_prose_holding_two_calls_runs_neither_in_both_modes() -> None:
+    for mode in ("json", "native"):
+        model = ScriptedChatModel([PROSE_TWO_CALLS, answer("Paris")], tool_mode=mode)
+        store = FakeCorpusStore(DOCS)
+        ep = Agent(model, baseline_toolbox(store)).run("q")
+        assert store.searches == [] and ep.tool_calls == {}, mode
+        assert ep.steps[0].kind == "invalid" and ep.steps[0].error == (
+            "reply held 2 different actions (search, get_by_doc_id): reply with exactly ONE JSON object; "
+            "nothing was run"
+        ), mode
+        assert ep.status == "answered", mode
 
 
 def test_native_text_answer_is_accepted_and_mode_override_wins() -> None:

@@ -183,6 +183,7 @@ def test_report_shows_flips_and_more_expensive_questions(tmp_path: Path) -> None
         "wrong_number": 1,
         "no_candidate": 0,
         "out_of_budget": 0,
+        "malformed_calls": 0,
         "grader_error": 0,
         "failed": 0,
     }

@@ -28,6 +28,9 @@ def test_each_rule_in_order() -> None:
     assert classify_failure(_trace(status="failed", judge_correct=None, judge_status="not_run")) == "failed"
     assert classify_failure(_trace(judge_status="grader_error", judge_correct=None)) == "grader_error"
     assert classify_failure(_trace(exact_answer="", timed_out=True)) == "out_of_budget"
+    assert (
+        classify_failure(_trace(status="malformed_calls", exact_answer="")) == "malformed_calls"
+    )  # issue 25
     assert classify_failure(_trace(exact_answer="", timed_out=False)) == "no_candidate"
     assert classify_failure(_trace(doc_ids_seen=["d9"])) == "no_candidate"
     assert classify_failure(_trace()) == "wrong_entity"

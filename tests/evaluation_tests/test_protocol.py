@@ -25,7 +25,7 @@ from kitune.evaluation.protocol import AnswerAction, ToolAction, parse_action, p
             ToolAction("search", {"query": "z"}),
         ),
         (
-            'e.g. {"tool": "x"} ... final: '
+            'e.g. {"answer": {"exact_answer": "<the answer only>"}} ... final: '
             '{"answer": {"explanation": "[1]", "exact_answer": " Paris ", "confidence": "85%"}}',
             AnswerAction("[1]", "Paris", 85),
         ),
@@ -50,6 +50,27 @@ def test_parse_errors() -> None:
     assert e.value.raw == "I think it is Paris"
     with pytest.raises(ParseError, match="neither a tool call"):
         parse_action('{"foo": 1}')
+
+
+def test_several_different_actions_are_ambiguous_and_none_is_run() -> None:
+    # issue 25: the last object used to run; now exactly one action runs, never a guess
+    prose = (
+        'I could search {"tool": "search", "args": {"query": "Paris"}} or fetch '
+        '{"tool": "get_by_doc_id", "args": {"docid": "d1"}} next.'
+    )
+    with pytest.raises(ParseError) as e:
+        parse_action(prose)
+    assert str(e.value) == (
+        "reply held 2 different actions (search, get_by_doc_id): reply with exactly ONE JSON object; "
+        "nothing was run"
+    )
+    assert e.value.raw == prose
+    example_then_answer = 'e.g. {"tool": "x"} ... final: {"answer": {"exact_answer": "Paris"}}'
+    with pytest.raises(ParseError, match=r"^reply held 2 different actions \(x, answer\)"):
+        parse_action(example_then_answer)
+    # the same action twice is one action
+    call = '{"tool": "search", "args": {"query": "Paris"}}'
+    assert parse_action(f"{call}\n{call}") == ToolAction("search", {"query": "Paris"})
 
 
 def test_parse_confidence() -> None:

@@ -102,6 +102,7 @@ def test_summarize_equals_hand_computed() -> None:
         "wrong_number": 0,
         "no_candidate": 0,
         "out_of_budget": 1,
+        "malformed_calls": 0,
         "grader_error": 1,
         "failed": 0,
     }

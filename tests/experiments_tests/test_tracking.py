@@ -310,3 +310,108 @@ def test_worker_thread_resolves_innermost_of_one_chain_but_not_siblings() -> Non
     asyncio.run(siblings_with_worker())
     assert "orphan" not in tracker.by_name("s3").metrics and "orphan" not in tracker.by_name("s4").metrics
     assert "2 sibling runs are open" in tracker.failures[-1].error
+
+
+# -- issue 25: an unreachable tracking server costs seconds, not ~250 s per call ----------------------
+
+UNREACHABLE_RUN = """
+import json, os, socket, sys, time
+s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()  # a closed port
+uri = f"http://127.0.0.1:{port}"
+from kitune.experiments.prompts import PromptRegistry
+from kitune.experiments.tracking import MlflowTracker
+t0 = time.monotonic()
+tracker = MlflowTracker(uri, "probe")
+with tracker.run("eval", {"skill": "baseline"}):
+    tracker.log_metrics({"accuracy": 0.5})
+t1 = time.monotonic()
+tracker.log_metrics({"accuracy": 0.5}, run_id="0123abcd")  # a run id from elsewhere: nothing is sent
+tracker.log_text("notes", "notes.txt", run_id="0123abcd")
+t2 = time.monotonic()
+try:
+    PromptRegistry(uri).get("kitune-corpus-extractor", "production")
+    registry = "read"
+except Exception as e:
+    registry = type(e).__name__
+t3 = time.monotonic()
+print(json.dumps({
+    "failures": [[f.operation, f.error] for f in tracker.failures],
+    "registry": registry,
+    "seconds": [t1 - t0, t2 - t1, t3 - t2],
+    "env": {k: os.environ[k] for k in sorted(os.environ) if k.startswith("MLFLOW_HTTP_REQUEST_")},
+    "uri": uri,
+}))
+"""
+
+
+def test_an_unreachable_tracking_server_lets_the_process_exit_within_seconds(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+    import time
+
+    src = Path(__file__).resolve().parents[2] / "src"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_HTTP_REQUEST_")}
+    env["PYTHONPATH"] = str(src)
+    t0 = time.monotonic()
+    # MLflow's defaults retry each call for ~250 s; the bound below is a correctness bound, not a benchmark
+    done = subprocess.run(
+        [sys.executable, "-c", UNREACHABLE_RUN],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    wall_s = time.monotonic() - t0
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert wall_s < 20, (wall_s, out["seconds"])
+    assert out["env"] == {
+        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+        "MLFLOW_HTTP_REQUEST_TIMEOUT": "15",
+    }
+    ops = [op for op, _ in out["failures"]]
+    assert ops == ["create_run", "log_params", "log_metrics", "log_metrics", "log_text"]
+    first = out["failures"][0][1]
+    assert first.startswith(f"TrackingError: cannot open MLflow experiment 'probe' at '{out['uri']}'")
+    assert "Connection refused" in first
+    assert [e for _, e in out["failures"][1:3]] == ["TrackingError: the run could not be created"] * 2
+    for _, error in out["failures"][3:]:  # sent nothing: the server was found unreachable
+        assert error.startswith(
+            f"TrackingError: not sent: the MLflow tracking server at {out['uri']} could not be reached "
+            f"earlier in this run (ConnectionError: HTTPConnectionPool(host='127.0.0.1', "
+            f"port={out['uri'].rsplit(':', 1)[1]}): Max retries exceeded"
+        )
+    assert out["seconds"][1] < 1.0  # the two skipped calls made no request
+    # the prompt registry's calls are bounded by the same settings (it fails with MLflow's own error)
+    assert out["registry"] != "read" and out["seconds"][2] < 10
+
+
+def test_user_set_mlflow_http_settings_win_and_answers_are_not_unreachable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import os
+
+    import requests
+    from mlflow.exceptions import MlflowException
+
+    from kitune.experiments.mlflow_tracker import is_unreachable, prepare_mlflow_env
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "7")
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_TIMEOUT", raising=False)
+    prepare_mlflow_env()
+    assert (os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"], os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"]) == (
+        "7",
+        "15",
+    )
+    try:
+        try:
+            raise requests.exceptions.ConnectionError("refused")
+        except Exception as e:
+            raise MlflowException(f"API request failed with exception {e}")  # noqa: B904 - as MLflow does
+    except MlflowException as wrapped:
+        assert is_unreachable(wrapped)
+    assert not is_unreachable(MlflowException("RESOURCE_DOES_NOT_EXIST: no such run"))  # the server answered
+    assert not is_unreachable(TrackingError("no cause"))

@@ -141,3 +141,57 @@ def test_failed_call_after_retries_carries_every_attempts_tokens(
     assert [r.failed for r in ledger.records] == [True, True]
     assert info.value.input_tokens == sum(r.input_tokens for r in ledger.records) > 0
     assert info.value.output_tokens == 0
+
+
+def _calls_reply(calls: list[dict[str, Any]], finish_reason: str, usage: tuple[int, int] = (60, 9)) -> Reply:
+    body: dict[str, Any] = {
+        "id": "chatcmpl-stub",
+        "object": "chat.completion",
+        "created": 1_700_000_000,
+        "model": "stub-model",
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": finish_reason,
+                "message": {"role": "assistant", "content": None, "tool_calls": calls},
+            }
+        ],
+        "usage": {"prompt_tokens": usage[0], "completion_tokens": usage[1], "total_tokens": sum(usage)},
+    }
+    return Reply._json(200, body, label="tool_calls")
+
+
+def test_cut_arguments_reach_the_agent_raw_with_the_length_finish_reason(
+    gateway_cfg: CfgFactory, stub: StubServer
+) -> None:
+    """Issue 25: '{"city": "Par' cut at max_tokens is kept as sent and reported as a named error."""
+    cut = {"id": "call_9", "type": "function", "function": {"name": "answer", "arguments": '{"city": "Par'}}
+    stub.push(_calls_reply([cut], "length"))
+    stub.push(_tool_reply("answer", '{"explanation": "known", "exact_answer": "Paris", "confidence": 70}'))
+    chat = LiteLLMChatModel(gateway_cfg(**{"agent.tool_calling": "native"}), "agent")
+    ep = Agent(chat, closed_book_toolbox(), budget=Budget(max_steps=3)).run("Capital of France?")
+    first = ep.steps[0]
+    assert (first.kind, first.finish_reason, first.call_id) == ("invalid", "length", "call_9")
+    assert first.reply == 'answer({"city": "Par)' and first.error is not None
+    assert first.error.startswith("truncated_arguments: the arguments of answer are not valid JSON")
+    assert ep.status == "answered" and ep.exact_answer == "Paris"
+    resent = stub.chat_requests[1].body["messages"]
+    assert resent[-2]["tool_calls"][0]["function"]["arguments"] == '{"city": "Par'  # raw, not repaired
+    assert resent[-1]["tool_call_id"] == "call_9" and resent[-1]["content"].startswith(
+        "ERROR: truncated_arguments"
+    )
+
+
+def test_parallel_calls_without_ids_get_unique_ids(gateway_cfg: CfgFactory, stub: StubServer) -> None:
+    no_id = [
+        {"type": "function", "function": {"name": "answer", "arguments": "{}"}},
+        {"type": "function", "function": {"name": "answer", "arguments": "[1]"}},
+    ]
+    stub.push(_calls_reply(no_id, "tool_calls"))
+    chat = LiteLLMChatModel(gateway_cfg(), "agent", tool_mode="native")
+    resp = chat.complete(
+        [{"role": "user", "content": "q"}], tools=[{"type": "function", "function": {"name": "answer"}}]
+    )
+    assert [(c.name, c.arguments) for c in resp.tool_calls] == [("answer", "{}"), ("answer", "[1]")]
+    ids = [c.id for c in resp.tool_calls]
+    assert len(set(ids)) == 2 and all(ids)  # LiteLLM names a missing id itself (a uuid)

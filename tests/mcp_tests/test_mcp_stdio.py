@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -202,3 +203,125 @@ def test_filter_errors_name_the_field(config_path: Path) -> None:
     text = _session_run(config_path, body).content[0].text
     assert "filters.tags_any: malformed tags ['Bad Tag!']" in text
     assert "lowercase a-z0-9-" in text and "pydantic" not in text
+
+
+# -- issue 25: the server owns stdout, refuses unknown arguments, follows a promotion -------------
+
+NOISE = "noise printed by a library at import"
+
+# The server as `python -u -m kitune mcp …`, with an import hook that prints to stdout when the
+# MCP SDK is first imported (a library that prints at import; -u: nothing is held in a buffer).
+NOISY_MAIN = f"""
+import runpy, sys
+
+class Noisy:
+    def find_spec(self, name, path=None, target=None):
+        if name == "mcp":
+            sys.meta_path.remove(self)
+            print({NOISE!r})
+        return None
+
+sys.meta_path.insert(0, Noisy())
+sys.argv = ["kitune", *sys.argv[1:]]
+runpy.run_module("kitune", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_output_printed_at_import_goes_to_stderr_not_the_wire(
+    config_path: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    params = _params(config_path)
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-u", "-c", NOISY_MAIN, *params.args[2:]],  # the same `kitune mcp …` arguments
+        env={**(params.env or {}), "PYTHONUNBUFFERED": "1"},
+        cwd=params.cwd,
+    )
+    errlog = tmp_path / "server.stderr"
+
+    async def main() -> Any:
+        with errlog.open("w", encoding="utf-8") as err:
+            async with stdio_client(params, errlog=err) as (read, write):
+                async with ClientSession(read, write) as session:
+                    await session.initialize()
+                    return await session.call_tool("get_context", {"query": "Where is Globex?", "size": 1})
+
+    with caplog.at_level(logging.ERROR, logger="mcp.client.stdio"):
+        result = anyio.run(main)
+    assert _payload(result)["kis"][0]["evidence_doc_ids"] == ["d2"]
+    # every line the client read was a JSON-RPC message ("Invalid JSON" is logged otherwise)
+    assert [r.getMessage() for r in caplog.records if r.name == "mcp.client.stdio"] == []
+    assert NOISE in errlog.read_text(encoding="utf-8")  # the print went to stderr
+
+
+def test_unknown_arguments_are_refused_by_name(config_path: Path) -> None:
+    async def body(session: ClientSession) -> Any:
+        tools = {t.name: t.input_schema for t in (await session.list_tools()).tools}
+        typo = await session.call_tool("get_context", {"query": "Where is Globex?", "sise": 1})
+        extra = await session.call_tool("get_document", {"docid": "d2", "max_chars": 10})
+        nested = await session.call_tool("get_context", {"query": "Globex", "filters": {"tag": ["org"]}})
+        return tools, typo, extra, nested
+
+    tools, typo, extra, nested = _session_run(config_path, body)
+    assert {name: schema["additionalProperties"] for name, schema in tools.items()} == {
+        "get_context": False,
+        "search_documents": False,
+        "get_document": False,
+    }
+    assert typo.is_error and extra.is_error and nested.is_error
+    assert typo.content[0].text == (
+        "Error executing tool get_context: unknown argument(s) ['sise']: "
+        "get_context takes query, size, filters"
+    )
+    assert extra.content[0].text == (
+        "Error executing tool get_document: unknown argument(s) ['max_chars']: get_document takes docid"
+    )
+    assert nested.content[0].text.startswith(  # the filters model names the unknown field itself
+        "Error executing tool get_context: 1 validation error for get_contextArguments\nfilters.tag\n"
+        "  Extra inputs are not permitted"
+    )
+
+
+def test_a_running_mcp_serves_a_promotion_without_restart(tmp_path: Path) -> None:
+    from kitune.experiments.prompts import PromptRegistry, prompt_name, register_packaged
+    from kitune.programs.instructions import instruction_version, load_instruction
+    from kitune.service.prompts import production_setting, versioned_store_cfg
+
+    path = tmp_path / "kitune.yaml"
+    path.write_text(
+        f"workdir: {tmp_path / 'work'}\nembedder: {{type: hash, dim: 64}}\n"
+        f"store: {{type: lancedb, path: {tmp_path / 'lance'}}}\n",
+        encoding="utf-8",
+    )
+    cfg = load_config(path)
+    new_text = load_instruction("extractor").text + "\n\nDomain focus (firms): name the city."
+    reg = PromptRegistry(cfg.mlflow_uri)
+    register_packaged(reg, cfg.corpus_name, ("extractor",))  # production: the packaged extractor (v1)
+    name = prompt_name(cfg.corpus_name, "extractor")
+    v2 = reg.register(name, new_text, commit_message="accepted by the loop").version
+    # the v2 extractor's KI table holds the fact; v1's is empty
+    promoted = create_store(versioned_store_cfg(cfg, instruction_version("extractor", new_text)))
+    assert promoted.upsert(
+        [_ki("d2", "Globex", "Shelbyville", "Globex is headquartered in Shelbyville.", tags=["org"])]
+    ).ok
+    promoted.close()
+    params = _params(path)
+    params = StdioServerParameters(
+        command=params.command, args=[*params.args, "--refresh-s", "1"], env=params.env, cwd=str(tmp_path)
+    )
+    ask = {"query": "Where is Globex headquartered?"}
+
+    async def main() -> tuple[Any, Any]:
+        async with stdio_client(params) as (read, write):
+            async with ClientSession(read, write) as session:
+                await session.initialize()
+                before = await session.call_tool("get_context", ask)
+                reg.promote(name, v2)  # `kitune prompts promote`, while the server runs
+                await anyio.sleep(1.5)
+                after = await session.call_tool("get_context", ask)
+                return before, after
+
+    before, after = anyio.run(main)
+    assert production_setting(cfg).versions["extractor"] == f"{name} v2 (production)"
+    assert _payload(before)["kis"] == []
+    assert [k["title"] for k in _payload(after)["kis"]] == ["Globex is headquartered in Shelbyville."]

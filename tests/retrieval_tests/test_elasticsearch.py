@@ -646,3 +646,159 @@ def test_fingerprint_follows_primary_max_seq_no() -> None:
     replica_only = stats([4, 9])
     replica_only["indices"]["kitune-kis"]["shards"]["0"][1]["seq_no"]["max_seq_no"] = 99
     assert stats_fingerprint(replica_only, "kitune-kis") == base
+
+
+# -- cluster identity (issue 25): a 9.x client against 8.x, and OpenSearch ----------------------------
+
+import http.server  # noqa: E402
+import threading  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
+
+from elasticsearch import Elasticsearch, __versionstr__  # noqa: E402
+
+from kitune.retrieval.es_client import cluster_info, version_mismatch, wrap_es_error  # noqa: E402
+
+ES8_REFUSAL = {  # what Elasticsearch 8.x answers a 9.x client's compatible-with=9 media types
+    "error": {
+        "root_cause": [
+            {"type": "media_type_header_exception", "reason": "Invalid media-type value on headers [Accept]"}
+        ],
+        "type": "media_type_header_exception",
+        "reason": "Invalid media-type value on headers [Accept]",
+        "caused_by": {
+            "type": "status_exception",
+            "reason": "Accept version must be either version 8 or 7, but found 9. "
+            "Accept=application/vnd.elasticsearch+json; compatible-with=9",
+        },
+    },
+    "status": 400,
+}
+OPENSEARCH_ROOT = {  # GET / of OpenSearch 2.11.0 (no X-Elastic-Product header)
+    "name": "node-1",
+    "cluster_name": "opensearch",
+    "cluster_uuid": "Lk2a",
+    "version": {
+        "distribution": "opensearch",
+        "number": "2.11.0",
+        "build_type": "tar",
+        "lucene_version": "9.7.0",
+        "minimum_wire_compatibility_version": "7.10.0",
+        "minimum_index_compatibility_version": "7.0.0",
+    },
+    "tagline": "The OpenSearch Project: https://opensearch.org/",
+}
+
+
+def _es8_root(number: str) -> dict[str, Any]:
+    return {
+        "name": "n",
+        "version": {"number": number, "build_flavor": "default"},
+        "tagline": "You Know, for Search",
+    }
+
+
+@pytest.fixture
+def fake_cluster() -> Iterator[dict[str, Any]]:
+    """An HTTP server answering ``GET /`` like Elasticsearch 8.x (``state["es8"]``) or OpenSearch."""
+    state: dict[str, Any] = {"es8": "8.19.3", "accepts": []}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            accept = self.headers.get("accept", "")
+            state["accepts"].append(accept)
+            if state["es8"] is None:
+                status, body, product = 200, OPENSEARCH_ROOT, None
+            elif "compatible-with=9" in accept:
+                status, body, product = 400, ES8_REFUSAL, "Elasticsearch"
+            else:
+                status, body, product = 200, _es8_root(state["es8"]), "Elasticsearch"
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("content-type", "application/json")
+            if product:
+                self.send_header("x-elastic-product", product)
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    state["url"] = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        yield state
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_9x_client_against_8x_names_both_versions_and_the_fix(fake_cluster: dict[str, Any]) -> None:
+    client = Elasticsearch(fake_cluster["url"], request_timeout=5)
+    with pytest.raises(ConfigError) as info:
+        ElasticsearchStore(client, index="kitune-kis", inference_id="e")
+    assert __versionstr__ == "9.5.1"  # the pinned client (pyproject's elasticsearch extra)
+    assert str(info.value) == (
+        "the elasticsearch Python client 9.5.1 sends 9.x media types (compatible-with=9) and Elasticsearch "
+        "8.19.3 refuses them (HTTP 400 media_type_header_exception): install the client of the cluster's "
+        "major version, pip install 'elasticsearch>=8.18.0,<9', or upgrade the cluster to 9.x"
+    )
+    # asked as the 9.x client does, then once more in the cluster's own dialect to read its version
+    assert fake_cluster["accepts"] == [
+        "application/vnd.elasticsearch+json; compatible-with=9",
+        "application/vnd.elasticsearch+json; compatible-with=8",
+    ]
+    fake_cluster["es8"] = "8.15.1"  # older than kitune's minimum as well
+    with pytest.raises(ConfigError) as old:
+        cluster_info(client)
+    assert str(old.value).endswith(
+        "Elasticsearch 8.15.1 refuses them (HTTP 400 media_type_header_exception): Elasticsearch 8.15.1 is "
+        "also older than kitune's minimum 8.18.0: upgrade the cluster to 8.18.0+ and install the client of "
+        "its major version (pip install 'elasticsearch>=8.18.0,<9' for 8.x)"
+    )
+
+
+def test_the_refusal_mid_run_is_wrapped_with_the_same_explanation() -> None:
+    from elasticsearch import BadRequestError
+
+    e = BadRequestError("media_type_header_exception", meta=_meta(400), body=ES8_REFUSAL)
+    err = wrap_es_error("ES|QL query", "kitune-kis", e)
+    assert str(err) == (
+        "Elasticsearch ES|QL query on index kitune-kis failed: HTTP 400 media_type_header_exception: Invalid "
+        "media-type value on headers [Accept] — the elasticsearch Python client 9.5.1 sends 9.x media types "
+        "(compatible-with=9) and an Elasticsearch 8.x cluster refuses them (HTTP 400 "
+        "media_type_header_exception): install the client of the cluster's major version, pip install "
+        "'elasticsearch>=8.18.0,<9', or upgrade the cluster to 9.x"
+    )
+    other = ApiError("verification_exception", meta=_meta(400), body={"error": {"type": "x", "reason": "y"}})
+    assert version_mismatch(other) is None
+
+
+def test_opensearch_is_named_with_its_version_and_what_to_do(fake_cluster: dict[str, Any]) -> None:
+    fake_cluster["es8"] = None  # OpenSearch: no X-Elastic-Product header, the client refuses it
+    client = Elasticsearch(fake_cluster["url"], request_timeout=5)
+    expected = (
+        "the cluster is OpenSearch 2.11.0, not Elasticsearch: kitune's Elasticsearch store needs "
+        "Elasticsearch 8.18.0+ (ES|QL MATCH on semantic_text, FORK/FUSE), which OpenSearch does not have. "
+        "Point the store URL (store.url_env, KITUNE_ES_URL) at an Elasticsearch cluster, or use the "
+        "embedded store (store.type: lancedb)"
+    )
+    with pytest.raises(ConfigError) as info:
+        ElasticsearchStore(client, index="kitune-kis", inference_id="e")
+    assert str(info.value) == expected
+    # an OpenSearch-compatible server that sends the product header (osmem) is named the same way
+    passes = FakeES(version="2.11.0")
+    passes.info = lambda: OPENSEARCH_ROOT  # type: ignore[method-assign]
+    with pytest.raises(ConfigError) as same:
+        ElasticsearchStore(passes, index="kitune-kis", inference_id="e")
+    assert str(same.value) == expected
+    # and a refusal on a later call says OpenSearch too, not "see Elasticsearch's reason above"
+    from elasticsearch import UnsupportedProductError
+
+    refused = UnsupportedProductError("not Elasticsearch", meta=_meta(200), body=OPENSEARCH_ROOT)
+    assert (
+        str(wrap_es_error("count", "kitune-kis", refused))
+        == f"Elasticsearch count on index kitune-kis failed: {expected}"
+    )

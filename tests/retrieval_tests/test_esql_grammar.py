@@ -200,3 +200,31 @@ def test_the_parsers_reject_what_each_version_lacks(
     broken = fuse.replace("| SORT _score DESC\n| KEEP", "| SORT _score DESC |\n| KEEP")
     assert parse_92(broken) != [] and parse_91(broken) != []
     assert "esql_parser" in sys.modules
+
+
+def test_an_index_named_metadata_is_quoted_and_parses(
+    parse_91: Callable[[str], list[str]], parse_92: Callable[[str], list[str]]
+) -> None:
+    """Issue 25: ``FROM metadata METADATA …`` failed to parse; the name is now written quoted."""
+    import re
+
+    from kitune.retrieval.es_query import FROM_KEYWORDS, esql_source
+
+    # the keywords kitune quotes are exactly the FROM-mode keywords of Elastic's lexer
+    from_g4 = (GRAMMAR_DIR / "grammar" / "lexer" / "From.g4").read_text(encoding="utf-8")
+    mode = from_g4.split("mode FROM_MODE;", 1)[1]
+    assert {w for w in re.findall(r"^[A-Z_]+\s*:\s*'([a-z_]+)'\s*;", mode, re.MULTILINE)} == FROM_KEYWORDS
+    unquoted = "FROM metadata METADATA _id, _index, _score\n| LIMIT 1"
+    assert parse_91(unquoted) != [] and parse_92(unquoted) != []  # the bug, in both grammars
+    assert (esql_source("metadata"), esql_source("kitune-kis"), esql_source("metadata-v2")) == (
+        '"metadata"',
+        "kitune-kis",
+        "metadata-v2",
+    )
+    plan = QueryPlan(entity_tags=("entity:acme",), lexical="Acme", semantic="Acme founder", size=5)
+    fused = compile_esql(plan, "metadata", RetrievalConfig()).query
+    assert fused.startswith('FROM "metadata" METADATA _id, _index, _score\n') and parse_92(fused) == []
+    for q in compile_branch_queries(plan, "metadata", RetrievalConfig()):
+        assert q.query.startswith('FROM "metadata" METADATA') and parse_91(q.query) == parse_92(q.query) == []
+    facets = compile_facets("metadata", None, by="doc", limit=10).query
+    assert facets.startswith('FROM "metadata"\n') and parse_91(facets) == parse_92(facets) == []

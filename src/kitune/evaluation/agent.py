@@ -11,7 +11,18 @@ and token accounting are the same in both modes, and a Step's ``reply`` holds th
 text of the action either way. Model mistakes are data, not exceptions:
 
 * a malformed reply or a bad tool call is recorded on its :class:`Step` (``error``) and the
-  model is told what was wrong; the loop continues;
+  model is told what was wrong; the loop continues — until :data:`MALFORMED_IN_A_ROW` (5)
+  replies or calls in a row could not be run (unparseable, cut or invalid arguments, unknown
+  tool, wrong argument names): the episode then ends with ``status="malformed_calls"``, no
+  answer and no force-commit (a named failure, not an exhausted budget);
+* native mode, several calls in one reply (parallel tool calls): every call is run, in the
+  model's order, and answered by its own ``role="tool"`` message; **each call is one step of
+  the budget** (the reply's tokens and latency are booked on its first step). Calls left when the
+  budget runs out mid-reply are answered "not run" and are not steps. An ``answer`` call ends
+  the episode where it stands (calls after it are not run). Call ids are kept as the provider
+  sent them unless missing or already used in the episode (the same id twice in one reply, or
+  again in a later reply): such a call gets ``<id>_<n>`` (``call_<n>`` when missing), so every
+  id in the conversation sent back is unique and answered once;
 * an identical tool call (canonical name + sorted-args JSON) is answered from the trace
   instead of re-run; the third identical call in a row is blocked with "identical call already
   returned … — change the query or finish" (case A2); both still cost a step;
@@ -30,14 +41,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from kitune.chat import ChatMessage, ChatModel, ChatResponse, ToolCall, ToolMode
+from kitune.chat import ChatMessage, ChatModel, ChatResponse, ToolMode
 from kitune.errors import LMContextWindowError, LMError, ParseError
 from kitune.evaluation.budget import Budget, BudgetMeter
 from kitune.evaluation.native import (
     ANSWER_TOOL,
+    CUT_NOTE,
     NativeTurn,
     answer_schema,
     native_force_commit_prompt,
@@ -56,7 +68,7 @@ from kitune.evaluation.tools import Observation, Toolbox, canonical_call
 
 __all__ = ["Agent", "Episode", "EpisodeStatus", "Step", "StepKind"]
 
-EpisodeStatus = Literal["answered", "budget_exhausted", "context_overflow", "failed"]
+EpisodeStatus = Literal["answered", "budget_exhausted", "context_overflow", "malformed_calls", "failed"]
 StepKind = Literal["tool", "answer", "invalid", "force_commit", "lm_error"]
 
 REPLY_KEEP_CHARS = 500
@@ -64,6 +76,12 @@ REPLY_KEEP_CHARS = 500
 
 BLOCK_AFTER_IDENTICAL = 3
 """The n-th identical back-to-back call is blocked (case A2)."""
+
+MALFORMED_IN_A_ROW = 5
+"""This many unusable replies or calls in a row end the episode as ``malformed_calls``."""
+
+NOT_RUN = "ERROR: not run: the step budget ran out before this call."
+"""The tool message answering a parallel call left when the budget ran out mid-reply."""
 
 
 @dataclass(frozen=True)
@@ -99,6 +117,11 @@ class Step:
     """LLM output tokens the tool spent."""
     reply: str = ""
     """The model's raw reply, first 500 characters (for debugging and optimiser feedback)."""
+    call_id: str | None = None
+    """Native mode: the id of the function call this step ran, as sent back to the model."""
+    finish_reason: str | None = None
+    """How the model call ended as the provider reported it (``stop``, ``tool_calls``, ``length``
+    — cut at the output-token limit —, …); None when the call raised or did not say."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict."""
@@ -119,6 +142,8 @@ class Step:
             "tool_input_tokens": self.tool_input_tokens,
             "tool_output_tokens": self.tool_output_tokens,
             "reply": self.reply,
+            "call_id": self.call_id,
+            "finish_reason": self.finish_reason,
         }
 
 
@@ -186,9 +211,12 @@ class Agent:
             context overflow; at most 4 observations, most recent, are kept.
         clock: monotonic clock in seconds (injectable for tests).
         tool_mode: ``json`` or ``native`` (None: the model's ``tool_mode`` attribute, else ``json``).
+        max_malformed_in_a_row: unusable replies or calls in a row that end the episode as
+            ``malformed_calls`` (>= 1).
 
     Raises:
-        ValueError: ``tool_mode`` (given or from the model) is not ``json`` or ``native``.
+        ValueError: ``tool_mode`` (given or from the model) is not ``json`` or ``native``, or
+            ``max_malformed_in_a_row < 1``.
     """
 
     def __init__(
@@ -201,10 +229,14 @@ class Agent:
         trimmed_observation_chars: int = 1200,
         clock: Callable[[], float] = time.monotonic,
         tool_mode: ToolMode | None = None,
+        max_malformed_in_a_row: int = MALFORMED_IN_A_ROW,
     ) -> None:
         mode = tool_mode or getattr(model, "tool_mode", None) or "json"
         if mode not in ("json", "native"):
             raise ValueError(f"tool_mode={mode!r}: use 'json' or 'native'")
+        if max_malformed_in_a_row < 1:
+            raise ValueError(f"max_malformed_in_a_row must be >= 1, got {max_malformed_in_a_row}")
+        self.max_malformed_in_a_row = max_malformed_in_a_row
         self.tool_mode: ToolMode = mode
         self.model = model
         self.toolbox = toolbox
@@ -248,6 +280,8 @@ class _Run:
         self.identical_run = 0
         self.repeated = 0
         self.blocked = 0
+        self.malformed_run = 0  # unusable replies/calls in a row
+        self.call_ids: set[str] = set()  # every call id already in the conversation
         if self.native:
             self.tools = tool_schemas(agent.toolbox)
             system = native_system_prompt(agent.toolbox.skill, agent.budget.max_steps)
@@ -337,56 +371,93 @@ class _Run:
                 self._step("lm_error", e, 0.0, error=f"{type(e).__name__}: {e}")
                 return self._episode("failed")
             self.meter.charge(input_tokens=resp.input_tokens, output_tokens=resp.output_tokens)
-            turn = self._read(resp)
-            if turn.action is None:
-                self._step("invalid", resp, latency, reply=turn.reply, error=turn.error)
-                hint = " Call one of the tools, or call answer with your final answer." if self.native else ""
-                self._feed(resp, turn, f"ERROR: {turn.error}{hint}")
-                continue
-            if isinstance(turn.action, AnswerAction):
-                self._step("answer", resp, latency, reply=turn.reply)
-                return self._episode("answered", turn.action)
-            self._tool_step(turn.action, resp, latency, turn)
+            fed: list[tuple[NativeTurn, str]] = []
+            for i, turn in enumerate(self._own_ids(self._read(resp))):
+                if i and self.meter.exhausted_by() is not None:
+                    fed.append((turn, NOT_RUN))
+                    continue
+                if i:  # each further call of a reply is one more step; the reply's tokens are on the first
+                    self.meter.charge(input_tokens=0, output_tokens=0)
+                billed, took = (resp, latency) if i == 0 else (None, 0.0)
+                ids = {"call_id": turn.call.id if turn.call else None, "finish_reason": resp.finish_reason}
+                if turn.action is None:
+                    self._step("invalid", billed, took, reply=turn.reply, error=turn.error, **ids)
+                    self.malformed_run += 1
+                    hint = (
+                        " Call one of the tools, or call answer with your final answer."
+                        if self.native
+                        else ""
+                    )
+                    fed.append((turn, f"ERROR: {turn.error}{hint}"))
+                elif isinstance(turn.action, AnswerAction):
+                    self._step("answer", billed, took, reply=turn.reply, **ids)
+                    return self._episode("answered", turn.action)
+                else:
+                    obs = self._tool_step(turn.action, billed, took, turn, **ids)
+                    self.malformed_run = self.malformed_run + 1 if obs.malformed else 0
+                    fed.append((turn, obs.text))
+            self._feed(resp, fed)
+            if self.malformed_run >= self.a.max_malformed_in_a_row:
+                self.errors.append(
+                    f"{self.malformed_run} malformed replies or tool calls in a row: the episode ends as "
+                    "malformed_calls (no call could be run; see the step errors)"
+                )
+                return self._episode("malformed_calls")
         return self._force_commit(overflow)
 
-    def _read(self, resp: ChatResponse) -> NativeTurn:
-        """The reply as an action (both modes); ``action=None`` with ``error`` when unusable."""
+    def _read(self, resp: ChatResponse) -> tuple[NativeTurn, ...]:
+        """The reply's actions in order (one for a text reply); ``action=None`` + ``error`` when unusable."""
         if self.native:
             return read_native_reply(resp)
         try:
-            return NativeTurn(parse_action(resp.text), None, resp.text, None)
+            return (NativeTurn(parse_action(resp.text), None, resp.text, None),)
         except ParseError as e:
-            return NativeTurn(None, str(e), resp.text, None)
+            error = f"{e} ({CUT_NOTE})" if resp.finish_reason == "length" else str(e)
+            return (NativeTurn(None, error, resp.text, None),)
 
-    def _feed(self, resp: ChatResponse, turn: NativeTurn, observation: str, tool: str | None = None) -> None:
-        """Append the model's reply and what it gets back, with the steps left."""
+    def _own_ids(self, turns: tuple[NativeTurn, ...]) -> list[NativeTurn]:
+        """``turns`` with every call id unique in the episode (missing or reused ids renamed ``<id>_<n>``)."""
+        out: list[NativeTurn] = []
+        for turn in turns:
+            if turn.call is None:
+                out.append(turn)
+                continue
+            cid = turn.call.id.strip()
+            if not cid or cid in self.call_ids:
+                base, n = cid or "call", 1
+                while f"{base}_{n}" in self.call_ids:
+                    n += 1
+                cid = f"{base}_{n}"
+            self.call_ids.add(cid)
+            out.append(turn if cid == turn.call.id else replace(turn, call=replace(turn.call, id=cid)))
+        return out
+
+    def _feed(self, resp: ChatResponse, fed: list[tuple[NativeTurn, str]]) -> None:
+        """Append the model's reply and what each of its actions got back, with the steps left."""
         left = self.meter.steps_left
-        if turn.call is None:  # JSON mode, or a native reply that held no function call
+        first, observation = fed[0]
+        if first.call is None:  # JSON mode, or a native reply that held no function call: one action
+            tool = first.action.tool if isinstance(first.action, ToolAction) else None
             shown = f"Observation from {tool}:\n{observation}" if tool else observation
             self.messages.append({"role": "assistant", "content": resp.text})
             self.messages.append({"role": "user", "content": f"{shown}\n\n[{left} step(s) left]"})
             return
-        calls: list[ToolCall] = [turn.call, *turn.skipped]
-        self.messages.append(
-            {"role": "assistant", "content": resp.text or None, "tool_calls": [c.to_message() for c in calls]}
-        )
+        answered = [(turn.call, text) for turn, text in fed if turn.call is not None]
         self.messages.append(
             {
-                "role": "tool",
-                "tool_call_id": turn.call.id,
-                "content": f"{observation}\n\n[{left} step(s) left]",
+                "role": "assistant",
+                "content": resp.text or None,
+                "tool_calls": [c.to_message() for c, _ in answered],
             }
         )
-        for extra in turn.skipped:
-            self.messages.append(
-                {
-                    "role": "tool",
-                    "tool_call_id": extra.id,
-                    "content": "ERROR: one tool call per turn; this call was not run. Call it next turn.",
-                }
-            )
+        for i, (call, text) in enumerate(answered):
+            tail = f"\n\n[{left} step(s) left]" if i == len(answered) - 1 else ""
+            self.messages.append({"role": "tool", "tool_call_id": call.id, "content": text + tail})
 
-    def _tool_step(self, action: ToolAction, resp: ChatResponse, latency: float, turn: NativeTurn) -> None:
+    def _tool_step(
+        self, action: ToolAction, resp: ChatResponse | None, latency: float, turn: NativeTurn, **ids: Any
+    ) -> Observation:
+        """Run (or answer from the trace, or block) one tool call and record its step."""
         key = canonical_call(action.tool, action.args)
         self.identical_run = self.identical_run + 1 if key == self.last_key else 1
         self.last_key = key
@@ -437,8 +508,9 @@ class _Run:
             truncated=obs.truncated,
             tool_input_tokens=obs.input_tokens,
             tool_output_tokens=obs.output_tokens,
+            **ids,
         )
-        self._feed(resp, turn, obs.text, tool=action.tool)
+        return obs
 
     def _trimmed(self) -> list[ChatMessage]:
         cap = self.a.trimmed_observation_chars
@@ -471,14 +543,17 @@ class _Run:
             return self._episode(status, exhausted_by=exhausted, timed_out=not overflow)
         answer: AnswerAction | None = None
         error: str | None = None
-        turn = self._read(resp)
+        turns = self._read(resp)  # the first answer call wins; tool calls are never run here
+        turn = next((t for t in turns if isinstance(t.action, AnswerAction)), turns[0])
         if isinstance(turn.action, AnswerAction):
             answer = turn.action
         elif isinstance(turn.action, ToolAction):
             error = f"force-commit reply was a tool call ({turn.action.tool}), not an answer"
         else:
             error = f"force-commit reply unparseable: {turn.error}"
-        self._step("force_commit", resp, latency, reply=turn.reply, error=error)
+        self._step(
+            "force_commit", resp, latency, reply=turn.reply, error=error, finish_reason=resp.finish_reason
+        )
         return self._episode(
             status,
             answer,

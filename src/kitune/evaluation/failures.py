@@ -10,13 +10,16 @@ deterministically, in this order (first rule that applies wins):
    timeouts after retries). Not a model mistake; never graded.
 2. ``grader_error`` — the judge could not grade the answer.
 3. *(correct → no failure, ``None``)* — judge-correct when graded, else exact match.
-4. ``out_of_budget`` — the step budget ran out and no answer was committed (blank answer).
-5. ``no_candidate`` — the question names gold documents (``gold_docids``, else its evidence
+4. ``malformed_calls`` — the agent ended the episode because the model's replies or tool calls
+   could not be run several times in a row (trace status ``malformed_calls``: unparseable or
+   cut replies, invalid arguments, unknown tools); a model/protocol failure, graded wrong.
+5. ``out_of_budget`` — the step budget ran out and no answer was committed (blank answer).
+6. ``no_candidate`` — the question names gold documents (``gold_docids``, else its evidence
    documents) and none of them surfaced in anything the agent saw (``doc_ids_seen``); or the
    answer is blank although the budget did not run out.
-6. ``wrong_number`` — the gold answer (or the prediction) is a number, a quantity or a date
+7. ``wrong_number`` — the gold answer (or the prediction) is a number, a quantity or a date
    (digits, a spelled-out number word or a month name).
-7. ``wrong_entity`` — everything else: a wrong name was committed although the gold
+8. ``wrong_entity`` — everything else: a wrong name was committed although the gold
    documents were seen (the "wrong twin").
 
 An LLM may refine a kind later (for instance tell a wrong twin from a wrong attribute); it
@@ -43,7 +46,13 @@ __all__ = [
 ]
 
 FailureKind = Literal[
-    "wrong_entity", "wrong_number", "no_candidate", "out_of_budget", "grader_error", "failed"
+    "wrong_entity",
+    "wrong_number",
+    "no_candidate",
+    "out_of_budget",
+    "malformed_calls",
+    "grader_error",
+    "failed",
 ]
 """Why a question failed (see the module docstring for the rules)."""
 
@@ -52,6 +61,7 @@ FAILURE_KINDS: tuple[FailureKind, ...] = (
     "wrong_number",
     "no_candidate",
     "out_of_budget",
+    "malformed_calls",
     "grader_error",
     "failed",
 )
@@ -97,6 +107,8 @@ def classify_failure(trace: Trace, gold_docids: Sequence[str] | None = None) -> 
         return "grader_error"
     if is_correct(trace):
         return None
+    if trace.status == "malformed_calls":
+        return "malformed_calls"
     answer = (trace.exact_answer or "").strip()
     if not answer and trace.timed_out:
         return "out_of_budget"

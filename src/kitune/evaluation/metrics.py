@@ -82,7 +82,7 @@ class Trace:
     gold_answer: str
     aliases: list[str] = field(default_factory=list)
     status: str = "failed"
-    """answered | budget_exhausted | context_overflow | failed."""
+    """answered | budget_exhausted | context_overflow | malformed_calls | failed."""
     exact_answer: str = ""
     explanation: str = ""
     confidence: int | None = None

@@ -6,11 +6,18 @@ function schema, plus an ``answer`` function whose arguments are the final answe
 
 * a call of ``answer`` → :class:`~kitune.evaluation.protocol.AnswerAction` (same tolerance as
   the JSON protocol: confidence drift, template placeholders rejected);
-* a call of any other function → :class:`~kitune.evaluation.protocol.ToolAction`; only the
-  first call of a reply runs (one step per model call, as in JSON mode) and the others are
-  answered with an error;
+* a call of any other function → :class:`~kitune.evaluation.protocol.ToolAction`;
 * no call → the text is parsed with the JSON protocol (models sometimes answer in text), else
   it is an invalid step.
+
+Arguments are parsed strictly, never repaired: a cut string (``'{"city": "Par'``, typically
+with ``finish_reason="length"``) or one that is not a JSON object is a named error on that call
+(``truncated_arguments`` / ``invalid_arguments``, with the raw text), shown to the model in the
+call's tool message; the call is not run.
+
+Several calls in one reply (parallel tool calls) are all read, in the model's order, one
+:class:`NativeTurn` each; the agent runs them in that order, each as one step of the budget
+(see :mod:`kitune.evaluation.agent`).
 
 :func:`canonical_reply` renders a call the way the JSON protocol would have it written, so an
 episode's trace is the same in both modes.
@@ -30,6 +37,7 @@ from kitune.evaluation.tools import Toolbox
 
 __all__ = [
     "ANSWER_TOOL",
+    "CUT_NOTE",
     "NativeTurn",
     "answer_schema",
     "canonical_reply",
@@ -128,55 +136,84 @@ def canonical_reply(action: ToolAction | AnswerAction) -> str:
 
 @dataclass(frozen=True)
 class NativeTurn:
-    """One native reply, read."""
+    """One action of a reply, read: one function call, or the whole text of a call-less reply."""
 
     action: ToolAction | AnswerAction | None
-    """The action, or None when the reply was unusable (``error`` says why)."""
+    """The action, or None when it was unusable (``error`` says why)."""
     error: str | None
-    """Why the reply was unusable."""
+    """Why the action was unusable (named: ``invalid_arguments: …``, ``truncated_arguments: …``)."""
     reply: str
-    """The canonical JSON text of the action, else the reply text."""
+    """The canonical JSON text of the action, else what the model wrote (``name(raw arguments)``)."""
     call: ToolCall | None
-    """The function call that is run (None for a text reply)."""
-    skipped: tuple[ToolCall, ...] = ()
-    """Further calls in the same reply, answered with an error and not run."""
+    """The function call this action came from (None for a text reply)."""
 
 
-def _arguments(call: ToolCall) -> dict[str, Any]:
-    raw = call.arguments.strip() if isinstance(call.arguments, str) else call.arguments
-    if isinstance(raw, dict):
-        return raw
-    if not raw:
+CUT_NOTE = "the reply was cut at the output-token limit (finish_reason=length)"
+"""Added to every parse error of a reply whose ``finish_reason`` is ``length``."""
+
+
+def _arguments(call: ToolCall, finish_reason: str | None) -> dict[str, Any]:
+    """The call's arguments, parsed strictly: a JSON object, or empty text for no arguments.
+
+    Never repaired: a cut or invalid string raises with the raw text kept, so the call is not run
+    with arguments the model did not write (``'{"city": "Par'`` is not ``{"city": "Par"}``).
+
+    Raises:
+        ParseError: the text is not JSON (``truncated_arguments`` when the reply was cut at the
+            output-token limit, else ``invalid_arguments``) or not a JSON object; ``raw`` holds it.
+    """
+    raw = call.arguments
+    if not raw.strip():
         return {}
     try:
         args = json.loads(raw)
-    except json.JSONDecodeError:
-        import json_repair
-
-        args = json_repair.loads(raw)
+    except json.JSONDecodeError as e:
+        cut = finish_reason == "length"
+        name = "truncated_arguments" if cut else "invalid_arguments"
+        why = CUT_NOTE if cut else f"{e.msg} at character {e.pos}"
+        raise ParseError(
+            f"{name}: the arguments of {call.name} are not valid JSON ({why}): {raw[:200]!r}. "
+            f"The call was not run; call {call.name} again with complete JSON arguments.",
+            raw=raw,
+        ) from e
     if not isinstance(args, dict):
-        raise ParseError(f"{call.name} arguments are not a JSON object: {raw[:200]}", raw=str(raw))
+        raise ParseError(
+            f"invalid_arguments: the arguments of {call.name} are not a JSON object: {raw[:200]!r}. "
+            f"The call was not run; call {call.name} again with a JSON object of arguments.",
+            raw=raw,
+        )
     return args
 
 
-def read_native_reply(resp: ChatResponse) -> NativeTurn:
-    """Turn one response of a ``tools=`` call into an action (see the module docstring). Never raises."""
-    calls: Sequence[ToolCall] = resp.tool_calls
-    if not calls:
-        try:
-            action = parse_action(resp.text)
-        except ParseError as e:
-            return NativeTurn(None, str(e), resp.text, None)  # same error text as the JSON protocol
-        return NativeTurn(action, None, canonical_reply(action), None)
-    first, rest = calls[0], tuple(calls[1:])
+def _read_call(call: ToolCall, finish_reason: str | None) -> NativeTurn:
     try:
-        args = _arguments(first)
-        if first.name == ANSWER_TOOL:
+        args = _arguments(call, finish_reason)
+        if call.name == ANSWER_TOOL:
             parsed = parse_action(json.dumps({"answer": args}))
         else:
-            parsed = ToolAction(tool=first.name.strip(), args=args)
+            parsed = ToolAction(tool=call.name.strip(), args=args)
     except ParseError as e:
-        return NativeTurn(None, str(e), f"{first.name}({first.arguments})"[:500], first, rest)
-    if isinstance(parsed, ToolAction) and first.name == ANSWER_TOOL:
-        return NativeTurn(None, "answer arguments hold no exact_answer", canonical_reply(parsed), first, rest)
-    return NativeTurn(parsed, None, canonical_reply(parsed), first, rest)
+        return NativeTurn(None, str(e), f"{call.name}({call.arguments})", call)
+    if isinstance(parsed, ToolAction) and call.name == ANSWER_TOOL:
+        return NativeTurn(None, "answer arguments hold no exact_answer", canonical_reply(parsed), call)
+    return NativeTurn(parsed, None, canonical_reply(parsed), call)
+
+
+def read_native_reply(resp: ChatResponse) -> tuple[NativeTurn, ...]:
+    """Turn one response of a ``tools=`` call into its actions (see the module docstring). Never raises.
+
+    Returns:
+        One :class:`NativeTurn` per function call, in the model's order (``call`` set, ids as the
+        provider sent them); a reply without calls gives one turn read from its text with the JSON
+        protocol (``call`` None). At least one turn. When the reply was cut
+        (``finish_reason="length"``), every error says so.
+    """
+    calls: Sequence[ToolCall] = resp.tool_calls
+    if calls:
+        return tuple(_read_call(c, resp.finish_reason) for c in calls)
+    try:
+        action = parse_action(resp.text)
+    except ParseError as e:  # same error text as the JSON protocol
+        error = f"{e} ({CUT_NOTE})" if resp.finish_reason == "length" else str(e)
+        return (NativeTurn(None, error, resp.text, None),)
+    return (NativeTurn(action, None, canonical_reply(action), None),)

@@ -5,7 +5,8 @@ Each turn the model replies with one JSON object, either a tool call
 ``{"answer": {"explanation": "... [docid] ...", "exact_answer": "...", "confidence": 0-100}}``.
 The parser tolerates what models really emit (cases P1–P3, G1): code fences and a reasoning
 preamble around the JSON, ``name``/``arguments`` key drift, arguments as a JSON string, an
-envelope such as ``{"action": {...}}``, confidence as ``"85%"`` or ``0.85``.
+envelope such as ``{"action": {...}}``, confidence as ``"85%"`` or ``0.85``. It never guesses:
+a reply holding two different actions runs neither (see :func:`parse_action`).
 """
 
 from __future__ import annotations
@@ -167,11 +168,16 @@ def _as_action(obj: dict[str, Any]) -> ToolAction | AnswerAction | None:
 def parse_action(text: str) -> ToolAction | AnswerAction:
     """Parse one model reply into a tool call or an answer.
 
-    The last JSON object in the text that has a recognisable shape wins (a preamble may quote
-    an example object first).
+    The reply may hold prose and other JSON objects around its action (a preamble, a code fence,
+    the copied answer template, which is skipped). The rule: **exactly one action is run, never
+    a guess** — the JSON objects with a tool-call or answer shape are collected; when they are
+    all the same action (a model that repeats itself) it is returned; when they differ (prose
+    weighing ``{"tool": "search", …}`` against ``{"tool": "get_by_doc_id", …}``, or an example
+    call before an answer) the reply is ambiguous and nothing is run.
 
     Raises:
-        ParseError: no JSON object, or none with a tool call or answer shape; ``raw`` holds the text.
+        ParseError: no JSON object; none with a tool-call or answer shape; or several different
+            actions (``reply held N different actions (…)``); ``raw`` holds the text.
     """
     objects = _json_objects(text or "")
     if not objects:
@@ -180,14 +186,24 @@ def parse_action(text: str) -> ToolAction | AnswerAction:
             raw=text,
         )
     placeholder: ParseError | None = None
-    for obj in reversed(objects):
+    actions: list[ToolAction | AnswerAction] = []
+    for obj in objects:
         try:
             action = _as_action(obj)
         except ParseError as e:
             placeholder = placeholder or e
             continue
-        if action is not None:
-            return action
+        if action is not None and action not in actions:
+            actions.append(action)
+    if len(actions) == 1:
+        return actions[0]
+    if actions:
+        names = ", ".join(a.tool if isinstance(a, ToolAction) else "answer" for a in actions)
+        raise ParseError(
+            f"reply held {len(actions)} different actions ({names}): reply with exactly ONE JSON object; "
+            "nothing was run",
+            raw=text,
+        )
     if placeholder is not None:
         raise ParseError(str(placeholder), raw=text)
     raise ParseError(

@@ -100,6 +100,9 @@ class Observation:
     parts: tuple[ObservationPart, ...] = ()
     """The results ``text`` is made of (``text == "\\n".join(p.text for p in parts)``), when the
     tool has separable results; a cap then keeps whole parts. Empty: ``text`` is one block."""
+    malformed: bool = False
+    """The call itself was wrong and was not run (unknown tool, missing or unexpected arguments,
+    empty or ``<placeholder>`` values); False for a call that ran, even when its backend failed."""
 
 
 @dataclass(frozen=True)
@@ -225,24 +228,25 @@ class Toolbox:
 
         Returns:
             The observation capped by :func:`cap_observation` (``doc_ids`` only what was shown
-            in full); ``error`` set on failure.
+            in full); ``error`` set on failure, and ``malformed`` too when the call itself was
+            wrong (unknown tool, wrong argument names, empty or placeholder values) and not run.
         """
         tool = self.tools.get(name)
         if tool is None:
             known = ", ".join(self.tools) or "none"
-            return self._error(f"unknown tool {name!r}; available tools: {known}")
+            return self._malformed(f"unknown tool {name!r}; available tools: {known}")
         missing = [a for a in tool.args if a not in args]
         extra = [a for a in args if a not in tool.args]
         if missing or extra:
-            return self._error(
+            return self._malformed(
                 f"{name} takes arguments {list(tool.args)}; missing {missing}, unexpected {extra}"
             )
         bad = [a for a in tool.args if not isinstance(args[a], str | int) or str(args[a]).strip() == ""]
         if bad:
-            return self._error(f"{name}: argument(s) {bad} must be non-empty strings")
+            return self._malformed(f"{name}: argument(s) {bad} must be non-empty strings")
         templated = [a for a in tool.args if re.fullmatch(r"\s*<[^<>]*>\s*", str(args[a]))]
         if templated:
-            return self._error(
+            return self._malformed(
                 f"{name}: argument(s) {templated} still hold the <placeholder>: write real values"
             )
         try:
@@ -257,6 +261,10 @@ class Toolbox:
 
     def _error(self, message: str) -> Observation:
         return cap_observation(Observation(text=f"ERROR: {message}", error=message), self.max_chars)
+
+    def _malformed(self, message: str) -> Observation:
+        obs = Observation(text=f"ERROR: {message}", error=message, malformed=True)
+        return cap_observation(obs, self.max_chars)
 
 
 def _render_hits(store: CorpusStore, query: str, k: int, snippets: int, chars: int) -> Observation:

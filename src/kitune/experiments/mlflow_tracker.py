@@ -1,6 +1,14 @@
 """The MLflow tracker: runs, params, metrics, artefacts and agent episodes (as MLflow traces).
 
 Import from :mod:`kitune.experiments.tracking` (re-exported there).
+
+An unreachable tracking server costs seconds, not minutes. MLflow's own HTTP client retries a
+failed request 7 times with exponential backoff (~250 s per call, and kitune makes a call per
+run, metric batch and artefact, the last ones at exit). :func:`prepare_mlflow_env` sets
+:data:`MLFLOW_HTTP_BOUNDS` as defaults (values the user set win): a request to a closed port
+gives up after about 3 s, one that gets no answer after about 50 s. And once a call fails
+because the server cannot be reached (connection refused, timeout), the tracker sends nothing
+more to it: every later call is recorded as a tracking failure at once, without a request.
 """
 
 from __future__ import annotations
@@ -20,7 +28,15 @@ from kitune.errors import TrackingError
 from kitune.experiments.episodes import EpisodeRecord
 from kitune.experiments.tracker_base import BaseTracker, sanitize_name
 
-__all__ = ["MlflowTracker", "artifact_dir_for_uri", "disable_mlflow_telemetry"]
+__all__ = [
+    "MLFLOW_HTTP_BOUNDS",
+    "MlflowTracker",
+    "artifact_dir_for_uri",
+    "disable_mlflow_telemetry",
+    "is_unreachable",
+    "prepare_mlflow_env",
+    "unreachable_cause",
+]
 
 logger = logging.getLogger("kitune.experiments.tracking")
 
@@ -49,6 +65,53 @@ def disable_mlflow_telemetry() -> None:
             logger.debug("could not re-initialise MLflow telemetry: %s", e)
 
 
+MLFLOW_HTTP_BOUNDS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "15",
+}
+"""kitune's defaults for MLflow's HTTP client (MLflow's: 7 retries, backoff factor 2, 120 s timeout).
+
+Two retries sleep about 0 + 2 s (+ up to 1 s jitter each); the timeout, in seconds, bounds each
+attempt's connect and read. Set the variables yourself to change them (e.g. a rate-limited server
+that needs minutes of retries)."""
+
+
+def prepare_mlflow_env() -> None:
+    """Set up MLflow for this process before a client is built: telemetry off, bounded HTTP retries.
+
+    Calls :func:`disable_mlflow_telemetry`, then sets every :data:`MLFLOW_HTTP_BOUNDS` variable
+    that is not already set (MLflow reads them on each request). Idempotent.
+    """
+    disable_mlflow_telemetry()
+    for name, value in MLFLOW_HTTP_BOUNDS.items():
+        os.environ.setdefault(name, value)
+
+
+def unreachable_cause(error: BaseException) -> BaseException | None:
+    """The connection failure or timeout behind ``error``, or None when the server answered.
+
+    MLflow wraps the ``requests`` error it got: a connection failure (refused, DNS, reset) or a
+    timeout is in the exception's ``__cause__``/``__context__`` chain. HTTP error answers (4xx,
+    5xx, rate limits) are not "unreachable": the server answered.
+    """
+    import requests
+
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, requests.exceptions.ConnectionError | requests.exceptions.Timeout):
+            return current
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def is_unreachable(error: BaseException) -> bool:
+    """True when ``error`` (or what caused it) says the tracking server could not be reached."""
+    return unreachable_cause(error) is not None
+
+
 def artifact_dir_for_uri(tracking_uri: str) -> Path | None:
     """Where artefacts live for a local SQLite tracking URI: ``<db folder>/mlartifacts``.
 
@@ -69,6 +132,8 @@ class _MlflowState:
     client: Any = None
     experiment_id: str | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
+    unreachable: str | None = None
+    """Why the server was found unreachable (the first such error); None while it answers."""
 
 
 class MlflowTracker(BaseTracker):
@@ -77,6 +142,11 @@ class MlflowTracker(BaseTracker):
     ``mlflow`` is imported lazily on first use; telemetry is disabled first. For a local
     ``sqlite:///<dir>/mlflow.db`` URI the experiment's artefacts are stored in
     ``<dir>/mlartifacts`` (never a ``./mlruns`` relative to the working directory).
+
+    After a call fails because the server cannot be reached (:func:`is_unreachable`), no further
+    request is sent: later calls fail at once with :class:`~kitune.errors.TrackingError` (and are
+    recorded as tracking failures, like every logging failure), so a run against a dead server
+    loses its tracking but not minutes per call.
 
     Args:
         tracking_uri: any MLflow tracking URI; use ``KituneConfig.mlflow_uri`` for the default.
@@ -96,7 +166,7 @@ class MlflowTracker(BaseTracker):
         """The ``mlflow.MlflowClient`` (created on first use)."""
         with self._state.lock:
             if self._state.client is None:
-                disable_mlflow_telemetry()
+                prepare_mlflow_env()
                 try:
                     from mlflow import MlflowClient
                 except ImportError as e:
@@ -117,6 +187,7 @@ class MlflowTracker(BaseTracker):
         """
         if self._state.experiment_id is not None:
             return self._state.experiment_id
+        self._ensure_reachable()
         try:
             client = self.client
             exp = client.get_experiment_by_name(self.experiment)
@@ -129,6 +200,7 @@ class MlflowTracker(BaseTracker):
         except TrackingError:
             raise
         except Exception as e:
+            self._note_unreachable(e)
             raise TrackingError(
                 f"cannot open MLflow experiment {self.experiment!r} at {self.tracking_uri!r}: {e}. "
                 "Check tracking.tracking_uri (a sqlite:///<path>/mlflow.db URI works offline)."
@@ -144,11 +216,35 @@ class MlflowTracker(BaseTracker):
         """
         _ = self.experiment_id
 
+    def _ensure_reachable(self) -> None:
+        """Raise at once when an earlier call found the server unreachable (no request is sent)."""
+        down = self._state.unreachable
+        if down is not None:
+            raise TrackingError(
+                f"not sent: the MLflow tracking server at {self.tracking_uri} could not be reached earlier "
+                f"in this run ({down})"
+            )
+
+    def _note_unreachable(self, error: BaseException) -> None:
+        cause = unreachable_cause(error) if self._state.unreachable is None else None
+        if cause is not None:
+            text = f"{type(cause).__name__}: {cause}"
+            self._state.unreachable = text if len(text) <= 300 else text[:299] + "…"
+            logger.warning(
+                "the MLflow tracking server at %s cannot be reached; nothing more is sent to it in this run",
+                self.tracking_uri,
+            )
+
+    def _record(self, operation: str, target: str, error: BaseException, run_id: str | None) -> None:
+        self._note_unreachable(error)
+        super()._record(operation, target, error, run_id)
+
     def run_url(self, run_id: str) -> str:
         """A human pointer to a run: ``<tracking_uri>#/experiments/<id>/runs/<run_id>``."""
         return f"{self.tracking_uri}#/experiments/{self._state.experiment_id}/runs/{run_id}"
 
     def _backend_create_run(self, name: str, parent_run_id: str | None, tags: dict[str, str]) -> str:
+        self._ensure_reachable()
         all_tags = {sanitize_name(k): str(v)[:5000] for k, v in tags.items()}
         if parent_run_id:
             all_tags["mlflow.parentRunId"] = parent_run_id
@@ -156,9 +252,11 @@ class MlflowTracker(BaseTracker):
         return str(run.info.run_id)
 
     def _backend_end_run(self, run_id: str, status: str) -> None:
+        self._ensure_reachable()
         self.client.set_terminated(run_id, status=status)
 
     def _backend_log_params(self, run_id: str, params: dict[str, str]) -> None:
+        self._ensure_reachable()
         from mlflow.entities import Param
 
         items = [Param(k, v) for k, v in params.items()]
@@ -166,6 +264,7 @@ class MlflowTracker(BaseTracker):
             self.client.log_batch(run_id, params=items[i : i + 100], synchronous=True)
 
     def _backend_log_metrics(self, run_id: str, metrics: dict[str, float], step: int | None) -> None:
+        self._ensure_reachable()
         from mlflow.entities import Metric
 
         ts = int(time.time() * 1000)
@@ -173,12 +272,15 @@ class MlflowTracker(BaseTracker):
         self.client.log_batch(run_id, metrics=items, synchronous=True)
 
     def _backend_log_artifact(self, run_id: str, path: Path, artifact_path: str | None) -> None:
+        self._ensure_reachable()
         self.client.log_artifact(run_id, str(path), artifact_path)
 
     def _backend_log_text(self, run_id: str, text: str, artifact_file: str) -> None:
+        self._ensure_reachable()
         self.client.log_text(run_id, text, artifact_file)
 
     def _backend_log_dict(self, run_id: str, data: dict[str, Any], artifact_file: str) -> None:
+        self._ensure_reachable()
         self.client.log_dict(run_id, data, artifact_file)
 
     def _backend_log_episode(self, run_id: str, record: EpisodeRecord) -> str:
@@ -191,6 +293,7 @@ class MlflowTracker(BaseTracker):
         another tracking URI. Stores without span logging get the spans as the trace's data
         artefact instead.
         """
+        self._ensure_reachable()
         from mlflow.entities import TraceInfo, TraceLocation, TraceState
         from mlflow.entities.trace_data import TraceData
         from mlflow.tracing.client import TracingClient

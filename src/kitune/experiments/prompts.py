@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from kitune.errors import PromptNotFoundError, TrackingError
-from kitune.experiments.tracking import disable_mlflow_telemetry
+from kitune.experiments.tracking import prepare_mlflow_env
 from kitune.programs.instructions import prompt_name
 
 __all__ = [
@@ -103,7 +103,7 @@ class PromptRegistry:
         """The ``mlflow.MlflowClient`` (created on first use, telemetry off)."""
         with self._lock:
             if self._client is None:
-                disable_mlflow_telemetry()
+                prepare_mlflow_env()  # telemetry off, bounded HTTP retries
                 from mlflow import MlflowClient
 
                 if self.tracking_uri.startswith("sqlite:///"):

@@ -29,7 +29,12 @@ from typing import Any
 
 from kitune.evaluation.comparison import RunComparison
 from kitune.experiments.episodes import EpisodeRecord, StepSpan, episode_record
-from kitune.experiments.mlflow_tracker import MlflowTracker, artifact_dir_for_uri, disable_mlflow_telemetry
+from kitune.experiments.mlflow_tracker import (
+    MlflowTracker,
+    artifact_dir_for_uri,
+    disable_mlflow_telemetry,
+    prepare_mlflow_env,
+)
 from kitune.experiments.tracker_base import (
     MAX_PARAM_CHARS,
     BaseTracker,
@@ -61,6 +66,7 @@ __all__ = [
     "log_candidate",
     "log_comparison",
     "log_program_state",
+    "prepare_mlflow_env",
     "prepare_params",
     "sanitize_name",
 ]

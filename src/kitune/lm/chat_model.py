@@ -78,15 +78,17 @@ class LiteLLMChatModel:
         response = self.lm.forward(messages=[dict(m) for m in messages], **kwargs)
         usage = response._hidden_params["kitune_usage"]
         choice = response.choices[0]
+        # A missing id stays empty: the agent names it, unique in the whole episode (a per-reply
+        # "call_0" would repeat in every reply of the history sent back).
         calls = tuple(
             ToolCall(
-                id=str(getattr(c, "id", "") or f"call_{i}"),
+                id=str(getattr(c, "id", "") or ""),
                 name=str(c.function.name or ""),
                 arguments=c.function.arguments
                 if isinstance(c.function.arguments, str)
                 else json.dumps(c.function.arguments),
             )
-            for i, c in enumerate(getattr(choice.message, "tool_calls", None) or [])
+            for c in getattr(choice.message, "tool_calls", None) or []
         )
         return ChatResponse(
             text=choice.message.content or "",

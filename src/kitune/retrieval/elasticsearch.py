@@ -40,6 +40,7 @@ from kitune.retrieval.es_client import (
     ElasticsearchRequestError,
     bulk_operations,
     bulk_write,
+    cluster_info,
     wrap_es_error,
 )
 from kitune.retrieval.es_query import (
@@ -189,8 +190,8 @@ class ElasticsearchStore:
     def _preflight(self, create_index: bool) -> None:
         from elasticsearch import NotFoundError
 
-        info = self._call("GET / (version check)", self.client.info)
-        self.version = parse_version(info.body if hasattr(info, "body") else info)
+        info = self._call("GET / (version check)", lambda: cluster_info(self.client))  # product, client
+        self.version = parse_version(info)
         self.esql_mode = esql_mode(self.version)
         try:
             self.client.inference.get(inference_id=self.inference_id)

@@ -3,7 +3,13 @@
 * :func:`wrap_es_error` — every client error becomes a kitune store error: an HTTP error
   response → :class:`ElasticsearchRequestError` with the status, Elasticsearch's error type and
   reason, and a fix; no response (connection refused, timeout) →
-  :class:`~kitune.errors.StoreUnavailableError`.
+  :class:`~kitune.errors.StoreUnavailableError`. Two identity errors get their own message:
+  a client/cluster major-version mismatch (the 9.x client's ``compatible-with=9`` media types
+  refused by an 8.x cluster with HTTP 400 ``media_type_header_exception``) names both versions
+  and the fix, and a server that is not Elasticsearch (OpenSearch) is named as such.
+* :func:`cluster_info` — the start-up ``GET /``: the cluster's identity checked before anything
+  else, with those two cases raised as :class:`~kitune.errors.ConfigError` naming the exact
+  versions.
 * :func:`bulk_operations`, :func:`bulk_write` — bulk bodies, and a writer on
   ``elasticsearch.helpers.streaming_bulk`` (its chunking, per-item checks and bounded
   exponential-backoff retries of 429s) that never retries 4xx mapping errors and returns a
@@ -14,15 +20,24 @@ The ``elasticsearch`` package is imported inside the functions (optional extra).
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kitune.errors import StoreError, StoreUnavailableError
+from kitune.errors import ConfigError, StoreError, StoreUnavailableError
 from kitune.retrieval.base import WriteFailure, WriteResult
-from kitune.retrieval.es_query import BACKEND
+from kitune.retrieval.es_query import BACKEND, MIN_VERSION, not_elasticsearch
 
-__all__ = ["ElasticsearchRequestError", "bulk_operations", "bulk_write", "es_error_details", "wrap_es_error"]
+__all__ = [
+    "ElasticsearchRequestError",
+    "bulk_operations",
+    "bulk_write",
+    "cluster_info",
+    "es_error_details",
+    "version_mismatch",
+    "wrap_es_error",
+]
 
 
 class ElasticsearchRequestError(StoreError):
@@ -69,6 +84,129 @@ def es_error_details(e: Exception) -> tuple[int | None, str, str]:
     return status, str(getattr(e, "message", "") or ""), str(e)
 
 
+_ACCEPTS = re.compile(r"Accept version must be either version (\d+) or (\d+), but found (\d+)")
+_MIN = ".".join(map(str, MIN_VERSION))
+_COMPAT_ACCEPT = "application/vnd.elasticsearch+json; compatible-with={major}"
+
+
+def _client_version() -> str:
+    from importlib.metadata import version
+
+    return version("elasticsearch")
+
+
+def _caused_by(body: Any) -> str:
+    """Every ``reason`` in an error body's ``caused_by`` chain, joined (what the 8.x refusal says)."""
+    err = body.get("error") if isinstance(body, Mapping) else None
+    reasons: list[str] = []
+    while isinstance(err, Mapping) and len(reasons) < 10:
+        reasons.append(str(err.get("reason", "")))
+        err = err.get("caused_by")
+    return " ".join(reasons)
+
+
+def version_mismatch(e: Exception, server_version: str | None = None) -> str | None:
+    """The client/cluster major-version mismatch behind an HTTP 400/406 media-type refusal, or None.
+
+    A 9.x ``elasticsearch`` client sends ``application/vnd.elasticsearch+json; compatible-with=9``;
+    an 8.x cluster answers ``media_type_header_exception`` caused by "Accept version must be either
+    version 8 or 7, but found 9".
+
+    Args:
+        e: the client error.
+        server_version: the cluster's version when known (e.g. ``"8.15.1"``), else its major
+            version is taken from the refusal.
+
+    Returns:
+        A message naming the client version, the cluster version and the fix, or None when ``e``
+        is not such a refusal.
+    """
+    status, etype, reason = es_error_details(e)
+    text = f"{etype} {reason} {_caused_by(getattr(e, 'body', None))}"
+    m = _ACCEPTS.search(text)
+    if m is None and not (status in (400, 406) and "compatible-with" in text):
+        return None
+    client = _client_version()
+    major = m[1] if m else None
+    if server_version:
+        cluster = f"Elasticsearch {server_version}"
+    else:
+        cluster = f"an Elasticsearch {major}.x cluster" if major else "the cluster"
+    parts = tuple(int(x) for x in re.findall(r"\d+", server_version or "")[:3]) or (
+        (int(major), 99, 99) if major else ()
+    )
+    install = f"pip install 'elasticsearch>={_MIN},<9'"
+    if parts and parts < MIN_VERSION:
+        fix = (
+            f"{cluster} is also older than kitune's minimum {_MIN}: upgrade the cluster to {_MIN}+ "
+            f"and install the client of its major version ({install} for 8.x)"
+        )
+    else:
+        fix = f"install the client of the cluster's major version, {install}, or upgrade the cluster to 9.x"
+    return (
+        f"the elasticsearch Python client {client} sends {client.split('.')[0]}.x media types "
+        f"(compatible-with={client.split('.')[0]}) and {cluster} refuses them (HTTP {status} {etype}): {fix}"
+    )
+
+
+def cluster_info(client: Any) -> Mapping[str, Any]:
+    """The cluster's ``GET /`` body, with its identity checked first (the start-up call).
+
+    Args:
+        client: an ``elasticsearch.Elasticsearch``.
+
+    Returns:
+        The ``GET /`` body of an Elasticsearch cluster (version not yet checked against the
+        minimum; see :func:`kitune.retrieval.es_query.parse_version`).
+
+    Raises:
+        ConfigError: the server is not Elasticsearch (OpenSearch: named, with its version), or the
+            cluster refused the client's media types (a 9.x client against an 8.x cluster: names
+            the client version, the cluster's version — asked once more with its own major
+            version's media type — and the fix).
+        elasticsearch.ApiError, elasticsearch.TransportError: any other failure (the caller wraps).
+    """
+    from elasticsearch import ApiError, UnsupportedProductError
+
+    try:
+        resp = client.info()
+    except UnsupportedProductError as e:
+        raise ConfigError(_product_message(getattr(e, "body", None))) from e
+    except ApiError as e:
+        if version_mismatch(e) is None:
+            raise
+        m = _ACCEPTS.search(_caused_by(getattr(e, "body", None)))
+        server: str | None = None
+        if m is not None:  # ask again in the cluster's own dialect, to name its exact version
+            try:
+                accept = {"accept": _COMPAT_ACCEPT.format(major=m[1])}  # info() would reset it to 9
+                body = client.perform_request("GET", "/", headers=accept)
+                version = getattr(body, "body", body).get("version", {})
+                server = str(version.get("number", "")) or None
+            except Exception:  # best effort: the refusal alone names the major version
+                server = None
+        raise ConfigError(str(version_mismatch(e, server))) from e
+    body = resp.body if hasattr(resp, "body") else resp
+    problem = not_elasticsearch(body)
+    if problem is not None:
+        raise ConfigError(problem)
+    return body  # type: ignore[no-any-return]
+
+
+def _product_message(body: Any) -> str:
+    """Why the client refused the server as "not Elasticsearch" (no ``X-Elastic-Product`` header)."""
+    problem = not_elasticsearch(body)
+    if problem is not None:
+        return problem
+    version = body.get("version") if isinstance(body, Mapping) else None
+    shown = f" (it reports version {version.get('number')})" if isinstance(version, Mapping) else ""
+    return (
+        f"the server at the store URL is not Elasticsearch{shown}: its answers lack the X-Elastic-Product "
+        "header the elasticsearch client requires. Point store.url_env (KITUNE_ES_URL) at an Elasticsearch "
+        f"{_MIN}+ cluster, or use the embedded store (store.type: lancedb)"
+    )
+
+
 def wrap_es_error(what: str, index: str, e: Exception) -> StoreError:
     """Turn an ``elasticsearch`` client exception into a kitune store error.
 
@@ -77,7 +215,7 @@ def wrap_es_error(what: str, index: str, e: Exception) -> StoreError:
         response), else :class:`ElasticsearchRequestError` naming the operation, the index, the
         HTTP status, Elasticsearch's error type and reason, and a fix.
     """
-    from elasticsearch import ApiError
+    from elasticsearch import ApiError, UnsupportedProductError
 
     if not isinstance(e, ApiError):
         return StoreUnavailableError(
@@ -86,7 +224,14 @@ def wrap_es_error(what: str, index: str, e: Exception) -> StoreError:
             backend=BACKEND,
         )
     status, etype, reason = es_error_details(e)
-    fix = _FIXES.get(status or 0, "see Elasticsearch's reason above")
+    if isinstance(e, UnsupportedProductError):
+        return ElasticsearchRequestError(
+            f"Elasticsearch {what} on index {index} failed: {_product_message(getattr(e, 'body', None))}",
+            status=status,
+            error_type="unsupported_product",
+            reason=reason,
+        )
+    fix = version_mismatch(e) or _FIXES.get(status or 0, "see Elasticsearch's reason above")
     message = f"Elasticsearch {what} on index {index} failed: HTTP {status} {etype}: {reason}".rstrip(": ")
     return ElasticsearchRequestError(f"{message} — {fix}", status=status, error_type=etype, reason=reason)
 

@@ -14,10 +14,13 @@
 * :func:`compile_branch_queries` — the same branches as separate queries for 8.18–9.1 (no
   FUSE there); the store fuses them client-side with :func:`kitune.retrieval.fusion.rrf_fuse`.
 * :func:`compile_facets` — the ``STATS COUNT(*) BY …`` facet query.
-* :func:`esql_mode` — which of the two paths a cluster version gets.
+* :func:`esql_mode` — which of the two paths a cluster version gets; :func:`parse_version` and
+  :func:`not_elasticsearch` read the cluster's identity from ``GET /`` (OpenSearch is named as
+  such, never taken for an old Elasticsearch).
 
 Every user/LLM value travels as a named ES|QL parameter; only validated integers, the configured
-index name and config numbers are written into the query text.
+index name (quoted when it collides with a ``FROM`` keyword, :func:`esql_source`) and config
+numbers are written into the query text.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from kitune.retrieval.memory import effective_filter, filter_triples
 from kitune.schema import Filter, QueryPlan
 
 __all__ = [
+    "FROM_KEYWORDS",
     "FUSE_VERSION",
     "MIN_VERSION",
     "EsqlQuery",
@@ -47,7 +51,9 @@ __all__ = [
     "compile_facets",
     "es_mapping",
     "esql_mode",
+    "esql_source",
     "ki_to_source",
+    "not_elasticsearch",
     "parse_version",
     "parse_warnings",
     "source_to_ki",
@@ -62,6 +68,9 @@ MIN_VERSION = (8, 18, 0)
 FUSE_VERSION = (9, 2, 0)
 """First version with ``FUSE`` (one FORK/FUSE query); older supported clusters fuse client-side."""
 _INDEX_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,254}$")
+FROM_KEYWORDS = frozenset({"metadata"})
+"""Words the ES|QL lexer reads as keywords right after ``FROM`` (its ``FROM_MODE``, Elastic's
+``lexer/From.g4``: ``METADATA``); an index with such a name is written quoted."""
 _FACET_FIELDS = {"tags": "tags", "doc": "evidence_doc_ids", "status": "status", "subtype": "subtype"}
 _ALL_STATUSES = ("active", "stale", "expired")
 
@@ -86,12 +95,39 @@ class EsqlQuery:
         return body
 
 
+def not_elasticsearch(info: Any) -> str | None:
+    """Why a ``GET /`` body is not an Elasticsearch cluster kitune can use, or None when it is one.
+
+    OpenSearch (``version.distribution == "opensearch"`` or an OpenSearch tagline) is named with
+    its version and what to do: it has no ES|QL and no ``semantic_text``, which the Elasticsearch
+    store needs.
+    """
+    if not isinstance(info, Mapping):
+        return None
+    version = info.get("version")
+    version = version if isinstance(version, Mapping) else {}
+    distribution = str(version.get("distribution", "")).lower()
+    if distribution == "opensearch" or "opensearch" in str(info.get("tagline", "")).lower():
+        number = str(version.get("number", "")) or "(version not reported)"
+        return (
+            f"the cluster is OpenSearch {number}, not Elasticsearch: kitune's Elasticsearch store needs "
+            f"Elasticsearch {'.'.join(map(str, MIN_VERSION))}+ (ES|QL MATCH on semantic_text, FORK/FUSE), "
+            "which OpenSearch does not have. Point the store URL (store.url_env, KITUNE_ES_URL) at an "
+            "Elasticsearch cluster, or use the embedded store (store.type: lancedb)"
+        )
+    return None
+
+
 def parse_version(info: Mapping[str, Any]) -> tuple[int, int, int] | None:
     """The cluster version from a ``GET /`` body, or None for Elastic Cloud Serverless (always current).
 
     Raises:
+        ConfigError: the body is another product's (OpenSearch: see :func:`not_elasticsearch`).
         StoreError: the body has no parseable ``version.number``.
     """
+    problem = not_elasticsearch(info)
+    if problem is not None:
+        raise ConfigError(problem)
     version = info.get("version") if isinstance(info, Mapping) else None
     if isinstance(version, Mapping) and version.get("build_flavor") == "serverless":
         return None
@@ -120,6 +156,18 @@ def esql_mode(version: tuple[int, int, int] | None) -> Literal["fuse", "per_bran
         "9.2+ runs hybrid search as one FORK/FUSE query. Upgrade the cluster or point KITUNE_ES_URL "
         "at a newer one"
     )
+
+
+def esql_source(index: str) -> str:
+    """``index`` as an ES|QL ``FROM`` source, double-quoted when the lexer would read it as a keyword.
+
+    ``metadata`` → ``"metadata"`` (``FROM metadata METADATA …`` does not parse); other names as is.
+
+    Raises:
+        ConfigError: ``index`` is not a valid index name (see :func:`check_index_name`).
+    """
+    check_index_name(index)
+    return f'"{index}"' if index in FROM_KEYWORDS else index
 
 
 def check_index_name(index: str) -> str:
@@ -275,7 +323,7 @@ def _prelude(
     params: list[dict[str, Any]] = []
     statuses = list(flt.statuses) or list(_ALL_STATUSES)
     lines = [
-        f"FROM {index} METADATA _id, _index, _score",
+        f"FROM {esql_source(index)} METADATA _id, _index, _score",
         f"| WHERE status IN ({', '.join(_params('status', statuses, params))})",
     ]
     return flt, lines, params
@@ -400,7 +448,8 @@ def compile_facets(index: str, filters: Filter | None, by: str = "tags", limit: 
     if not 1 <= limit <= 10_000:
         raise StoreError(f"facet limit {limit} out of range: use 1..10000", backend=BACKEND)
     col = _FACET_FIELDS[by]
-    query = f"FROM {index}\n| STATS n = COUNT(*) BY {col}\n| SORT n DESC, {col} ASC\n| LIMIT {int(limit)}"
+    source = esql_source(index)
+    query = f"FROM {source}\n| STATS n = COUNT(*) BY {col}\n| SORT n DESC, {col} ASC\n| LIMIT {int(limit)}"
     return EsqlQuery(query=query, params=[], filter=to_es_filter(filters))
 
 
