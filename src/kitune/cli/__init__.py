@@ -75,6 +75,7 @@ def _register() -> None:
         lm_cmds,
         loop_cmds,
         mcp_cmds,
+        signals_cmds,
         store_cmds,
         traces_cmds,
         watch_cmds,
@@ -91,6 +92,7 @@ def _register() -> None:
         loop_cmds,
         traces_cmds,
         watch_cmds,
+        signals_cmds,
         mcp_cmds,
     ):
         module.register(app)
