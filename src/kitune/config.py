@@ -539,6 +539,10 @@ class ReviewConfig(_Section):
     max_feedback_queries: int = Field(
         default=10, ge=1, le=50, description="Empty look-ups quoted in one rewriter-feedback proposal."
     )
+    mcp_tools: bool = Field(
+        default=False,
+        description="Expose the review queue as MCP tools (list/show/approve/reject/revert): they write.",
+    )
     effect_questions: int = Field(
         default=20, ge=2, le=1000, description="Newest labelled questions a proposal's effect is measured on."
     )

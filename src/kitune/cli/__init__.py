@@ -75,6 +75,7 @@ def _register() -> None:
         lm_cmds,
         loop_cmds,
         mcp_cmds,
+        review_cmds,
         signals_cmds,
         store_cmds,
         traces_cmds,
@@ -93,6 +94,7 @@ def _register() -> None:
         traces_cmds,
         watch_cmds,
         signals_cmds,
+        review_cmds,
         mcp_cmds,
     ):
         module.register(app)

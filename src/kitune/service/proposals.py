@@ -275,7 +275,7 @@ class ProposalStore:
             p = Proposal.from_dict(json.loads(row[0]))
             if p.status not in allowed:
                 raise ProposalStateError(
-                    f"proposal {pid} is {p.status}: {action} needs it to be {' or '.join(allowed)}",
+                    f"proposal {pid} is {p.status}; the step {action!r} needs it {' or '.join(allowed)}",
                     proposal_id=pid,
                     status=p.status,
                 )
