@@ -312,6 +312,10 @@ class ElasticsearchStoreConfig(_Section):
     inference_id: str = Field(
         default=".elser-2-elasticsearch", description="semantic_text inference endpoint."
     )
+    mapping: Literal["kitune", "ai-index"] = Field(
+        default="kitune",
+        description="Index layout: kitune's mapping, or Elastic's published ai-index@mappings shape.",
+    )
     bulk_chunk_size: int = Field(default=500, ge=1, description="Documents per bulk request.")
     max_retries: int = Field(default=5, ge=0, description="Retries of 429 items, with backoff.")
 

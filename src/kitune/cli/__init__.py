@@ -71,6 +71,7 @@ def _register() -> None:
         config_cmds,
         context_cmds,
         eval_cmds,
+        export_cmds,
         extract_cmds,
         lm_cmds,
         loop_cmds,
@@ -95,6 +96,7 @@ def _register() -> None:
         watch_cmds,
         signals_cmds,
         review_cmds,
+        export_cmds,
         mcp_cmds,
     ):
         module.register(app)
