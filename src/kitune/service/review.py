@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import builtins
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -507,6 +507,7 @@ def file_proposals(
     rewriter: RewriterPrompt | None = None,
     questions: Sequence[Question] = (),
     evaluate: Evaluator | None = None,
+    measure_kinds: Collection[str] | None = None,
     actor: str = "proposer",
 ) -> FileReport:
     """Propose from ``report``, file the new proposals, measure and gate (see the module docstring).
@@ -520,6 +521,8 @@ def file_proposals(
         rewriter: the production rewriter instruction (None: no rewriter feedback).
         questions: labelled questions for the effect (the newest ``review.effect_questions`` are used).
         evaluate: the agent run (:data:`Evaluator`); None: effects are not measured.
+        measure_kinds: measure only proposals of these kinds (None: every kind); a kind in
+            ``review.auto_approve`` that is not measured is not approved.
         actor: who files (``cli``, ``watch``).
 
     Returns:
@@ -541,6 +544,8 @@ def file_proposals(
     labelled = list(questions)[-cfg.review.effect_questions :]
     for p in out.filed:
         auto = p.kind in cfg.review.auto_approve
+        if measure_kinds is not None and p.kind not in measure_kinds:
+            continue
         if not labelled or evaluate is None:
             if auto:
                 out.gate_refused[p.id] = "no labelled questions to run the validation gate on"
