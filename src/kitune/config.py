@@ -543,6 +543,12 @@ class ReviewConfig(_Section):
     max_feedback_queries: int = Field(
         default=10, ge=1, le=50, description="Empty look-ups quoted in one rewriter-feedback proposal."
     )
+    watch_proposals: bool = Field(
+        default=True, description="kitune loop --watch mines new traces for signals and files proposals."
+    )
+    draft_kis: bool = Field(
+        default=True, description="The production extractor drafts KIs for re_extract / add_ki (LLM calls)."
+    )
     mcp_tools: bool = Field(
         default=False,
         description="Expose the review queue as MCP tools (list/show/approve/reject/revert): they write.",

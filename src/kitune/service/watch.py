@@ -13,7 +13,8 @@ or changed (size or mtime) since they were imported, then calls :func:`loop_once
 written atomically at each step, so an interrupted watch — or a killed process — resumes on
 the next start. ``max_polls=1, interval_s=0`` is the one-shot form for cron.
 
-**Unlabelled traces** (``WatchOptions.propose``, on by default): each poll also mines the new
+**Unlabelled traces** (``WatchOptions.propose`` and ``review.watch_proposals``, both on by
+default; ``review.draft_kis: false`` keeps the extractor out of it): each poll also mines the new
 traces of the fresh files — labelled or not — for failure signals
 (:mod:`kitune.evaluation.signals`). When any new trace fell back to raw search, found nothing,
 looped or answered without support, the signals are computed again with the KI store's facts,
@@ -320,7 +321,7 @@ def production_hooks(cfg: KituneConfig, opts: LoopOptions, wopts: WatchOptions) 
     )
 
     tracker = create_tracker(cfg)
-    draft, version = default_drafter(cfg) if wopts.draft else (None, "")
+    draft, version = default_drafter(cfg) if wopts.draft and cfg.review.draft_kis else (None, "")
     return ReviewHooks(
         service=open_review(cfg, tracker=tracker),
         documents=corpus_documents(corpus_file(opts.corpus)),
@@ -492,7 +493,7 @@ def watch(
                     f"poll {summary.polls}: {len(fresh)} file(s), {rep.new} new trace(s), "
                     f"{rep.questions_added} new question(s), {len(rep.skipped)} skipped record(s)"
                 )
-                if wopts.propose:
+                if wopts.propose and cfg.review.watch_proposals:
                     mined = mine_signals(
                         cfg,
                         folder,
