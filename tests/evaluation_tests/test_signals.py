@@ -295,3 +295,37 @@ def test_mlflow_traces_with_retriever_spans(tmp_path: Path) -> None:
 def test_every_kind_is_reported_even_at_zero() -> None:
     assert list(aggregate_signals([]).by_kind) == list(SIGNAL_KINDS)
     assert aggregate_signals([]).metrics()["signals_traces"] == 0.0
+
+
+def test_a_kitune_episode_exported_as_chat_keeps_its_signals() -> None:
+    from kitune.service.signals import to_chat_record
+
+    trace = episode(
+        [
+            tool("search", query="Lyon"),  # refused by the fallback gate: not a query error
+            tool("get_context", query="Who founded Lyon?"),
+            tool("get_context", query="lyon founder"),
+            tool("get_context", query="Lyon  founder!"),
+            tool("search", query="Lyon city"),
+            tool("get_by_doc_id", docid="d9"),
+            *[tool("get_by_doc_id", docid="d3")] * 3,  # the third is blocked: a loop, not an error
+            answer("Munatius Plancus"),
+        ],
+        "Who founded Lyon?",
+        {"lyon founder": [PARIS], "Lyon  founder!": [PARIS]},
+    )
+    original = compute_signals(trace, trace_id="t", known_entities={"paris"})
+    record = to_chat_record(trace, trace_id="t")
+    assert "gold_answer" not in record and "correct" not in record
+    back = compute_signals(to_trace(parse_openai_record(record)), trace_id="t", known_entities={"paris"})
+    assert [(h.kind, h.steps) for h in back.hits] == [(h.kind, h.steps) for h in original.hits]
+    assert [h.kind for h in original.hits] == [
+        "empty_retrieval",
+        "fell_back_to_raw",
+        "looped",
+        "answer_unsupported",
+        "coverage_gap",
+        "query_error",
+    ]
+    assert back.fallback_docs == original.fallback_docs == ("d3",)
+    assert back.kis_shown == original.kis_shown == (PARIS.id,)

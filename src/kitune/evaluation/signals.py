@@ -17,7 +17,8 @@ imported production trace (:func:`kitune.service.traces.to_trace`); each step is
     A raw tool step (search or fetch) that ran without error *after* the trace's first KI
     look-up: the KIs did not answer and the agent read raw documents. The documents those
     steps showed are the trace's *fallback documents* (when no step of the trace records doc
-    ids, as in chat-message traces, the trace's ``doc_ids_seen`` stand in for them).
+    ids, as in chat-message traces: the trace's ``doc_ids_seen`` that a raw result cites as
+    ``[<doc id>]``, else all of them).
 ``looped``
     The same look-up repeated: two or more tool steps (``loop_min_repeats``) with the same
     *look-up key* — the tool name plus its query (``query``, else ``docid``, else the sorted
@@ -45,6 +46,8 @@ imported production trace (:func:`kitune.service.traces.to_trace`); each step is
 ``query_error``
     A tool step that returned an error, except a blocked identical repeat (that is a loop) and
     the in-context fallback gate refusing an early search (a model mistake, not a failed query).
+    A step's error is its ``error`` field, or — in chat traces, which have none — a result text
+    starting ``ERROR:`` (:func:`step_error`). Steps with an error count for no other signal.
 
 Each signal carries its evidence: the 1-based step indices (spans) and a detail line.
 :func:`aggregate_signals` sums a batch per signal, per KI shown (KI ids read off the look-up
@@ -81,6 +84,7 @@ __all__ = [
     "normalise_query",
     "question_entities",
     "signals_markdown",
+    "step_error",
 ]
 
 SignalKind = Literal[
@@ -116,7 +120,10 @@ _EMPTY_TEXT = re.compile(
     re.DOTALL,
 )
 _KI_ID = re.compile(r"(?<![\w-])(ki-[0-9a-f]{24})(?![\w-])")
-_GATE_ERROR = "not allowed yet"
+_GATE_ERRORS = ("not allowed yet", "search is a fallback")
+"""The in-context fallback gate's refusal (its error field, and its text as the agent saw it)."""
+_BLOCKED_TEXT = "identical call already returned"
+"""How a blocked identical repeat reads in the agent's transcript."""
 _QUOTED = re.compile(r"[\"“”]([^\"“”]{2,80})[\"“”]")
 _CAP_RUN = re.compile(r"(?:[A-Z][\w'’.-]*)(?:\s+(?:of|the|de|von|van|[A-Z][\w'’.-]*))*")
 _STOP = frozenset(
@@ -261,6 +268,20 @@ class TraceSignals:
         }
 
 
+def step_error(step: Mapping[str, Any]) -> str | None:
+    """A tool step's error: its ``error``, else the first line of an observation starting ``ERROR:``.
+
+    Chat-message traces carry no error field: a tool result written as ``ERROR: …`` (kitune's
+    tools, and many others, report failures that way) is read as the error.
+    """
+    if step.get("error"):
+        return str(step["error"])
+    text = step.get("observation")
+    if isinstance(text, str) and text.lstrip().startswith("ERROR:"):
+        return text.lstrip()[len("ERROR:") :].strip().split("\n", 1)[0]
+    return None
+
+
 def _query_text(step: Mapping[str, Any]) -> str:
     args = step.get("args") or {}
     if isinstance(args, Mapping):
@@ -317,7 +338,7 @@ def compute_signals(
     for s in tool_steps:
         tool = str(s["tool"])
         retrieval = tool in r.lookup_tools or (tool in r.raw_tools and tool not in r.fetch_tools)
-        if retrieval and not s.get("error") and _is_empty(s, ki_confidence, r.confidence_floor):
+        if retrieval and not step_error(s) and _is_empty(s, ki_confidence, r.confidence_floor):
             empty_steps.append(int(s.get("index") or 0))
             if tool in r.lookup_tools:
                 empty_queries.append(_query_text(s))
@@ -331,12 +352,16 @@ def compute_signals(
         if first_lookup is not None
         and s["tool"] in r.raw_tools
         and int(s.get("index") or 0) > first_lookup
-        and not s.get("error")
+        and not step_error(s)
     ]
     fallback_docs = tuple(dict.fromkeys(str(d) for s in fallback for d in s.get("doc_ids") or ()))
     if fallback and not fallback_docs and not any(s.get("doc_ids") for s in tool_steps):
-        # chat-message traces carry doc ids per trace only: they stand in for the raw steps'
-        fallback_docs = tuple(dict.fromkeys(str(d) for d in trace.doc_ids_seen))
+        # chat-message traces carry doc ids per trace only: those a raw result cites as [id],
+        # else all of them, stand in for the raw steps'
+        seen = [str(d) for d in trace.doc_ids_seen]
+        texts = [str(s.get("observation") or "") for s in fallback]
+        cited = [d for d in seen if any(f"[{d}]" in t for t in texts)]
+        fallback_docs = tuple(dict.fromkeys(cited or seen))
     if fallback:
         hits.append(
             SignalHit(
@@ -371,7 +396,7 @@ def compute_signals(
     answer = (trace.exact_answer or "").strip()
     supported: bool | None = None
     if answer:
-        shown = [s for s in tool_steps if not s.get("error")]
+        shown = [s for s in tool_steps if not step_error(s)]
         texts = [s["observation"] for s in shown if isinstance(s.get("observation"), str)]
         if not tool_steps:
             supported = False
@@ -393,14 +418,17 @@ def compute_signals(
     errors = [
         s
         for s in tool_steps
-        if s.get("error") and not s.get("blocked") and _GATE_ERROR not in str(s.get("error"))
+        if (err := step_error(s))
+        and not s.get("blocked")
+        and _BLOCKED_TEXT not in err
+        and not any(g in err for g in _GATE_ERRORS)
     ]
     if errors:
         hits.append(
             SignalHit(
                 "query_error",
                 tuple(int(s.get("index") or 0) for s in errors),
-                "; ".join(f"{s['tool']}: {s['error']}" for s in errors),
+                "; ".join(f"{s['tool']}: {step_error(s)}" for s in errors),
             )
         )
 

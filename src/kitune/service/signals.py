@@ -47,6 +47,7 @@ __all__ = [
     "open_serving_store",
     "signal_report",
     "store_facts",
+    "to_chat_record",
 ]
 
 
@@ -183,6 +184,60 @@ def signal_report(
         for tid, t in traces
     ]
     return aggregate_signals(per, coverage_computed=facts is not None)
+
+
+def to_chat_record(trace: Trace, *, trace_id: str, labelled: bool = False) -> dict[str, Any]:
+    """A kitune episode as an OpenAI-style chat record, the shape production agents export.
+
+    The user asks the question; each tool step is an assistant tool call (its arguments) answered
+    by a tool message holding the recorded observation; the final assistant message carries
+    ``Exact Answer: <answer>`` when there is one. ``doc_ids_seen`` is kept; tokens go on the
+    assistant messages as ``usage``. Without ``labelled`` no gold answer, aliases, evidence ids
+    or verdict are written: the record is what an unlabelled production log holds.
+    :func:`kitune.service.trace_formats.parse_openai_record` reads it back with the same tool
+    steps, arguments and observations, so its signals are the episode's.
+
+    Args:
+        trace: the episode (steps with their observations, as ``kitune eval`` writes them).
+        trace_id: the record's ``id``.
+        labelled: also write ``gold_answer``, ``aliases``, ``evidence_docids`` and ``correct``.
+    """
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": trace.question}]
+    for s in trace.steps:
+        usage = {
+            "prompt_tokens": int(s.get("input_tokens") or 0),
+            "completion_tokens": int(s.get("output_tokens") or 0),
+        }
+        if s.get("kind") == "tool" and s.get("tool"):
+            cid = f"{trace_id}-s{s.get('index')}"
+            call = {
+                "id": cid,
+                "type": "function",
+                "function": {
+                    "name": s["tool"],
+                    "arguments": json.dumps(s.get("args") or {}, ensure_ascii=False),
+                },
+            }
+            msgs.append({"role": "assistant", "content": None, "tool_calls": [call], "usage": usage})
+            text = s.get("observation")
+            if text is None:
+                text = f"ERROR: {s['error']}" if s.get("error") else ""
+            msgs.append({"role": "tool", "tool_call_id": cid, "content": text})
+    final = f"Exact Answer: {trace.exact_answer}" if trace.exact_answer else ""
+    msgs.append({"role": "assistant", "content": final})
+    record: dict[str, Any] = {"id": trace_id, "messages": msgs, "doc_ids_seen": list(trace.doc_ids_seen)}
+    if trace.status == "failed":
+        record["error"] = trace.failure or "failed"
+    if labelled:
+        record.update(
+            gold_answer=trace.gold_answer,
+            aliases=list(trace.aliases),
+            evidence_docids=list(trace.evidence_docids),
+            query_id=trace.query_id,
+        )
+        if trace.is_graded:
+            record["correct"] = bool(trace.judge_correct)
+    return record
 
 
 def log_signals(
