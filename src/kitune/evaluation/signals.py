@@ -571,10 +571,15 @@ def signals_markdown(report: SignalReport, *, title: str = "Failure signals", li
         md.append(
             f"\n{report.unassessed} answered trace(s) recorded no tool output: answer support not assessed."
         )
-    for name, table in (("KI", report.by_ki), ("document", report.by_doc), ("entity", report.by_entity)):
+    tables = (
+        ("KI", "KIs", report.by_ki),
+        ("document", "Documents", report.by_doc),
+        ("entity", "Entities", report.by_entity),
+    )
+    for name, plural, table in tables:
         rows = [(k, v) for k, v in _top(table, limit) if any(v.get(s, 0) for s in SIGNAL_KINDS)]
         if not rows:
             continue
-        md += ["", f"### {name.capitalize()}s with the most signals", "", f"| {name} | counts |", "|---|---|"]
+        md += ["", f"### {plural} with the most signals", "", f"| {name} | counts |", "|---|---|"]
         md += [f"| {k} | {', '.join(f'{c} {x}' for x, c in v.items())} |" for k, v in rows]
     return md
