@@ -666,7 +666,7 @@ def default_evaluator(cfg: KituneConfig, corpus: Path | str) -> Evaluator:
         qfile = Path(cfg.workdir) / "review" / "effects" / f"{label}.jsonl"
         qfile.parent.mkdir(parents=True, exist_ok=True)
         qfile.write_text(
-            "".join(json.dumps(q.to_dict(), ensure_ascii=False) + "\n" for q in questions), "utf-8"
+            "".join(json.dumps(q.to_dict(), ensure_ascii=False) + "\n" for q in questions), encoding="utf-8"
         )
         rewriter = None
         if rewriter_text is not None:
