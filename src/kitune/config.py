@@ -59,7 +59,9 @@ __all__ = [
     "LifecycleConfig",
     "LocalModelConfig",
     "OptimizeConfig",
+    "ProposalKindName",
     "RetrievalConfig",
+    "ReviewConfig",
     "Role",
     "StoreConfig",
     "TrackingConfig",
@@ -310,6 +312,10 @@ class ElasticsearchStoreConfig(_Section):
     inference_id: str = Field(
         default=".elser-2-elasticsearch", description="semantic_text inference endpoint."
     )
+    mapping: Literal["kitune", "ai-index"] = Field(
+        default="kitune",
+        description="Index layout: kitune's mapping, or Elastic's published ai-index@mappings shape.",
+    )
     bulk_chunk_size: int = Field(default=500, ge=1, description="Documents per bulk request.")
     max_retries: int = Field(default=5, ge=0, description="Retries of 429 items, with backoff.")
 
@@ -514,6 +520,44 @@ class OptimizeConfig(_Section):
     )
 
 
+ProposalKindName = Literal["re_extract", "add_ki", "retire_ki", "rewriter_feedback"]
+
+
+class ReviewConfig(_Section):
+    """What ``kitune review`` proposes from failure signals, and what it may apply without a person."""
+
+    auto_approve: list[ProposalKindName] = Field(
+        default_factory=list,
+        description="Proposal kinds approved without a person, and only when the labelled validation "
+        "gate (the paired acceptance rule on labelled questions) accepts the change.",
+    )
+    re_extract_min_traces: int = Field(
+        default=2, ge=1, description="Re-extract a document read by a fall-back in this many traces."
+    )
+    retire_min_episodes: int = Field(
+        default=2, ge=1, description="Retire a KI shown in this many unsupported or looped episodes."
+    )
+    rewriter_min_empty: int = Field(
+        default=2, ge=1, description="Rewriter feedback once this many distinct look-ups found nothing."
+    )
+    max_feedback_queries: int = Field(
+        default=10, ge=1, le=50, description="Empty look-ups quoted in one rewriter-feedback proposal."
+    )
+    watch_proposals: bool = Field(
+        default=True, description="kitune loop --watch mines new traces for signals and files proposals."
+    )
+    draft_kis: bool = Field(
+        default=True, description="The production extractor drafts KIs for re_extract / add_ki (LLM calls)."
+    )
+    mcp_tools: bool = Field(
+        default=False,
+        description="Expose the review queue as MCP tools (list/show/approve/reject/revert): they write.",
+    )
+    effect_questions: int = Field(
+        default=20, ge=2, le=1000, description="Newest labelled questions a proposal's effect is measured on."
+    )
+
+
 class KituneConfig(BaseSettings):
     """The whole configuration. See the module docstring for precedence and secrets."""
 
@@ -537,6 +581,7 @@ class KituneConfig(BaseSettings):
     lifecycle: LifecycleConfig = Field(default_factory=LifecycleConfig, description="KI lifecycle.")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="MLflow tracking.")
     optimize: OptimizeConfig = Field(default_factory=OptimizeConfig, description="Optimisation loop.")
+    review: ReviewConfig = Field(default_factory=ReviewConfig, description="Review queue of proposals.")
 
     @field_validator("store", mode="before")
     @classmethod

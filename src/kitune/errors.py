@@ -19,8 +19,11 @@ Every error kitune raises on purpose derives from :class:`KituneError`::
     ├── DataError                      # a dataset file is missing or malformed
     ├── HarnessError                   # our bug or misconfiguration, never a model mistake
     ├── OptimizationError
-    └── TrackingError
-        └── PromptNotFoundError        # no such prompt name / version / alias (also a KeyError)
+    ├── TrackingError
+    │   └── PromptNotFoundError        # no such prompt name / version / alias (also a KeyError)
+    └── ReviewError                    # the review queue (kitune review)
+        ├── ProposalNotFoundError      # no proposal with this id (also a KeyError)
+        └── ProposalStateError         # the action does not fit the proposal's status
 
 Constructors only store context (attributes); they never log or do I/O. Model mistakes and
 budget exhaustion are data (``Step.error``, ``Episode.status``), not exceptions.
@@ -44,7 +47,10 @@ __all__ = [
     "OptimizationError",
     "ParseError",
     "PromptNotFoundError",
+    "ProposalNotFoundError",
+    "ProposalStateError",
     "ResponseFormatError",
+    "ReviewError",
     "StoreError",
     "StoreUnavailableError",
     "TrackingError",
@@ -227,3 +233,27 @@ class PromptNotFoundError(TrackingError, KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0])
+
+
+class ReviewError(KituneError):
+    """A review-queue operation failed (``kitune review``, ``/api/proposals``)."""
+
+
+class ProposalNotFoundError(ReviewError, KeyError):
+    """No proposal has this id."""
+
+    def __init__(self, proposal_id: str) -> None:
+        super().__init__(f"no proposal {proposal_id!r}: list them with `kitune review list`")
+        self.proposal_id = proposal_id
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class ProposalStateError(ReviewError):
+    """The action does not fit the proposal's status (e.g. approving a rejected proposal)."""
+
+    def __init__(self, message: str, *, proposal_id: str = "", status: str = "") -> None:
+        super().__init__(message)
+        self.proposal_id = proposal_id
+        self.status = status

@@ -52,6 +52,9 @@ from kitune.service.mcp import (
     ContextFilters,
     context_tool,
     get_document_tool,
+    review_action_tool,
+    review_list_tool,
+    review_show_tool,
     search_documents_tool,
     source_description_kis,
 )
@@ -63,6 +66,7 @@ if TYPE_CHECKING:
 
     from kitune.programs.query_rewriter import QueryRewriter
     from kitune.retrieval.base import CorpusStore, Store
+    from kitune.service.review import ReviewService
     from kitune.usage import TokenLedger
 
 __all__ = ["SOURCE_DESCRIPTION_URI", "BearerAuth", "check_bind", "create_mcp_server", "run_mcp"]
@@ -260,6 +264,7 @@ def create_mcp_server(
     setting_source: Callable[[Mapping[str, str]], ServedSetting | None] | None = None,
     refresh_s: float = 30.0,
     clock: Callable[[], float] = time.monotonic,
+    review: ReviewService | None = None,
 ) -> MCPServer[Any]:
     """Build the MCP server with kitune's three tools and the source-description resource.
 
@@ -277,6 +282,8 @@ def create_mcp_server(
             changed, else None (None: what was given is served until exit).
         refresh_s: seconds between ``setting_source`` calls (> 0).
         clock: monotonic clock in seconds (tests).
+        review: the review queue behind the review tools, which are registered only when
+            ``review.mcp_tools`` is true (None: ``open_review(cfg)`` on first use).
 
     Returns:
         An ``mcp.server.mcpserver.MCPServer``; run it with :func:`run_mcp` or its own ``run``.
@@ -369,6 +376,8 @@ def create_mcp_server(
 
     read_only = {"readOnlyHint": True, "openWorldHint": False}
     tools = _strict_tools((get_context, search_documents, get_document), read_only)  # every tool goes here
+    if cfg.review.mcp_tools:
+        tools += _review_tools(cfg, review)
     server: MCPServer[Any] = MCPServer("kitune", instructions=_INSTRUCTIONS, version="1", tools=tools)
 
     @server.resource(
@@ -381,6 +390,78 @@ def create_mcp_server(
         return _guard("source-description", lambda: source_description_kis(kis()).to_text())
 
     return server
+
+
+def _review_tools(cfg: KituneConfig, review: ReviewService | None) -> list[Tool]:
+    """The review queue as strict MCP tools (``review.mcp_tools``): list, show, approve, reject, revert."""
+    lock = threading.Lock()
+    held: dict[str, Any] = {} if review is None else {"review": review}
+
+    def service() -> ReviewService:
+        with lock:
+            if "review" not in held:
+                from kitune.experiments.tracking import create_tracker
+                from kitune.service.review import open_review
+
+                held["review"] = open_review(cfg, tracker=create_tracker(cfg))
+            return held["review"]  # type: ignore[no-any-return]
+
+    id_t = Annotated[
+        str, Field(pattern=r"^p-[0-9a-f]{12}$", description="A proposal id from list_proposals.")
+    ]
+    reason_t = Annotated[str, Field(max_length=2000, description="Why (kept in the history).")]
+    status_t = Annotated[
+        Literal["pending", "applying", "approved", "rejected", "reverted"] | None,
+        Field(description="Only proposals with this status."),
+    ]
+    kind_t = Annotated[
+        Literal["re_extract", "add_ki", "retire_ki", "rewriter_feedback"] | None,
+        Field(description="Only proposals of this kind."),
+    ]
+
+    def list_proposals(status: str | None = None, kind: str | None = None) -> dict[str, Any]:
+        """List the proposals made from failure signals (filing order), with status and measured effect."""
+        return _guard("list_proposals", lambda: review_list_tool(service(), status=status, kind=kind))
+
+    def show_proposal(proposal_id: str) -> dict[str, Any]:
+        """One proposal: its change and diff, the evidence (traces, signals, steps), effect and history."""
+        return _guard("show_proposal", lambda: review_show_tool(service(), proposal_id))
+
+    def approve_proposal(proposal_id: str, reason: str = "") -> dict[str, Any]:
+        """Approve a pending proposal: its change is applied to the KI store or the prompt registry."""
+        return _guard(
+            "approve_proposal", lambda: review_action_tool(service(), "approve", proposal_id, reason=reason)
+        )
+
+    def reject_proposal(proposal_id: str, reason: str) -> dict[str, Any]:
+        """Reject a pending proposal with a reason; the same change is not proposed again."""
+        return _guard(
+            "reject_proposal", lambda: review_action_tool(service(), "reject", proposal_id, reason=reason)
+        )
+
+    def revert_proposal(proposal_id: str, reason: str = "") -> dict[str, Any]:
+        """Undo an approved proposal softly (statuses and prompt versions; nothing is deleted)."""
+        return _guard(
+            "revert_proposal", lambda: review_action_tool(service(), "revert", proposal_id, reason=reason)
+        )
+
+    result_t = dict[str, Any]
+    list_proposals.__annotations__ = {"status": status_t, "kind": kind_t, "return": result_t}
+    show_proposal.__annotations__ = {"proposal_id": id_t, "return": result_t}
+    for fn in (approve_proposal, revert_proposal):
+        fn.__annotations__ = {"proposal_id": id_t, "reason": reason_t, "return": result_t}
+    reject_proposal.__annotations__ = {"proposal_id": id_t, "reason": reason_t, "return": result_t}
+    reads = {"readOnlyHint": True, "openWorldHint": False}
+    writes = {
+        "readOnlyHint": False,
+        "destructiveHint": False,
+        "idempotentHint": False,
+        "openWorldHint": False,
+    }
+    return [
+        *_strict_tools((list_proposals, show_proposal), reads),
+        *_strict_tools((approve_proposal, reject_proposal, revert_proposal), writes),
+    ]
 
 
 def run_mcp(

@@ -15,10 +15,12 @@ seconds, so ``kitune prompts promote`` / ``rollback`` change what a running serv
 Other rules: the request body is capped (:data:`MAX_BODY_BYTES`, 413 beyond); the OpenAPI schema
 is served at ``/openapi.json`` and documents every error status with the ``{"error": …}`` body;
 ``/docs`` is Swagger UI served from local assets (no CDN; a plain endpoint list when none are
-installed); ``GET /healthz`` answers without touching the store. A rewrite that fell back is
-logged with its full reason; the response carries only its reason code (never provider text). When a bearer
-token is configured (``KITUNE_API_TOKEN``), ``/api/*`` requires ``Authorization: Bearer <token>``;
-``kitune serve`` refuses to bind a non-loopback host without one.
+installed); ``GET /healthz`` answers without touching the store. ``/api/proposals`` serves the
+review queue (:mod:`kitune.service.review`): list, show, approve, reject (a reason is required),
+revert; an unknown id is 404, an action that does not fit the proposal's status 409.
+A rewrite that fell back is logged with its full reason; the response carries only its reason
+code (never provider text). When a bearer token is configured (``KITUNE_API_TOKEN``), ``/api/*``
+requires ``Authorization: Bearer <token>``; ``kitune serve`` refuses to bind a non-loopback host without one.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -46,11 +48,21 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kitune.config import KituneConfig
-from kitune.errors import ConfigError, DocumentNotFoundError, KituneError, StoreUnavailableError
+from kitune.errors import (
+    ConfigError,
+    DocumentNotFoundError,
+    KituneError,
+    ProposalNotFoundError,
+    ProposalStateError,
+    StoreUnavailableError,
+)
 from kitune.programs.query_rewriter import QueryRewriter
 from kitune.retrieval.base import Store
 from kitune.service.context import ContextResponse, get_context
 from kitune.usage import TokenLedger
+
+if TYPE_CHECKING:
+    from kitune.service.review import ReviewService
 
 __all__ = [
     "API_TOKEN_ENV",
@@ -75,6 +87,8 @@ ERROR_STATUS: tuple[tuple[type[Exception], int, str], ...] = (
     (ConfigError, 422, "config_error"),
     (DocumentNotFoundError, 404, "not_found"),
     (StoreUnavailableError, 503, "store_unavailable"),
+    (ProposalNotFoundError, 404, "not_found"),
+    (ProposalStateError, 409, "conflict"),
     (KituneError, 500, "internal_error"),
 )
 """Exception class → (HTTP status, error type); the most specific class wins."""
@@ -248,6 +262,7 @@ def create_app(
     setting_source: Callable[[Mapping[str, str]], ServedSetting | None] | None = None,
     refresh_s: float = 30.0,
     clock: Callable[[], float] = time.monotonic,
+    review: ReviewService | None = None,
 ) -> FastAPI:
     """Build the FastAPI app.
 
@@ -267,9 +282,13 @@ def create_app(
             None. A failing source keeps the current setting (logged).
         refresh_s: seconds between ``setting_source`` calls (> 0).
         clock: monotonic clock in seconds (tests).
+        review: the review queue behind ``/api/proposals`` (None: ``open_review(cfg)`` on the
+            first such request, logging to ``create_tracker(cfg)``).
 
     Returns:
-        The app; routes: ``POST /api/_get_context``, ``GET /healthz``, ``GET /openapi.json``.
+        The app; routes: ``POST /api/_get_context``, ``GET /api/proposals``,
+        ``GET /api/proposals/{id}``, ``POST /api/proposals/{id}/approve|reject|revert``,
+        ``GET /healthz``, ``GET /openapi.json``.
     """
     token = api_token if api_token is not None else (os.environ.get(API_TOKEN_ENV) or None)
     max_size = cfg.retrieval.max_size
@@ -401,6 +420,8 @@ def create_app(
         summary="Retrieve KIs, facets and the compiled query for a question.",
     )(context_endpoint)
 
+    _review_routes(app, cfg, review, check_token)
+
     assets = _swagger_assets()
 
     @app.get("/docs", include_in_schema=False)
@@ -429,3 +450,106 @@ def create_app(
         return {"status": "ok", "serving": served} if served else {"status": "ok"}
 
     return app
+
+
+class ReviewAction(BaseModel):
+    """Body of ``POST /api/proposals/{id}/approve|reject|revert``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str = Field(
+        default="", max_length=2000, description="Why; required to reject (kept in the history)."
+    )
+
+
+def _review_routes(
+    app: FastAPI, cfg: KituneConfig, review: ReviewService | None, check_token: Callable[..., None]
+) -> None:
+    """``/api/proposals``: the review queue over HTTP (same service as ``kitune review``)."""
+    lock = threading.Lock()
+    held: dict[str, Any] = {} if review is None else {"review": review}
+
+    def service() -> ReviewService:
+        with lock:
+            if "review" not in held:
+                from kitune.experiments.tracking import create_tracker
+                from kitune.service.review import open_review
+
+                held["review"] = open_review(cfg, tracker=create_tracker(cfg))
+            return held["review"]  # type: ignore[no-any-return]
+
+    def summary(p: Any) -> dict[str, Any]:
+        decision = (p.effect or {}).get("decision") or {}
+        return {
+            "id": p.id,
+            "kind": p.kind,
+            "status": p.status,
+            "title": p.title,
+            "evidence_traces": len(p.evidence),
+            "effect": decision.get("outcome"),
+            "created_at": p.created_at,
+            "updated_at": p.updated_at,
+        }
+
+    deps = [Depends(check_token)]
+    errors = {k: v for k, v in _ERROR_RESPONSES.items() if k != 413} | {
+        404: {"model": ErrorBody, "description": "No proposal with this id."},
+        409: {"model": ErrorBody, "description": "The action does not fit the proposal's status."},
+    }
+    status_t = Literal["pending", "applying", "approved", "rejected", "reverted"]
+    kind_t = Literal["re_extract", "add_ki", "retire_ki", "rewriter_feedback"]
+
+    def list_proposals(status: Any = None, kind: Any = None) -> dict[str, Any]:
+        return {"proposals": [summary(p) for p in service().list(status=status, kind=kind)]}
+
+    # local Literal types: the annotations are set as objects (PEP 563 strings cannot name them)
+    list_proposals.__annotations__ = {
+        "status": status_t | None,
+        "kind": kind_t | None,
+        "return": dict[str, Any],
+    }
+    app.get("/api/proposals", dependencies=deps, responses=errors, summary="List proposals, filing order.")(
+        list_proposals
+    )
+
+    @app.get(
+        "/api/proposals/{pid}",
+        dependencies=deps,
+        responses=errors,
+        summary="One proposal: change, diff, evidence, effect, and its history.",
+    )
+    def show_proposal(pid: str) -> dict[str, Any]:
+        p, events = service().show(pid)
+        return {"proposal": p.to_dict(), "events": events}
+
+    def act(action: str) -> Callable[[str, ReviewAction], dict[str, Any]]:
+        def endpoint(pid: str, body: ReviewAction) -> dict[str, Any]:
+            svc = service()
+            if action == "approve":
+                p = svc.approve(pid, actor="http", reason=body.reason)
+            elif action == "reject":
+                if not body.reason.strip():
+                    raise RequestValidationError(
+                        [
+                            {
+                                "loc": ("body", "reason"),
+                                "msg": "a rejection needs a reason (kept in the history)",
+                            }
+                        ]
+                    )
+                p = svc.reject(pid, reason=body.reason, actor="http")
+            else:
+                p = svc.revert(pid, reason=body.reason, actor="http")
+            return {"proposal": summary(p), "reason": p.reason}
+
+        endpoint.__annotations__ = {"pid": str, "body": ReviewAction, "return": dict[str, Any]}
+        return endpoint
+
+    for action, what in (
+        ("approve", "Approve: apply the change (KI upsert or status, or a new production prompt version)."),
+        ("reject", "Reject with a reason; the change is not proposed again."),
+        ("revert", "Undo an approved proposal, softly (statuses and prompt versions, never a delete)."),
+    ):
+        app.post(f"/api/proposals/{{pid}}/{action}", dependencies=deps, responses=errors, summary=what)(
+            act(action)
+        )

@@ -41,3 +41,24 @@ class TestElasticsearchStore(StoreContract):
         finally:
             client.indices.delete(index=index, ignore_unavailable=True)
             s.close()
+
+
+class TestElasticsearchAiIndexStore(StoreContract):
+    """The same contract on an index with Elastic's published ai-index@mappings shape (issue 23)."""
+
+    reports_branch_ranks = False
+
+    @pytest.fixture
+    def store(self) -> Iterator[object]:
+        from elasticsearch import Elasticsearch
+
+        from kitune.retrieval.elasticsearch import ElasticsearchStore
+
+        client = Elasticsearch(ES_URL, api_key=ES_API_KEY or None, request_timeout=120)
+        index = f"ai-index-idx-kitune-test-{uuid.uuid4().hex[:10]}"
+        s = ElasticsearchStore(client, index=index, inference_id=INFERENCE_ID, mapping="ai-index")
+        try:
+            yield s
+        finally:
+            client.indices.delete(index=index, ignore_unavailable=True)
+            s.close()

@@ -71,10 +71,13 @@ def _register() -> None:
         config_cmds,
         context_cmds,
         eval_cmds,
+        export_cmds,
         extract_cmds,
         lm_cmds,
         loop_cmds,
         mcp_cmds,
+        review_cmds,
+        signals_cmds,
         store_cmds,
         traces_cmds,
         watch_cmds,
@@ -91,6 +94,9 @@ def _register() -> None:
         loop_cmds,
         traces_cmds,
         watch_cmds,
+        signals_cmds,
+        review_cmds,
+        export_cmds,
         mcp_cmds,
     ):
         module.register(app)

@@ -61,6 +61,16 @@ def index(
     config: ConfigOption = None,
     batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="KIs per store write.")] = 512,
     show_bad: Annotated[int, typer.Option("--show-bad", min=0, help="How many bad lines to list.")] = 20,
+    mapping: Annotated[
+        str | None,
+        typer.Option("--mapping", help="`index create` only: kitune or ai-index.", show_default=False),
+    ] = None,
+    index_name: Annotated[
+        str | None, typer.Option("--index", help="`index create` only: index name (default store.index).")
+    ] = None,
+    print_mapping: Annotated[
+        bool, typer.Option("--print", help="`index create` only: print the mapping, create nothing.")
+    ] = False,
 ) -> None:
     """Load KIs from a JSONL file into the configured store (upsert by KI id).
 
@@ -69,7 +79,18 @@ def index(
     numbers; the exit code is 1 when any line or KI failed, 0 otherwise.
 
     Example: kitune index kis.jsonl --config kitune.yaml
+
+    `kitune index create --mapping ai-index` instead creates the configured Elasticsearch index
+    with Elastic's published ai-index@mappings shape (or kitune's with --mapping kitune); --print
+    shows the mapping without a cluster.
     """
+    if str(file) == "create":
+        from kitune.cli.export_cmds import index_create
+
+        index_create(mapping, index_name, print_mapping, config)
+        return
+    if mapping is not None or index_name is not None or print_mapping:
+        fail("--mapping, --index and --print belong to `kitune index create --mapping ai-index`")
     from kitune.service.stores import check_ki_file, index_jsonl
 
     try:

@@ -122,6 +122,11 @@ class Step:
     finish_reason: str | None = None
     """How the model call ended as the provider reported it (``stop``, ``tool_calls``, ``length``
     — cut at the output-token limit —, …); None when the call raised or did not say."""
+    n_results: int | None = None
+    """Results the tool found (KIs, search hits), when the tool counts them; None otherwise."""
+    observation: str = ""
+    """The tool result text fed back to the model, as shown (after the cap); what the failure
+    signals of :mod:`kitune.evaluation.signals` read (KI ids shown, answer support)."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict."""
@@ -144,6 +149,8 @@ class Step:
             "reply": self.reply,
             "call_id": self.call_id,
             "finish_reason": self.finish_reason,
+            "n_results": self.n_results,
+            "observation": self.observation,
         }
 
 
@@ -506,6 +513,8 @@ class _Run:
             repeated=repeated,
             blocked=blocked,
             truncated=obs.truncated,
+            n_results=obs.n_results,
+            observation=obs.text,
             tool_input_tokens=obs.input_tokens,
             tool_output_tokens=obs.output_tokens,
             **ids,

@@ -12,6 +12,10 @@ had before / has after) and the questions that got more expensive in input token
 reasons read off their traces. Each run's column counts its failures by kind
 (:mod:`kitune.evaluation.failures`: wrong entity, wrong number, no candidate, out of budget,
 grader error, failed).
+
+A last section counts each run's failure signals (:mod:`kitune.evaluation.signals`: empty
+retrieval, fall-back to raw search, loops, budget, unsupported answer, query error — read off the
+traces, no gold answer needed), also written to ``signals.json``.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from kitune.evaluation.comparison import RunComparison, compare_runs
 from kitune.evaluation.failures import FAILURE_KINDS
 from kitune.evaluation.harness import read_traces
 from kitune.evaluation.metrics import Trace
+from kitune.evaluation.signals import SIGNAL_KINDS, SignalReport, aggregate_signals, compute_signals
 from kitune.evaluation.summary import GRADER_ERROR_THRESHOLD, RunSummary, summarize, wilson_interval
 
 __all__ = [
@@ -112,6 +117,9 @@ class ReportFiles:
     comparisons_json: Path | None = None
     """``comparisons.json``: flips and per-question token deltas of each compared pair."""
     comparisons: list[RunComparison] | None = None
+    signals_json: Path | None = None
+    """``signals.json``: each run's failure signals (:mod:`kitune.evaluation.signals`)."""
+    signals: dict[str, SignalReport] | None = None
 
 
 def _plot(summaries: Sequence[RunSummary], path: Path) -> Path | None:
@@ -231,13 +239,45 @@ def _comparison_html(comparisons: Sequence[RunComparison]) -> str:
     return out
 
 
+def _run_signals(runs: Mapping[str, Sequence[Trace]]) -> dict[str, SignalReport]:
+    """Each run's failure signals (no KI store here: the coverage gap is not computed)."""
+    return {
+        name: aggregate_signals([compute_signals(t, trace_id=f"{name}:{t.query_id}") for t in traces])
+        for name, traces in runs.items()
+    }
+
+
+def _signals_md(signals: Mapping[str, SignalReport]) -> list[str]:
+    """The "Failure signals" section: traces per signal, one column per run."""
+    names = list(signals)
+    md = ["", "## Failure signals (no gold answer needed)", ""]
+    md += ["| signal | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for kind in SIGNAL_KINDS:
+        if kind == "coverage_gap":
+            continue  # needs the KI store: `kitune signals`
+        cells = []
+        for rep in signals.values():
+            n, c = rep.n_traces, rep.by_kind.get(kind, 0)
+            cells.append(f"{c}/{n} ({100 * c / n:.0f}%)" if n else "–")
+        md.append(f"| {kind.replace('_', ' ')} | " + " | ".join(cells) + " |")
+    unassessed = {k: r.unassessed for k, r in signals.items() if r.unassessed}
+    if unassessed:
+        md += [
+            "",
+            "Answer support not assessed (no recorded tool output): "
+            + ", ".join(f"{k} {v}" for k, v in unassessed.items()),
+        ]
+    md += ["", "Coverage gaps need the KI store: run `kitune signals <run folder>`."]
+    return md
+
+
 def write_report(
     runs: Mapping[str, Sequence[Trace]],
     out_dir: Path | str,
     *,
     pairs: Sequence[tuple[str, str]] | None = None,
 ) -> ReportFiles:
-    """Write ``report.md``, ``report.png``, ``report.html``, ``summary.json`` and ``comparisons.json``.
+    """Write ``report.md``/``.png``/``.html``, ``summary.json``, ``comparisons.json`` and ``signals.json``.
 
     Args:
         runs: run name → traces, in display order (columns).
@@ -246,8 +286,8 @@ def write_report(
             against the one before it (none for a single run).
 
     Returns:
-        The written paths, the summaries and the comparisons; ``plot`` is None when no run was
-        judged, ``comparisons_json`` when nothing was compared.
+        The written paths, the summaries, the comparisons and each run's signals; ``plot`` is None
+        when no run was judged, ``comparisons_json`` when nothing was compared.
 
     Raises:
         ValueError: ``runs`` is empty, or a pair names an unknown run.
@@ -276,6 +316,8 @@ def write_report(
     by_category = category_markdown(runs)
     if by_category:
         md += ["", *by_category]
+    signals = _run_signals(runs)
+    md += _signals_md(signals)
     md_path = out / "report.md"
     md_path.write_text("\n".join(md) + "\n", encoding="utf-8")
     cells = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows)
@@ -295,7 +337,11 @@ def write_report(
     if comparisons:
         cmp_path = out / "comparisons.json"
         cmp_path.write_text(json.dumps([c.to_dict() for c in comparisons], indent=2), encoding="utf-8")
-    return ReportFiles(md_path, plot, html_path, json_path, summaries, cmp_path, comparisons)
+    sig_path = out / "signals.json"
+    sig_path.write_text(json.dumps({k: v.to_dict() for k, v in signals.items()}, indent=2), encoding="utf-8")
+    return ReportFiles(
+        md_path, plot, html_path, json_path, summaries, cmp_path, comparisons, sig_path, signals
+    )
 
 
 def load_run(path: Path | str) -> tuple[str, list[Trace]]:

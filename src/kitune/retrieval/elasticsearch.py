@@ -17,6 +17,13 @@ unit-tested against golden files and Elastic's ES|QL grammar without a server). 
   :func:`~kitune.retrieval.fusion.rrf_fuse` (same constant, weights and ranks), older clusters
   get a :class:`~kitune.errors.ConfigError` naming the minimum.
 
+Two index layouts (``mapping``): ``kitune`` (:func:`~kitune.retrieval.es_query.es_mapping`, the
+default) and ``ai-index`` — Elastic's published ``ai-index@mappings`` shape
+(:mod:`kitune.retrieval.ai_index`): documents from :func:`~kitune.retrieval.ai_index.ki_to_ai_document`,
+BM25 on ``title``, the semantic branch on ``description.semantic`` / ``title.semantic``, status in
+``governance.lifecycle.status``, payload filters on ``attributes.*``; facets by ``doc`` /
+``subtype`` are refused there (ES|QL cannot read flattened fields).
+
 Start-up check (case S2): ``GET _inference/<id>`` must succeed before any index is created;
 otherwise :class:`~kitune.errors.ConfigError` says "inference endpoint <id> not found" and no
 index exists.
@@ -33,7 +40,7 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from kitune.config import ElasticsearchStoreConfig, RetrievalConfig
-from kitune.errors import ConfigError, DocumentNotFoundError
+from kitune.errors import ConfigError, DataError, DocumentNotFoundError
 from kitune.ki import KI, KIStatus
 from kitune.retrieval.base import Hit, SearchResult, SweepResult, WriteFailure, WriteResult
 from kitune.retrieval.es_client import (
@@ -45,6 +52,8 @@ from kitune.retrieval.es_client import (
 )
 from kitune.retrieval.es_query import (
     BACKEND,
+    KITUNE_FIELDS,
+    EsFields,
     EsqlQuery,
     check_index_name,
     check_mapping_current,
@@ -105,6 +114,7 @@ class ElasticsearchStore:
             sleep is ``time.sleep`` inside ``elasticsearch.helpers.actions``).
         refresh: ``refresh`` for writes (``"wait_for"`` makes writes visible before returning).
         create_index: create the index if it is missing (False: it must exist).
+        mapping: the index layout, ``kitune`` or ``ai-index`` (see the module docstring).
 
     Raises:
         ConfigError: the cluster is older than 8.18, the inference endpoint does not exist, or
@@ -126,6 +136,7 @@ class ElasticsearchStore:
         max_retries: int = 5,
         refresh: str | bool = "wait_for",
         create_index: bool = True,
+        mapping: Literal["kitune", "ai-index"] = "kitune",
     ) -> None:
         self.client = client
         self.index = check_index_name(index)
@@ -138,6 +149,13 @@ class ElasticsearchStore:
         """Cluster version read at start-up (None: Serverless)."""
         self.esql_mode: Literal["fuse", "per_branch"] = "fuse"
         """``fuse`` (9.2+: one FORK/FUSE query) or ``per_branch`` (8.18–9.1: client-side RRF)."""
+        if mapping not in ("kitune", "ai-index"):
+            raise ConfigError(f"store.mapping {mapping!r}: use kitune or ai-index")
+        self.mapping = mapping
+        from kitune.retrieval.ai_index import AI_INDEX_FIELDS
+
+        self.fields: EsFields = AI_INDEX_FIELDS if mapping == "ai-index" else KITUNE_FIELDS
+        """Where each KI field lives in the index."""
         self._preflight(create_index)
 
     @classmethod
@@ -175,6 +193,7 @@ class ElasticsearchStore:
             bulk_chunk_size=cfg.bulk_chunk_size,
             max_retries=cfg.max_retries,
             create_index=index is None,
+            mapping=cfg.mapping,
         )
 
     def _call(self, what: str, fn: Callable[..., Any], **kwargs: Any) -> Any:
@@ -214,7 +233,7 @@ class ElasticsearchStore:
                     "indices.create",
                     self.client.indices.create,
                     index=self.index,
-                    mappings=es_mapping(self.inference_id),
+                    mappings=self.index_mapping(),
                 )
             except ElasticsearchRequestError as e:
                 if e.error_type != "resource_already_exists_exception":
@@ -224,7 +243,44 @@ class ElasticsearchStore:
 
     def _check_mapping(self) -> None:
         resp = self._call("indices.get_mapping", self.client.indices.get_mapping, index=self.index)
-        check_mapping_current(resp.body if hasattr(resp, "body") else resp)
+        check_mapping_current(resp.body if hasattr(resp, "body") else resp, self.fields)
+
+    def index_mapping(self) -> dict[str, Any]:
+        """The mapping this store creates its index with (its layout's)."""
+        if self.mapping == "ai-index":
+            from kitune.retrieval.ai_index import ai_index_mapping
+
+            return ai_index_mapping(self.inference_id)
+        return es_mapping(self.inference_id)
+
+    def to_source(self, ki: KI) -> dict[str, Any]:
+        """The document body of one KI in this store's layout."""
+        if self.mapping == "ai-index":
+            from kitune.retrieval.ai_index import ki_to_ai_document
+
+            return ki_to_ai_document(ki)
+        return ki_to_source(ki)
+
+    def from_source(self, source: Mapping[str, Any]) -> KI:
+        """The KI of one stored document in this store's layout."""
+        if self.mapping == "ai-index":
+            from kitune.retrieval.ai_index import ai_document_to_ki
+
+            return ai_document_to_ki(source)
+        return source_to_ki(source)
+
+    def _status_script(self, extra: str = "") -> str:
+        """Painless that sets the status (``params.status``) in this layout, plus ``extra``."""
+        if self.mapping == "ai-index":
+            return (
+                "if (ctx._source.governance == null) { ctx._source.governance = new HashMap(); } "
+                "if (ctx._source.governance.lifecycle == null) "
+                "{ ctx._source.governance.lifecycle = new HashMap(); } "
+                "ctx._source.governance.lifecycle.status = params.status; "
+                "if (ctx._source.attributes != null) { ctx._source.attributes.status = params.status; }"
+                + extra
+            )
+        return "ctx._source.status = params.status;" + extra
 
     # -- writes -------------------------------------------------------------------------------
     def upsert(self, kis: Sequence[KI]) -> WriteResult:
@@ -235,7 +291,8 @@ class ElasticsearchStore:
         for ki in kis:
             try:
                 v = validate_ki(ki)
-            except (ValidationError, AttributeError, TypeError) as e:
+                self.to_source(v)  # an AI-index limit is checked before anything is sent
+            except (ValidationError, AttributeError, TypeError, DataError) as e:
                 failed.append(WriteFailure(id=str(getattr(ki, "id", "?")), reason=f"invalid KI: {e}"))
                 continue
             good.pop(v.id, None)
@@ -244,7 +301,7 @@ class ElasticsearchStore:
         result = bulk_write(
             self.client,
             self.index,
-            [(k.id, ki_to_source(k)) for k in good.values()],
+            [(k.id, self.to_source(k)) for k in good.values()],
             chunk_size=self.bulk_chunk_size,
             max_retries=self.max_retries,
             refresh=self.refresh,
@@ -270,8 +327,8 @@ class ElasticsearchStore:
 
     def set_status(self, filters: Filter, status: KIStatus) -> int:
         """Set ``status`` on every KI passing ``filters`` (update-by-query); returns how many changed."""
-        base = to_es_filter(filters) or {"bool": {"filter": []}}
-        query = {"bool": {"filter": [base], "must_not": [{"term": {"status": status}}]}}
+        base = to_es_filter(filters, fields=self.fields) or {"bool": {"filter": []}}
+        query = {"bool": {"filter": [base], "must_not": [{"term": {self.fields.status: status}}]}}
         resp = self._call(
             "update_by_query",
             self.client.update_by_query,
@@ -279,7 +336,7 @@ class ElasticsearchStore:
             query=query,
             refresh=True,
             conflicts="proceed",
-            script={"source": "ctx._source.status = params.status", "params": {"status": status}},
+            script={"source": self._status_script(), "params": {"status": status}},
         )
         return int(resp["updated"])
 
@@ -291,7 +348,7 @@ class ElasticsearchStore:
         Status only moves forward; nothing is deleted (see :func:`sweep_queries`).
         """
         expired = stale = 0
-        for query, status in sweep_queries(now, stale_after, retention):
+        for query, status in sweep_queries(now, stale_after, retention, self.fields):
             resp = self._call(
                 "update_by_query",
                 self.client.update_by_query,
@@ -299,7 +356,7 @@ class ElasticsearchStore:
                 query=query,
                 refresh=True,
                 conflicts="proceed",
-                script={"source": "ctx._source.status = params.status", "params": {"status": status}},
+                script={"source": self._status_script(), "params": {"status": status}},
             )
             if status == "expired":
                 expired += int(resp["updated"])
@@ -320,13 +377,18 @@ class ElasticsearchStore:
                 query={"ids": {"values": ids[start : start + 1000]}},
                 refresh=True,
                 conflicts="proceed",
-                script={
-                    "source": "ctx._source.status = 'active'; ctx._source.last_seen = params.now",
-                    "params": {"now": seen},
-                },
+                script={"source": self._seen_script(), "params": {"now": seen, "status": "active"}},
             )
             n += int(resp["updated"])
         return n
+
+    def _seen_script(self) -> str:
+        if self.mapping == "ai-index":
+            return self._status_script(
+                " ctx._source['@timestamp'] = params.now;"
+                " if (ctx._source.attributes != null) { ctx._source.attributes.last_seen = params.now; }"
+            )
+        return "ctx._source.status = params.status; ctx._source.last_seen = params.now"
 
     def fingerprint(self) -> str:
         """Hash of each primary shard's ``max_seq_no`` (plus the index uuid).
@@ -356,11 +418,11 @@ class ElasticsearchStore:
             if isinstance(e, (ApiError, TransportError)):
                 raise wrap_es_error("get", self.index, e) from e
             raise
-        return source_to_ki(resp["_source"])
+        return self.from_source(resp["_source"])
 
     def count(self, filters: Filter | None = None) -> int:
         """Count KIs passing ``filters`` (all when None)."""
-        query = to_es_filter(filters)
+        query = to_es_filter(filters, fields=self.fields)
         kwargs: dict[str, Any] = {"index": self.index}
         if query:
             kwargs["query"] = query
@@ -375,14 +437,14 @@ class ElasticsearchStore:
         pit = self._call(
             "open_point_in_time", self.client.open_point_in_time, index=self.index, keep_alive="2m"
         )["id"]
-        query = to_es_filter(filters) or {"match_all": {}}
+        query = to_es_filter(filters, fields=self.fields) or {"match_all": {}}
         after: list[Any] | None = None
         try:
             while True:
                 kwargs: dict[str, Any] = {
                     "pit": {"id": pit, "keep_alive": "2m"},
                     "size": page_size,
-                    "sort": [{"id": "asc"}],
+                    "sort": [{self.fields.id: "asc"}],
                     "query": query,
                 }
                 if after is not None:
@@ -390,7 +452,7 @@ class ElasticsearchStore:
                 resp = self._call("search", self.client.search, **kwargs)
                 hits = resp["hits"]["hits"]
                 for h in hits:
-                    yield source_to_ki(h["_source"])
+                    yield self.from_source(h["_source"])
                 if len(hits) < page_size:
                     return
                 after = hits[-1]["sort"]
@@ -403,8 +465,8 @@ class ElasticsearchStore:
         if plan.is_empty():
             return []
         if self.esql_mode == "fuse":
-            return [compile_esql(plan, self.index, self.retrieval)]
-        return compile_branch_queries(plan, self.index, self.retrieval)
+            return [compile_esql(plan, self.index, self.retrieval, self.fields)]
+        return compile_branch_queries(plan, self.index, self.retrieval, self.fields)
 
     def compile(self, plan: QueryPlan) -> str:
         """The ES|QL text ``search`` runs for ``plan`` (per-branch queries joined by a blank line).
@@ -452,7 +514,7 @@ class ElasticsearchStore:
         kis: dict[str, KI] = {}
         if ranked:
             got = self._call("mget", self.client.mget, index=self.index, ids=[i for i, _, _ in ranked])
-            kis = {d["_id"]: source_to_ki(d["_source"]) for d in got["docs"] if d.get("found")}
+            kis = {d["_id"]: self.from_source(d["_source"]) for d in got["docs"] if d.get("found")}
         hits = [
             Hit(ki=kis[i], score=s, rank=rank, branches=dict(b))
             for rank, (i, s, b) in enumerate(((i, s, b) for i, s, b in ranked if i in kis), start=1)
@@ -468,14 +530,14 @@ class ElasticsearchStore:
 
     def facets(self, filters: Filter | None = None, by: str = "tags", limit: int = 100) -> dict[str, int]:
         """Counts per ``by`` value over every KI passing ``filters`` (the STATS query)."""
-        q = compile_facets(self.index, filters, by, limit)
+        q = compile_facets(self.index, filters, by, limit, self.fields)
         kwargs: dict[str, Any] = {"query": q.query, "format": "json"}
         if q.filter is not None:
             kwargs["filter"] = q.filter
         body = self._call("ES|QL facets", self.client.esql.query, **kwargs)
         body = body.body if hasattr(body, "body") else body
         cols = [c["name"] for c in body.get("columns", [])]
-        col = facet_column(by)
+        col = facet_column(by, self.fields)
         return {str(r[cols.index(col)]): int(r[cols.index("n")]) for r in body.get("values", [])}
 
     def reindex_from(self, source_index: str, *, page_size: int = 500) -> WriteResult:

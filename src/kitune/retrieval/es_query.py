@@ -17,6 +17,9 @@
 * :func:`esql_mode` — which of the two paths a cluster version gets; :func:`parse_version` and
   :func:`not_elasticsearch` read the cluster's identity from ``GET /`` (OpenSearch is named as
   such, never taken for an old Elasticsearch).
+* :class:`EsFields` — where each KI field lives in the index: :data:`KITUNE_FIELDS` for the
+  mapping above, :data:`kitune.retrieval.ai_index.AI_INDEX_FIELDS` for Elastic's published
+  AI-index shape; every query builder here takes one (default: kitune's).
 
 Every user/LLM value travels as a named ES|QL parameter; only validated integers, the configured
 index name (quoted when it collides with a ``FROM`` keyword, :func:`esql_source`) and config
@@ -42,7 +45,9 @@ from kitune.schema import Filter, QueryPlan
 __all__ = [
     "FROM_KEYWORDS",
     "FUSE_VERSION",
+    "KITUNE_FIELDS",
     "MIN_VERSION",
+    "EsFields",
     "EsqlQuery",
     "check_index_name",
     "check_mapping_current",
@@ -73,6 +78,40 @@ FROM_KEYWORDS = frozenset({"metadata"})
 ``lexer/From.g4``: ``METADATA``); an index with such a name is written quoted."""
 _FACET_FIELDS = {"tags": "tags", "doc": "evidence_doc_ids", "status": "status", "subtype": "subtype"}
 _ALL_STATUSES = ("active", "stale", "expired")
+
+
+@dataclass(frozen=True)
+class EsFields:
+    """Where each KI field lives in an index layout (field paths as queries name them)."""
+
+    name: str = "kitune"
+    """The layout: ``kitune`` or ``ai-index``."""
+    status: str = "status"
+    tags: str = "tags"
+    doc_ids: str = "evidence_doc_ids"
+    subtype: str = "subtype"
+    subject: str = "subject"
+    predicate: str = "predicate"
+    confidence: str = "confidence"
+    confidence_numeric: bool = True
+    """False when confidence is indexed as a keyword (a flattened field): the floor becomes a terms query."""
+    last_seen: str = "last_seen"
+    expires_at: str = "expires_at"
+    id: str = "id"
+    lexical: str = "title_text"
+    """The ``text`` field of the lexical (BM25) branch."""
+    semantic: tuple[str, ...] = ("description", "title")
+    """The semantic fields of the semantic branch, matched with ``OR``."""
+    esql_facets: frozenset[str] = frozenset({"tags", "doc", "status", "subtype"})
+    """Facets ES|QL can count in this layout (ES|QL cannot read ``flattened`` fields)."""
+
+    def facet_field(self, by: str) -> str:
+        """The field a facet name counts by."""
+        return {"tags": self.tags, "doc": self.doc_ids, "status": self.status, "subtype": self.subtype}[by]
+
+
+KITUNE_FIELDS = EsFields()
+"""kitune's own mapping (:func:`es_mapping`)."""
 
 
 @dataclass(frozen=True)
@@ -211,14 +250,26 @@ def es_mapping(inference_id: str) -> dict[str, Any]:
     }
 
 
-def check_mapping_current(mappings: Mapping[str, Any]) -> None:
-    """Refuse indices created with an earlier kitune mapping (a ``GET <index>/_mapping`` body).
+def check_mapping_current(mappings: Mapping[str, Any], fields: EsFields = KITUNE_FIELDS) -> None:
+    """Refuse indices whose mapping the store's layout cannot query (a ``GET <index>/_mapping`` body).
 
     Raises:
-        ConfigError: an index lacks ``title_text`` (its queries would fail): names the reindex command.
+        ConfigError: a kitune index lacks ``title_text`` (an earlier kitune mapping: names the
+            reindex command), or an AI index lacks ``title.semantic`` / ``governance.lifecycle.status``.
     """
     for name, data in mappings.items():
-        if "title_text" not in data.get("mappings", {}).get("properties", {}):
+        props = data.get("mappings", {}).get("properties", {})
+        if fields.name == "ai-index":
+            has_semantic = "semantic" in props.get("title", {}).get("fields", {})
+            has_status = "lifecycle" in props.get("governance", {}).get("properties", {})
+            if not (has_semantic and has_status):
+                raise ConfigError(
+                    f"index {name} is not an AI index kitune can serve (needs title.semantic and "
+                    "governance.lifecycle.status): create one with `kitune index create --mapping ai-index` "
+                    "or set store.mapping: kitune"
+                )
+            continue
+        if "title_text" not in props:
             raise ConfigError(
                 f"index {name} has an earlier kitune mapping (no title_text field): set store.index to a "
                 f"new name and run `kitune reindex --from {name}`"
@@ -270,35 +321,42 @@ def source_to_ki(source: Mapping[str, Any]) -> KI:
     return ki
 
 
-def to_es_filter(f: Filter | None, *, include_status: bool = True) -> dict[str, Any] | None:
+def to_es_filter(
+    f: Filter | None, *, include_status: bool = True, fields: EsFields = KITUNE_FIELDS
+) -> dict[str, Any] | None:
     """Translate a filter into a Query DSL ``bool`` filter (pure; values go in as terms).
 
     Args:
         f: the filter, or None for no filtering.
         include_status: also filter on ``statuses`` (the search puts statuses in the ES|QL text).
+        fields: the index layout.
 
     Returns:
         ``{"bool": {"filter": [...]}}`` or None when nothing is filtered.
     """
     if f is None:
         return None
+    x = fields
     clauses: list[dict[str, Any]] = []
     if include_status and f.statuses and set(f.statuses) != set(_ALL_STATUSES):
-        clauses.append({"terms": {"status": list(f.statuses)}})
-    clauses.extend({"term": {"tags": t}} for t in f.tags_all)
+        clauses.append({"terms": {x.status: list(f.statuses)}})
+    clauses.extend({"term": {x.tags: t}} for t in f.tags_all)
     if f.tags_any:
-        clauses.append({"terms": {"tags": list(f.tags_any)}})
+        clauses.append({"terms": {x.tags: list(f.tags_any)}})
     if f.doc_ids:
-        clauses.append({"terms": {"evidence_doc_ids": list(f.doc_ids)}})
+        clauses.append({"terms": {x.doc_ids: list(f.doc_ids)}})
     if f.subtypes:
-        clauses.append({"terms": {"subtype": list(f.subtypes)}})
+        clauses.append({"terms": {x.subtype: list(f.subtypes)}})
     subjects, predicates = filter_triples(f)
     if subjects:
-        clauses.append({"terms": {"subject": list(subjects)}})
+        clauses.append({"terms": {x.subject: list(subjects)}})
     if predicates:
-        clauses.append({"terms": {"predicate": list(predicates)}})
+        clauses.append({"terms": {x.predicate: list(predicates)}})
     if f.min_confidence > 0:
-        clauses.append({"range": {"confidence": {"gte": f.min_confidence}}})
+        if x.confidence_numeric:
+            clauses.append({"range": {x.confidence: {"gte": f.min_confidence}}})
+        else:  # a flattened field compares keywords: list the allowed values instead
+            clauses.append({"terms": {x.confidence: [str(v) for v in range(f.min_confidence, 101)]}})
     return {"bool": {"filter": clauses}} if clauses else None
 
 
@@ -312,7 +370,7 @@ def _params(prefix: str, values: Sequence[Any], params: list[dict[str, Any]]) ->
 
 
 def _prelude(
-    plan: QueryPlan, index: str, retrieval: RetrievalConfig
+    plan: QueryPlan, index: str, retrieval: RetrievalConfig, fields: EsFields = KITUNE_FIELDS
 ) -> tuple[Filter, list[str], list[dict[str, Any]]]:
     check_index_name(index)
     if plan.is_empty():
@@ -324,12 +382,14 @@ def _prelude(
     statuses = list(flt.statuses) or list(_ALL_STATUSES)
     lines = [
         f"FROM {esql_source(index)} METADATA _id, _index, _score",
-        f"| WHERE status IN ({', '.join(_params('status', statuses, params))})",
+        f"| WHERE {fields.status} IN ({', '.join(_params('status', statuses, params))})",
     ]
     return flt, lines, params
 
 
-def _branches(plan: QueryPlan, params: list[dict[str, Any]]) -> list[tuple[str, str]]:
+def _branches(
+    plan: QueryPlan, params: list[dict[str, Any]], fields: EsFields = KITUNE_FIELDS
+) -> list[tuple[str, str]]:
     """``(name, condition)`` per branch with input; tags match as ``entity:<slug>`` or the bare slug."""
     branches: list[tuple[str, str]] = []
     if plan.entity_tags:
@@ -337,17 +397,19 @@ def _branches(plan: QueryPlan, params: list[dict[str, Any]]) -> list[tuple[str, 
         for tag in plan.entity_tags:
             forms += [tag, tag.split(":", 1)[1]]
         names = _params("tag", list(dict.fromkeys(forms)), params)
-        branches.append(("tag", " OR ".join(f"MATCH(tags, {p})" for p in names)))
+        branches.append(("tag", " OR ".join(f"MATCH({fields.tags}, {p})" for p in names)))
     if plan.lexical.strip():
         params.append({"lexical": plan.lexical})
-        branches.append(("lexical", "MATCH(title_text, ?lexical)"))
+        branches.append(("lexical", f"MATCH({fields.lexical}, ?lexical)"))
     if plan.semantic.strip():
         params.append({"semantic": plan.semantic})
-        branches.append(("semantic", "MATCH(description, ?semantic) OR MATCH(title, ?semantic)"))
+        branches.append(("semantic", " OR ".join(f"MATCH({f}, ?semantic)" for f in fields.semantic)))
     return branches
 
 
-def compile_esql(plan: QueryPlan, index: str, retrieval: RetrievalConfig) -> EsqlQuery:
+def compile_esql(
+    plan: QueryPlan, index: str, retrieval: RetrievalConfig, fields: EsFields = KITUNE_FIELDS
+) -> EsqlQuery:
     """Compile a plan into one ES|QL hybrid query for 9.2+ (see the module docstring).
 
     A plan with one branch input skips FORK/FUSE (FORK needs two branches). Filters other than
@@ -356,9 +418,9 @@ def compile_esql(plan: QueryPlan, index: str, retrieval: RetrievalConfig) -> Esq
     Raises:
         StoreError: the plan has no branch input.
     """
-    flt, lines, params = _prelude(plan, index, retrieval)
+    flt, lines, params = _prelude(plan, index, retrieval, fields)
     n = int(retrieval.branch_size)
-    branches = _branches(plan, params)
+    branches = _branches(plan, params, fields)
     weights = {
         "tag": retrieval.tag_weight,
         "lexical": retrieval.lexical_weight,
@@ -378,12 +440,14 @@ def compile_esql(plan: QueryPlan, index: str, retrieval: RetrievalConfig) -> Esq
     return EsqlQuery(
         query="\n".join(lines),
         params=params,
-        filter=to_es_filter(flt, include_status=False),
+        filter=to_es_filter(flt, include_status=False, fields=fields),
         branches=tuple(name for name, _ in branches),
     )
 
 
-def compile_branch_queries(plan: QueryPlan, index: str, retrieval: RetrievalConfig) -> list[EsqlQuery]:
+def compile_branch_queries(
+    plan: QueryPlan, index: str, retrieval: RetrievalConfig, fields: EsFields = KITUNE_FIELDS
+) -> list[EsqlQuery]:
     """One ES|QL query per branch for 8.18–9.1 (no FUSE): each ``SORT _score DESC | LIMIT n``.
 
     The caller ranks each branch's rows by ``(-_score, _id)`` and fuses them with
@@ -397,8 +461,8 @@ def compile_branch_queries(plan: QueryPlan, index: str, retrieval: RetrievalConf
         single = _only(plan, name)
         if single is None:
             continue
-        flt, lines, params = _prelude(single, index, retrieval)
-        ((_, cond),) = _branches(single, params)
+        flt, lines, params = _prelude(single, index, retrieval, fields)
+        ((_, cond),) = _branches(single, params, fields)
         lines += [
             f"| WHERE {cond}",
             "| SORT _score DESC",
@@ -409,12 +473,12 @@ def compile_branch_queries(plan: QueryPlan, index: str, retrieval: RetrievalConf
             EsqlQuery(
                 query="\n".join(lines),
                 params=params,
-                filter=to_es_filter(flt, include_status=False),
+                filter=to_es_filter(flt, include_status=False, fields=fields),
                 branches=(name,),
             )
         )
     if not out:
-        _prelude(plan, index, retrieval)  # raises the "nothing to search" error
+        _prelude(plan, index, retrieval, fields)  # raises the "nothing to search" error
     return out
 
 
@@ -430,7 +494,9 @@ def _only(plan: QueryPlan, branch: str) -> QueryPlan | None:
     return plan.model_copy(update=keep) if has_input else None
 
 
-def compile_facets(index: str, filters: Filter | None, by: str = "tags", limit: int = 100) -> EsqlQuery:
+def compile_facets(
+    index: str, filters: Filter | None, by: str = "tags", limit: int = 100, fields: EsFields = KITUNE_FIELDS
+) -> EsqlQuery:
     """The facet query: ``STATS n = COUNT(*) BY <field>`` over KIs passing ``filters``.
 
     Args:
@@ -438,23 +504,33 @@ def compile_facets(index: str, filters: Filter | None, by: str = "tags", limit: 
         filters: conditions on the counted KIs (None: all).
         by: ``tags``, ``doc``, ``status`` or ``subtype``.
         limit: most groups returned (explicit LIMIT, case S4), 1–10000.
+        fields: the index layout.
 
     Raises:
-        StoreError: unknown ``by`` or ``limit`` out of range.
+        StoreError: unknown ``by``, one the layout cannot count with ES|QL, or ``limit`` out of range.
     """
     check_index_name(index)
     if by not in _FACET_FIELDS:
         raise StoreError(f"unknown facet {by!r}: use one of {', '.join(_FACET_FIELDS)}", backend=BACKEND)
     if not 1 <= limit <= 10_000:
         raise StoreError(f"facet limit {limit} out of range: use 1..10000", backend=BACKEND)
-    col = _FACET_FIELDS[by]
+    if by not in fields.esql_facets:
+        raise StoreError(
+            f"facet {by!r} cannot be counted with ES|QL in the {fields.name} layout (ES|QL does not read "
+            f"flattened attributes): use one of {', '.join(sorted(fields.esql_facets))}",
+            backend=BACKEND,
+        )
+    col = fields.facet_field(by)
     source = esql_source(index)
     query = f"FROM {source}\n| STATS n = COUNT(*) BY {col}\n| SORT n DESC, {col} ASC\n| LIMIT {int(limit)}"
-    return EsqlQuery(query=query, params=[], filter=to_es_filter(filters))
+    return EsqlQuery(query=query, params=[], filter=to_es_filter(filters, fields=fields))
 
 
 def sweep_queries(
-    now: datetime, stale_after: timedelta, retention: Mapping[str, timedelta] | None = None
+    now: datetime,
+    stale_after: timedelta,
+    retention: Mapping[str, timedelta] | None = None,
+    fields: EsFields = KITUNE_FIELDS,
 ) -> list[tuple[dict[str, Any], str]]:
     """The update-by-query bodies of a sweep: ``(query, new status)``, expiries first.
 
@@ -462,10 +538,11 @@ def sweep_queries(
     subtype uses ``stale_after``.
     """
     overrides = dict(sorted((retention or {}).items()))
+    x = fields
     groups: list[tuple[dict[str, Any] | None, bool, timedelta]] = [
-        ({"term": {"subtype": k}}, False, v) for k, v in overrides.items()
+        ({"term": {x.subtype: k}}, False, v) for k, v in overrides.items()
     ]
-    groups.append(({"terms": {"subtype": list(overrides)}} if overrides else None, True, stale_after))
+    groups.append(({"terms": {x.subtype: list(overrides)}} if overrides else None, True, stale_after))
     out: list[tuple[dict[str, Any], str]] = []
     iso = now.isoformat()
     for clause, negate, window in groups:
@@ -475,10 +552,10 @@ def sweep_queries(
         expired_q = {
             "bool": {
                 "filter": list(scope["filter"]),
-                "must_not": [*scope["must_not"], {"term": {"status": "expired"}}],
+                "must_not": [*scope["must_not"], {"term": {x.status: "expired"}}],
                 "should": [
-                    {"range": {"last_seen": {"lt": (now - 2 * window).isoformat()}}},
-                    {"range": {"expires_at": {"lte": iso}}},
+                    {"range": {x.last_seen: {"lt": (now - 2 * window).isoformat()}}},
+                    {"range": {x.expires_at: {"lte": iso}}},
                 ],
                 "minimum_should_match": 1,
             }
@@ -487,8 +564,8 @@ def sweep_queries(
             "bool": {
                 "filter": [
                     *scope["filter"],
-                    {"term": {"status": "active"}},
-                    {"range": {"last_seen": {"lt": (now - window).isoformat()}}},
+                    {"term": {x.status: "active"}},
+                    {"range": {x.last_seen: {"lt": (now - window).isoformat()}}},
                 ],
                 "must_not": list(scope["must_not"]),
             }
@@ -514,9 +591,9 @@ def parse_warnings(headers: Mapping[str, str] | None) -> tuple[bool, tuple[str, 
     return truncated, tuple(warnings)
 
 
-def facet_column(by: str) -> str:
+def facet_column(by: str, fields: EsFields = KITUNE_FIELDS) -> str:
     """The indexed field a facet name counts by (``doc`` → ``evidence_doc_ids``)."""
-    return _FACET_FIELDS[by]
+    return fields.facet_field(by) if by in _FACET_FIELDS else _FACET_FIELDS[by]
 
 
 def stats_fingerprint(stats: Mapping[str, Any], index: str) -> str:

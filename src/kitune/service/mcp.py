@@ -12,6 +12,10 @@ synchronous, SDK-free functions over the service layer, so they are tested witho
   unparsed.
 * :func:`search_documents_tool` / :func:`get_document_tool` are the baseline's raw corpus
   search and fetch (the LanceDB corpus tables ``kitune eval`` fills).
+* :func:`review_list_tool`, :func:`review_show_tool`, :func:`review_action_tool` — the review
+  queue (:mod:`kitune.service.review`), served only with ``review.mcp_tools: true`` (they write);
+  a review error (unknown id, wrong status, missing reason) is raised as :class:`ValueError`
+  with the queue's message.
 * :func:`source_description_kis` lists the ``source_description`` KIs ``kitune bootstrap``
   wrote (what the corpus is, its entity types), which the server exposes as a resource.
 
@@ -30,6 +34,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from kitune.config import KituneConfig
+from kitune.errors import ReviewError
 from kitune.ki import KI
 from kitune.programs.query_rewriter import QueryRewriter
 from kitune.retrieval.base import CorpusStore, SearchResult, Store
@@ -43,6 +48,9 @@ __all__ = [
     "ContextFilters",
     "context_tool",
     "get_document_tool",
+    "review_action_tool",
+    "review_list_tool",
+    "review_show_tool",
     "search_documents_tool",
     "source_description_kis",
 ]
@@ -294,3 +302,66 @@ def source_description_kis(store: Store, *, limit: int = 50) -> SourceDescriptio
         if len(out) >= limit:
             break
     return SourceDescription(out)
+
+
+def _proposal_summary(p: Any) -> dict[str, Any]:
+    decision = (p.effect or {}).get("decision") or {}
+    return {
+        "id": p.id,
+        "kind": p.kind,
+        "status": p.status,
+        "title": p.title,
+        "evidence_traces": len(p.evidence),
+        "effect": decision.get("outcome"),
+    }
+
+
+def review_list_tool(review: Any, *, status: str | None = None, kind: str | None = None) -> dict[str, Any]:
+    """The ``list_proposals`` MCP tool: ``{"proposals": [{"id", "kind", "status", "title", …}]}``.
+
+    Raises:
+        ValueError: an unknown status or kind.
+    """
+    return {"proposals": [_proposal_summary(p) for p in review.list(status=status, kind=kind)]}
+
+
+def review_show_tool(review: Any, proposal_id: str) -> dict[str, Any]:
+    """The ``show_proposal`` MCP tool: ``{"proposal": {...full, diff, evidence, effect}, "events": [...]}``.
+
+    Raises:
+        ValueError: no proposal has this id.
+    """
+    try:
+        p, events = review.show(proposal_id)
+    except ReviewError as e:
+        raise ValueError(str(e)) from e
+    return {"proposal": p.to_dict(), "events": events}
+
+
+def review_action_tool(review: Any, action: str, proposal_id: str, *, reason: str = "") -> dict[str, Any]:
+    """The ``approve_proposal`` / ``reject_proposal`` / ``revert_proposal`` MCP tools.
+
+    Args:
+        review: a :class:`kitune.service.review.ReviewService`.
+        action: ``approve``, ``reject`` or ``revert``.
+        proposal_id: the proposal.
+        reason: why (required to reject).
+
+    Returns:
+        ``{"proposal": summary, "reason": str}`` after the action.
+
+    Raises:
+        ValueError: unknown id or action, a status the action does not fit, a blank rejection reason.
+    """
+    try:
+        if action == "approve":
+            p = review.approve(proposal_id, actor="mcp", reason=reason)
+        elif action == "reject":
+            p = review.reject(proposal_id, reason=reason, actor="mcp")
+        elif action == "revert":
+            p = review.revert(proposal_id, reason=reason, actor="mcp")
+        else:
+            raise ValueError(f"action {action!r}: use approve, reject or revert")
+    except ReviewError as e:
+        raise ValueError(str(e)) from e
+    return {"proposal": _proposal_summary(p), "reason": p.reason}

@@ -41,6 +41,11 @@ given), else the ``kitune.correct`` tag. Steps: the spans in start order — an 
 ``CHAT_MODEL`` span opens a step (its ``mlflow.chat.tokenUsage`` gives the tokens), a
 ``TOOL`` / ``RETRIEVER`` span fills that step's tool call (or opens one), and retriever outputs
 give the documents seen.
+
+Every tool step keeps the result text the agent was shown (``observation``: an OpenAI tool
+message's content, a span's outputs as text; None when a tool call has no result message) and,
+for a retriever span, the number of documents it returned (``n_results``); the failure signals
+(:mod:`kitune.evaluation.signals`) read them.
 """
 
 from __future__ import annotations
@@ -283,6 +288,7 @@ def parse_openai_record(record: Mapping[str, Any]) -> ProductionTrace:
                     tool=str(fn.get("name") or call.get("name") or "tool"),
                     args=_args(fn.get("arguments", call.get("arguments"))),
                     observation_chars=len(observations.get(str(call.get("id")), "")),
+                    observation=observations.get(str(call.get("id"))),
                     input_tokens=in_tok if j == 0 else 0,
                     output_tokens=out_tok if j == 0 else 0,
                 )
@@ -474,6 +480,10 @@ def _mlflow_steps(spans: Sequence[Any]) -> tuple[list[dict[str, Any]], list[str]
                 "tool": span.name,
                 "args": dict(span.inputs) if isinstance(span.inputs, Mapping) else {"input": span.inputs},
                 "observation_chars": len(obs or ""),
+                "observation": obs or "",
+                "n_results": len(span.outputs)
+                if kind == "RETRIEVER" and isinstance(span.outputs, list)
+                else None,
                 "doc_ids": docs,
                 "error": err,
             }

@@ -12,6 +12,19 @@ or changed (size or mtime) since they were imported, then calls :func:`loop_once
 ``interval_s``. It is bounded (``max_polls``, ``max_rounds``) and Ctrl-C safe: the state is
 written atomically at each step, so an interrupted watch — or a killed process — resumes on
 the next start. ``max_polls=1, interval_s=0`` is the one-shot form for cron.
+
+**Unlabelled traces** (``WatchOptions.propose`` and ``review.watch_proposals``, both on by
+default; ``review.draft_kis: false`` keeps the extractor out of it): each poll also mines the new
+traces of the fresh files — labelled or not — for failure signals
+(:mod:`kitune.evaluation.signals`). When any new trace fell back to raw search, found nothing,
+looped or answered without support, the signals are computed again with the KI store's facts,
+logged to MLflow (run ``signals-<name>-poll<k>``) and turned into proposals in the review queue
+(:func:`kitune.service.review.file_proposals`, actor ``watch``): nothing is applied, except the
+kinds in ``review.auto_approve`` whose labelled validation gate accepts them (measured on the
+trace source's labelled questions; without any, nothing is auto-approved). Approved proposals
+are applied when a person approves them (``kitune review approve``, ``/api/proposals``). Mined
+trace ids are recorded in ``state.json`` (``signalled``), so a restart does not mine them twice.
+Labelled traces still drive the optimisers as before (:func:`loop_once`).
 """
 
 from __future__ import annotations
@@ -26,11 +39,23 @@ from typing import Any
 from kitune.config import KituneConfig
 from kitune.data.loaders import CORPUS_FILE, load_corpus, load_questions
 from kitune.errors import DataError
+from kitune.evaluation.metrics import Trace
 from kitune.experiments.tracking import create_tracker
 from kitune.ki import utcnow
 from kitune.service.traces import ImportReport, TraceFolder, changed_files, import_traces, write_atomic
 
-__all__ = ["LoopOptions", "RoundResult", "WatchOptions", "WatchSummary", "corpus_file", "loop_once", "watch"]
+__all__ = [
+    "LoopOptions",
+    "ReviewHooks",
+    "RoundResult",
+    "WatchOptions",
+    "WatchSummary",
+    "corpus_file",
+    "loop_once",
+    "mine_signals",
+    "production_hooks",
+    "watch",
+]
 
 
 @dataclass(frozen=True)
@@ -258,6 +283,139 @@ class WatchOptions:
     """Stop after this many finished rounds; None: no limit."""
     label_name: str | None = None
     """MLflow feedback name holding the label (see ``kitune traces import``)."""
+    propose: bool = True
+    """Mine new traces for failure signals and file proposals (see the module docstring)."""
+    draft: bool = True
+    """Let the production extractor draft KIs for ``re_extract`` / ``add_ki`` proposals (LLM calls)."""
+
+
+@dataclass
+class ReviewHooks:
+    """What mining needs: the review service and the proposer's inputs (see :func:`production_hooks`)."""
+
+    service: Any
+    """A :class:`kitune.service.review.ReviewService`."""
+    documents: Callable[[str], Any] | None = None
+    draft: Callable[[Any], list[Any]] | None = None
+    extractor_version: str = ""
+    rewriter: Any = None
+    evaluate: Any = None
+    """An :data:`kitune.service.review.Evaluator` (None: no effect measured, nothing auto-approved)."""
+    tracker: Any = None
+    """Where the signals are logged (None: not logged)."""
+
+
+def production_hooks(cfg: KituneConfig, opts: LoopOptions, wopts: WatchOptions) -> ReviewHooks:
+    """The production wiring of :func:`mine_signals`.
+
+    The review queue, the corpus, the production extractor (when ``wopts.draft``), the production
+    rewriter, the in-context agent as evaluator (only when ``review.auto_approve`` is set: effects
+    cost agent runs) and the MLflow tracker.
+    """
+    from kitune.service.review import (
+        corpus_documents,
+        default_drafter,
+        default_evaluator,
+        open_review,
+        production_rewriter,
+    )
+
+    tracker = create_tracker(cfg)
+    draft, version = default_drafter(cfg) if wopts.draft and cfg.review.draft_kis else (None, "")
+    return ReviewHooks(
+        service=open_review(cfg, tracker=tracker),
+        documents=corpus_documents(corpus_file(opts.corpus)),
+        draft=draft,
+        extractor_version=version,
+        rewriter=production_rewriter(cfg),
+        evaluate=default_evaluator(cfg, corpus_file(opts.corpus)) if cfg.review.auto_approve else None,
+        tracker=tracker,
+    )
+
+
+_MINED_KINDS = frozenset({"fell_back_to_raw", "empty_retrieval", "looped", "answer_unsupported"})
+"""Signals a proposal can come from; a batch without any of them opens no store."""
+
+
+def mine_signals(
+    cfg: KituneConfig,
+    folder: TraceFolder,
+    files: list[Path],
+    hooks: Callable[[], ReviewHooks],
+    *,
+    label: str,
+    label_name: str | None = None,
+) -> dict[str, Any]:
+    """Signals and proposals from the traces of ``files`` not mined before (module docstring).
+
+    Args:
+        cfg: the configuration.
+        folder: the trace source (its ``state.json`` records the mined ids).
+        files: the trace files imported this poll.
+        hooks: builds the review wiring on first need (no store is opened without signals).
+        label: names the tracking run (``signals-<label>``).
+        label_name: the MLflow label feedback name.
+
+    Returns:
+        ``{"traces", "signals": by-kind counts, "filed", "auto_approved", "gate_refused", "errors"}``.
+    """
+    from kitune.evaluation.signals import aggregate_signals, compute_signals
+    from kitune.service.traces import read_trace_file, to_trace
+
+    with folder.lock("state"):
+        done = set(folder.read_state().get("signalled", []))
+    new: list[tuple[str, Trace]] = []
+    for path in files:
+        pts, _skipped = read_trace_file(path, label_name=label_name)
+        new.extend((pt.trace_id, to_trace(pt)) for pt in pts if pt.trace_id not in done)
+    out: dict[str, Any] = {
+        "traces": len(new),
+        "signals": {},
+        "filed": [],
+        "auto_approved": [],
+        "gate_refused": {},
+    }
+    out["errors"] = []
+    if new:
+        quick = aggregate_signals([compute_signals(t, trace_id=tid) for tid, t in new])
+        out["signals"] = dict(quick.by_kind)
+        if any(quick.by_kind.get(k, 0) for k in _MINED_KINDS):
+            from kitune.service.review import file_proposals
+            from kitune.service.signals import log_signals, signal_report, store_facts
+
+            h = hooks()
+            report = signal_report(cfg, new, facts=store_facts(h.service.kis()))
+            out["signals"] = dict(report.by_kind)
+            if h.tracker is not None:
+                log_signals(h.tracker, report, name=label, params={"signals.traces": len(new)})
+            questions = []
+            if folder.questions.is_file():
+                from kitune.data.loaders import load_questions
+
+                questions = load_questions(folder.questions)
+            rep = file_proposals(
+                h.service,
+                report,
+                documents=h.documents,
+                draft=h.draft,
+                extractor_version=h.extractor_version,
+                rewriter=h.rewriter,
+                questions=questions,
+                evaluate=h.evaluate,
+                measure_kinds=cfg.review.auto_approve,
+                actor="watch",
+            )
+            out.update(
+                filed=[p.id for p in rep.filed],
+                auto_approved=list(rep.auto_approved),
+                gate_refused=dict(rep.gate_refused),
+                errors=[*rep.proposed.errors, *rep.errors],
+            )
+    with folder.lock("state"):
+        state = folder.read_state()
+        state["signalled"] = sorted(set(state.get("signalled", [])) | {tid for tid, _ in new})
+        folder.write_state(state)
+    return out
 
 
 @dataclass
@@ -268,6 +426,8 @@ class WatchSummary:
     imported: list[ImportReport] = field(default_factory=list)
     rounds: list[RoundResult] = field(default_factory=list)
     """Rounds that ran (skipped polls are not listed)."""
+    mined: list[dict[str, Any]] = field(default_factory=list)
+    """One :func:`mine_signals` result per poll that imported files (with ``propose``)."""
     last_skip: str | None = None
     """Why the last poll ran no round (None when it ran one)."""
     interrupted: bool = False
@@ -282,9 +442,10 @@ def watch(
     *,
     sleep: Callable[[float], None] = time.sleep,
     log: Callable[[str], None] = lambda _m: None,
+    review: ReviewHooks | None = None,
     **loop_kwargs: Any,
 ) -> WatchSummary:
-    """Poll ``wopts.directory``: import new or changed trace files, run :func:`loop_once`, sleep.
+    """Poll ``wopts.directory``: import new or changed trace files, mine them, run :func:`loop_once`, sleep.
 
     Args:
         cfg: the configuration.
@@ -292,6 +453,8 @@ def watch(
         wopts: polling bounds.
         sleep: ``time.sleep`` (injected in tests).
         log: progress lines.
+        review: the review wiring for mining (None: :func:`production_hooks`, built the first
+            time a poll finds signals a proposal can come from).
         **loop_kwargs: passed to :func:`loop_once` (``optimize``, ``deps``, ``tracker``, ``registry``).
 
     Returns:
@@ -309,6 +472,13 @@ def watch(
         raise DataError(f"max_polls={wopts.max_polls}: use 1 or more (or no limit)")
     folder = TraceFolder.of(cfg, opts.name)
     summary = WatchSummary()
+    hooks: dict[str, ReviewHooks] = {}
+
+    def wiring() -> ReviewHooks:
+        if "h" not in hooks:
+            hooks["h"] = review if review is not None else production_hooks(cfg, opts, wopts)
+        return hooks["h"]
+
     try:
         while True:
             summary.polls += 1
@@ -323,6 +493,22 @@ def watch(
                     f"poll {summary.polls}: {len(fresh)} file(s), {rep.new} new trace(s), "
                     f"{rep.questions_added} new question(s), {len(rep.skipped)} skipped record(s)"
                 )
+                if wopts.propose and cfg.review.watch_proposals:
+                    mined = mine_signals(
+                        cfg,
+                        folder,
+                        fresh,
+                        wiring,
+                        label=f"{opts.name}-poll{summary.polls}",
+                        label_name=wopts.label_name,
+                    )
+                    summary.mined.append(mined)
+                    shown = ", ".join(f"{k} {v}" for k, v in mined["signals"].items() if v) or "none"
+                    log(
+                        f"poll {summary.polls}: signals over {mined['traces']} new trace(s): {shown}; "
+                        f"{len(mined['filed'])} proposal(s) filed, "
+                        f"{len(mined['auto_approved'])} auto-approved"
+                    )
             res = loop_once(cfg, opts, log=log, **loop_kwargs)
             summary.last_skip = res.skipped_reason
             if res.round is not None:

@@ -1,0 +1,245 @@
+"""Proposals from unlabelled production traces and their lifecycle, on every embedded store."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kitune.config import KituneConfig, LanceStoreConfig
+from kitune.errors import ProposalNotFoundError, ProposalStateError, StoreError
+from kitune.retrieval.base import Store
+from kitune.retrieval.embedders import HashEmbedder
+from kitune.retrieval.memory import MemoryStore
+from kitune.service.proposals import ProposalStore, RewriterPrompt, proposal_id, propose
+from kitune.service.review import ReviewService, file_proposals
+from kitune.service.signals import load_signal_traces, signal_report, store_facts
+from kitune.testing.review import TableDrafter, gold_evaluator, scenario
+from kitune.testing.tracking import RecordingTracker
+
+REWRITER = RewriterPrompt("kitune-corpus-rewriter", "Turn the question into a search query plan.", None)
+
+
+@pytest.fixture(params=["memory", "lancedb"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    if request.param == "memory":
+        s: Store = MemoryStore(HashEmbedder())
+    else:
+        from kitune.retrieval.lance import LanceStore
+
+        s = LanceStore(tmp_path / "lance", HashEmbedder(), config=LanceStoreConfig(table="kis"))
+    s.upsert(scenario().kis)
+    yield s
+    s.close()
+
+
+def setup(
+    tmp_path: Path, store: Store, **review: object
+) -> tuple[KituneConfig, ReviewService, RecordingTracker]:
+    cfg = KituneConfig(workdir=tmp_path / "w", review=review)
+    tracker = RecordingTracker()
+    return cfg, ReviewService(cfg, ProposalStore.of(cfg), store, None, tracker), tracker
+
+
+def report_for(tmp_path: Path, cfg: KituneConfig, store: Store):  # type: ignore[no-untyped-def]
+    path = tmp_path / "prod.jsonl"
+    path.write_text("".join(json.dumps(c) + "\n" for c in scenario().chats), encoding="utf-8")
+    return signal_report(cfg, load_signal_traces([path]).traces, facts=store_facts(store))
+
+
+def docs(docid: str):  # type: ignore[no-untyped-def]
+    return {d.docid: d for d in scenario().docs}.get(docid)
+
+
+def test_proposer_files_each_kind_with_evidence_and_diff(tmp_path: Path, store: Store) -> None:
+    cfg, _, _ = setup(tmp_path, store)
+    sc = scenario()
+    paris, (dunant, geneva), (sauvestre,) = sc.kis[0], sc.drafts["d7"], sc.drafts["d8"]
+    drafter = TableDrafter(sc.drafts)
+    result = propose(
+        report_for(tmp_path, cfg, store),
+        cfg=cfg,
+        store=store,
+        held=set(),
+        documents=docs,
+        draft=drafter,
+        extractor_version="extractor@abcd1234",
+        rewriter=REWRITER,
+    )
+    by = {p.kind: p for p in result.proposals}
+    assert [p.kind for p in result.proposals] == ["re_extract", "add_ki", "retire_ki", "rewriter_feedback"]
+    assert sorted(drafter.calls) == ["d7", "d8"] and result.errors == []
+    re = by["re_extract"]
+    assert re.change_keys == ["re_extract:d7:extractor@abcd1234"]
+    assert re.change["added"] == [dunant.id, geneva.id] and re.change["not_reproduced"] == []
+    assert [e["trace_id"] for e in re.evidence] == ["conv-1", "conv-2"]
+    assert re.evidence[0]["signals"][1] == {"kind": "fell_back_to_raw", "steps": [3], "detail": "read d7"}
+    assert re.diff.splitlines()[0] == f"+ [{dunant.id}] {dunant.title} — {dunant.description}"
+    add = by["add_ki"]
+    assert add.change_keys == [f"add_ki:{sauvestre.id}"] and add.change["answers"] == ["Stephen Sauvestre"]
+    retire = by["retire_ki"]
+    assert retire.change["ki_ids"] == [paris.id] and retire.change["counts"] == {
+        "shown": 2,
+        "unsupported": 2,
+        "looped": 0,
+    }
+    assert [e["trace_id"] for e in retire.evidence] == ["conv-4", "conv-5"]
+    fb = by["rewriter_feedback"]
+    assert fb.change["queries"] == ["Red Cross founder", "Red Cross city", "Eiffel Tower designer"]
+    assert fb.change["new_text"].startswith(REWRITER.text) and '- "Red Cross city"' in fb.change["new_text"]
+    assert fb.diff.startswith("--- kitune-corpus-rewriter@packaged\n+++ kitune-corpus-rewriter@proposed\n")
+    assert fb.id == proposal_id("rewriter_feedback", fb.change_keys)
+
+
+def test_approve_applies_and_revert_is_soft(tmp_path: Path, store: Store) -> None:
+    cfg, svc, tracker = setup(tmp_path, store)
+    sc = scenario()
+    sauvestre = sc.drafts["d8"][0]
+    paris = sc.kis[0]
+    rep = file_proposals(svc, report_for(tmp_path, cfg, store), documents=docs, draft=TableDrafter(sc.drafts))
+    assert [p.kind for p in rep.filed] == ["re_extract", "add_ki", "retire_ki"]  # no rewriter given
+    add = next(p for p in rep.filed if p.kind == "add_ki")
+    done = svc.approve(add.id, reason="looks right")
+    assert done.status == "approved" and done.reason == "looks right"
+    assert store.get(sauvestre.id).payload.status == "active"
+    assert done.applied == {"before": {sauvestre.id: None}}
+    reverted = svc.revert(add.id, reason="wrong designer")
+    assert reverted.status == "reverted"
+    assert store.get(sauvestre.id).payload.status == "expired"  # soft: still there, not served
+    retire = next(p for p in rep.filed if p.kind == "retire_ki")
+    svc.approve(retire.id)
+    assert store.get(paris.id).payload.status == "expired"
+    svc.revert(retire.id)
+    assert store.get(paris.id).payload.status == "active"
+    actions = [e["action"] for e in svc.queue.events(add.id)]
+    assert actions == ["filed", "applying", "snapshot", "approved", "reverted"]
+    assert tracker.by_name(f"review-{add.id}-approved").params["review.kind"] == "add_ki"
+    assert (
+        json.loads(tracker.by_name(f"review-{add.id}-reverted").artifacts["review/proposal.json"])["status"]
+        == "reverted"
+    )
+    with pytest.raises(ProposalStateError, match="is reverted"):
+        svc.approve(add.id)
+
+
+def test_rejected_change_is_remembered_and_not_proposed_again(tmp_path: Path, store: Store) -> None:
+    cfg, svc, _ = setup(tmp_path, store)
+    sc = scenario()
+    report = report_for(tmp_path, cfg, store)
+    first = file_proposals(svc, report, documents=docs, draft=TableDrafter(sc.drafts))
+    retire = next(p for p in first.filed if p.kind == "retire_ki")
+    with pytest.raises(ValueError, match="needs a reason"):
+        svc.reject(retire.id, reason="  ")
+    rejected = svc.reject(retire.id, reason="Paris KI is fine; the questions were off-topic")
+    assert rejected.status == "rejected" and rejected.reason.startswith("Paris KI is fine")
+    with pytest.raises(ProposalStateError, match="is rejected"):
+        svc.approve(retire.id)
+    again = file_proposals(svc, report, documents=docs, draft=TableDrafter(sc.drafts))
+    assert again.filed == [] and again.proposed.skipped == {
+        "already proposed": 2,
+        "already proposed or stored": 1,
+    }
+    assert svc.list(status="rejected") == [svc.queue.get(retire.id)]
+    with pytest.raises(ProposalNotFoundError):
+        svc.show("p-000000000000")
+
+
+def test_auto_approved_only_when_the_validation_gate_passes(tmp_path: Path, store: Store) -> None:
+    cfg, svc, _ = setup(tmp_path, store, auto_approve=["add_ki", "retire_ki"])
+    sc = scenario()
+    arms: list[str] = []
+    rep = file_proposals(
+        svc,
+        report_for(tmp_path, cfg, store),
+        documents=docs,
+        draft=TableDrafter(sc.drafts),
+        questions=sc.questions,
+        evaluate=gold_evaluator(arms),
+    )
+    add = next(p for p in rep.filed if p.kind == "add_ki")
+    retire = next(p for p in rep.filed if p.kind == "retire_ki")
+    re = next(p for p in rep.filed if p.kind == "re_extract")
+    # adding the Sauvestre KI fixes g1 and breaks nothing: accepted and applied
+    assert rep.auto_approved == [add.id]
+    assert (
+        svc.queue.get(add.id).status == "approved"
+        and store.get(sc.drafts["d8"][0].id).payload.status == "active"
+    )
+    effect = svc.queue.get(add.id).effect or {}
+    assert effect["comparison"]["fixed"] == ["g1"] and effect["decision"]["outcome"] == "accepted"
+    # retiring the Paris KI breaks g2: the gate refuses, a person decides
+    assert rep.gate_refused[retire.id].startswith("rejected: ")
+    assert svc.queue.get(retire.id).status == "pending" and store.get(sc.kis[0].id).payload.status == "active"
+    # re_extract is not auto-approvable: measured, left pending
+    assert svc.queue.get(re.id).status == "pending" and re.id in rep.measured
+    assert arms[:2] == [f"{re.id}-current", f"{re.id}-proposal"]
+
+
+def test_no_labelled_questions_no_auto_approval(tmp_path: Path, store: Store) -> None:
+    cfg, svc, _ = setup(tmp_path, store, auto_approve=["add_ki"])
+    rep = file_proposals(
+        svc, report_for(tmp_path, cfg, store), documents=docs, draft=TableDrafter(scenario().drafts)
+    )
+    add = next(p for p in rep.filed if p.kind == "add_ki")
+    assert rep.auto_approved == [] and rep.gate_refused == {
+        add.id: "no labelled questions to run the validation gate on"
+    }
+    assert svc.queue.get(add.id).status == "pending"
+
+
+class _FailingOnce:
+    """A store whose first upsert fails (a crash mid-apply), then works."""
+
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
+        self.failed = False
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+    def upsert(self, kis):  # type: ignore[no-untyped-def]
+        if not self.failed:
+            self.failed = True
+            raise StoreError("disk full")
+        return self.inner.upsert(kis)
+
+
+def test_a_failed_apply_resumes_and_reverts_to_the_true_previous_state(tmp_path: Path, store: Store) -> None:
+    cfg, _, _ = setup(tmp_path, store)
+    flaky = _FailingOnce(store)
+    svc = ReviewService(cfg, ProposalStore.of(cfg), flaky, None, None)  # type: ignore[arg-type]
+    sc = scenario()
+    rep = file_proposals(svc, report_for(tmp_path, cfg, store), documents=docs, draft=TableDrafter(sc.drafts))
+    re = next(p for p in rep.filed if p.kind == "re_extract")
+    with pytest.raises(StoreError, match="disk full"):
+        svc.approve(re.id)
+    assert svc.queue.get(re.id).status == "applying"
+    done = svc.approve(re.id)
+    assert done.status == "approved" and done.applied == {"before": {k.id: None for k in sc.drafts["d7"]}}
+    svc.revert(re.id)
+    assert [store.get(k.id).payload.status for k in sc.drafts["d7"]] == ["expired", "expired"]
+
+
+def test_rewriter_feedback_goes_through_the_registry_and_back(tmp_path: Path) -> None:
+    from kitune.experiments.prompts import PromptRegistry
+
+    store = MemoryStore(HashEmbedder())
+    store.upsert(scenario().kis)
+    cfg, _, _ = setup(tmp_path, store)
+    registry = PromptRegistry(f"sqlite:///{tmp_path / 'reg.db'}")
+    from kitune.programs.instructions import load_instruction
+
+    packaged = load_instruction("rewriter").text
+    svc = ReviewService(cfg, ProposalStore.of(cfg), store, registry, None)
+    rewriter = RewriterPrompt("kitune-corpus-rewriter", packaged, None)
+    rep = file_proposals(svc, report_for(tmp_path, cfg, store), rewriter=rewriter)
+    assert [p.kind for p in rep.filed] == ["retire_ki", "rewriter_feedback"]  # no drafter: no KI drafts
+    fb = rep.filed[1]
+    done = svc.approve(fb.id)
+    assert done.applied == {"prompt": "kitune-corpus-rewriter", "from_version": 1, "to_version": 2}
+    prod = registry.get("kitune-corpus-rewriter", "production")
+    assert prod.version == 2 and prod.text == fb.change["new_text"] and prod.tags["kitune.review"] == fb.id
+    svc.revert(fb.id, reason="made plans worse")
+    assert registry.get("kitune-corpus-rewriter", "production").version == 1
