@@ -92,7 +92,7 @@ def run_server(
     overrides = {
         "lm": {
             "local": {"server": kind, "parallel": max(levels), "n_ctx": 4096},
-            "extract": {"max_tokens": 700},
+            "extract": {"max_tokens": 700, "timeout_s": 1800.0},
         },
         "extraction": {"evidence_mode": "sentences", "max_facts_per_doc": 6},
         "corpus_name": "fixture",
@@ -115,6 +115,7 @@ def run_server(
             latencies: list[float] = []
             kis = [0]
             usage: list[tuple[int, int]] = []
+            failed: list[str] = []
 
             def one(
                 i: int,
@@ -123,9 +124,19 @@ def run_server(
                 latencies: list[float] = latencies,
                 kis: list[int] = kis,
                 usage: list[tuple[int, int]] = usage,
+                failed: list[str] = failed,
                 workload: str = workload,
             ) -> None:
                 start = time.monotonic()
+                try:
+                    _one_request(workload, i, first, lm, kis, usage)
+                except Exception as e:  # a failed request is counted, never fatal to the sweep
+                    failed.append(f"{type(e).__name__}: {e}"[:200])
+                latencies.append(time.monotonic() - start)
+
+            def _one_request(
+                workload: str, i: int, first: int, lm: Any, kis: list[int], usage: list[tuple[int, int]]
+            ) -> None:
                 if workload == "extract":
                     with dspy.context(lm=lm):
                         res = extractor.extract_document(docs[(first + i) % len(docs)])
@@ -144,7 +155,6 @@ def run_server(
                     )
                     u = r.json()["usage"]
                     usage.append((int(u["prompt_tokens"]), int(u["completion_tokens"])))
-                latencies.append(time.monotonic() - start)
 
             started = time.monotonic()
             with ThreadPoolExecutor(max_workers=level) as pool:
@@ -160,13 +170,14 @@ def run_server(
                 "workload": workload,
                 "concurrency": level,
                 "requests": n,
+                "failed": len(failed),
                 "wall_s": round(wall, 1),
                 "output_tok_s": round(out_toks / wall, 2),
                 "prompt_tok_s": round(prompt_toks / wall, 2),
                 "output_tokens": out_toks,
                 "prompt_tokens": prompt_toks,
                 "latency_p50_s": round(statistics.median(latencies), 1),
-                "requests_per_hour": round(3600 * n / wall, 1),
+                "requests_per_hour": round(3600 * (n - len(failed)) / wall, 1),
                 "kis": kis[0] if workload == "extract" else None,
                 "server_rss_mb": _rss_mb(server.pid),
                 "load_1m": round(os.getloadavg()[0], 2),
@@ -203,6 +214,7 @@ def main() -> None:
         "workload",
         "concurrency",
         "requests",
+        "failed",
         "wall_s",
         "output_tok_s",
         "prompt_tok_s",
