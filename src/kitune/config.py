@@ -469,6 +469,13 @@ class OptimizeConfig(_Section):
         description="Proposals (reflection + minibatch evaluations) a GEPA budget must be able to pay for; "
         "see kitune.optimizers.gepa.min_metric_calls.",
     )
+    reflection_context_tokens: int | None = Field(
+        default=None,
+        ge=512,
+        description="The reflection model's context window in tokens (reflection prompts are sized to it). "
+        "None: the embedded model's n_ctx, LiteLLM's model table, else what the server reports (/props, "
+        "/models).",
+    )
     accept_margin: float = Field(
         default=0.0,
         ge=0.0,

@@ -173,3 +173,19 @@ def test_no_proposal_reasons_for_the_seed_evaluation_and_mixed_iterations() -> N
     )
     log.proposals = 1
     assert _stop_reason(proposer, None, log, 20, 20, 4) is None
+
+
+def test_a_metric_of_the_wrong_arity_and_a_missing_reflection_lm_are_config_errors() -> None:
+    def three(gold: object, pred: object, trace: object) -> float:
+        return 1.0
+
+    with pytest.raises(ConfigError) as err:
+        GepaOptimizer(three, reflection_lm=reflection_lm(), max_metric_calls=8)
+    msg = str(err.value)
+    assert msg.startswith(
+        "GEPA metric three(gold, pred, trace) cannot be called as "
+        "metric(gold, pred, trace, pred_name, pred_trace)"
+    )
+    assert "give the extra parameters defaults" in msg
+    with pytest.raises(ConfigError, match=r"GEPA needs a reflection LM .* set lm\.reflection\.model"):
+        GepaOptimizer(extractor_metric, reflection_lm=None, max_metric_calls=8)

@@ -109,7 +109,7 @@ def test_register_optimizer_as_decorator_and_unregister() -> None:
         built = make_optimizer(
             "tmp-opt",
             extractor_metric,
-            reflection_lm=None,
+            reflection_lm=object(),
             budget=OptimizerBudget(max_metric_calls=3),
             rng=random.Random(0),
         )

@@ -70,6 +70,12 @@ def test_a_toy_optimizer_in_one_file_runs_in_the_loop(tmp_path: Path, toy: Modul
     assert [b.max_metric_calls for b in toy.BUILT] == [5]
     notes = json.loads(str(tracker.by_name("iteration-0").artifacts["improve.json"]))
     assert notes["extractor_stop_reason"] == "toy: one fixed proposal"
+    # no lm.reflection.model: the documented fallback is noted, not silent
+    assert notes["reflection_model"] == (
+        "no reflection model configured (lm.reflection.model): the optimisers reflect with "
+        "local:qwen2.5-coder-1.5b, the same model as the extract and rewrite task(s); set "
+        "lm.reflection.model to a stronger model for better proposals"
+    )
 
 
 def test_the_cli_validates_optimizer_names_against_the_registry(

@@ -47,8 +47,10 @@ from kitune.errors import ConfigError
 from kitune.optimizers.base import (
     CandidateScore,
     OptimizationResult,
+    check_metric,
     compile_copy,
     get_candidate,
+    require_reflection_lm,
     require_sets,
 )
 from kitune.optimizers.budget import OptimizerBudget
@@ -56,6 +58,7 @@ from kitune.optimizers.registry import register_optimizer
 from kitune.optimizers.stopping import Stopper, Timeout, as_gepa_stopper
 
 __all__ = [
+    "GEPA_METRIC_SIGNATURE",
     "GepaOptimizer",
     "ProposalLog",
     "SizedInstructionProposer",
@@ -64,6 +67,9 @@ __all__ = [
     "min_metric_calls",
     "proposal_cost",
 ]
+
+GEPA_METRIC_SIGNATURE = "(gold, pred, trace, pred_name, pred_trace)"
+"""How ``dspy.GEPA`` calls its metric (five positional arguments)."""
 
 CHARS_PER_TOKEN = 4
 """Token estimate for sizing reflection prompts (conservative for English text)."""
@@ -239,7 +245,8 @@ class GepaOptimizer:
     Args:
         metric: GEPA feedback metric ``(gold, pred, trace, pred_name, pred_trace) ->
             dspy.Prediction(score, feedback)`` or a float, 0.0–1.0.
-        reflection_lm: the ``dspy.LM`` that proposes new instructions.
+        reflection_lm: the ``dspy.LM`` that proposes new instructions (None is refused: DSPy would
+            reflect with the task LM).
         max_metric_calls: GEPA's budget in metric calls (one call = one example run), ≥ 1; None:
             :func:`min_metric_calls` for ``min_proposals`` on the sets ``compile`` is given.
         rng: seeds GEPA (``rng.randrange(2**31)``); default ``random.Random(0)``.
@@ -252,6 +259,11 @@ class GepaOptimizer:
         reflection_context_tokens: the reflection model's context window (None: no sizing).
         reflection_max_tokens: the reflection reply's token cap (reserved when sizing).
         min_proposals: ``compile`` refuses a budget that cannot start this many proposals, ≥ 1.
+
+    Raises:
+        ConfigError: ``metric`` cannot take :data:`GEPA_METRIC_SIGNATURE`, or ``reflection_lm`` is
+            None.
+        ValueError: ``max_metric_calls`` or ``min_proposals`` below 1.
     """
 
     name = "gepa"
@@ -277,6 +289,8 @@ class GepaOptimizer:
             raise ValueError(f"max_metric_calls={max_metric_calls}: allow at least 1")
         if min_proposals < 1:
             raise ValueError(f"min_proposals={min_proposals}: ask for at least 1")
+        check_metric("GEPA", metric, GEPA_METRIC_SIGNATURE)
+        require_reflection_lm("GEPA", reflection_lm)
         self.metric = metric
         self.reflection_lm = reflection_lm
         self.max_metric_calls = max_metric_calls

@@ -36,6 +36,7 @@ Every dependency (LMs, agent model, judge, store factory, corpus store) can be i
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -55,6 +56,7 @@ from kitune.optimizers.loop import Evaluation, Proposal, Setting
 from kitune.optimizers.objective import answer_coverage
 from kitune.schema import Document, Filter
 from kitune.service.eval_cache import EvalCache, lookup_record, store_fingerprint
+from kitune.service.improve import reflection_context_tokens, reflection_fallback
 from kitune.service.prompts import versioned_store_cfg
 
 if TYPE_CHECKING:
@@ -71,6 +73,8 @@ __all__ = [
     "ServiceLoopEnv",
     "route_feedback",
 ]
+
+logger = logging.getLogger(__name__)
 
 _PREDICTOR = {"extractor": "extract", "rewriter": "rewriter.planner", "disambiguator": "program.writer"}
 """Program → the predictor name its optimisation task exposes."""
@@ -139,6 +143,25 @@ class ServiceLoopEnv:
         self.evals = EvalCache(state_dir / "evals", self.lock)
         """Traces and look-up log of every evaluation, keyed by setting and store state."""
         self.rng = random.Random(cfg.optimize.seed)
+        self._window: tuple[int | None] | None = None
+        self.reflection_note = reflection_fallback(cfg)
+        """Why the optimisers reflect with the task model (no ``lm.reflection.model``), or None."""
+        if self.reflection_note:
+            logger.warning(self.reflection_note)
+            log(f"[yellow]warning: {self.reflection_note}[/]")
+
+    def reflection_window(self) -> int | None:
+        """The reflection model's context window, asked once (see ``improve.reflection_context_tokens``)."""
+        if self._window is None:
+            window = reflection_context_tokens(self.cfg)
+            self._window = (window,)
+            if window is None:
+                self.log(
+                    "[yellow]warning: the reflection model's context window is unknown (not in LiteLLM's "
+                    "table, not reported by the server): reflection prompts are not sized; set "
+                    "optimize.reflection_context_tokens[/]"
+                )
+        return self._window[0]
 
     # -- helpers ------------------------------------------------------------------------------
     def get_document(self, docid: str) -> Document:
@@ -408,6 +431,8 @@ class ServiceLoopEnv:
             if result.baseline_score is not None:
                 metrics[f"{program}_baseline_score"] = result.baseline_score
             notes[f"{program}_stop_reason"] = result.stop_reason
+            if self.reflection_note:
+                notes["reflection_model"] = self.reflection_note
             if "proposals" in result.details:
                 metrics[f"{program}_proposals"] = float(result.details["proposals"])
             if result.stop_reason:
