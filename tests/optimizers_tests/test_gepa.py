@@ -189,3 +189,31 @@ def test_a_metric_of_the_wrong_arity_and_a_missing_reflection_lm_are_config_erro
     assert "give the extra parameters defaults" in msg
     with pytest.raises(ConfigError, match=r"GEPA needs a reflection LM .* set lm\.reflection\.model"):
         GepaOptimizer(extractor_metric, reflection_lm=None, max_metric_calls=8)
+
+
+def test_threads_give_the_same_result_as_one_thread() -> None:
+    # issue 22 item 2: metric calls on several threads, results identical to the sequential run
+    examples = _examples()
+    runs = []
+    for threads in (1, 4):
+        opt = GepaOptimizer(
+            extractor_metric,
+            reflection_lm=reflection_lm(),
+            max_metric_calls=12,
+            rng=random.Random(1),
+            num_threads=threads,
+        )
+        with dspy.context(lm=RuleLM(extractor_rule)):
+            runs.append(
+                opt.compile(FactExtractor("Extract facts."), trainset=examples[:2], valset=examples[2:])
+            )
+    one, four = runs
+    assert (
+        four.best_candidate
+        == one.best_candidate
+        == {"extract": "Extract every fact, with DATES of every event."}
+    )
+    assert [(h.candidate, h.score, h.metric_calls) for h in four.history] == [
+        (h.candidate, h.score, h.metric_calls) for h in one.history
+    ]
+    assert four.metric_calls == one.metric_calls and four.stop_reason == one.stop_reason

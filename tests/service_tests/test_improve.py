@@ -69,3 +69,27 @@ def test_reflection_fallback_is_named_only_without_a_reflection_model() -> None:
         "no reflection model configured (lm.reflection.model): the optimisers reflect with openai/small, the "
         "same model as the rewrite task(s); set lm.reflection.model to a stronger model for better proposals"
     )
+
+
+def test_the_loop_budget_reads_options_config_and_optimizer_concurrency() -> None:
+    from types import SimpleNamespace
+
+    from kitune.optimizers.budget import OptimizerBudget
+    from kitune.service.improve import optimizer_budget
+
+    def env(cfg: KituneConfig, max_calls: int | None) -> SimpleNamespace:
+        opts = SimpleNamespace(max_metric_calls=max_calls, budget_minutes=3.0)
+        return SimpleNamespace(cfg=cfg, opts=opts, reflection_window=lambda: 2048)
+
+    local = KituneConfig(lm={"local": {"parallel": 3}}, optimize={"max_metric_calls": 40, "min_proposals": 2})
+    assert optimizer_budget(env(local, None)) == OptimizerBudget(  # type: ignore[arg-type]
+        max_metric_calls=40,
+        minutes=3.0,
+        threads=3,  # the embedded server's slots
+        reflection_context_tokens=2048,
+        reflection_max_tokens=4096,
+        min_proposals=2,
+    )
+    pinned = KituneConfig(agent={"concurrency": 1}, optimize={"max_metric_calls": 40})
+    budget = optimizer_budget(env(pinned, 9))  # type: ignore[arg-type]
+    assert (budget.max_metric_calls, budget.threads) == (9, 1)  # the flag wins; agent.concurrency set: wins

@@ -58,10 +58,12 @@ RETRIEVAL_KNOBS = (
 def optimizer_budget(env: ServiceLoopEnv) -> OptimizerBudget:
     """The loop's :class:`~kitune.optimizers.budget.OptimizerBudget`, from the options and the config.
 
-    ``max_metric_calls`` from the command (``--max-metric-calls``), else ``optimize.max_metric_calls``
-    (both unset: sized by the optimiser to ``optimize.min_proposals`` proposals), ``minutes`` from
-    ``--budget-minutes``, the reflection window (:func:`reflection_context_tokens`, asked once per
-    environment) and reply cap (``lm.reflection.max_tokens``).
+    ``max_metric_calls`` from the command (``--max-metric-calls``), else
+    ``optimize.max_metric_calls`` (both unset: sized by the optimiser to ``optimize.min_proposals``
+    proposals); ``minutes`` from ``--budget-minutes``; ``threads`` =
+    ``cfg.concurrency_for("optimizer")`` (parallel metric calls: the embedded server's slots, or
+    ``agent.concurrency`` when set); the reflection window (:func:`reflection_context_tokens`,
+    asked once per environment) and reply cap (``lm.reflection.max_tokens``).
     """
     o = env.cfg.optimize
     return OptimizerBudget(
@@ -69,6 +71,7 @@ def optimizer_budget(env: ServiceLoopEnv) -> OptimizerBudget:
         if env.opts.max_metric_calls is not None
         else o.max_metric_calls,
         minutes=env.opts.budget_minutes,
+        threads=env.cfg.concurrency_for("optimizer"),
         min_proposals=o.min_proposals,
         reflection_context_tokens=env.reflection_window(),
         reflection_max_tokens=env.cfg.lm.reflection.max_tokens,
