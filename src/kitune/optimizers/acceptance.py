@@ -28,7 +28,8 @@ pairs and counted) and reports:
 **Sanity checks** (:func:`check_instruction`), run on every instruction a proposal changes
 *before* it is evaluated, so a degenerate proposal costs no agent run: at least
 ``MIN_INSTRUCTION_CHARS`` characters (a short instruction may be a good one: GEPA's proposals
-are often terse) and the program's task still stated (one of its :data:`TASK_WORDS`). The output format is not
+are often terse) and the program's task still stated (one of its
+:attr:`~kitune.optimizers.program_task.ProgramTask.task_words`). The output format is not
 checked here: it comes from each program's typed signature, which no instruction can remove.
 """
 
@@ -43,12 +44,12 @@ from typing import TYPE_CHECKING, Any, Literal
 from kitune.evaluation.failures import is_correct
 from kitune.optimizers.feedback import count_flips
 from kitune.optimizers.objective import LoopWeights, RunStats, loop_score
+from kitune.optimizers.program_task import PROGRAM_TASKS, get_program_task
 
 if TYPE_CHECKING:
     from kitune.evaluation.metrics import Trace
 
 __all__ = [
-    "TASK_WORDS",
     "Decision",
     "PairedComparison",
     "check_instruction",
@@ -61,19 +62,13 @@ __all__ = [
 MIN_INSTRUCTION_CHARS = 40
 """A proposed instruction shorter than this is degenerate (GEPA once proposed "ok")."""
 
-TASK_WORDS: dict[str, tuple[str, ...]] = {
-    "extractor": ("fact",),
-    "rewriter": ("query", "search", "look-up", "lookup", "plan"),
-    "disambiguator": ("answer", "distinguish", "tell apart", "disambig"),
-}
-"""Program → words of which one must appear (case-insensitive) for its task to still be stated."""
-
 
 def check_instruction(program: str, current: str, proposed: str) -> list[str]:
     """Problems with a proposed instruction (empty list: it passes).
 
     Args:
-        program: ``extractor``, ``rewriter`` or ``disambiguator`` (others: only length checks).
+        program: a registered program (its task's ``task_words`` are checked); unregistered
+            names get only the length check.
         current: the instruction in use (kept for checks relative to it; unused by the current rules).
         proposed: the proposal.
 
@@ -85,7 +80,7 @@ def check_instruction(program: str, current: str, proposed: str) -> list[str]:
     floor = MIN_INSTRUCTION_CHARS
     if len(text) < floor:
         problems.append(f"too short: {len(text)} characters (minimum {floor})")
-    words = TASK_WORDS.get(program)
+    words = get_program_task(program).task_words if program in PROGRAM_TASKS else ()
     if words and not any(w in text.lower() for w in words):
         problems.append(f"no longer states the task (none of: {', '.join(words)})")
     return problems

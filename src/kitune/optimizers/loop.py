@@ -34,28 +34,26 @@ failure kinds, so over-fitting to the tuning questions shows.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kitune.errors import PromptNotFoundError, TrackingError
 from kitune.optimizers.acceptance import Decision, check_instruction, compare_paired, decide
 from kitune.optimizers.ledger import FailureLedger
 from kitune.optimizers.objective import LoopWeights, RunStats, loop_score, run_stats
+from kitune.optimizers.program_task import eval_key, get_program_task, program_names
+from kitune.optimizers.setting import Evaluation, LoopSplit, Proposal, Setting
 
 if TYPE_CHECKING:
-    from kitune.evaluation.metrics import Trace
     from kitune.evaluation.report import RunSummary
     from kitune.experiments.prompts import PromptRegistry
     from kitune.experiments.tracking import Tracker
 
 __all__ = [
-    "LOOP_PROGRAMS",
-    "WRITE_ONLY_PROGRAMS",
     "Evaluation",
     "IterationRecord",
     "LoopEnv",
@@ -69,88 +67,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-LoopSplit = Literal["tune", "validation"]
-
-WRITE_ONLY_PROGRAMS: tuple[str, ...] = ("disambiguator",)
-"""Programs whose instruction changes what is *written* to the KI store, never what an
-evaluation reads: a proposal changing only these is judged by its own task metric
-(``improve_<program>_best_score`` > ``improve_<program>_baseline_score``) with the validation
-run unchanged, since validation cannot see it."""
-
-
-@dataclass(frozen=True)
-class Setting:
-    """What the loop tunes: instruction texts per program and numeric config overrides."""
-
-    prompts: Mapping[str, str]
-    """Program name (``extractor``, ``rewriter``, ``disambiguator``) → instruction text."""
-    knobs: Mapping[str, int | float] = field(default_factory=dict)
-    """Dotted config key → value (``retrieval.rrf_k`` …), applied as config overrides."""
-
-    @property
-    def key(self) -> str:
-        """8 hex characters identifying the setting (same texts and knobs ⇒ same key)."""
-        blob = json.dumps({"p": dict(self.prompts), "k": dict(self.knobs)}, sort_keys=True)
-        return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:8]
-
-    @property
-    def eval_key(self) -> str:
-        """8 hex characters identifying what an evaluation of the setting reads.
-
-        Leaves out the instructions of :data:`WRITE_ONLY_PROGRAMS` (the disambiguator writes KIs;
-        what it wrote is covered by the KI store's state), so two settings that differ only there
-        share their evaluations.
-        """
-        prompts = {k: v for k, v in self.prompts.items() if k not in WRITE_ONLY_PROGRAMS}
-        blob = json.dumps({"p": prompts, "k": dict(self.knobs)}, sort_keys=True)
-        return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:8]
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able dict."""
-        return {"prompts": dict(self.prompts), "knobs": dict(self.knobs)}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Setting:
-        """Inverse of :meth:`to_dict`."""
-        return cls(prompts=dict(data.get("prompts", {})), knobs=dict(data.get("knobs", {})))
-
-    def changed_programs(self, other: Setting) -> list[str]:
-        """Programs whose instruction differs from ``other``'s, sorted."""
-        names = set(self.prompts) | set(other.prompts)
-        return sorted(n for n in names if self.prompts.get(n) != other.prompts.get(n))
-
-
-@dataclass(frozen=True)
-class Evaluation:
-    """One setting evaluated on one split."""
-
-    summary: RunSummary
-    """Aggregates of the run."""
-    traces: tuple[Trace, ...] = ()
-    """Per-question traces."""
-    metrics: Mapping[str, float] = field(default_factory=dict)
-    """Extra measures (extraction feedback, flips …) to log."""
-    gold_docids: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    """Query id → answer-bearing documents (for failure kinds); empty: evidence documents."""
-    retrieved: Mapping[str, tuple[str, ...]] | None = None
-    """Query id → KI ids the agent's look-ups returned (None: not recorded)."""
-    store_state: str = ""
-    """Fingerprint of the KI store the run read (changes whenever KIs are written or expire)."""
-
-
-@dataclass(frozen=True)
-class Proposal:
-    """What ``env.improve`` proposes."""
-
-    setting: Setting
-    """The candidate setting (may equal the current one: nothing found)."""
-    metrics: Mapping[str, float] = field(default_factory=dict)
-    """Measures of the improvement step (metric calls, feedback KIs written, flips …)."""
-    programs: Mapping[str, Any] = field(default_factory=dict)
-    """Program name → optimised ``dspy.Module`` (its state is logged as JSON)."""
-    notes: Mapping[str, Any] = field(default_factory=dict)
-    """JSON-able details (stop reasons, knob trials …), logged as ``improve.json``."""
 
 
 class LoopEnv(Protocol):
@@ -252,7 +168,7 @@ def initial_prompts(
     Raises:
         ConfigError: a program has no packaged instruction.
     """
-    from kitune.programs.instructions import load_instruction, prompt_name
+    from kitune.programs.instructions import prompt_name
 
     out: dict[str, str] = {}
     for program in programs:
@@ -262,18 +178,15 @@ def initial_prompts(
                 text = registry.get(prompt_name(corpus, program), "production").text
             except (PromptNotFoundError, TrackingError):
                 text = None
-        out[program] = text if text is not None else load_instruction(program).text
+        out[program] = text if text is not None else get_program_task(program).start_instruction()
     return out
-
-
-LOOP_PROGRAMS: tuple[str, ...] = ("extractor", "rewriter", "disambiguator")
-"""The programs whose prompts a loop setting can hold."""
 
 
 def start_prompts(programs: Sequence[str], *, corpus: str, registry: PromptRegistry | None) -> dict[str, str]:
     """The loop's start setting: the tuned programs' prompts plus every fixed program's production one.
 
-    :func:`initial_prompts` for ``programs``; then each other program of :data:`LOOP_PROGRAMS`
+    :func:`initial_prompts` for ``programs``; then each other registered program
+    (:func:`~kitune.optimizers.program_task.program_names`)
     whose registry ``production`` version differs from its packaged instruction (for example the
     extractor ``kitune bootstrap`` drafted for a new domain) is added, so a loop that tunes only
     the disambiguator still extracts with the domain's extractor. Programs left out run their
@@ -287,15 +200,13 @@ def start_prompts(programs: Sequence[str], *, corpus: str, registry: PromptRegis
     Raises:
         ConfigError: a program has no packaged instruction.
     """
-    from kitune.programs.instructions import load_instruction
-
     out = initial_prompts(programs, corpus=corpus, registry=registry)
     if registry is None:
         return out
-    for program in LOOP_PROGRAMS:
+    for program in program_names():
         if program not in out:
             text = initial_prompts((program,), corpus=corpus, registry=registry)[program]
-            if text != load_instruction(program).text:
+            if text != get_program_task(program).start_instruction():
                 out[program] = text
     return out
 
@@ -494,7 +405,7 @@ def _register(
 
 
 def _decide_write_only(changed: Sequence[str], metrics: Mapping[str, float]) -> Decision:
-    """Accept a change to write-only programs when its own task metric improved (see WRITE_ONLY_PROGRAMS)."""
+    """Accept a change to write-only programs when their own task metric improved (``write_only``)."""
     gains = {p: (metrics.get(f"{p}_best_score"), metrics.get(f"{p}_baseline_score")) for p in changed}
     text = ", ".join(f"{p} {b} → {a}" for p, (a, b) in gains.items())
     if all(a is not None and b is not None and a > b for a, b in gains.values()):
@@ -610,7 +521,7 @@ def run_loop(
             # the improve step may have written KIs: re-measure the current setting on the store
             # as it is now, so current and candidate are compared on one store state
             cur_after = env.evaluate(current, "validation")
-            reads_changed = knobs_changed or proposal.setting.eval_key != current.eval_key
+            reads_changed = knobs_changed or eval_key(proposal.setting) != eval_key(current)
             if reads_changed and not problems:
                 cand = env.evaluate(proposal.setting, "validation")
             else:

@@ -1,7 +1,7 @@
 """The three improvements of one loop iteration, as functions of a :class:`ServiceLoopEnv`.
 
-* :func:`optimize_program` — GEPA (or MIPROv2) on one program's task
-  (:mod:`kitune.optimizers.tasks`): the extractor on its tuning questions' gold documents, the
+* :func:`optimize_program` — the configured optimiser on one program's task (one file each in
+  :mod:`kitune.optimizers.programs`): the extractor on its tuning questions' gold documents, the
   rewriter through whole agent episodes, the disambiguator on the tuning failures;
 * :func:`tune_knobs` — Optuna over the retrieval knobs with the LLM-free
   :func:`knob_objective` (answer-bearing recall of ``get_context`` on the tuning questions), the
@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -22,8 +22,10 @@ from kitune.config import KituneConfig
 from kitune.errors import ConfigError
 from kitune.optimizers.budget import OptimizerBudget
 from kitune.optimizers.feedback import FeedbackReport, count_flips, write_disambiguation_kis
+from kitune.optimizers.improve_env import ImproveInput
 from kitune.optimizers.loop import Evaluation, Setting
 from kitune.optimizers.objective import text_contains_answer
+from kitune.optimizers.program_task import get_program_task
 from kitune.optimizers.registry import make_optimizer
 
 if TYPE_CHECKING:
@@ -212,89 +214,31 @@ def reflection_fallback(cfg: KituneConfig) -> str | None:
     )
 
 
-def optimize_program(
-    env: ServiceLoopEnv,
-    program: str,
-    setting: Setting,
-    failures: Sequence[Any],
-    iteration: int,
-    *,
-    tune: Evaluation | None = None,
-    kinds: Mapping[str, str | None] | None = None,
-) -> Any:
-    """Run the optimiser on one program's task; None when it has no examples.
+def optimize_program(env: ServiceLoopEnv, program: str, inp: ImproveInput) -> Any:
+    """Run the optimiser on one program's task (``optimizers/programs/``); None without examples.
 
-    With the tuning run (``tune``) and its failure kinds, the extractor's examples carry what
-    the agent did with each gold document's KIs (:func:`kitune.optimizers.tasks.extraction_outcomes`),
-    the gold documents of no-candidate failures first; the rewriter's per-question metric takes
-    each question's tokens in ``tune`` as its reference.
+    The task builds the module, the examples and the stage metric from the iteration's input (the
+    tuning run, its failures and failure kinds); with 4 or more examples the first half proposes
+    and the second half scores, else all of them do both (the loop's own validation split guards
+    over-fitting). The module runs on the task's LM role.
 
     Raises:
+        ConfigError: unknown program, or the optimiser refused its metric, LM or budget.
         OptimizationError: the optimiser failed.
     """
     import dspy
 
-    from kitune.optimizers import tasks
-    from kitune.optimizers.objective import LoopWeights
-
-    env.log(f"optimise {program} with {env.opts.optimizer} (iteration {iteration})")
-    if program == "extractor":
-        outcomes: dict[str, str] = {}
-        first: list[str] = []
-        if tune is not None:
-            outcomes = tasks.extraction_outcomes(env.tune, tune.traces, env.kis_by_doc(setting), kinds=kinds)
-            first = [
-                d
-                for q in env.tune
-                if (kinds or {}).get(q.query_id) == "no_candidate"
-                for d in (q.gold_docids or q.evidence_docids)
-            ]
-        examples = tasks.extractor_examples(env.tune, env.get_document, outcomes=outcomes, first=first)
-        module: Any = env.extractor(setting)
-        metric: Callable[..., Any] = tasks.extractor_metric
-        lm = env.deps.lms["extract"]
-    elif program == "rewriter":
-        from kitune.programs.query_rewriter import QueryRewriter
-
-        examples = tasks.qa_examples(env.tune)
-        lm = env.deps.lms["rewrite"]
-
-        def factory(rw: Any) -> Any:
-            return env.context_fn(setting, rewriter=rw)
-
-        module = tasks.InContextQA(
-            QueryRewriter(setting.prompts["rewriter"]),
-            context_factory=factory,
-            chat_model=env.deps.chat_model,
-            cfg=env.setting_cfg(setting),
-            judge=env.deps.judge,
-            corpus_store=env.deps.corpus_store,
-        )
-        refs = {
-            t.query_id: float(t.input_tokens + t.tool_input_tokens) for t in (tune.traces if tune else ())
-        }
-        metric = tasks.make_rewriter_metric(LoopWeights.from_config(env.cfg), refs)
-    elif program == "disambiguator":
-        from kitune.programs.disambiguator import Disambiguator
-        from kitune.service.context import context_ids
-
-        examples = tasks.disambiguator_examples(failures, env.get_document)
-        module = tasks.CheckedDisambiguator(
-            Disambiguator(setting.prompts["disambiguator"], corpus=env.cfg.corpus_name)
-        )
-        store = env.store_for(setting)
-        metric = tasks.disambiguator_metric(store, context_ids(store=store, cfg=env.setting_cfg(setting)))
-        lm = env.deps.lms["extract"]
-    else:
-        raise ConfigError(f"unknown program {program!r}: use extractor, rewriter or disambiguator")
-    if not examples:
+    task = get_program_task(program)
+    env.log(f"optimise {program} with {env.opts.optimizer} (iteration {inp.iteration})")
+    setup = task.setup(env, inp)
+    if setup is None or not setup.examples:
         env.log(f"{program}: no examples this iteration, skipped")
         return None
-    # the loop's own validation split guards over-fitting; inside, small sets are used whole
+    examples = list(setup.examples)
     half = len(examples) // 2
     train, val = (examples[:half], examples[half:]) if len(examples) >= 4 else (examples, examples)
-    with dspy.context(lm=lm):
-        return make_program_optimizer(env, metric).compile(module, trainset=train, valset=val)
+    with dspy.context(lm=env.deps.lms[task.lm_role]):
+        return make_program_optimizer(env, setup.metric).compile(setup.module, trainset=train, valset=val)
 
 
 def knob_objective(env: ServiceLoopEnv, setting: Setting) -> Callable[[dict[str, int | float]], float]:

@@ -50,11 +50,15 @@ from kitune.data.loaders import Question
 from kitune.errors import DocumentNotFoundError, OptimizationError
 from kitune.evaluation.failures import classify_failure
 from kitune.evaluation.report import summarize
+from kitune.optimizers.budget import OptimizerBudget
 from kitune.optimizers.feedback import collect_failures
+from kitune.optimizers.improve_env import ImproveInput
 from kitune.optimizers.ledger import FailureLedger
 from kitune.optimizers.loop import Evaluation, Proposal, Setting
 from kitune.optimizers.objective import answer_coverage
+from kitune.optimizers.program_task import eval_key, get_program_task
 from kitune.schema import Document, Filter
+from kitune.service import improve
 from kitune.service.eval_cache import EvalCache, lookup_record, store_fingerprint
 from kitune.service.improve import reflection_context_tokens, reflection_fallback
 from kitune.service.prompts import versioned_store_cfg
@@ -75,9 +79,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-_PREDICTOR = {"extractor": "extract", "rewriter": "rewriter.planner", "disambiguator": "program.writer"}
-"""Program → the predictor name its optimisation task exposes."""
 
 DISAMBIGUATION_KINDS = ("wrong_entity", "wrong_number")
 """Failure kinds the feedback step turns into disambiguation KIs."""
@@ -230,6 +231,45 @@ class ServiceLoopEnv:
             rewriter=rw,
         )
 
+    def context_ids(self, setting: Setting, size: int | None = None) -> Callable[[str], list[str]]:
+        """Query → KI ids ``get_context`` returns on the setting's store (plain plan; ``size`` None: 10)."""
+        from kitune.service.context import context_ids
+
+        store, cfg = self.store_for(setting), self.setting_cfg(setting)
+        return (
+            context_ids(store=store, cfg=cfg)
+            if size is None
+            else context_ids(store=store, cfg=cfg, size=size)
+        )
+
+    def lookup_texts(self, setting: Setting, query: str, knobs: Mapping[str, int | float]) -> list[str]:
+        """``"<title> <description>"`` of each KI ``get_context`` returns for ``query``, best first.
+
+        ``knobs`` apply on top of the setting's (plain plan, ``retrieval.default_size`` KIs).
+
+        The store's own retrieval knobs are swapped for the call under :attr:`lock` (the knob
+        objective asks many settings of one store).
+        """
+        from kitune.config import RetrievalConfig
+        from kitune.service.context import get_context
+
+        store = self.store_for(setting)
+        cfg = with_overrides(self.setting_cfg(setting), knobs)
+        with self.lock:
+            old = getattr(store, "retrieval", None)
+            if old is not None:
+                store.retrieval = RetrievalConfig.model_validate(cfg.retrieval.model_dump())  # type: ignore[attr-defined]
+            try:
+                resp = get_context(query, store=store, size=cfg.retrieval.default_size, cfg=cfg)
+                return [f"{k.title} {k.description}" for k in resp.kis]
+            finally:
+                if old is not None:
+                    store.retrieval = old  # type: ignore[attr-defined]
+
+    def optimizer_budget(self) -> OptimizerBudget:
+        """The optimisers' budget (see :func:`kitune.service.improve.optimizer_budget`)."""
+        return improve.optimizer_budget(self)
+
     def ensure_extracted(self, setting: Setting, questions: Sequence[Question]) -> dict[str, float]:
         """Extract the documents ``questions`` need (plus distractors) not yet done for this version.
 
@@ -336,7 +376,7 @@ class ServiceLoopEnv:
 
         def on_trace(trace: Trace) -> None:
             self.evals.log_observations(
-                setting.eval_key, state, trace.query_id, calls.pop(trace.query_id, [])
+                eval_key(setting), state, trace.query_id, calls.pop(trace.query_id, [])
             )
 
         return evaluate(
@@ -371,9 +411,9 @@ class ServiceLoopEnv:
         if coverage is not None:
             metrics["extract_answer_coverage"] = coverage
         state = store_fingerprint(self.store_for(setting))
-        path = self.evals.traces_path(setting.eval_key, state)
+        path = self.evals.traces_path(eval_key(setting), state)
         reused, have = self.evals.reuse_unaffected(
-            setting.eval_key, questions, state, path, lambda: self.context_fn(setting)
+            eval_key(setting), questions, state, path, lambda: self.context_fn(setting)
         )
         fresh = [q for q in questions if q.query_id not in have]
         self.log(
@@ -383,7 +423,7 @@ class ServiceLoopEnv:
         traces = self.run_agent(setting, questions, traces_path=path, store_state=state)
         metrics["eval_reused"] = float(reused)
         metrics["eval_run"] = float(len(fresh))
-        obs = self.evals.observations(setting.eval_key)
+        obs = self.evals.observations(eval_key(setting))
         retrieved = {
             q.query_id: tuple(dict.fromkeys(k for c in obs.get((state, q.query_id), []) for k in c["ki_ids"]))
             for q in questions
@@ -402,8 +442,6 @@ class ServiceLoopEnv:
         self, setting: Setting, tune: Evaluation, iteration: int, *, ledger: FailureLedger | None = None
     ) -> Proposal:
         """Prompt optimisation of each selected program, Optuna knobs, then feedback KIs routed by kind."""
-        from kitune.service import improve
-
         prompts = dict(setting.prompts)
         knobs: dict[str, int | float] = dict(setting.knobs)
         metrics: dict[str, float] = {}
@@ -411,13 +449,12 @@ class ServiceLoopEnv:
         programs: dict[str, Any] = {}
         failures = collect_failures(tune.traces, self.tune)
         kinds = {t.query_id: classify_failure(t, tune.gold_docids.get(t.query_id)) for t in tune.traces}
+        inp = ImproveInput(setting, tune, iteration, tuple(failures), kinds, ledger)
         for program in self.opts.programs:
             if program not in prompts:
                 continue
             try:
-                result = improve.optimize_program(
-                    self, program, setting, failures, iteration, tune=tune, kinds=kinds
-                )
+                result = improve.optimize_program(self, program, inp)
             except OptimizationError as e:  # one program's failure never sinks the iteration
                 notes[f"{program}_error"] = str(e)[:1000]
                 metrics[f"{program}_failed"] = 1.0
@@ -425,7 +462,7 @@ class ServiceLoopEnv:
                 continue
             if result is None:
                 continue
-            new_text = result.best_candidate.get(_PREDICTOR[program], prompts[program])
+            new_text = result.best_candidate.get(get_program_task(program).predictor, prompts[program])
             metrics[f"{program}_metric_calls"] = float(result.metric_calls)
             metrics[f"{program}_best_score"] = result.best_score
             if result.baseline_score is not None:
