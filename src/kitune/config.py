@@ -469,6 +469,12 @@ class OptimizeConfig(_Section):
         description="Proposals (reflection + minibatch evaluations) a GEPA budget must be able to pay for; "
         "see kitune.optimizers.gepa.min_metric_calls.",
     )
+    improvers: list[str] = Field(
+        default_factory=lambda: ["prompts", "knobs", "disambiguation"],
+        description="The improve step's rooms, in order (kitune.optimizers.improvers; plug-ins register "
+        "more): prompts (the optimiser on each tuned program), knobs (Optuna, when --knob-trials > 0), "
+        "disambiguation (feedback KIs, with --feedback). Checked against the registry when the loop starts.",
+    )
     reflection_context_tokens: int | None = Field(
         default=None,
         ge=512,

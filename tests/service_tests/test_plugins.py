@@ -20,6 +20,7 @@ from opt_fakes import RuleLM
 
 from kitune.config import KituneConfig
 from kitune.errors import ConfigError
+from kitune.optimizers.improver import IMPROVERS, register_improver, unregister_improver
 from kitune.optimizers.program_task import PROGRAM_TASKS, register_program_task, unregister_program_task
 from kitune.optimizers.registry import OPTIMIZERS, register_optimizer, unregister_optimizer
 from kitune.service.optimize import OptimizeOptions, run_optimize
@@ -172,3 +173,47 @@ def test_the_cli_accepts_a_registered_toy_program(
         ("extractor", "toy"),
         ("extractor", "rewriter", "disambiguator", "toy"),  # the default: every registered program
     ]
+
+
+@pytest.fixture
+def toy_improver() -> Iterator[ModuleType]:
+    module = importlib.import_module("toy_improver")  # the one file that adds the improver
+    if "toy-knob" not in IMPROVERS:
+        register_improver(module.TOY)
+    module.TOY.calls = 0
+    yield module
+    unregister_improver("toy-knob")
+
+
+def test_a_toy_improver_in_one_file_is_folded_into_the_improve_step(
+    tmp_path: Path, toy_improver: ModuleType
+) -> None:
+    data = write_dataset(tmp_path / "data")
+    deps = make_deps(RuleLM(_task_rule), RuleLM(reflection_rule, json=True))
+    cfg = _cfg(tmp_path).model_copy(deep=True)
+    cfg.optimize.improvers = ["prompts", "knobs", "disambiguation", "toy-knob"]
+    opts = OptimizeOptions(
+        data_dir=data, iterations=1, programs=("extractor",), feedback=False, distractors=1, progress=False
+    )
+    tracker = RecordingTracker()
+    res = run_optimize(cfg, opts, deps=deps, tracker=tracker)
+    rec = res.loop.history[0]
+    run = tracker.by_name("iteration-0")
+    assert run.metrics["improve_toy_calls"] == 1.0 and toy_improver.TOY.calls == 1
+    assert run.metrics["improve_extractor_proposals"] == 1.0  # the built-in rooms ran too
+    notes = json.loads(str(run.artifacts["improve.json"]))
+    assert notes["toy"] == "saw iteration 0 with 1 failure(s)"
+    assert rec.changed == ("extractor",) and rec.accepted
+    assert dict(res.loop.setting.knobs) == {"retrieval.rrf_k": 7}  # the toy's knob rode along
+
+
+def test_an_unknown_improver_in_the_config_stops_the_loop_before_any_work(tmp_path: Path) -> None:
+    data = write_dataset(tmp_path / "data")
+    cfg = _cfg(tmp_path).model_copy(deep=True)
+    cfg.optimize.improvers = ["prompts", "signals"]
+    deps = make_deps(RuleLM(_task_rule), RuleLM(reflection_rule, json=True))
+    with pytest.raises(ConfigError, match=r"unknown improver\(s\) \['signals'\] \(optimize.improvers\)"):
+        run_optimize(
+            cfg, OptimizeOptions(data_dir=data, progress=False), deps=deps, tracker=RecordingTracker()
+        )
+    assert deps.lms["extract"].calls == 0

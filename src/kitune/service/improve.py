@@ -1,19 +1,18 @@
-"""The three improvements of one loop iteration, as functions of a :class:`ServiceLoopEnv`.
+"""The service side of the improve step: the optimisers' budget and what the reflection model is.
 
-* :func:`optimize_program` — the configured optimiser on one program's task (one file each in
-  :mod:`kitune.optimizers.programs`): the extractor on its tuning questions' gold documents, the
-  rewriter through whole agent episodes, the disambiguator on the tuning failures;
-* :func:`tune_knobs` — Optuna over the retrieval knobs with the LLM-free
-  :func:`knob_objective` (answer-bearing recall of ``get_context`` on the tuning questions), the
-  study on disk at ``<state>/knobs.journal`` so it resumes;
-* :func:`write_feedback` — disambiguation KIs from the failures (:func:`write_setting_kis`, which
-  the demo's feedback step uses too), then the flips they cause on the tuning questions.
+The improve step itself is a fold over improvers in :mod:`kitune.optimizers.improvers` (prompt
+optimisation, knob tuning, disambiguation feedback), which see the environment through
+:class:`kitune.optimizers.improve_env.ImproveEnv`. What needs the config, the environment
+variables or the network lives here:
+
+* :func:`optimizer_budget` — the loop's :class:`~kitune.optimizers.budget.OptimizerBudget`;
+* :func:`reflection_context_tokens` / :func:`server_context_window` — the reflection model's
+  context window (config, the embedded model, LiteLLM's table, else the server's own report);
+* :func:`reflection_fallback` — the warning when no reflection model is configured.
 """
 
 from __future__ import annotations
 
-import random
-from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -21,40 +20,11 @@ import httpx
 from kitune.config import KituneConfig
 from kitune.errors import ConfigError
 from kitune.optimizers.budget import OptimizerBudget
-from kitune.optimizers.feedback import FeedbackReport, count_flips, write_disambiguation_kis
-from kitune.optimizers.improve_env import ImproveInput
-from kitune.optimizers.loop import Evaluation, Setting
-from kitune.optimizers.objective import text_contains_answer
-from kitune.optimizers.program_task import get_program_task
-from kitune.optimizers.registry import make_optimizer
 
 if TYPE_CHECKING:
-    from kitune.optimizers.ledger import FailureLedger
-    from kitune.service.optimize import ServiceLoopEnv
+    from kitune.service.loop_env import ServiceLoopEnv
 
-__all__ = [
-    "RETRIEVAL_KNOBS",
-    "knob_objective",
-    "make_program_optimizer",
-    "optimize_program",
-    "optimizer_budget",
-    "reflection_context_tokens",
-    "reflection_fallback",
-    "server_context_window",
-    "tune_knobs",
-    "write_feedback",
-    "write_setting_kis",
-]
-
-RETRIEVAL_KNOBS = (
-    "retrieval.branch_size",
-    "retrieval.rrf_k",
-    "retrieval.tag_weight",
-    "retrieval.lexical_weight",
-    "retrieval.semantic_weight",
-    "retrieval.confidence_floor",
-)
-"""Knobs the LLM-free objective can measure (no re-extraction or agent run needed)."""
+__all__ = ["optimizer_budget", "reflection_context_tokens", "reflection_fallback", "server_context_window"]
 
 
 def optimizer_budget(env: ServiceLoopEnv) -> OptimizerBudget:
@@ -77,17 +47,6 @@ def optimizer_budget(env: ServiceLoopEnv) -> OptimizerBudget:
         min_proposals=o.min_proposals,
         reflection_context_tokens=env.reflection_window(),
         reflection_max_tokens=env.cfg.lm.reflection.max_tokens,
-    )
-
-
-def make_program_optimizer(env: ServiceLoopEnv, metric: Callable[..., Any]) -> Any:
-    """The optimiser the options name (from the registry), seeded from the environment's RNG."""
-    return make_optimizer(
-        env.opts.optimizer,
-        metric,
-        reflection_lm=env.deps.lms["reflection"],
-        budget=optimizer_budget(env),
-        rng=random.Random(env.rng.randrange(2**31)),
     )
 
 
@@ -212,153 +171,3 @@ def reflection_fallback(cfg: KituneConfig) -> str | None:
         f"no reflection model configured (lm.reflection.model): the optimisers reflect with {label}{shared}; "
         "set lm.reflection.model to a stronger model for better proposals"
     )
-
-
-def optimize_program(env: ServiceLoopEnv, program: str, inp: ImproveInput) -> Any:
-    """Run the optimiser on one program's task (``optimizers/programs/``); None without examples.
-
-    The task builds the module, the examples and the stage metric from the iteration's input (the
-    tuning run, its failures and failure kinds); with 4 or more examples the first half proposes
-    and the second half scores, else all of them do both (the loop's own validation split guards
-    over-fitting). The module runs on the task's LM role.
-
-    Raises:
-        ConfigError: unknown program, or the optimiser refused its metric, LM or budget.
-        OptimizationError: the optimiser failed.
-    """
-    import dspy
-
-    task = get_program_task(program)
-    env.log(f"optimise {program} with {env.opts.optimizer} (iteration {inp.iteration})")
-    setup = task.setup(env, inp)
-    if setup is None or not setup.examples:
-        env.log(f"{program}: no examples this iteration, skipped")
-        return None
-    examples = list(setup.examples)
-    half = len(examples) // 2
-    train, val = (examples[:half], examples[half:]) if len(examples) >= 4 else (examples, examples)
-    with dspy.context(lm=env.deps.lms[task.lm_role]):
-        return make_program_optimizer(env, setup.metric).compile(setup.module, trainset=train, valset=val)
-
-
-def knob_objective(env: ServiceLoopEnv, setting: Setting) -> Callable[[dict[str, int | float]], float]:
-    """LLM-free knob objective: share of tuning questions whose top KIs (plain plan) state the answer."""
-    from kitune.config import RetrievalConfig, with_overrides
-    from kitune.service.context import get_context
-
-    store = env.store_for(setting)
-    base = env.setting_cfg(setting)
-
-    def objective(params: dict[str, int | float]) -> float:
-        cfg = with_overrides(base, params)
-        with env.lock:
-            old = getattr(store, "retrieval", None)
-            if old is not None:
-                store.retrieval = RetrievalConfig.model_validate(cfg.retrieval.model_dump())  # type: ignore[attr-defined]
-            try:
-                hits = 0
-                for q in env.tune:
-                    resp = get_context(q.query, store=store, size=cfg.retrieval.default_size, cfg=cfg)
-                    hits += any(text_contains_answer(f"{k.title} {k.description}", q.golds) for k in resp.kis)
-            finally:
-                if old is not None:
-                    store.retrieval = old  # type: ignore[attr-defined]
-        return hits / len(env.tune) if env.tune else 0.0
-
-    return objective
-
-
-def tune_knobs(
-    env: ServiceLoopEnv, setting: Setting, iteration: int, notes: dict[str, Any], metrics: dict[str, float]
-) -> dict[str, int | float]:
-    """Run the Optuna study (on disk, resumes) and return knob overrides if they beat the current ones."""
-    from kitune.optimizers.knobs import DEFAULT_KNOBS, KnobSpace, KnobStudy
-
-    space = KnobSpace(tuple(k for k in DEFAULT_KNOBS if k.key in RETRIEVAL_KNOBS))
-    objective = knob_objective(env, setting)
-    current = {k: v for k, v in space.current(env.setting_cfg(setting)).items()}
-    baseline = objective(dict(current))
-    study = KnobStudy(
-        env.state_dir / "knobs.journal",
-        f"{env.opts.run_name}-{setting.key}",
-        space=space,
-        seed=env.cfg.optimize.seed,
-    )
-    if not study.trials():
-        study.enqueue(current)
-    done = study.optimize(objective, env.opts.knob_trials)
-    best = study.best()
-    metrics.update(
-        {
-            "knob_trials": float(len(done)),
-            "knob_baseline": baseline,
-            "knob_best": float(best.value or 0.0),
-        }
-    )
-    notes["knob_best_params"] = dict(best.params)
-    if best.value is not None and best.value > baseline:
-        return dict(best.params)
-    return {}
-
-
-def write_setting_kis(
-    env: ServiceLoopEnv, setting: Setting, failures: Sequence[Any], *, what: str = "failure(s)"
-) -> FeedbackReport:
-    """Write disambiguation KIs from ``failures`` into the setting's store.
-
-    The setting's disambiguator prompt writes them; the extract LM answers; candidates come from
-    the setting's ``get_context`` at its default size.
-
-    Args:
-        env: the loop's environment (store, documents, LMs, log).
-        setting: whose store, knobs and disambiguator prompt are used.
-        failures: the wrong answers to write KIs for.
-        what: how the progress line names the failures.
-
-    Returns:
-        What :func:`~kitune.optimizers.feedback.write_disambiguation_kis` did.
-    """
-    from kitune.programs.disambiguator import Disambiguator
-    from kitune.service.context import context_ids
-
-    store = env.store_for(setting)
-    cfg = env.setting_cfg(setting)
-    env.log(f"feedback: {len(failures)} {what} → disambiguation KIs")
-    return write_disambiguation_kis(
-        failures,
-        store=store,
-        disambiguator=Disambiguator(setting.prompts.get("disambiguator"), corpus=cfg.corpus_name),
-        get_document=env.get_document,
-        context_fn=context_ids(store=store, cfg=cfg, size=cfg.retrieval.default_size),
-        lm=env.deps.lms["extract"],
-        top_k=cfg.retrieval.default_size,
-    )
-
-
-def write_feedback(
-    env: ServiceLoopEnv,
-    setting: Setting,
-    tune: Evaluation,
-    failures: Sequence[Any],
-    iteration: int,
-    *,
-    ledger: FailureLedger | None = None,
-    notes: dict[str, Any] | None = None,
-) -> dict[str, float]:
-    """Write disambiguation KIs from ``failures``, note them in the ledger, count tuning flips.
-
-    The flips are measured by evaluating the setting on the tuning split again: the store has
-    changed, so only the questions whose look-ups now return something different re-run, and
-    the next iteration reuses these traces.
-    """
-    report = write_setting_kis(env, setting, failures)
-    if ledger is not None:
-        for qid, prediction, ki_id, reason in report.outcomes:
-            ledger.note_feedback(iteration, qid, prediction, [ki_id] if ki_id else [], reason)
-    metrics = report.to_metrics()
-    if notes is not None and report.messages:
-        notes["feedback_rejections"] = dict(report.messages)  # the first full message per reason
-    if report.written:
-        after = env.evaluate(setting, "tune")
-        metrics.update(count_flips(tune.traces, after.traces).to_metrics())
-    return metrics

@@ -20,14 +20,13 @@ What it does per loop step:
   saw before, so the trace is reused; otherwise the question is run again. A rerun, or another
   split of the same setting on the same store, reuses finished questions
   (:class:`~kitune.service.eval_cache.EvalCache`);
-* **improve** — (a) prompt optimisation (GEPA or MIPROv2) of each selected program (the
-  extractor with feedback on what the agent did with each gold document's KIs, the gold
-  documents of no-candidate failures first), (b) Optuna knobs with an LLM-free objective
-  (answer-bearing recall of the KIs ``get_context`` returns for the tuning questions, plain
-  plans), its study on disk at ``<state>/knobs.journal``, and (c) feedback KIs, routed by
-  failure kind: wrong-entity and wrong-number failures go to the disambiguator unless the
-  failure ledger says the question already had ``optimize.max_feedback_attempts`` attempts or
-  one for the same wrong answer (the three live in :mod:`kitune.service.improve`).
+* **improve** — a fold over the configured improvers (``optimize.improvers``, one file each in
+  :mod:`kitune.optimizers.improvers`): (a) ``prompts``, the optimiser on each selected
+  program's task (:mod:`kitune.optimizers.programs`), (b) ``knobs``, Optuna with an LLM-free
+  objective, its study on disk at ``<state>/knobs.journal``, and (c) ``disambiguation``,
+  feedback KIs routed by failure kind through the failure ledger. They see this environment
+  through :class:`kitune.optimizers.improve_env.ImproveEnv` (``context_ids``, ``lookup_texts``,
+  ``optimizer_budget`` … are here for them).
 
 Every dependency (LMs, agent model, judge, store factory, corpus store) can be injected through
 :class:`LoopDeps`, so the whole loop runs in tests with scripted models
@@ -47,16 +46,17 @@ from typing import TYPE_CHECKING, Any
 from kitune.config import KituneConfig, with_overrides
 from kitune.data.examples import split_questions
 from kitune.data.loaders import Question
-from kitune.errors import DocumentNotFoundError, OptimizationError
+from kitune.errors import DocumentNotFoundError
 from kitune.evaluation.failures import classify_failure
 from kitune.evaluation.report import summarize
 from kitune.optimizers.budget import OptimizerBudget
 from kitune.optimizers.feedback import collect_failures
 from kitune.optimizers.improve_env import ImproveInput
+from kitune.optimizers.improver import IMPROVERS, run_improvers
 from kitune.optimizers.ledger import FailureLedger
 from kitune.optimizers.loop import Evaluation, Proposal, Setting
 from kitune.optimizers.objective import answer_coverage
-from kitune.optimizers.program_task import eval_key, get_program_task
+from kitune.optimizers.program_task import eval_key
 from kitune.schema import Document, Filter
 from kitune.service import improve
 from kitune.service.eval_cache import EvalCache, lookup_record, store_fingerprint
@@ -71,17 +71,9 @@ if TYPE_CHECKING:
     from kitune.service.optimize import OptimizeOptions
     from kitune.usage import TokenLedger
 
-__all__ = [
-    "DISAMBIGUATION_KINDS",
-    "LoopDeps",
-    "ServiceLoopEnv",
-    "route_feedback",
-]
+__all__ = ["LoopDeps", "ServiceLoopEnv"]
 
 logger = logging.getLogger(__name__)
-
-DISAMBIGUATION_KINDS = ("wrong_entity", "wrong_number")
-"""Failure kinds the feedback step turns into disambiguation KIs."""
 
 
 @dataclass
@@ -144,6 +136,7 @@ class ServiceLoopEnv:
         self.evals = EvalCache(state_dir / "evals", self.lock)
         """Traces and look-up log of every evaluation, keyed by setting and store state."""
         self.rng = random.Random(cfg.optimize.seed)
+        IMPROVERS.check(cfg.optimize.improvers, setting="optimize.improvers")
         self._window: tuple[int | None] | None = None
         self.reflection_note = reflection_fallback(cfg)
         """Why the optimisers reflect with the task model (no ``lm.reflection.model``), or None."""
@@ -441,91 +434,18 @@ class ServiceLoopEnv:
     def improve(
         self, setting: Setting, tune: Evaluation, iteration: int, *, ledger: FailureLedger | None = None
     ) -> Proposal:
-        """Prompt optimisation of each selected program, Optuna knobs, then feedback KIs routed by kind."""
-        prompts = dict(setting.prompts)
-        knobs: dict[str, int | float] = dict(setting.knobs)
-        metrics: dict[str, float] = {}
-        notes: dict[str, Any] = {}
-        programs: dict[str, Any] = {}
+        """Fold the configured improvers (``optimize.improvers``) over this iteration's input.
+
+        The input is the tuning run, its failures (:func:`~kitune.optimizers.feedback.collect_failures`)
+        and their failure kinds, and the ledger; see :func:`kitune.optimizers.improver.run_improvers`.
+        """
         failures = collect_failures(tune.traces, self.tune)
         kinds = {t.query_id: classify_failure(t, tune.gold_docids.get(t.query_id)) for t in tune.traces}
         inp = ImproveInput(setting, tune, iteration, tuple(failures), kinds, ledger)
-        for program in self.opts.programs:
-            if program not in prompts:
-                continue
-            try:
-                result = improve.optimize_program(self, program, inp)
-            except OptimizationError as e:  # one program's failure never sinks the iteration
-                notes[f"{program}_error"] = str(e)[:1000]
-                metrics[f"{program}_failed"] = 1.0
-                self.log(f"[yellow]{program}: optimisation skipped: {e}[/]")
-                continue
-            if result is None:
-                continue
-            new_text = result.best_candidate.get(get_program_task(program).predictor, prompts[program])
-            metrics[f"{program}_metric_calls"] = float(result.metric_calls)
-            metrics[f"{program}_best_score"] = result.best_score
-            if result.baseline_score is not None:
-                metrics[f"{program}_baseline_score"] = result.baseline_score
-            notes[f"{program}_stop_reason"] = result.stop_reason
-            if self.reflection_note:
-                notes["reflection_model"] = self.reflection_note
-            if "proposals" in result.details:
-                metrics[f"{program}_proposals"] = float(result.details["proposals"])
-            if result.stop_reason:
-                self.log(f"{program}: {result.stop_reason}")
-            if result.improved and new_text.strip():
-                prompts[program] = new_text
-                programs[program] = result.program
-        if self.opts.knob_trials > 0:
-            knobs.update(improve.tune_knobs(self, setting, iteration, notes, metrics))
-        if self.opts.feedback and failures:
-            routed, skipped = route_feedback(
-                failures, kinds, ledger, max_attempts=self.cfg.optimize.max_feedback_attempts
-            )
-            metrics.update({f"feedback_skipped_{k}": float(v) for k, v in skipped.items()})
-            if routed:
-                metrics.update(
-                    improve.write_feedback(self, setting, tune, routed, iteration, ledger=ledger, notes=notes)
-                )
-        return Proposal(Setting(prompts, knobs), metrics=metrics, programs=programs, notes=notes)
+        return run_improvers(self, inp, self.cfg.optimize.improvers)
 
     def close(self) -> None:
         """Close every store opened."""
         for store in self._stores.values():
             store.close()
         self._stores.clear()
-
-
-def route_feedback(
-    failures: Sequence[Any],
-    kinds: Mapping[str, str | None],
-    ledger: FailureLedger | None,
-    *,
-    max_attempts: int,
-) -> tuple[list[Any], dict[str, int]]:
-    """Which failures go to the disambiguator this iteration, and why the others do not.
-
-    A failure goes when its kind is in :data:`DISAMBIGUATION_KINDS` (a blank answer goes too, to
-    be counted as a rejected ``empty_prediction`` candidate) and the ledger allows another
-    attempt (fewer than ``max_attempts`` so far, and not for the same wrong answer as before).
-
-    Returns:
-        ``(failures to send, reason → count of the ones held back)``; reasons are the failure
-        kind (``no_candidate`` …, those go to extractor and rewriter feedback instead),
-        ``max_attempts`` and ``same_wrong_answer``.
-    """
-    routed: list[Any] = []
-    skipped: dict[str, int] = {}
-    for f in failures:
-        kind = kinds.get(f.query_id)
-        if f.prediction.strip() and kind not in DISAMBIGUATION_KINDS:
-            skipped[str(kind)] = skipped.get(str(kind), 0) + 1
-            continue
-        if ledger is not None and f.prediction.strip():
-            ok, why = ledger.should_attempt(f.query_id, f.prediction, max_attempts)
-            if not ok:
-                skipped[why] = skipped.get(why, 0) + 1
-                continue
-        routed.append(f)
-    return routed, skipped

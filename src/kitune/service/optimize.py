@@ -23,7 +23,7 @@ from kitune.optimizers.loop import LoopResult
 from kitune.optimizers.program_task import PROGRAM_TASKS, program_names
 from kitune.optimizers.registry import check_optimizer
 from kitune.service.eval_cache import store_fingerprint
-from kitune.service.loop_env import LoopDeps, ServiceLoopEnv, route_feedback
+from kitune.service.loop_env import LoopDeps, ServiceLoopEnv
 from kitune.service.slicing import load_slice, select_documents
 
 if TYPE_CHECKING:
@@ -38,7 +38,6 @@ __all__ = [
     "ServiceLoopEnv",
     "default_deps",
     "load_slice",
-    "route_feedback",
     "run_optimize",
     "select_documents",
     "store_fingerprint",
