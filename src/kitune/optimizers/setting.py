@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
-    from kitune.evaluation.metrics import Trace
     from kitune.evaluation.report import RunSummary
+    from kitune.evaluation.trace import Trace
 
 __all__ = ["Evaluation", "LoopSplit", "Proposal", "Setting"]
 

@@ -36,8 +36,9 @@ from kitune.optimizers.objective import LoopWeights, ki_contains_answer, questio
 if TYPE_CHECKING:
     from kitune.chat import ChatModel
     from kitune.data.loaders import Question
-    from kitune.evaluation.metrics import JudgeFn, Trace
+    from kitune.evaluation.metrics import JudgeFn
     from kitune.evaluation.tools import ContextObservation
+    from kitune.evaluation.trace import Trace
     from kitune.optimizers.feedback import Failure
     from kitune.programs.query_rewriter import QueryRewriter
     from kitune.retrieval.base import Store

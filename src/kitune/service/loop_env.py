@@ -65,7 +65,8 @@ from kitune.service.prompts import versioned_store_cfg
 
 if TYPE_CHECKING:
     from kitune.chat import ChatModel
-    from kitune.evaluation.metrics import JudgeFn, Trace
+    from kitune.evaluation.metrics import JudgeFn
+    from kitune.evaluation.trace import Trace
     from kitune.ki import KI
     from kitune.retrieval.base import CorpusStore, Store
     from kitune.service.optimize import OptimizeOptions
