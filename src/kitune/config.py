@@ -469,6 +469,12 @@ class OptimizeConfig(_Section):
         description="Proposals (reflection + minibatch evaluations) a GEPA budget must be able to pay for; "
         "see kitune.optimizers.gepa.min_metric_calls.",
     )
+    max_input_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="Stop one program's optimiser run (GEPA) once it has spent this many LLM input tokens "
+        "(task and reflection calls, counted in the token ledger); None: no token cap.",
+    )
     improvers: list[str] = Field(
         default_factory=lambda: ["prompts", "knobs", "disambiguation"],
         description="The improve step's rooms, in order (kitune.optimizers.improvers; plug-ins register "

@@ -81,7 +81,10 @@ def test_the_loop_budget_reads_options_config_and_optimizer_concurrency() -> Non
         opts = SimpleNamespace(max_metric_calls=max_calls, budget_minutes=3.0)
         return SimpleNamespace(cfg=cfg, opts=opts, reflection_window=lambda: 2048)
 
-    local = KituneConfig(lm={"local": {"parallel": 3}}, optimize={"max_metric_calls": 40, "min_proposals": 2})
+    local = KituneConfig(
+        lm={"local": {"parallel": 3}},
+        optimize={"max_metric_calls": 40, "min_proposals": 2, "max_input_tokens": 50_000},
+    )
     assert optimizer_budget(env(local, None)) == OptimizerBudget(  # type: ignore[arg-type]
         max_metric_calls=40,
         minutes=3.0,
@@ -89,6 +92,7 @@ def test_the_loop_budget_reads_options_config_and_optimizer_concurrency() -> Non
         reflection_context_tokens=2048,
         reflection_max_tokens=4096,
         min_proposals=2,
+        max_input_tokens=50_000,
     )
     pinned = KituneConfig(agent={"concurrency": 1}, optimize={"max_metric_calls": 40})
     budget = optimizer_budget(env(pinned, 9))  # type: ignore[arg-type]

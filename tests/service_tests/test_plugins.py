@@ -25,6 +25,7 @@ from kitune.optimizers.program_task import PROGRAM_TASKS, register_program_task,
 from kitune.optimizers.registry import OPTIMIZERS, register_optimizer, unregister_optimizer
 from kitune.service.optimize import OptimizeOptions, run_optimize
 from kitune.testing.tracking import RecordingTracker
+from kitune.usage import CallRecord
 
 
 def _task_rule(system: str, user: str) -> dict[str, object]:
@@ -52,6 +53,7 @@ def toy() -> Iterator[ModuleType]:
     if "toy" not in OPTIMIZERS:  # imported (and cleaned up) by an earlier test
         register_optimizer("toy", module.make_toy)
     module.BUILT.clear()
+    module.COUNTERS.clear()
     yield module
     unregister_optimizer("toy")
 
@@ -106,6 +108,14 @@ def test_a_toy_optimizer_in_one_file_runs_in_the_loop(tmp_path: Path, toy: Modul
     assert rec.accepted and rec.changed == ("extractor",)
     assert res.loop.setting.prompts["extractor"] == toy.TOY_INSTRUCTION
     assert [b.max_metric_calls for b in toy.BUILT] == [5]
+    # token caps count the loop's ledger: the counter handed to the factory reads it
+    (counter,) = toy.COUNTERS
+    assert counter is not None and deps.ledger is not None
+    before = counter()
+    deps.ledger.record(
+        CallRecord(role="reflection", stage="optimize", model="m", input_tokens=123, output_tokens=4)
+    )
+    assert counter() == before + 123 == deps.ledger.totals()["input_tokens"]
     notes = json.loads(str(tracker.by_name("iteration-0").artifacts["improve.json"]))
     assert notes["extractor_stop_reason"] == "toy: one fixed proposal"
     # no lm.reflection.model: the documented fallback is noted, not silent

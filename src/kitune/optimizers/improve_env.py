@@ -175,6 +175,10 @@ class ImproveEnv(Protocol):
         """The loop's optimiser budget (options + config)."""
         ...
 
+    def input_tokens_used(self) -> int:
+        """LLM input tokens recorded in the token ledger so far, every role (0 without a ledger)."""
+        ...
+
 
 @dataclass(frozen=True)
 class ImproveInput:

@@ -34,7 +34,8 @@ def optimizer_budget(env: ServiceLoopEnv) -> OptimizerBudget:
     ``optimize.max_metric_calls`` (both unset: sized by the optimiser to ``optimize.min_proposals``
     proposals); ``minutes`` from ``--budget-minutes``; ``threads`` =
     ``cfg.concurrency_for("optimizer")`` (parallel metric calls: the embedded server's slots, or
-    ``agent.concurrency`` when set); the reflection window (:func:`reflection_context_tokens`,
+    ``agent.concurrency`` when set); ``max_input_tokens`` from ``optimize.max_input_tokens``; the
+    reflection window (:func:`reflection_context_tokens`,
     asked once per environment) and reply cap (``lm.reflection.max_tokens``).
     """
     o = env.cfg.optimize
@@ -45,6 +46,7 @@ def optimizer_budget(env: ServiceLoopEnv) -> OptimizerBudget:
         minutes=env.opts.budget_minutes,
         threads=env.cfg.concurrency_for("optimizer"),
         min_proposals=o.min_proposals,
+        max_input_tokens=o.max_input_tokens,
         reflection_context_tokens=env.reflection_window(),
         reflection_max_tokens=env.cfg.lm.reflection.max_tokens,
     )

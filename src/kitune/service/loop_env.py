@@ -384,6 +384,12 @@ class ServiceLoopEnv:
             on_trace=on_trace,
         )
 
+    def input_tokens_used(self) -> int:
+        """LLM input tokens (every role) recorded in the ledger so far; 0 without a ledger."""
+        if self.deps.ledger is None:
+            return 0
+        return int(self.deps.ledger.totals()["input_tokens"])
+
     def tokens_used(self) -> int:
         """LLM tokens (input + output, every role) recorded in the ledger so far."""
         if self.deps.ledger is None:

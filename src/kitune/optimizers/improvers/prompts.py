@@ -31,13 +31,17 @@ __all__ = ["PromptOptimization", "make_program_optimizer", "optimize_program"]
 
 
 def make_program_optimizer(env: ImproveEnv, metric: Callable[..., Any]) -> Optimizer:
-    """The optimiser ``--optimizer`` names, with the loop's budget, seeded from ``env.rng``."""
+    """The optimiser ``--optimizer`` names, with the loop's budget, seeded from ``env.rng``.
+
+    Token caps (``optimize.max_input_tokens``) count the environment's token ledger.
+    """
     return make_optimizer(
         env.opts.optimizer,
         metric,
         reflection_lm=env.deps.lms["reflection"],
         budget=env.optimizer_budget(),
         rng=random.Random(env.rng.randrange(2**31)),
+        input_tokens=env.input_tokens_used,
     )
 
 
