@@ -475,6 +475,25 @@ class OptimizeConfig(_Section):
         description="Proposals (reflection + minibatch evaluations) a GEPA budget must be able to pay for; "
         "see kitune.optimizers.gepa.min_metric_calls.",
     )
+    max_input_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="Stop one program's optimiser run (GEPA) once it has spent this many LLM input tokens "
+        "(task and reflection calls, counted in the token ledger); None: no token cap.",
+    )
+    improvers: list[str] = Field(
+        default_factory=lambda: ["prompts", "knobs", "disambiguation"],
+        description="The improve step's rooms, in order (kitune.optimizers.improvers; plug-ins register "
+        "more): prompts (the optimiser on each tuned program), knobs (Optuna, when --knob-trials > 0), "
+        "disambiguation (feedback KIs, with --feedback). Checked against the registry when the loop starts.",
+    )
+    reflection_context_tokens: int | None = Field(
+        default=None,
+        ge=512,
+        description="The reflection model's context window in tokens (reflection prompts are sized to it). "
+        "None: the embedded model's n_ctx, LiteLLM's model table, else what the server reports (/props, "
+        "/models).",
+    )
     accept_margin: float = Field(
         default=0.0,
         ge=0.0,

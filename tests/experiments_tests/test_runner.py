@@ -20,7 +20,7 @@ from kitune.optimizers.budget import OptimizerBudget
 from kitune.optimizers.gepa import GepaOptimizer
 from kitune.optimizers.loop import start_prompts
 from kitune.optimizers.mipro import MiproOptimizer
-from kitune.optimizers.stopping import Timeout
+from kitune.optimizers.stopping import TimeoutStopCondition
 from kitune.programs.instructions import load_instruction
 from kitune.testing.tracking import RecordingTracker
 
@@ -40,7 +40,8 @@ def test_make_optimizer_selects_from_the_registry_and_sizes() -> None:
         rng=random.Random(0),
     )
     assert isinstance(g, GepaOptimizer) and g.max_metric_calls == 7
-    assert isinstance(g.stopper, Timeout) and g.stopper.seconds == 120
+    assert len(g.stoppers) == 1 and isinstance(g.stoppers[0], TimeoutStopCondition)
+    assert g.stoppers[0].timeout_seconds == 120
     m = make_optimizer(
         "mipro",
         _metric,

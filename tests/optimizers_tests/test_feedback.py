@@ -7,7 +7,7 @@ from dspy.utils import DummyLM
 from kitune.config import KituneConfig
 from kitune.data.loaders import Question
 from kitune.errors import DocumentNotFoundError
-from kitune.evaluation.metrics import Trace
+from kitune.evaluation.trace import Trace
 from kitune.optimizers.feedback import collect_failures, count_flips, write_disambiguation_kis
 from kitune.programs.disambiguator import Disambiguator
 from kitune.retrieval.memory import MemoryStore
@@ -137,7 +137,7 @@ def test_write_disambiguation_kis_keeps_retrieved_and_counts_rejections() -> Non
 
 
 def test_feedback_ki_is_indexed_under_the_agents_lookups() -> None:
-    from kitune.evaluation.metrics import Trace
+    from kitune.evaluation.trace import Trace
     from kitune.optimizers.feedback import with_lookup_tags
     from kitune.testing.store_contract import make_ki
 

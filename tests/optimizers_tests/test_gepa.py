@@ -12,7 +12,7 @@ from kitune.data.loaders import Question
 from kitune.errors import ConfigError, OptimizationError
 from kitune.optimizers.base import Optimizer
 from kitune.optimizers.gepa import GepaOptimizer
-from kitune.optimizers.stopping import MaxMetricCalls
+from kitune.optimizers.stopping import MaxMetricCallsStopper
 from kitune.optimizers.tasks import extractor_examples, extractor_metric
 from kitune.programs.fact_extractor import FactExtractor
 from kitune.schema import Document
@@ -53,7 +53,7 @@ def test_gepa_with_kitune_stopper_and_empty_sets() -> None:
         extractor_metric,
         reflection_lm=reflection_lm(),
         max_metric_calls=50,
-        stopper=MaxMetricCalls(2),
+        stoppers=[MaxMetricCallsStopper(2)],
     )
     with dspy.context(lm=RuleLM(extractor_rule)):
         result = opt.compile(FactExtractor("Extract facts."), trainset=examples[:2], valset=examples[2:])
@@ -173,3 +173,81 @@ def test_no_proposal_reasons_for_the_seed_evaluation_and_mixed_iterations() -> N
     )
     log.proposals = 1
     assert _stop_reason(proposer, None, log, 20, 20, 4) is None
+
+
+def test_a_metric_of_the_wrong_arity_and_a_missing_reflection_lm_are_config_errors() -> None:
+    def three(gold: object, pred: object, trace: object) -> float:
+        return 1.0
+
+    with pytest.raises(ConfigError) as err:
+        GepaOptimizer(three, reflection_lm=reflection_lm(), max_metric_calls=8)
+    msg = str(err.value)
+    assert msg.startswith(
+        "GEPA metric three(gold, pred, trace) cannot be called as "
+        "metric(gold, pred, trace, pred_name, pred_trace)"
+    )
+    assert "give the extra parameters defaults" in msg
+    with pytest.raises(ConfigError, match=r"GEPA needs a reflection LM .* set lm\.reflection\.model"):
+        GepaOptimizer(extractor_metric, reflection_lm=None, max_metric_calls=8)
+
+
+def test_threads_give_the_same_result_as_one_thread() -> None:
+    # issue 22 item 2: metric calls on several threads, results identical to the sequential run
+    examples = _examples()
+    runs = []
+    for threads in (1, 4):
+        opt = GepaOptimizer(
+            extractor_metric,
+            reflection_lm=reflection_lm(),
+            max_metric_calls=12,
+            rng=random.Random(1),
+            num_threads=threads,
+        )
+        with dspy.context(lm=RuleLM(extractor_rule)):
+            runs.append(
+                opt.compile(FactExtractor("Extract facts."), trainset=examples[:2], valset=examples[2:])
+            )
+    one, four = runs
+    assert (
+        four.best_candidate
+        == one.best_candidate
+        == {"extract": "Extract every fact, with DATES of every event."}
+    )
+    assert [(h.candidate, h.score, h.metric_calls) for h in four.history] == [
+        (h.candidate, h.score, h.metric_calls) for h in one.history
+    ]
+    assert four.metric_calls == one.metric_calls and four.stop_reason == one.stop_reason
+
+
+def test_the_token_cap_on_the_ledger_stops_gepa() -> None:
+    # issue 24 item 5: the one stopper kitune adds to gepa's, wired to the token ledger, fires
+    from kitune.optimizers.budget import OptimizerBudget
+    from kitune.optimizers.gepa import make_gepa
+    from kitune.usage import CallRecord, TokenLedger
+
+    examples = _examples()
+    ledger = TokenLedger()
+
+    def metric(
+        gold: object, pred: object, trace: object = None, name: object = None, pt: object = None
+    ) -> object:
+        ledger.record(
+            CallRecord(role="extract", stage="optimize", model="m", input_tokens=1000, output_tokens=5)
+        )
+        return extractor_metric(gold, pred, trace, name, pt)
+
+    budget = OptimizerBudget(max_metric_calls=50, max_input_tokens=2500)
+    opt = make_gepa(
+        metric,
+        reflection_lm=reflection_lm(),
+        budget=budget,
+        rng=random.Random(1),
+        input_tokens=lambda: ledger.totals()["input_tokens"],
+    )
+    with dspy.context(lm=RuleLM(extractor_rule)):
+        result = opt.compile(FactExtractor("Extract facts."), trainset=examples[:2], valset=examples[2:])
+    # seed 2 calls (2,000 tokens < 2,500), then one iteration of 6 calls; the cap stops the next one
+    assert result.stop_reason == "input tokens >= 2500"
+    assert result.metric_calls == 8 and result.improved
+    with pytest.raises(ConfigError, match="needs the token ledger"):
+        make_gepa(metric, reflection_lm=reflection_lm(), budget=budget, rng=random.Random(1))

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from kitune.evaluation.metrics import Trace
 from kitune.evaluation.report import summarize
+from kitune.evaluation.trace import Trace
 from kitune.experiments.prompts import PromptRegistry, prompt_name
 from kitune.experiments.tracking import MlflowTracker
 from kitune.optimizers.loop import Evaluation, Proposal, Setting, initial_prompts, run_loop

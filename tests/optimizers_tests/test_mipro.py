@@ -51,3 +51,17 @@ def test_mipro_rejects_empty_sets() -> None:
         opt.compile(FactExtractor("x"), trainset=[], valset=[])
     with pytest.raises(ValueError, match="num_candidates"):
         MiproOptimizer(extractor_metric, prompt_lm=None, num_candidates=0)
+
+
+def test_mipro_refuses_a_two_argument_metric_and_no_proposer_lm() -> None:
+    from kitune.errors import ConfigError
+
+    def two(gold: object, pred: object) -> float:
+        return 1.0
+
+    with pytest.raises(
+        ConfigError, match=r"MIPROv2 metric two\(gold, pred\) cannot be called as metric\(gold, pred, trace\)"
+    ):
+        MiproOptimizer(two, prompt_lm=RuleLM(proposer_rule))
+    with pytest.raises(ConfigError, match="MIPROv2 needs a reflection LM"):
+        MiproOptimizer(extractor_metric, prompt_lm=None)

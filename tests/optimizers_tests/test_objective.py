@@ -8,8 +8,8 @@ import pytest
 
 from kitune.config import KituneConfig
 from kitune.data.loaders import Question
-from kitune.evaluation.metrics import Trace
 from kitune.evaluation.report import summarize
+from kitune.evaluation.trace import Trace
 from kitune.ki import KI
 from kitune.optimizers.objective import (
     LoopWeights,

@@ -21,7 +21,7 @@ from kitune.optimizers.registry import (
     register_optimizer,
     unregister_optimizer,
 )
-from kitune.optimizers.stopping import Timeout
+from kitune.optimizers.stopping import TimeoutStopCondition
 from kitune.optimizers.tasks import extractor_metric
 
 
@@ -50,7 +50,8 @@ def test_factories_read_one_budget() -> None:
         4096,
         800,
     )
-    assert isinstance(g.stopper, Timeout) and g.stopper.seconds == 120
+    assert len(g.stoppers) == 1 and isinstance(g.stoppers[0], TimeoutStopCondition)
+    assert g.stoppers[0].timeout_seconds == 120
     m = make_optimizer("mipro", extractor_metric, reflection_lm=refl, budget=budget, rng=random.Random(0))
     assert isinstance(m, MiproOptimizer) and (m.num_trials, m.num_threads) == (7, 3)
     unset = make_optimizer(
@@ -109,7 +110,7 @@ def test_register_optimizer_as_decorator_and_unregister() -> None:
         built = make_optimizer(
             "tmp-opt",
             extractor_metric,
-            reflection_lm=None,
+            reflection_lm=object(),
             budget=OptimizerBudget(max_metric_calls=3),
             rng=random.Random(0),
         )

@@ -18,6 +18,8 @@ from kitune.optimizers.registry import register_optimizer
 TOY_INSTRUCTION = "Extract every fact of the document, with the DATES of every event."
 BUILT: list[OptimizerBudget] = []
 """The budget of every toy optimiser built, in order."""
+COUNTERS: list[Callable[[], int] | None] = []
+"""The ``input_tokens`` counter each toy optimiser was given, in order."""
 
 
 class ToyOptimizer:
@@ -51,4 +53,5 @@ def make_toy(
     input_tokens: Callable[[], int] | None = None,
 ) -> ToyOptimizer:
     BUILT.append(budget)
+    COUNTERS.append(input_tokens)
     return ToyOptimizer(budget)

@@ -243,13 +243,17 @@ RunNameOption = Annotated[
 ]
 
 
-def _programs(value: str) -> tuple[str, ...]:
-    from kitune.service.optimize import PROGRAMS
+def _programs(value: str | None) -> tuple[str, ...]:
+    """``--programs a,b``: registered program names (None: every registered program)."""
+    from kitune.optimizers.program_task import program_names
 
+    known = program_names()
+    if value is None:
+        return known
     names = tuple(p.strip() for p in value.split(",") if p.strip())
-    bad = [p for p in names if p not in PROGRAMS]
+    bad = [p for p in names if p not in known]
     if bad or not names:
-        fail(f"--programs {value!r}: choose a comma-separated subset of {', '.join(PROGRAMS)}")
+        fail(f"--programs {value!r}: choose a comma-separated subset of {', '.join(known)}")
     return names
 
 
@@ -320,8 +324,9 @@ def optimize_cmd(
         ),
     ] = None,
     programs: Annotated[
-        str, typer.Option(help="Programs to tune, comma-separated.")
-    ] = "extractor,rewriter,disambiguator",
+        str | None,
+        typer.Option(help="Programs to tune, comma-separated (default: every registered program)."),
+    ] = None,
     knob_trials: Annotated[int, typer.Option(min=0, help="Optuna trials per iteration (0: none).")] = 0,
     max_metric_calls: Annotated[
         int | None,

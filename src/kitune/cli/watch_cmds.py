@@ -87,7 +87,7 @@ def loop_cmd(
     then one round of `kitune optimize` on all accumulated questions. With --watch DIR it polls
     DIR every --interval seconds. Rerun after an interruption to resume; exits 1 on failure.
     """
-    from kitune.service.optimize import PROGRAMS
+    from kitune.optimizers.program_task import program_names
     from kitune.service.watch import LoopOptions, WatchOptions, corpus_file, loop_once, watch
 
     cfg = get_config(config)
@@ -105,9 +105,10 @@ def loop_cmd(
         fail_with(e)
     progs: tuple[str, ...] | None = None
     if programs is not None:
+        known = program_names()
         progs = tuple(p.strip() for p in programs.split(",") if p.strip())
-        if not progs or any(p not in PROGRAMS for p in progs):
-            fail(f"--programs {programs!r}: choose a comma-separated subset of {', '.join(PROGRAMS)}")
+        if not progs or any(p not in known for p in progs):
+            fail(f"--programs {programs!r}: choose a comma-separated subset of {', '.join(known)}")
     opts = LoopOptions(
         corpus=corpus,
         name=name,

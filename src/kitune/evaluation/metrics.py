@@ -1,4 +1,4 @@
-"""Per-question scoring: the JSON-able :class:`Trace` record built from an :class:`Episode`.
+"""Per-question scoring: the :class:`~kitune.evaluation.trace.Trace` record built from an :class:`Episode`.
 
 EM and token F1 reuse :func:`kitune.text.exact_match` / :func:`kitune.text.token_f1` against the
 gold answer and its aliases. The judge is any callable accepting keyword arguments
@@ -17,15 +17,14 @@ stop the run.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Protocol
+from typing import Protocol
 
 from kitune.data.loaders import Question
 from kitune.errors import LMAuthError, LMContextWindowError, LMError
 from kitune.evaluation.agent import Episode
+from kitune.evaluation.trace import Trace
 from kitune.text import exact_match, token_f1
 
 __all__ = [
@@ -70,77 +69,6 @@ class JudgeFn(Protocol):
     ) -> JudgeVerdictLike:
         """Return the verdict for ``response`` against ``gold``/``aliases``."""
         ...
-
-
-@dataclass(frozen=True)
-class Trace:
-    """One evaluated question. JSON round-trips through :meth:`to_dict` / :meth:`from_dict`."""
-
-    query_id: str
-    skill: str
-    question: str
-    gold_answer: str
-    aliases: list[str] = field(default_factory=list)
-    status: str = "failed"
-    """answered | budget_exhausted | context_overflow | malformed_calls | failed."""
-    exact_answer: str = ""
-    explanation: str = ""
-    confidence: int | None = None
-    judge_correct: bool | None = None
-    """None when not graded (grader error or no judge)."""
-    judge_status: str = "not_run"
-    """graded | grader_error | not_run (no judge given)."""
-    judge_error: str | None = None
-    em: bool = False
-    f1: float = 0.0
-    """Token F1 in 0.0–1.0."""
-    input_tokens: int = 0
-    """Sum of ``steps[*].input_tokens`` (provider usage)."""
-    output_tokens: int = 0
-    tool_input_tokens: int = 0
-    """LLM input tokens spent inside tools (query rewrites in get_context); not in ``input_tokens``."""
-    tool_output_tokens: int = 0
-    steps: list[dict[str, Any]] = field(default_factory=list)
-    """Per model call: kind, tool, args, observation_chars, error, input/output tokens, …"""
-    n_steps: int = 0
-    tool_calls: dict[str, int] = field(default_factory=dict)
-    timed_out: bool = False
-    exhausted_by: str | None = None
-    force_committed: bool = False
-    repeated_calls: int = 0
-    repeated_call_blocked: int = 0
-    wall_time_s: float = 0.0
-    doc_ids_seen: list[str] = field(default_factory=list)
-    evidence_docids: list[str] = field(default_factory=list)
-    evidence_recall: float | None = None
-    """|seen ∩ evidence| / |evidence| in 0.0–1.0; None when the question has no evidence docs."""
-    errors: list[str] = field(default_factory=list)
-    failure: str | None = None
-    """Why the question failed (``"<LMError type>: <message>"``, or the exception a run raised);
-    set exactly when ``status == "failed"``; such a trace is never graded."""
-    category: str = ""
-    """The question's category (e.g. ``"temporal"``), empty when the dataset has none."""
-    tool_mode: str = "json"
-    """How the agent called tools: ``native`` (the provider's tool calling) or ``json`` (JSON in text)."""
-
-    @property
-    def is_graded(self) -> bool:
-        """True when the judge produced a verdict."""
-        return self.judge_status == "graded" and self.judge_correct is not None
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-able dict (one traces.jsonl line)."""
-        return asdict(self)
-
-    def to_json(self) -> str:
-        """One line of JSON, no newline."""
-        return json.dumps(self.to_dict(), ensure_ascii=False, sort_keys=False)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Trace:
-        """Rebuild from :meth:`to_dict` output; unknown keys are ignored."""
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
 
 
 def evidence_recall(seen: Sequence[str], evidence: Sequence[str]) -> float | None:

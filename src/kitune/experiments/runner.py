@@ -23,7 +23,7 @@ from kitune.optimizers.budget import OptimizerBudget
 from kitune.optimizers.loop import LoopEnv, LoopResult, Setting, run_loop, start_prompts
 from kitune.optimizers.objective import LoopWeights
 from kitune.optimizers.registry import make_optimizer as registry_make_optimizer
-from kitune.programs.instructions import instruction_version
+from kitune.programs.instructions import available_instructions, instruction_version
 
 if TYPE_CHECKING:
     from kitune.config import KituneConfig
@@ -99,8 +99,10 @@ def run_experiment(
     if registry is not None:
         from kitune.experiments.prompts import register_packaged
 
+        packaged = set(available_instructions())
         try:  # the packaged prompts are version 1, so a rollback always has a version to go back to
-            register_packaged(registry, cfg.corpus_name, programs)
+            # (a plug-in program without a packaged prompt starts from its task's own instruction)
+            register_packaged(registry, cfg.corpus_name, [p for p in programs if p in packaged])
         except TrackingError as e:
             log(f"[yellow]could not register the packaged prompts as version 1 ({e})[/]")
     start = Setting(start_prompts(programs, corpus=cfg.corpus_name, registry=registry))

@@ -15,20 +15,27 @@ pairs and counted) and reports:
   candidate with the current run as its reference (accuracy difference − token log-ratio −
   timeout-rate difference).
 
-**Accept rule** (:func:`decide`), checked in this order:
+**Accept rule** (:func:`decide` owns all of it), checked in this order:
 
-1. *undecided* (keep the current setting, decide nothing) when either run has more than
-   ``max_failed_share`` of its questions failed — an outage must not read as a worse prompt;
+1. *undecided* (keep the current setting, decide nothing) when either validation run has more
+   than ``max_failed_share`` of its questions failed, or the tuning run has — an outage must not
+   read as a worse prompt;
 2. *rejected* when the proposal changes nothing, or did not pass its sanity checks;
-3. *accepted* when the paired score difference is more than ``margin`` **and** the proposal
+3. when the proposal changes only *write-only* programs (their instruction changes what is
+   written to the KI store, never what an evaluation reads, so the validation runs are the same
+   run): *accepted* when every changed program's own task metric improved
+   (``<program>_best_score`` > ``<program>_baseline_score`` in the improve step's metrics), else
+   *rejected*;
+4. *accepted* when the paired score difference is more than ``margin`` **and** the proposal
    broke no more questions than it fixed **and**, with ``require_significance``, the bootstrap
    interval of the accuracy difference lies above 0;
-4. otherwise *rejected*.
+5. otherwise *rejected*.
 
 **Sanity checks** (:func:`check_instruction`), run on every instruction a proposal changes
 *before* it is evaluated, so a degenerate proposal costs no agent run: at least
 ``MIN_INSTRUCTION_CHARS`` characters (a short instruction may be a good one: GEPA's proposals
-are often terse) and the program's task still stated (one of its :data:`TASK_WORDS`). The output format is not
+are often terse) and the program's task still stated (one of its
+:attr:`~kitune.optimizers.program_task.ProgramTask.task_words`). The output format is not
 checked here: it comes from each program's typed signature, which no instruction can remove.
 """
 
@@ -36,19 +43,19 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from kitune.evaluation.failures import is_correct
 from kitune.optimizers.feedback import count_flips
 from kitune.optimizers.objective import LoopWeights, RunStats, loop_score
+from kitune.optimizers.program_task import PROGRAM_TASKS, get_program_task
 
 if TYPE_CHECKING:
-    from kitune.evaluation.metrics import Trace
+    from kitune.evaluation.trace import Trace
 
 __all__ = [
-    "TASK_WORDS",
     "Decision",
     "PairedComparison",
     "check_instruction",
@@ -61,19 +68,13 @@ __all__ = [
 MIN_INSTRUCTION_CHARS = 40
 """A proposed instruction shorter than this is degenerate (GEPA once proposed "ok")."""
 
-TASK_WORDS: dict[str, tuple[str, ...]] = {
-    "extractor": ("fact",),
-    "rewriter": ("query", "search", "look-up", "lookup", "plan"),
-    "disambiguator": ("answer", "distinguish", "tell apart", "disambig"),
-}
-"""Program → words of which one must appear (case-insensitive) for its task to still be stated."""
-
 
 def check_instruction(program: str, current: str, proposed: str) -> list[str]:
     """Problems with a proposed instruction (empty list: it passes).
 
     Args:
-        program: ``extractor``, ``rewriter`` or ``disambiguator`` (others: only length checks).
+        program: a registered program (its task's ``task_words`` are checked); unregistered
+            names get only the length check.
         current: the instruction in use (kept for checks relative to it; unused by the current rules).
         proposed: the proposal.
 
@@ -85,7 +86,7 @@ def check_instruction(program: str, current: str, proposed: str) -> list[str]:
     floor = MIN_INSTRUCTION_CHARS
     if len(text) < floor:
         problems.append(f"too short: {len(text)} characters (minimum {floor})")
-    words = TASK_WORDS.get(program)
+    words = get_program_task(program).task_words if program in PROGRAM_TASKS else ()
     if words and not any(w in text.lower() for w in words):
         problems.append(f"no longer states the task (none of: {', '.join(words)})")
     return problems
@@ -241,21 +242,32 @@ def _failed_share(traces: Sequence[Trace]) -> float:
 def decide(
     comparison: PairedComparison,
     *,
-    changed: bool,
+    changed_programs: Sequence[str] = (),
+    knobs_changed: bool = False,
+    reads_changed: bool = True,
+    task_metrics: Mapping[str, float] | None = None,
+    sanity_problems: Sequence[str] = (),
     margin: float = 0.0,
     max_failed_share: float = 0.2,
     require_significance: bool = False,
-    sanity_problems: Sequence[str] = (),
+    tune_failed_share: float = 0.0,
 ) -> Decision:
-    """Apply the accept rule of the module docstring.
+    """Apply the whole accept rule of the module docstring.
 
     Args:
-        comparison: from :func:`compare_paired`.
-        changed: the proposal changes a prompt or a knob.
-        margin: the paired score difference must exceed this (≥ 0).
-        max_failed_share: above this share of failed questions in either run, decide nothing.
-        require_significance: also require the bootstrap interval's low end above 0.
+        comparison: from :func:`compare_paired` (current vs candidate on validation).
+        changed_programs: programs whose instruction the proposal changes.
+        knobs_changed: the proposal changes a knob.
+        reads_changed: the proposal changes something an evaluation reads (a knob, or a program
+            that is not write-only); False with ``changed_programs`` means only write-only
+            programs changed (rule 3).
+        task_metrics: the improve step's metrics (``<program>_best_score`` /
+            ``<program>_baseline_score`` decide rule 3).
         sanity_problems: why the proposal failed its sanity checks (empty: it passed).
+        margin: the paired score difference must exceed this (≥ 0).
+        max_failed_share: above this share of failed questions in any run, decide nothing.
+        require_significance: also require the bootstrap interval's low end above 0.
+        tune_failed_share: share of the tuning run's questions that failed, 0.0–1.0.
 
     Returns:
         The :class:`Decision` with a reason that quotes the numbers.
@@ -268,10 +280,18 @@ def decide(
             f"{worst:.0%} of the validation questions failed (LLM calls did not go through; limit "
             f"{max_failed_share:.0%}): no decision on this run",
         )
-    if not changed:
+    if tune_failed_share > max_failed_share:
+        return Decision(
+            "undecided",
+            f"{tune_failed_share:.0%} of the tuning questions failed (limit {max_failed_share:.0%}): "
+            "no decision on this run",
+        )
+    if not changed_programs and not knobs_changed:
         return Decision("rejected", "the proposal changes nothing")
     if sanity_problems:
         return Decision("rejected", "failed sanity checks: " + "; ".join(sanity_problems))
+    if changed_programs and not reads_changed:
+        return _decide_write_only(changed_programs, task_metrics or {})
     numbers = (
         f"score {c.score_diff:+.3f} (margin {margin}), accuracy {c.accuracy_diff:+.2f} "
         f"[95% CI {c.ci_low:+.2f}, {c.ci_high:+.2f}], fixed {len(c.fixed)} / broken {len(c.broken)}, "
@@ -284,3 +304,12 @@ def decide(
     if require_significance and c.ci_low <= 0:
         return Decision("rejected", f"not significant: {numbers}")
     return Decision("accepted", numbers)
+
+
+def _decide_write_only(changed: Sequence[str], metrics: Mapping[str, float]) -> Decision:
+    """Rule 3: accept a change to write-only programs when each one's own task metric improved."""
+    gains = {p: (metrics.get(f"{p}_best_score"), metrics.get(f"{p}_baseline_score")) for p in changed}
+    text = ", ".join(f"{p} {b} → {a}" for p, (a, b) in gains.items())
+    if all(a is not None and b is not None and a > b for a, b in gains.values()):
+        return Decision("accepted", f"task metric improved ({text}); validation reads no change")
+    return Decision("rejected", f"task metric not improved ({text}); validation reads no change")

@@ -9,11 +9,12 @@ same shape gepa uses. :func:`get_candidate` reads it from a DSPy program and
 from __future__ import annotations
 
 import copy
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from kitune.errors import OptimizationError
+from kitune.errors import ConfigError, OptimizationError
 
 __all__ = [
     "Candidate",
@@ -21,8 +22,10 @@ __all__ = [
     "OptimizationResult",
     "Optimizer",
     "apply_candidate",
+    "check_metric",
     "compile_copy",
     "get_candidate",
+    "require_reflection_lm",
     "require_sets",
 ]
 
@@ -177,3 +180,50 @@ def compile_copy(label: str, program: Any, compile_fn: Callable[[Any], Any]) -> 
         return compile_fn(program.deepcopy())
     except Exception as e:
         raise OptimizationError(f"{label} failed on {type(program).__name__}: {type(e).__name__}: {e}") from e
+
+
+def check_metric(label: str, metric: Callable[..., Any], signature: str) -> None:
+    """Refuse a metric that cannot be called the way the optimiser will call it.
+
+    Args:
+        label: the optimiser as the message names it (``"GEPA"``, ``"MIPROv2"``).
+        metric: the metric callable.
+        signature: the expected parameters, e.g. ``"(gold, pred, trace, pred_name, pred_trace)"``;
+            the metric must accept that many positional arguments.
+
+    Raises:
+        ConfigError: the metric does not accept them (the message gives its own signature and
+            the expected one), instead of a ``TypeError`` from inside the optimiser's first call.
+    """
+    n = signature.count(",") + 1
+    try:
+        sig = inspect.signature(metric)
+    except (TypeError, ValueError):  # a builtin or C callable without a signature: trust it
+        return
+    try:
+        sig.bind(*([None] * n))
+    except TypeError as e:
+        name = getattr(metric, "__name__", type(metric).__name__)
+        bare = sig.replace(
+            parameters=[p.replace(annotation=inspect.Parameter.empty) for p in sig.parameters.values()],
+            return_annotation=inspect.Signature.empty,
+        )
+        raise ConfigError(
+            f"{label} metric {name}{bare} cannot be called as metric{signature} ({e}): a {label} metric "
+            f"takes {signature} and returns a float or dspy.Prediction(score=..., feedback=...); give "
+            "the extra parameters defaults (e.g. trace=None) if it does not need them"
+        ) from e
+
+
+def require_reflection_lm(label: str, lm: Any) -> Any:
+    """Refuse to run without a proposer LM (DSPy would silently reflect with the task LM).
+
+    Raises:
+        ConfigError: ``lm`` is None (the message names ``lm.reflection``).
+    """
+    if lm is None:
+        raise ConfigError(
+            f"{label} needs a reflection LM to propose instructions, got None (without one DSPy would "
+            "reflect with the task model): pass build_lm(cfg, 'reflection'), or set lm.reflection.model"
+        )
+    return lm

@@ -29,7 +29,7 @@ from kitune.programs.disambiguator import accept_if_retrieved, contains_folded
 
 if TYPE_CHECKING:
     from kitune.data.loaders import Question
-    from kitune.evaluation.metrics import Trace
+    from kitune.evaluation.trace import Trace
     from kitune.ki import KI
     from kitune.programs.disambiguator import Disambiguator
     from kitune.retrieval.base import Store

@@ -3,8 +3,9 @@
 :class:`GepaOptimizer` implements :class:`kitune.optimizers.base.Optimizer` over ``dspy.GEPA``
 (dspy 3.4). The metric has GEPA's feedback signature (see :mod:`kitune.optimizers.tasks`); the
 reflection LM is the ``reflection`` role (``kitune.lm.build_lm(cfg, "reflection")``). Budgets:
-``max_metric_calls`` (GEPA's own) plus any kitune :class:`~kitune.optimizers.stopping.Stopper`,
-adapted with :func:`~kitune.optimizers.stopping.as_gepa_stopper`. The seed comes from the
+``max_metric_calls`` (GEPA's own) plus gepa stop conditions (a timeout from the budget's minutes,
+kitune's :class:`~kitune.optimizers.stopping.MaxInputTokens` on the token ledger), run through a
+:class:`~kitune.optimizers.stopping.StopLog` that names the one that fired. The seed comes from the
 ``random.Random`` passed in, so the same RNG state and LM replies give the same result.
 
 **Budgets that can propose.** What GEPA (``gepa`` 0.1.4 under ``dspy.GEPA`` 3.4) spends, in
@@ -47,15 +48,18 @@ from kitune.errors import ConfigError
 from kitune.optimizers.base import (
     CandidateScore,
     OptimizationResult,
+    check_metric,
     compile_copy,
     get_candidate,
+    require_reflection_lm,
     require_sets,
 )
 from kitune.optimizers.budget import OptimizerBudget
 from kitune.optimizers.registry import register_optimizer
-from kitune.optimizers.stopping import Stopper, Timeout, as_gepa_stopper
+from kitune.optimizers.stopping import MaxInputTokens, StopLog, StopperProtocol, TimeoutStopCondition, restart
 
 __all__ = [
+    "GEPA_METRIC_SIGNATURE",
     "GepaOptimizer",
     "ProposalLog",
     "SizedInstructionProposer",
@@ -64,6 +68,9 @@ __all__ = [
     "min_metric_calls",
     "proposal_cost",
 ]
+
+GEPA_METRIC_SIGNATURE = "(gold, pred, trace, pred_name, pred_trace)"
+"""How ``dspy.GEPA`` calls its metric (five positional arguments)."""
 
 CHARS_PER_TOKEN = 4
 """Token estimate for sizing reflection prompts (conservative for English text)."""
@@ -239,19 +246,27 @@ class GepaOptimizer:
     Args:
         metric: GEPA feedback metric ``(gold, pred, trace, pred_name, pred_trace) ->
             dspy.Prediction(score, feedback)`` or a float, 0.0–1.0.
-        reflection_lm: the ``dspy.LM`` that proposes new instructions.
+        reflection_lm: the ``dspy.LM`` that proposes new instructions (None is refused: DSPy would
+            reflect with the task LM).
         max_metric_calls: GEPA's budget in metric calls (one call = one example run), ≥ 1; None:
             :func:`min_metric_calls` for ``min_proposals`` on the sets ``compile`` is given.
         rng: seeds GEPA (``rng.randrange(2**31)``); default ``random.Random(0)``.
-        stopper: an extra kitune stopper (time, cost, no improvement …).
+        stoppers: gepa stop conditions (``gepa.utils.stop_condition``, kitune's
+            :class:`~kitune.optimizers.stopping.MaxInputTokens`), checked before each iteration;
+            timeouts and token caps restart when ``compile`` starts.
         reflection_minibatch_size: examples shown to the reflection LM per proposal.
         num_threads: parallel example evaluations.
         use_merge: let GEPA merge candidates.
         log_dir: GEPA's run directory (its own resume state); None: none.
-        input_tokens: callable giving input tokens spent so far (for token stoppers).
+        input_tokens: callable giving input tokens spent so far (reported in the result).
         reflection_context_tokens: the reflection model's context window (None: no sizing).
         reflection_max_tokens: the reflection reply's token cap (reserved when sizing).
         min_proposals: ``compile`` refuses a budget that cannot start this many proposals, ≥ 1.
+
+    Raises:
+        ConfigError: ``metric`` cannot take :data:`GEPA_METRIC_SIGNATURE`, or ``reflection_lm`` is
+            None.
+        ValueError: ``max_metric_calls`` or ``min_proposals`` below 1.
     """
 
     name = "gepa"
@@ -263,7 +278,7 @@ class GepaOptimizer:
         reflection_lm: Any,
         max_metric_calls: int | None,
         rng: random.Random | None = None,
-        stopper: Stopper | None = None,
+        stoppers: Sequence[StopperProtocol] = (),
         reflection_minibatch_size: int = 2,
         num_threads: int = 1,
         use_merge: bool = False,
@@ -277,11 +292,13 @@ class GepaOptimizer:
             raise ValueError(f"max_metric_calls={max_metric_calls}: allow at least 1")
         if min_proposals < 1:
             raise ValueError(f"min_proposals={min_proposals}: ask for at least 1")
+        check_metric("GEPA", metric, GEPA_METRIC_SIGNATURE)
+        require_reflection_lm("GEPA", reflection_lm)
         self.metric = metric
         self.reflection_lm = reflection_lm
         self.max_metric_calls = max_metric_calls
         self.rng = rng or random.Random(0)
-        self.stopper = stopper
+        self.stoppers = tuple(stoppers)
         self.reflection_minibatch_size = reflection_minibatch_size
         self.num_threads = num_threads
         self.use_merge = use_merge
@@ -325,7 +342,9 @@ class GepaOptimizer:
         require_sets("GEPA", trainset, valset)
         budget = self.budget_for(len(valset))
         baseline = get_candidate(program)
-        gepa_stopper = as_gepa_stopper(self.stopper, input_tokens=self.input_tokens) if self.stopper else None
+        for stopper in self.stoppers:
+            restart(stopper)
+        gepa_stopper = StopLog(*self.stoppers) if self.stoppers else None
         log = ProposalLog()
         kwargs: dict[str, Any] = {"callbacks": [log]}
         if gepa_stopper:
@@ -444,16 +463,29 @@ def make_gepa(
 ) -> GepaOptimizer:
     """The ``gepa`` entry of the optimiser registry: :class:`GepaOptimizer` from one budget.
 
-    Reads ``max_metric_calls`` (unset: the minimum for ``min_proposals``), a timeout stopper from
-    ``minutes``, ``threads``, the reflection window and reply cap.
+    Reads ``max_metric_calls`` (unset: the minimum for ``min_proposals``), a timeout from
+    ``minutes``, a token cap from ``max_input_tokens`` (counted with ``input_tokens``),
+    ``threads``, the reflection window and reply cap.
+
+    Raises:
+        ConfigError: ``max_input_tokens`` is set but no ``input_tokens`` counter was given.
     """
-    stopper = Timeout(budget.minutes * 60) if budget.minutes else None
+    stoppers: list[StopperProtocol] = []
+    if budget.minutes:
+        stoppers.append(TimeoutStopCondition(budget.minutes * 60))
+    if budget.max_input_tokens is not None:
+        if input_tokens is None:
+            raise ConfigError(
+                f"optimize.max_input_tokens={budget.max_input_tokens} needs the token ledger's count "
+                "(input_tokens=...); without it the cap could never fire"
+            )
+        stoppers.append(MaxInputTokens(budget.max_input_tokens, input_tokens))
     return GepaOptimizer(
         metric,
         reflection_lm=reflection_lm,
         max_metric_calls=budget.max_metric_calls,
         rng=rng,
-        stopper=stopper,
+        stoppers=stoppers,
         reflection_minibatch_size=budget.reflection_minibatch_size,
         num_threads=budget.threads,
         input_tokens=input_tokens or (lambda: 0),

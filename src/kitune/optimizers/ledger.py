@@ -28,7 +28,7 @@ from kitune.evaluation.failures import FAILURE_KINDS, classify_failure, is_corre
 from kitune.text import normalize_answer
 
 if TYPE_CHECKING:
-    from kitune.evaluation.metrics import Trace
+    from kitune.evaluation.trace import Trace
 
 __all__ = ["FailureLedger"]
 

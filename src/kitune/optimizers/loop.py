@@ -16,8 +16,10 @@ One iteration:
 5. the current setting is re-measured on validation *on the store as it now is* and the
    proposal evaluated on the same questions, so the comparison is paired on one store state;
 6. :func:`~kitune.optimizers.acceptance.decide` accepts, rejects, or — when too many questions
-   failed (an outage, not a worse prompt) — decides nothing; an accepted prompt is registered as
-   a new version, aliased ``candidate`` and promoted to ``production``;
+   failed (an outage, not a worse prompt) — decides nothing; a proposal that changes only
+   write-only programs is judged by their own task metric (the validation runs cannot see it);
+   an accepted prompt is registered as a new version, aliased ``candidate`` and promoted to
+   ``production``;
 7. the iteration is one tracking run, nested under the invocation's parent run (params,
    metrics, prompt texts, program state, traces, the ledger).
 
@@ -27,35 +29,41 @@ setting's first measurement of the same split (the reference scores 0.0).
 The environment (:class:`LoopEnv`) owns every LLM and store; the loop is pure bookkeeping, so
 it is tested with a fake environment. Resume: after each iteration the loop writes
 ``<state_dir>/loop_state.json`` and ``failure_ledger.json``; a rerun skips finished iterations
-and continues from the setting they left. Curves: ``<state_dir>/curves.md`` and ``curves.png``
-show tuning and validation accuracy (with 95% intervals) and scores per iteration, flips and
-failure kinds, so over-fitting to the tuning questions shows.
+and continues from the setting they left (:mod:`kitune.optimizers.loop_state`). Curves:
+``<state_dir>/curves.md`` and ``curves.png`` (:mod:`kitune.optimizers.curves`) show tuning and
+validation accuracy (with 95% intervals) and scores per iteration, flips and failure kinds, so
+over-fitting to the tuning questions shows.
+
+:func:`run_loop` is the iteration loop; each iteration is four steps in their own functions:
+``_measure`` (steps 1–2), ``_propose`` (3–5), ``_decide`` (6: the whole accept rule is
+:func:`~kitune.optimizers.acceptance.decide`) and ``_log_outcome`` (7), then registration.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kitune.errors import PromptNotFoundError, TrackingError
-from kitune.optimizers.acceptance import Decision, check_instruction, compare_paired, decide
+from kitune.optimizers.acceptance import Decision, PairedComparison, check_instruction, compare_paired, decide
+from kitune.optimizers.curves import write_curves
 from kitune.optimizers.ledger import FailureLedger
+from kitune.optimizers.loop_state import IterationRecord, read_state, write_state
 from kitune.optimizers.objective import LoopWeights, RunStats, loop_score, run_stats
+from kitune.optimizers.program_task import eval_key, get_program_task, program_names
+from kitune.optimizers.setting import Evaluation, LoopSplit, Proposal, Setting
 
 if TYPE_CHECKING:
-    from kitune.evaluation.metrics import Trace
     from kitune.evaluation.report import RunSummary
     from kitune.experiments.prompts import PromptRegistry
     from kitune.experiments.tracking import Tracker
 
+# Setting, Evaluation, Proposal and IterationRecord are the loop's vocabulary (its API takes and
+# returns them), so they stay importable from here; they are defined in setting.py / loop_state.py.
 __all__ = [
-    "LOOP_PROGRAMS",
-    "WRITE_ONLY_PROGRAMS",
     "Evaluation",
     "IterationRecord",
     "LoopEnv",
@@ -65,92 +73,9 @@ __all__ = [
     "initial_prompts",
     "run_loop",
     "start_prompts",
-    "write_curves",
 ]
 
 logger = logging.getLogger(__name__)
-
-LoopSplit = Literal["tune", "validation"]
-
-WRITE_ONLY_PROGRAMS: tuple[str, ...] = ("disambiguator",)
-"""Programs whose instruction changes what is *written* to the KI store, never what an
-evaluation reads: a proposal changing only these is judged by its own task metric
-(``improve_<program>_best_score`` > ``improve_<program>_baseline_score``) with the validation
-run unchanged, since validation cannot see it."""
-
-
-@dataclass(frozen=True)
-class Setting:
-    """What the loop tunes: instruction texts per program and numeric config overrides."""
-
-    prompts: Mapping[str, str]
-    """Program name (``extractor``, ``rewriter``, ``disambiguator``) → instruction text."""
-    knobs: Mapping[str, int | float] = field(default_factory=dict)
-    """Dotted config key → value (``retrieval.rrf_k`` …), applied as config overrides."""
-
-    @property
-    def key(self) -> str:
-        """8 hex characters identifying the setting (same texts and knobs ⇒ same key)."""
-        blob = json.dumps({"p": dict(self.prompts), "k": dict(self.knobs)}, sort_keys=True)
-        return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:8]
-
-    @property
-    def eval_key(self) -> str:
-        """8 hex characters identifying what an evaluation of the setting reads.
-
-        Leaves out the instructions of :data:`WRITE_ONLY_PROGRAMS` (the disambiguator writes KIs;
-        what it wrote is covered by the KI store's state), so two settings that differ only there
-        share their evaluations.
-        """
-        prompts = {k: v for k, v in self.prompts.items() if k not in WRITE_ONLY_PROGRAMS}
-        blob = json.dumps({"p": prompts, "k": dict(self.knobs)}, sort_keys=True)
-        return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:8]
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able dict."""
-        return {"prompts": dict(self.prompts), "knobs": dict(self.knobs)}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Setting:
-        """Inverse of :meth:`to_dict`."""
-        return cls(prompts=dict(data.get("prompts", {})), knobs=dict(data.get("knobs", {})))
-
-    def changed_programs(self, other: Setting) -> list[str]:
-        """Programs whose instruction differs from ``other``'s, sorted."""
-        names = set(self.prompts) | set(other.prompts)
-        return sorted(n for n in names if self.prompts.get(n) != other.prompts.get(n))
-
-
-@dataclass(frozen=True)
-class Evaluation:
-    """One setting evaluated on one split."""
-
-    summary: RunSummary
-    """Aggregates of the run."""
-    traces: tuple[Trace, ...] = ()
-    """Per-question traces."""
-    metrics: Mapping[str, float] = field(default_factory=dict)
-    """Extra measures (extraction feedback, flips …) to log."""
-    gold_docids: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    """Query id → answer-bearing documents (for failure kinds); empty: evidence documents."""
-    retrieved: Mapping[str, tuple[str, ...]] | None = None
-    """Query id → KI ids the agent's look-ups returned (None: not recorded)."""
-    store_state: str = ""
-    """Fingerprint of the KI store the run read (changes whenever KIs are written or expire)."""
-
-
-@dataclass(frozen=True)
-class Proposal:
-    """What ``env.improve`` proposes."""
-
-    setting: Setting
-    """The candidate setting (may equal the current one: nothing found)."""
-    metrics: Mapping[str, float] = field(default_factory=dict)
-    """Measures of the improvement step (metric calls, feedback KIs written, flips …)."""
-    programs: Mapping[str, Any] = field(default_factory=dict)
-    """Program name → optimised ``dspy.Module`` (its state is logged as JSON)."""
-    notes: Mapping[str, Any] = field(default_factory=dict)
-    """JSON-able details (stop reasons, knob trials …), logged as ``improve.json``."""
 
 
 class LoopEnv(Protocol):
@@ -172,54 +97,6 @@ class LoopEnv(Protocol):
     ) -> Proposal:
         """Propose a setting from the tuning run's traces (``ledger`` routes the feedback)."""
         ...
-
-
-@dataclass(frozen=True)
-class IterationRecord:
-    """One finished iteration (a row of the curves table)."""
-
-    iteration: int
-    """0-based."""
-    current_key: str
-    candidate_key: str
-    tune_score: float
-    """Loop score of the current setting on the tuning split."""
-    val_score: float
-    """Loop score of the current setting on the validation split."""
-    candidate_val_score: float
-    """Loop score of the proposal on the validation split."""
-    accepted: bool
-    tune_accuracy: float | None = None
-    val_accuracy: float | None = None
-    candidate_val_accuracy: float | None = None
-    run_id: str | None = None
-    """Tracking run of the iteration (None when tracking is off or failed)."""
-    registered: Mapping[str, int] = field(default_factory=dict)
-    """Program → prompt version registered (accepted iterations only)."""
-    changed: tuple[str, ...] = ()
-    """Programs whose instruction the proposal changed."""
-    decision: str = ""
-    """``accepted`` | ``rejected`` | ``undecided`` (too many failed questions to decide)."""
-    reason: str = ""
-    """Why, with the numbers of the paired comparison."""
-    val_after_score: float | None = None
-    """Loop score of the current setting on validation re-measured after the improve step."""
-    val_after_accuracy: float | None = None
-    tune_ci: tuple[float, float] | None = None
-    val_ci: tuple[float, float] | None = None
-    """95% Wilson intervals of the tuning / validation accuracy."""
-    n_tune: int = 0
-    n_val: int = 0
-    paired: Mapping[str, Any] = field(default_factory=dict)
-    """The :class:`~kitune.optimizers.acceptance.PairedComparison` as a dict."""
-    flips: Mapping[str, Any] = field(default_factory=dict)
-    """``{"tune": {"fixed": [...], "broken": [...]}, "validation": {...}}`` vs the previous iteration."""
-    failure_kinds: Mapping[str, Any] = field(default_factory=dict)
-    """``{"tune": {kind: n}, "validation": {kind: n}}`` at the start of the iteration."""
-    failed: Mapping[str, int] = field(default_factory=dict)
-    """Failed (not graded) questions per split."""
-    tokens_used: int | None = None
-    """LLM tokens the iteration spent (all roles), when the environment reports them."""
 
 
 @dataclass(frozen=True)
@@ -252,7 +129,7 @@ def initial_prompts(
     Raises:
         ConfigError: a program has no packaged instruction.
     """
-    from kitune.programs.instructions import load_instruction, prompt_name
+    from kitune.programs.instructions import prompt_name
 
     out: dict[str, str] = {}
     for program in programs:
@@ -262,18 +139,15 @@ def initial_prompts(
                 text = registry.get(prompt_name(corpus, program), "production").text
             except (PromptNotFoundError, TrackingError):
                 text = None
-        out[program] = text if text is not None else load_instruction(program).text
+        out[program] = text if text is not None else get_program_task(program).start_instruction()
     return out
-
-
-LOOP_PROGRAMS: tuple[str, ...] = ("extractor", "rewriter", "disambiguator")
-"""The programs whose prompts a loop setting can hold."""
 
 
 def start_prompts(programs: Sequence[str], *, corpus: str, registry: PromptRegistry | None) -> dict[str, str]:
     """The loop's start setting: the tuned programs' prompts plus every fixed program's production one.
 
-    :func:`initial_prompts` for ``programs``; then each other program of :data:`LOOP_PROGRAMS`
+    :func:`initial_prompts` for ``programs``; then each other registered program
+    (:func:`~kitune.optimizers.program_task.program_names`)
     whose registry ``production`` version differs from its packaged instruction (for example the
     extractor ``kitune bootstrap`` drafted for a new domain) is added, so a loop that tunes only
     the disambiguator still extracts with the domain's extractor. Programs left out run their
@@ -287,15 +161,13 @@ def start_prompts(programs: Sequence[str], *, corpus: str, registry: PromptRegis
     Raises:
         ConfigError: a program has no packaged instruction.
     """
-    from kitune.programs.instructions import load_instruction
-
     out = initial_prompts(programs, corpus=corpus, registry=registry)
     if registry is None:
         return out
-    for program in LOOP_PROGRAMS:
+    for program in program_names():
         if program not in out:
             text = initial_prompts((program,), corpus=corpus, registry=registry)[program]
-            if text != load_instruction(program).text:
+            if text != get_program_task(program).start_instruction():
                 out[program] = text
     return out
 
@@ -314,159 +186,6 @@ def _summary_metrics(prefix: str, summary: RunSummary, score: float) -> dict[str
         f"{prefix}_force_committed": float(summary.force_committed),
         f"{prefix}_questions": float(summary.n_total),
     }
-
-
-def _record_from_dict(r: Mapping[str, Any]) -> IterationRecord:
-    data = dict(r)
-    data["changed"] = tuple(data.get("changed", ()))
-    for k in ("tune_ci", "val_ci"):
-        if data.get(k) is not None:
-            data[k] = tuple(data[k])
-    return IterationRecord(**data)
-
-
-def _read_state(path: Path) -> tuple[list[IterationRecord], Setting | None, dict[str, RunStats]]:
-    if not path.is_file():
-        return [], None, {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        history = [_record_from_dict(r) for r in data.get("history", [])]
-        reference = {k: RunStats(**v) for k, v in data.get("reference", {}).items()}
-        return history, Setting.from_dict(data["current"]), reference
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        logger.warning("ignoring unreadable loop state %s (%s); starting afresh", path, e)
-        return [], None, {}
-
-
-def _write_state(
-    path: Path, history: Sequence[IterationRecord], current: Setting, reference: Mapping[str, RunStats]
-) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    data = {
-        "history": [asdict(r) for r in history],
-        "current": current.to_dict(),
-        "reference": {k: asdict(v) for k, v in reference.items()},
-    }
-    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False), encoding="utf-8")
-    tmp.replace(path)
-
-
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{x:.0%}"
-
-
-def _ci(ci: tuple[float, float] | None) -> str:
-    return "" if ci is None else f" ({ci[0]:.0%}–{ci[1]:.0%})"
-
-
-def _flips(r: IterationRecord, split: str) -> str:
-    f = r.flips.get(split) or {}
-    return f"+{len(f.get('fixed', []))}/−{len(f.get('broken', []))}" if r.iteration else "-"
-
-
-def _kinds(r: IterationRecord, split: str) -> str:
-    k = {n: c for n, c in (r.failure_kinds.get(split) or {}).items() if c}
-    return ", ".join(f"{n} {c}" for n, c in k.items()) or "-"
-
-
-def _decision(r: IterationRecord) -> str:
-    return r.decision or ("accepted" if r.accepted else "rejected")
-
-
-def write_curves(history: Sequence[IterationRecord], out_dir: Path) -> tuple[Path, Path | None]:
-    """Write ``curves.md`` (tables) and ``curves.png`` (tuning vs validation per iteration).
-
-    The Markdown has one row per iteration: accuracy with its 95% Wilson interval and the loop
-    score for both splits, flips against the previous iteration, failure kinds, the proposal's
-    paired comparison and the decision with its reason.
-
-    Returns:
-        ``(markdown path, png path or None when there is nothing to plot)``.
-    """
-    out_dir.mkdir(parents=True, exist_ok=True)
-    lines = [
-        "# kitune optimisation curves",
-        "",
-        "Accuracy is judge-correct / graded questions with its 95% Wilson interval; scores are loop",
-        "scores relative to iteration 0's measurement of the same split (0.0 = no change; see",
-        "kitune.optimizers.objective). Flips are against the previous iteration (+fixed/−broken).",
-        "",
-        "| iteration | tune accuracy | tune score | tune flips | validation accuracy | validation score "
-        "| validation flips | changed | decision |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in history:
-        lines.append(
-            f"| {r.iteration} | {_pct(r.tune_accuracy)}{_ci(r.tune_ci)} of {r.n_tune} | {r.tune_score:+.3f} "
-            f"| {_flips(r, 'tune')} | {_pct(r.val_accuracy)}{_ci(r.val_ci)} of {r.n_val} "
-            f"| {r.val_score:+.3f} "
-            f"| {_flips(r, 'validation')} | {', '.join(r.changed) or '-'} | {_decision(r)} |"
-        )
-    lines += [
-        "",
-        "## Failure kinds at the start of each iteration",
-        "",
-        "| iteration | tune | validation | failed (tune/validation) |",
-        "|---|---|---|---|",
-    ]
-    for r in history:
-        lines.append(
-            f"| {r.iteration} | {_kinds(r, 'tune')} | {_kinds(r, 'validation')} "
-            f"| {r.failed.get('tune', 0)}/{r.failed.get('validation', 0)} |"
-        )
-    lines += ["", "## Decisions", ""]
-    for r in history:
-        after = (
-            ""
-            if r.val_after_score is None
-            else f"; current re-measured after improve {r.val_after_score:+.3f}"
-        )
-        lines.append(
-            f"- iteration {r.iteration}: {_decision(r)} — "
-            f"{r.reason or '-'} (candidate validation score {r.candidate_val_score:+.3f}{after}"
-            + (f"; {r.tokens_used:,} LLM tokens" if r.tokens_used is not None else "")
-            + ")"
-        )
-    md = out_dir / "curves.md"
-    md.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    if not history:
-        return md, None
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(10, 4), dpi=100)
-    FigureCanvasAgg(fig)
-    ax, ax2 = fig.subplots(1, 2)
-    xs = [r.iteration for r in history]
-    for split, acc, ci, mark in (
-        ("tuning", "tune_accuracy", "tune_ci", "o-"),
-        ("validation", "val_accuracy", "val_ci", "s-"),
-    ):
-        ys = [getattr(r, acc) or 0.0 for r in history]
-        lo = [y - (getattr(r, ci) or (y, y))[0] for r, y in zip(history, ys, strict=True)]
-        hi = [(getattr(r, ci) or (y, y))[1] - y for r, y in zip(history, ys, strict=True)]
-        ax.errorbar(xs, ys, yerr=[lo, hi], fmt=mark, capsize=3, label=split)
-    ax.set_xlabel("iteration")
-    ax.set_ylabel("accuracy, graded questions (95% CI)")
-    ax.set_ylim(-0.05, 1.05)
-    ax.set_xticks(xs)
-    ax.set_title("Accuracy of the current setting")
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
-    ax2.plot(xs, [r.tune_score for r in history], "o-", label="tuning (current)")
-    ax2.plot(xs, [r.val_score for r in history], "s-", label="validation (current)")
-    ax2.plot(xs, [r.candidate_val_score for r in history], "x--", label="validation (candidate)")
-    ax2.set_xlabel("iteration")
-    ax2.set_ylabel("loop score vs iteration 0")
-    ax2.set_xticks(xs)
-    ax2.set_title("Loop score")
-    ax2.grid(alpha=0.3)
-    ax2.legend(loc="best")
-    fig.tight_layout()
-    png = out_dir / "curves.png"
-    fig.savefig(png)
-    return md, png
 
 
 def _register(
@@ -491,15 +210,6 @@ def _register(
         registry.promote(name, pv.version)
         versions[program] = pv.version
     return versions
-
-
-def _decide_write_only(changed: Sequence[str], metrics: Mapping[str, float]) -> Decision:
-    """Accept a change to write-only programs when its own task metric improved (see WRITE_ONLY_PROGRAMS)."""
-    gains = {p: (metrics.get(f"{p}_best_score"), metrics.get(f"{p}_baseline_score")) for p in changed}
-    text = ", ".join(f"{p} {b} → {a}" for p, (a, b) in gains.items())
-    if all(a is not None and b is not None and a > b for a, b in gains.values()):
-        return Decision("accepted", f"task metric improved ({text}); validation reads no change")
-    return Decision("rejected", f"task metric not improved ({text}); validation reads no change")
 
 
 def run_loop(
@@ -551,28 +261,15 @@ def run_loop(
         raise ValueError(f"accept_margin={accept_margin}: use 0 or more")
     if not 0.0 <= max_failed_share <= 1.0:
         raise ValueError(f"max_failed_share={max_failed_share}: use a share between 0 and 1")
-    from kitune.evaluation.report import wilson_interval
-    from kitune.optimizers.artifacts import log_candidate, log_program_state
-
     state_path = state_dir / "loop_state.json"
-    history, saved, reference = _read_state(state_path)
+    history, saved, reference = read_state(state_path)
     ledger = FailureLedger(state_dir / "failure_ledger.json")
     current = saved or start
     tokens_used = getattr(env, "tokens_used", None)
+    rule = _Rule(accept_margin, max_failed_share, require_significance, seed, weights)
     for i in range(len(history), iterations):
         spent_before = tokens_used() if callable(tokens_used) else None
-        tune = env.evaluate(current, "tune")
-        cur_val = env.evaluate(current, "validation")
-        reference.setdefault("tune", run_stats(tune.summary))
-        reference.setdefault("validation", run_stats(cur_val.summary))
-        tune_score = loop_score(tune.summary, reference["tune"], weights)
-        val_score = loop_score(cur_val.summary, reference["validation"], weights)
-        ledger.record(i, "tune", tune.traces, gold_docids=tune.gold_docids, retrieved=tune.retrieved)
-        ledger.record(
-            i, "validation", cur_val.traces, gold_docids=cur_val.gold_docids, retrieved=cur_val.retrieved
-        )
-        flips = {split: ledger.flips(i, split) for split in ("tune", "validation")}
-        kinds = {split: ledger.kind_counts(i, split) for split in ("tune", "validation")}
+        measured = _measure(env, current, i, ledger, reference, weights)
         run_params = {
             **dict(params or {}),
             "iteration": i,
@@ -583,142 +280,241 @@ def run_loop(
         }
         with tracker.run(f"iteration-{i}", run_params, tags={"kitune.kind": "iteration"}) as handle:
             rid = handle.run_id
-            metrics = {
-                **_summary_metrics("tune", tune.summary, tune_score),
-                **_summary_metrics("val", cur_val.summary, val_score),
-                **{f"tune_{k}": v for k, v in tune.metrics.items()},
-                **{f"tune_kind_{k}": float(v) for k, v in kinds["tune"].items()},
-                **{f"val_kind_{k}": float(v) for k, v in kinds["validation"].items()},
-                "tune_flips_fixed": float(len(flips["tune"]["fixed"])),
-                "tune_flips_broken": float(len(flips["tune"]["broken"])),
-                "val_flips_fixed": float(len(flips["validation"]["fixed"])),
-                "val_flips_broken": float(len(flips["validation"]["broken"])),
-            }
-            tracker.log_metrics(metrics, step=i, run_id=rid)
-            log_candidate(tracker, current.prompts, "prompts/current", run_id=rid)
-            proposal = env.improve(current, tune, i, ledger=ledger)
-            ledger.save()
-            changed = proposal.setting.changed_programs(current)
-            knobs_changed = dict(proposal.setting.knobs) != dict(current.knobs)
-            problems = [
-                f"{program}: {problem}"
-                for program in changed
-                for problem in check_instruction(
-                    program, current.prompts.get(program, ""), proposal.setting.prompts.get(program, "")
-                )
-            ]
-            # the improve step may have written KIs: re-measure the current setting on the store
-            # as it is now, so current and candidate are compared on one store state
-            cur_after = env.evaluate(current, "validation")
-            reads_changed = knobs_changed or proposal.setting.eval_key != current.eval_key
-            if reads_changed and not problems:
-                cand = env.evaluate(proposal.setting, "validation")
-            else:
-                cand = cur_after
-            paired = compare_paired(cur_after.traces, cand.traces, weights, seed=seed)
-            tune_failed = tune.summary.n_failed / tune.summary.n_total if tune.summary.n_total else 0.0
-            decision = decide(
-                paired,
-                changed=bool(changed) or knobs_changed,
-                margin=accept_margin,
-                max_failed_share=max_failed_share,
-                require_significance=require_significance,
-                sanity_problems=problems,
-            )
-            if changed and not reads_changed and not problems and decision.outcome == "rejected":
-                decision = _decide_write_only(changed, proposal.metrics)
-            if decision.outcome != "undecided" and tune_failed > max_failed_share:
-                decision = type(decision)(
-                    "undecided",
-                    f"{tune_failed:.0%} of the tuning questions failed (limit {max_failed_share:.0%}): "
-                    "no decision on this run",
-                )
-            accepted = decision.accepted
-            after_score = loop_score(cur_after.summary, reference["validation"], weights)
-            cand_score = loop_score(cand.summary, reference["validation"], weights)
+            _log_measured(tracker, rid, i, current, measured)
+            proposed = _propose(env, current, measured.tune, i, ledger)
+            paired, decision = _decide(measured, proposed, rule)
             spent = (
                 (tokens_used() - spent_before) if callable(tokens_used) and spent_before is not None else None
             )
-            tracker.log_metrics(
-                {
-                    **_summary_metrics("candidate_val", cand.summary, cand_score),
-                    **{f"improve_{k}": v for k, v in proposal.metrics.items()},
-                    **paired.to_metrics(),
-                    "val_after_score": after_score,
-                    "accepted": float(accepted),
-                    "undecided": float(decision.outcome == "undecided"),
-                    "score_gain": cand_score - after_score,
-                    **({"iteration_tokens": float(spent)} if spent is not None else {}),
-                    **{f"ledger_{k}": float(v) for k, v in ledger.feedback_summary().items()},
-                },
-                step=i,
-                run_id=rid,
+            record = _log_outcome(
+                tracker, rid, i, current, measured, proposed, paired, decision, reference, rule, ledger, spent
             )
-            log_candidate(tracker, proposal.setting.prompts, "prompts/candidate", run_id=rid)
-            for program, module in proposal.programs.items():
-                log_program_state(tracker, module, f"programs/{program}.json", run_id=rid)
-            notes = {**dict(proposal.notes), "decision": decision.outcome, "reason": decision.reason}
-            if problems:
-                notes["sanity_problems"] = problems
-            tracker.log_dict(notes, "improve.json", run_id=rid)
-            tracker.log_dict(ledger.to_dict(), "failure_ledger.json", run_id=rid)
-            tracker.log_dict(
-                {
-                    "tune": [t.to_dict() for t in tune.traces],
-                    "validation": [t.to_dict() for t in cur_val.traces],
-                    "validation_after_improve": [t.to_dict() for t in cur_after.traces],
-                    "candidate_validation": [t.to_dict() for t in cand.traces],
-                },
-                "traces.json",
-                run_id=rid,
-            )
-            log_episodes = getattr(tracker, "log_episodes", None)
-            if callable(log_episodes):
-                log_episodes(list(tune.traces), run_id=rid, name=f"iteration-{i}-tune")
-                log_episodes(list(cur_val.traces), run_id=rid, name=f"iteration-{i}-validation")
-            registered: dict[str, int] = {}
-            if accepted and registry is not None and changed:
+            if decision.accepted and registry is not None and proposed.changed:
                 tags = {
                     "kitune.run_id": rid or "",
-                    "kitune.val_score": f"{cand_score:.4f}",
+                    "kitune.val_score": f"{record.candidate_val_score:.4f}",
                     "kitune.iteration": str(i),
                 }
-                registered = _register(registry, corpus, proposal.setting, changed, tags)
-            record = IterationRecord(
-                iteration=i,
-                current_key=current.key,
-                candidate_key=proposal.setting.key,
-                tune_score=tune_score,
-                val_score=val_score,
-                candidate_val_score=cand_score,
-                accepted=accepted,
-                tune_accuracy=tune.summary.accuracy,
-                val_accuracy=cur_val.summary.accuracy,
-                candidate_val_accuracy=cand.summary.accuracy,
-                run_id=rid,
-                registered=registered,
-                changed=tuple(changed),
-                decision=decision.outcome,
-                reason=decision.reason,
-                val_after_score=after_score,
-                val_after_accuracy=cur_after.summary.accuracy,
-                tune_ci=wilson_interval(tune.summary.n_correct, tune.summary.n_graded),
-                val_ci=wilson_interval(cur_val.summary.n_correct, cur_val.summary.n_graded),
-                n_tune=tune.summary.n_total,
-                n_val=cur_val.summary.n_total,
-                paired=paired.to_dict(),
-                flips=flips,
-                failure_kinds=kinds,
-                failed={"tune": tune.summary.n_failed, "validation": cur_val.summary.n_failed},
-                tokens_used=spent,
-            )
-        if accepted:
-            current = proposal.setting
+                registered = _register(registry, corpus, proposed.proposal.setting, proposed.changed, tags)
+                record = replace(record, registered=registered)
+        if decision.accepted:
+            current = proposed.proposal.setting
         history.append(record)
-        _write_state(state_path, history, current, reference)
+        write_state(state_path, history, current, reference)
         ledger.save()
         if on_iteration is not None:
             on_iteration(record)
     md, png = write_curves(history, state_dir)
     (state_dir / "failure_ledger.md").write_text(ledger.to_markdown(), encoding="utf-8")
     return LoopResult(setting=current, history=tuple(history), curves_md=md, curves_png=png)
+
+
+@dataclass(frozen=True)
+class _Rule:
+    """The accept rule's settings for one run of the loop."""
+
+    margin: float
+    max_failed_share: float
+    require_significance: bool
+    seed: int
+    weights: LoopWeights | None
+
+
+@dataclass(frozen=True)
+class _Measured:
+    """Step 1–2: the current setting on both splits, scored and recorded in the ledger."""
+
+    tune: Evaluation
+    validation: Evaluation
+    tune_score: float
+    val_score: float
+    flips: dict[str, Any]
+    kinds: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class _Proposed:
+    """Steps 3–5: the proposal, its sanity problems, and both settings on validation now."""
+
+    proposal: Proposal
+    changed: list[str]
+    """Programs whose instruction the proposal changes."""
+    knobs_changed: bool
+    reads_changed: bool
+    """A knob or a read (not write-only) instruction changed: the candidate was evaluated."""
+    problems: list[str]
+    after: Evaluation
+    """The current setting on validation, re-measured on the store as it is after improving."""
+    candidate: Evaluation
+    """The proposal on validation (``after`` itself when it reads nothing new or failed sanity)."""
+
+
+def _measure(
+    env: LoopEnv,
+    current: Setting,
+    i: int,
+    ledger: FailureLedger,
+    reference: dict[str, RunStats],
+    weights: LoopWeights | None,
+) -> _Measured:
+    """Evaluate ``current`` on both splits, score them against the reference, record the ledger."""
+    tune = env.evaluate(current, "tune")
+    val = env.evaluate(current, "validation")
+    reference.setdefault("tune", run_stats(tune.summary))
+    reference.setdefault("validation", run_stats(val.summary))
+    ledger.record(i, "tune", tune.traces, gold_docids=tune.gold_docids, retrieved=tune.retrieved)
+    ledger.record(i, "validation", val.traces, gold_docids=val.gold_docids, retrieved=val.retrieved)
+    return _Measured(
+        tune=tune,
+        validation=val,
+        tune_score=loop_score(tune.summary, reference["tune"], weights),
+        val_score=loop_score(val.summary, reference["validation"], weights),
+        flips={split: ledger.flips(i, split) for split in ("tune", "validation")},
+        kinds={split: ledger.kind_counts(i, split) for split in ("tune", "validation")},
+    )
+
+
+def _propose(env: LoopEnv, current: Setting, tune: Evaluation, i: int, ledger: FailureLedger) -> _Proposed:
+    """Improve, check the changed instructions, re-measure the current setting, evaluate the proposal."""
+    proposal = env.improve(current, tune, i, ledger=ledger)
+    ledger.save()
+    changed = proposal.setting.changed_programs(current)
+    knobs_changed = dict(proposal.setting.knobs) != dict(current.knobs)
+    problems = [
+        f"{program}: {problem}"
+        for program in changed
+        for problem in check_instruction(
+            program, current.prompts.get(program, ""), proposal.setting.prompts.get(program, "")
+        )
+    ]
+    # the improve step may have written KIs: re-measure the current setting on the store as it is
+    # now, so current and candidate are compared on one store state
+    after = env.evaluate(current, "validation")
+    reads_changed = knobs_changed or eval_key(proposal.setting) != eval_key(current)
+    candidate = env.evaluate(proposal.setting, "validation") if reads_changed and not problems else after
+    return _Proposed(proposal, changed, knobs_changed, reads_changed, problems, after, candidate)
+
+
+def _decide(m: _Measured, p: _Proposed, rule: _Rule) -> tuple[PairedComparison, Decision]:
+    """Pair current and candidate on validation and apply :func:`~kitune.optimizers.acceptance.decide`."""
+    paired = compare_paired(p.after.traces, p.candidate.traces, rule.weights, seed=rule.seed)
+    n_tune = m.tune.summary.n_total
+    decision = decide(
+        paired,
+        changed_programs=p.changed,
+        knobs_changed=p.knobs_changed,
+        reads_changed=p.reads_changed,
+        task_metrics=p.proposal.metrics,
+        sanity_problems=p.problems,
+        margin=rule.margin,
+        max_failed_share=rule.max_failed_share,
+        require_significance=rule.require_significance,
+        tune_failed_share=m.tune.summary.n_failed / n_tune if n_tune else 0.0,
+    )
+    return paired, decision
+
+
+def _log_measured(tracker: Tracker, rid: str | None, i: int, current: Setting, m: _Measured) -> None:
+    """Log the measurement before improving (so a failed improve step still leaves it)."""
+    from kitune.optimizers.artifacts import log_candidate
+
+    metrics = {
+        **_summary_metrics("tune", m.tune.summary, m.tune_score),
+        **_summary_metrics("val", m.validation.summary, m.val_score),
+        **{f"tune_{k}": v for k, v in m.tune.metrics.items()},
+        **{f"tune_kind_{k}": float(v) for k, v in m.kinds["tune"].items()},
+        **{f"val_kind_{k}": float(v) for k, v in m.kinds["validation"].items()},
+        "tune_flips_fixed": float(len(m.flips["tune"]["fixed"])),
+        "tune_flips_broken": float(len(m.flips["tune"]["broken"])),
+        "val_flips_fixed": float(len(m.flips["validation"]["fixed"])),
+        "val_flips_broken": float(len(m.flips["validation"]["broken"])),
+    }
+    tracker.log_metrics(metrics, step=i, run_id=rid)
+    log_candidate(tracker, current.prompts, "prompts/current", run_id=rid)
+
+
+def _log_outcome(
+    tracker: Tracker,
+    rid: str | None,
+    i: int,
+    current: Setting,
+    m: _Measured,
+    p: _Proposed,
+    paired: PairedComparison,
+    decision: Decision,
+    reference: Mapping[str, RunStats],
+    rule: _Rule,
+    ledger: FailureLedger,
+    spent: int | None,
+) -> IterationRecord:
+    """Log the proposal, the comparison and the decision; return the iteration's record."""
+    from kitune.evaluation.report import wilson_interval
+    from kitune.optimizers.artifacts import log_candidate, log_program_state
+
+    after_score = loop_score(p.after.summary, reference["validation"], rule.weights)
+    cand_score = loop_score(p.candidate.summary, reference["validation"], rule.weights)
+    tracker.log_metrics(
+        {
+            **_summary_metrics("candidate_val", p.candidate.summary, cand_score),
+            **{f"improve_{k}": v for k, v in p.proposal.metrics.items()},
+            **paired.to_metrics(),
+            "val_after_score": after_score,
+            "accepted": float(decision.accepted),
+            "undecided": float(decision.outcome == "undecided"),
+            "score_gain": cand_score - after_score,
+            **({"iteration_tokens": float(spent)} if spent is not None else {}),
+            **{f"ledger_{k}": float(v) for k, v in ledger.feedback_summary().items()},
+        },
+        step=i,
+        run_id=rid,
+    )
+    log_candidate(tracker, p.proposal.setting.prompts, "prompts/candidate", run_id=rid)
+    for program, module in p.proposal.programs.items():
+        log_program_state(tracker, module, f"programs/{program}.json", run_id=rid)
+    notes = {**dict(p.proposal.notes), "decision": decision.outcome, "reason": decision.reason}
+    if p.problems:
+        notes["sanity_problems"] = p.problems
+    tracker.log_dict(notes, "improve.json", run_id=rid)
+    tracker.log_dict(ledger.to_dict(), "failure_ledger.json", run_id=rid)
+    tracker.log_dict(
+        {
+            "tune": [t.to_dict() for t in m.tune.traces],
+            "validation": [t.to_dict() for t in m.validation.traces],
+            "validation_after_improve": [t.to_dict() for t in p.after.traces],
+            "candidate_validation": [t.to_dict() for t in p.candidate.traces],
+        },
+        "traces.json",
+        run_id=rid,
+    )
+    log_episodes = getattr(tracker, "log_episodes", None)
+    if callable(log_episodes):
+        log_episodes(list(m.tune.traces), run_id=rid, name=f"iteration-{i}-tune")
+        log_episodes(list(m.validation.traces), run_id=rid, name=f"iteration-{i}-validation")
+    tune, val = m.tune.summary, m.validation.summary
+    return IterationRecord(
+        iteration=i,
+        current_key=current.key,
+        candidate_key=p.proposal.setting.key,
+        tune_score=m.tune_score,
+        val_score=m.val_score,
+        candidate_val_score=cand_score,
+        accepted=decision.accepted,
+        tune_accuracy=tune.accuracy,
+        val_accuracy=val.accuracy,
+        candidate_val_accuracy=p.candidate.summary.accuracy,
+        run_id=rid,
+        changed=tuple(p.changed),
+        decision=decision.outcome,
+        reason=decision.reason,
+        val_after_score=after_score,
+        val_after_accuracy=p.after.summary.accuracy,
+        tune_ci=wilson_interval(tune.n_correct, tune.n_graded),
+        val_ci=wilson_interval(val.n_correct, val.n_graded),
+        n_tune=tune.n_total,
+        n_val=val.n_total,
+        paired=paired.to_dict(),
+        flips=m.flips,
+        failure_kinds=m.kinds,
+        failed={"tune": tune.n_failed, "validation": val.n_failed},
+        tokens_used=spent,
+    )

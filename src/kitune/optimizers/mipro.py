@@ -18,8 +18,10 @@ from typing import Any
 from kitune.optimizers.base import (
     CandidateScore,
     OptimizationResult,
+    check_metric,
     compile_copy,
     get_candidate,
+    require_reflection_lm,
     require_sets,
 )
 from kitune.optimizers.budget import OptimizerBudget
@@ -43,6 +45,11 @@ class MiproOptimizer:
         rng: seeds MIPROv2 (``rng.randrange(2**31)``); default ``random.Random(0)``.
         minibatch_size: validation examples per trial when the valset is larger.
         num_threads: parallel example evaluations.
+
+    Raises:
+        ConfigError: ``metric`` cannot take ``(gold, pred, trace)``, or ``prompt_lm`` is None
+            (DSPy would propose with the task LM).
+        ValueError: ``num_candidates`` or ``num_trials`` below 1.
     """
 
     name = "mipro"
@@ -62,8 +69,9 @@ class MiproOptimizer:
             raise ValueError(
                 f"num_candidates and num_trials must be >= 1, got {num_candidates}, {num_trials}"
             )
+        check_metric("MIPROv2", metric, "(gold, pred, trace)")
         self.metric = as_float_metric(metric)
-        self.prompt_lm = prompt_lm
+        self.prompt_lm = require_reflection_lm("MIPROv2", prompt_lm)
         self.num_candidates = num_candidates
         self.num_trials = num_trials
         self.rng = rng or random.Random(0)

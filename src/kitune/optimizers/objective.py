@@ -50,8 +50,8 @@ from kitune.text import contains_answer
 
 if TYPE_CHECKING:
     from kitune.data.loaders import Question
-    from kitune.evaluation.metrics import Trace
     from kitune.evaluation.report import RunSummary
+    from kitune.evaluation.trace import Trace
     from kitune.ki import KI
     from kitune.programs.fact_extractor import DocExtraction
 

@@ -1,272 +1,115 @@
-"""Composable stop conditions for the optimisation loop (after gepa's ``utils/stop_condition.py``).
+"""Stop conditions for GEPA: gepa's own, plus the one it lacks — a cap on input tokens from the token ledger.
 
-A stopper looks at an :class:`OptimizationProgress` snapshot and answers "stop now?". Combine
-them with :class:`AnyOf` (or ``a | b``); :func:`stop_reason` says which one fired. Stoppers are
-pure functions of the snapshot except :class:`Timeout`, which reads a clock (injectable for
-tests).
+gepa ships the stop conditions (``gepa.utils.stop_condition``): ``TimeoutStopCondition``,
+``MaxMetricCallsStopper`` (gepa adds it itself from ``max_metric_calls``),
+``NoImprovementStopper``, ``ScoreThresholdStopper``, ``FileStopper`` … kitune uses them as they
+are. It adds :class:`MaxInputTokens`, which reads the input tokens the run has spent from a
+callable — the loop passes the token ledger's total (task and reflection calls go through
+``KituneLM``, which records every call) — and :class:`StopLog`, which runs the stoppers for
+``dspy.GEPA(gepa_kwargs={"stop_callbacks": [...]})`` and remembers which one fired, so the
+result's ``stop_reason`` names it (:func:`describe`).
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any
+
+from gepa.utils.stop_condition import (
+    MaxMetricCallsStopper,
+    NoImprovementStopper,
+    ScoreThresholdStopper,
+    StopperProtocol,
+    TimeoutStopCondition,
+)
 
 __all__ = [
-    "AnyOf",
-    "GepaStopper",
-    "MaxCostUsd",
     "MaxInputTokens",
-    "MaxMetricCalls",
-    "NoImprovement",
-    "OptimizationProgress",
-    "Stopper",
-    "Timeout",
-    "as_gepa_stopper",
-    "stop_reason",
+    "MaxMetricCallsStopper",
+    "NoImprovementStopper",
+    "StopLog",
+    "StopperProtocol",
+    "TimeoutStopCondition",
+    "describe",
+    "restart",
 ]
 
 
-@dataclass(frozen=True)
-class OptimizationProgress:
-    """What the loop has spent and achieved so far (a snapshot; the loop builds a new one each time)."""
-
-    metric_calls: int = 0
-    """Metric calls so far (one per example evaluated), ≥ 0."""
-    cost_usd: float = 0.0
-    """Provider cost so far in USD, ≥ 0 (0.0 when unknown)."""
-    input_tokens: int = 0
-    """Input tokens so far, all roles."""
-    scores: tuple[float, ...] = ()
-    """Validation score after each iteration, oldest first; higher is better."""
-
-    @property
-    def iteration(self) -> int:
-        """Number of completed iterations (``len(scores)``)."""
-        return len(self.scores)
-
-    @property
-    def best_score(self) -> float | None:
-        """Best validation score so far, or None before the first iteration."""
-        return max(self.scores) if self.scores else None
-
-
-@runtime_checkable
-class Stopper(Protocol):
-    """Answers whether the optimisation should stop."""
-
-    def __call__(self, progress: OptimizationProgress) -> bool:
-        """True when the run should stop now."""
-        ...
-
-    def describe(self) -> str:
-        """A short human reason, e.g. ``"metric calls >= 200"``."""
-        ...
-
-
-class _Composable:
-    def __or__(self, other: Stopper) -> AnyOf:
-        return AnyOf(self, other)  # type: ignore[arg-type]
-
-
-@dataclass(frozen=True)
-class MaxMetricCalls(_Composable):
-    """Stop once ``progress.metric_calls >= limit``."""
-
-    limit: int
-
-    def __post_init__(self) -> None:
-        if self.limit < 1:
-            raise ValueError(f"MaxMetricCalls limit must be >= 1, got {self.limit}")
-
-    def __call__(self, progress: OptimizationProgress) -> bool:
-        """See :class:`Stopper`."""
-        return progress.metric_calls >= self.limit
-
-    def describe(self) -> str:
-        """See :class:`Stopper`."""
-        return f"metric calls >= {self.limit}"
-
-
-@dataclass(frozen=True)
-class MaxCostUsd(_Composable):
-    """Stop once ``progress.cost_usd >= limit_usd``."""
-
-    limit_usd: float
-
-    def __post_init__(self) -> None:
-        if not self.limit_usd > 0:
-            raise ValueError(f"MaxCostUsd limit_usd must be > 0, got {self.limit_usd}")
-
-    def __call__(self, progress: OptimizationProgress) -> bool:
-        """See :class:`Stopper`."""
-        return progress.cost_usd >= self.limit_usd
-
-    def describe(self) -> str:
-        """See :class:`Stopper`."""
-        return f"cost >= ${self.limit_usd:g}"
-
-
-@dataclass(frozen=True)
-class MaxInputTokens(_Composable):
-    """Stop once ``progress.input_tokens >= limit``."""
-
-    limit: int
-
-    def __post_init__(self) -> None:
-        if self.limit < 1:
-            raise ValueError(f"MaxInputTokens limit must be >= 1, got {self.limit}")
-
-    def __call__(self, progress: OptimizationProgress) -> bool:
-        """See :class:`Stopper`."""
-        return progress.input_tokens >= self.limit
-
-    def describe(self) -> str:
-        """See :class:`Stopper`."""
-        return f"input tokens >= {self.limit}"
-
-
-@dataclass(frozen=True)
-class NoImprovement(_Composable):
-    """Stop after ``patience`` iterations in a row that did not beat the earlier best by ``min_delta``.
-
-    Pure: computed from ``progress.scores``. With scores ``[0.5, 0.6, 0.6, 0.55]`` and
-    ``patience=2`` it stops (the last two did not exceed 0.6).
-    """
-
-    patience: int
-    min_delta: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.patience < 1:
-            raise ValueError(f"NoImprovement patience must be >= 1, got {self.patience}")
-        if self.min_delta < 0:
-            raise ValueError(f"NoImprovement min_delta must be >= 0, got {self.min_delta}")
-
-    def __call__(self, progress: OptimizationProgress) -> bool:
-        """See :class:`Stopper`."""
-        scores = progress.scores
-        if len(scores) <= self.patience:
-            return False
-        best_before = max(scores[: -self.patience])
-        return all(not (s > best_before + self.min_delta) for s in scores[-self.patience :])
-
-    def describe(self) -> str:
-        """See :class:`Stopper`."""
-        return f"no improvement for {self.patience} iterations"
-
-
-class Timeout(_Composable):
-    """Stop once ``seconds`` of wall time have passed since construction (or :meth:`reset`).
+class MaxInputTokens:
+    """Stop once the run has spent ``limit`` input tokens (counted from :meth:`restart`).
 
     Args:
-        seconds: the budget, > 0.
-        clock: a monotonic clock returning seconds (injectable for tests).
+        limit: input tokens, ≥ 1.
+        input_tokens: the running total of input tokens (e.g. ``lambda:
+            ledger.totals()["input_tokens"]`` on the loop's :class:`~kitune.usage.TokenLedger`).
+
+    Raises:
+        ValueError: ``limit`` below 1.
     """
 
-    def __init__(self, seconds: float, *, clock: Callable[[], float] = time.monotonic) -> None:
-        if not seconds > 0 or math.isinf(seconds):
-            raise ValueError(f"Timeout seconds must be a finite number > 0, got {seconds}")
-        self.seconds = seconds
-        self._clock = clock
-        self._start = clock()
+    def __init__(self, limit: int, input_tokens: Callable[[], int]) -> None:
+        if limit < 1:
+            raise ValueError(f"MaxInputTokens limit must be >= 1, got {limit}")
+        self.limit = limit
+        self._input_tokens = input_tokens
+        self._start = int(input_tokens())
 
-    def reset(self) -> None:
-        """Restart the clock (e.g. when a resumed run starts)."""
-        self._start = self._clock()
+    def restart(self) -> None:
+        """Count from now (a compile starts)."""
+        self._start = int(self._input_tokens())
 
     @property
-    def elapsed_s(self) -> float:
-        """Seconds since the start."""
-        return self._clock() - self._start
+    def spent(self) -> int:
+        """Input tokens spent since :meth:`restart`."""
+        return int(self._input_tokens()) - self._start
 
-    def __call__(self, progress: OptimizationProgress) -> bool:
-        """See :class:`Stopper`."""
-        return self.elapsed_s >= self.seconds
-
-    def describe(self) -> str:
-        """See :class:`Stopper`."""
-        return f"timeout after {self.seconds:g} s"
+    def __call__(self, gepa_state: Any) -> bool:
+        """True once :attr:`spent` reaches :attr:`limit`."""
+        return self.spent >= self.limit
 
 
-class AnyOf(_Composable):
-    """Stop when any of ``stoppers`` says stop (all of them are evaluated, in order)."""
-
-    def __init__(self, *stoppers: Stopper) -> None:
-        if not stoppers:
-            raise ValueError("AnyOf needs at least one stopper")
-        flat: list[Stopper] = []
-        for s in stoppers:
-            flat.extend(s.stoppers if isinstance(s, AnyOf) else (s,))
-        self.stoppers: tuple[Stopper, ...] = tuple(flat)
-
-    def __call__(self, progress: OptimizationProgress) -> bool:
-        """See :class:`Stopper`."""
-        return stop_reason(self, progress) is not None
-
-    def describe(self) -> str:
-        """See :class:`Stopper`."""
-        return " or ".join(s.describe() for s in self.stoppers)
+def restart(stopper: Any) -> None:
+    """Start a stopper's clock or counter again (timeouts and token caps; others are stateless here)."""
+    if isinstance(stopper, TimeoutStopCondition):
+        stopper.start_time = time.time()
+    elif isinstance(stopper, MaxInputTokens):
+        stopper.restart()
 
 
-def stop_reason(stopper: Stopper, progress: OptimizationProgress) -> str | None:
-    """The description of the first stopper that fires, or None to keep going.
+def describe(stopper: Any) -> str:
+    """A short reason for a stop condition, e.g. ``"timeout after 120 s"``, ``"input tokens >= 5000"``."""
+    if isinstance(stopper, TimeoutStopCondition):
+        return f"timeout after {stopper.timeout_seconds:g} s"
+    if isinstance(stopper, MaxMetricCallsStopper):
+        return f"metric calls >= {stopper.max_metric_calls}"
+    if isinstance(stopper, MaxInputTokens):
+        return f"input tokens >= {stopper.limit}"
+    if isinstance(stopper, NoImprovementStopper):
+        return f"no improvement for {stopper.max_iterations_without_improvement} iterations"
+    if isinstance(stopper, ScoreThresholdStopper):
+        return f"validation score >= {stopper.threshold:g}"
+    return type(stopper).__name__
 
-    For an :class:`AnyOf` this names the member that fired, not the whole disjunction.
-    """
-    if isinstance(stopper, AnyOf):
-        for s in stopper.stoppers:
-            if (reason := stop_reason(s, progress)) is not None:
-                return reason
-        return None
-    return stopper.describe() if stopper(progress) else None
 
+class StopLog:
+    """Runs stop conditions in order for gepa and remembers the first that fired.
 
-class GepaStopper:
-    """Adapts a kitune :class:`Stopper` to gepa's ``StopperProtocol`` (``stop_callbacks=``).
+    Args:
+        stoppers: gepa ``StopperProtocol`` objects (``(state) -> bool``).
 
-    gepa calls it with its ``GEPAState``; the progress snapshot is built from
-    ``state.total_num_evals`` (metric calls) and ``state.program_full_scores_val_set`` (the
-    validation score of each candidate so far, used as ``scores``). Cost and tokens come from
-    the callables given (e.g. a usage ledger), 0 by default. :attr:`reason` holds the
-    description of the stopper that fired.
+    Attributes:
+        reason: :func:`describe` of the stopper that fired, None while none has.
     """
 
-    def __init__(
-        self,
-        stopper: Stopper,
-        *,
-        cost_usd: Callable[[], float] = lambda: 0.0,
-        input_tokens: Callable[[], int] = lambda: 0,
-    ) -> None:
-        self.stopper = stopper
-        self._cost_usd = cost_usd
-        self._input_tokens = input_tokens
+    def __init__(self, *stoppers: StopperProtocol) -> None:
+        self.stoppers = stoppers
         self.reason: str | None = None
 
-    def progress(self, gepa_state: object) -> OptimizationProgress:
-        """The snapshot for ``gepa_state`` (missing attributes read as 0 / no scores)."""
-        scores = getattr(gepa_state, "program_full_scores_val_set", None) or []
-        return OptimizationProgress(
-            metric_calls=int(getattr(gepa_state, "total_num_evals", 0) or 0),
-            cost_usd=float(self._cost_usd()),
-            input_tokens=int(self._input_tokens()),
-            scores=tuple(float(x) for x in scores),
-        )
-
-    def __call__(self, gepa_state: object) -> bool:
-        """True when the wrapped stopper fires; sets :attr:`reason`."""
-        self.reason = stop_reason(self.stopper, self.progress(gepa_state))
-        return self.reason is not None
-
-
-def as_gepa_stopper(
-    stopper: Stopper,
-    *,
-    cost_usd: Callable[[], float] = lambda: 0.0,
-    input_tokens: Callable[[], int] = lambda: 0,
-) -> GepaStopper:
-    """Wrap ``stopper`` for ``dspy.GEPA(gepa_kwargs={"stop_callbacks": [...]})``; see :class:`GepaStopper`."""
-    return GepaStopper(stopper, cost_usd=cost_usd, input_tokens=input_tokens)
+    def __call__(self, gepa_state: Any) -> bool:
+        """True when any stopper fires (gepa checks this before every iteration)."""
+        for stopper in self.stoppers:
+            if stopper(gepa_state):
+                self.reason = describe(stopper)
+                return True
+        return False

@@ -23,6 +23,7 @@ copies share, because optimisers deep-copy the module for every candidate.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -35,8 +36,9 @@ from kitune.optimizers.objective import LoopWeights, ki_contains_answer, questio
 if TYPE_CHECKING:
     from kitune.chat import ChatModel
     from kitune.data.loaders import Question
-    from kitune.evaluation.metrics import JudgeFn, Trace
+    from kitune.evaluation.metrics import JudgeFn
     from kitune.evaluation.tools import ContextObservation
+    from kitune.evaluation.trace import Trace
     from kitune.optimizers.feedback import Failure
     from kitune.programs.query_rewriter import QueryRewriter
     from kitune.retrieval.base import Store
@@ -357,8 +359,10 @@ def disambiguator_metric(
     """The disambiguator's metric: 0 rejected, 0.5 passes the guardrails, 1.0 also retrieved.
 
     The retrieval check writes the KI to ``store``, asks ``context_fn`` and removes it again (the
-    store is left as it was). Without a store only the guardrails count.
+    store is left as it was). Without a store only the guardrails count. The write-ask-remove
+    section holds a lock, so metric calls on several threads never see each other's KIs.
     """
+    lock = threading.Lock()
 
     def metric(
         gold: Any, pred: Any, trace: Any = None, pred_name: str | None = None, pred_trace: Any = None
@@ -374,17 +378,18 @@ def disambiguator_metric(
         if store is None or context_fn is None:
             return dspy.Prediction(score=0.5, feedback="Passed the guardrails.")
         ki = res.ki
-        try:
-            store.get(ki.id)
-            existed = True
-        except DocumentNotFoundError:
-            existed = False
-        try:
-            store.upsert([ki])
-            found = ki.id in list(context_fn(gold.question))[:top_k]
-        finally:
-            if not existed:
-                store.delete([ki.id])
+        with lock:
+            try:
+                store.get(ki.id)
+                existed = True
+            except DocumentNotFoundError:
+                existed = False
+            try:
+                store.upsert([ki])
+                found = ki.id in list(context_fn(gold.question))[:top_k]
+            finally:
+                if not existed:
+                    store.delete([ki.id])
         if found:
             return dspy.Prediction(
                 score=1.0, feedback="Passed the guardrails and is retrieved for its question."

@@ -131,7 +131,7 @@ def _feedback(env: ServiceLoopEnv, setting: Setting, traces: Sequence[Trace], pa
     if path.is_file():  # resumable: feedback KIs of an earlier run are in the store already
         data = json.loads(path.read_text(encoding="utf-8"))
         return FeedbackReport(**{**data, "ki_ids": tuple(data.get("ki_ids", ()))})
-    from kitune.service.improve import write_setting_kis
+    from kitune.optimizers.improvers.disambiguation import write_setting_kis
 
     failures = collect_failures(traces, env.questions)
     report = write_setting_kis(env, setting, failures, what="in-context failure(s)")

@@ -20,14 +20,13 @@ What it does per loop step:
   saw before, so the trace is reused; otherwise the question is run again. A rerun, or another
   split of the same setting on the same store, reuses finished questions
   (:class:`~kitune.service.eval_cache.EvalCache`);
-* **improve** — (a) prompt optimisation (GEPA or MIPROv2) of each selected program (the
-  extractor with feedback on what the agent did with each gold document's KIs, the gold
-  documents of no-candidate failures first), (b) Optuna knobs with an LLM-free objective
-  (answer-bearing recall of the KIs ``get_context`` returns for the tuning questions, plain
-  plans), its study on disk at ``<state>/knobs.journal``, and (c) feedback KIs, routed by
-  failure kind: wrong-entity and wrong-number failures go to the disambiguator unless the
-  failure ledger says the question already had ``optimize.max_feedback_attempts`` attempts or
-  one for the same wrong answer (the three live in :mod:`kitune.service.improve`).
+* **improve** — a fold over the configured improvers (``optimize.improvers``, one file each in
+  :mod:`kitune.optimizers.improvers`): (a) ``prompts``, the optimiser on each selected
+  program's task (:mod:`kitune.optimizers.programs`), (b) ``knobs``, Optuna with an LLM-free
+  objective, its study on disk at ``<state>/knobs.journal``, and (c) ``disambiguation``,
+  feedback KIs routed by failure kind through the failure ledger. They see this environment
+  through :class:`kitune.optimizers.improve_env.ImproveEnv` (``context_ids``, ``lookup_texts``,
+  ``optimizer_budget`` … are here for them).
 
 Every dependency (LMs, agent model, judge, store factory, corpus store) can be injected through
 :class:`LoopDeps`, so the whole loop runs in tests with scripted models
@@ -36,6 +35,7 @@ Every dependency (LMs, agent model, judge, store factory, corpus store) can be i
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -46,37 +46,35 @@ from typing import TYPE_CHECKING, Any
 from kitune.config import KituneConfig, with_overrides
 from kitune.data.examples import split_questions
 from kitune.data.loaders import Question
-from kitune.errors import DocumentNotFoundError, OptimizationError
+from kitune.errors import DocumentNotFoundError
 from kitune.evaluation.failures import classify_failure
 from kitune.evaluation.report import summarize
+from kitune.optimizers.budget import OptimizerBudget
 from kitune.optimizers.feedback import collect_failures
+from kitune.optimizers.improve_env import ImproveInput
+from kitune.optimizers.improver import IMPROVERS, run_improvers
 from kitune.optimizers.ledger import FailureLedger
 from kitune.optimizers.loop import Evaluation, Proposal, Setting
 from kitune.optimizers.objective import answer_coverage
+from kitune.optimizers.program_task import eval_key
 from kitune.schema import Document, Filter
+from kitune.service import improve
 from kitune.service.eval_cache import EvalCache, lookup_record, store_fingerprint
+from kitune.service.improve import reflection_context_tokens, reflection_fallback
 from kitune.service.prompts import versioned_store_cfg
 
 if TYPE_CHECKING:
     from kitune.chat import ChatModel
-    from kitune.evaluation.metrics import JudgeFn, Trace
+    from kitune.evaluation.metrics import JudgeFn
+    from kitune.evaluation.trace import Trace
     from kitune.ki import KI
     from kitune.retrieval.base import CorpusStore, Store
     from kitune.service.optimize import OptimizeOptions
     from kitune.usage import TokenLedger
 
-__all__ = [
-    "DISAMBIGUATION_KINDS",
-    "LoopDeps",
-    "ServiceLoopEnv",
-    "route_feedback",
-]
+__all__ = ["LoopDeps", "ServiceLoopEnv"]
 
-_PREDICTOR = {"extractor": "extract", "rewriter": "rewriter.planner", "disambiguator": "program.writer"}
-"""Program → the predictor name its optimisation task exposes."""
-
-DISAMBIGUATION_KINDS = ("wrong_entity", "wrong_number")
-"""Failure kinds the feedback step turns into disambiguation KIs."""
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -139,6 +137,26 @@ class ServiceLoopEnv:
         self.evals = EvalCache(state_dir / "evals", self.lock)
         """Traces and look-up log of every evaluation, keyed by setting and store state."""
         self.rng = random.Random(cfg.optimize.seed)
+        IMPROVERS.check(cfg.optimize.improvers, setting="optimize.improvers")
+        self._window: tuple[int | None] | None = None
+        self.reflection_note = reflection_fallback(cfg)
+        """Why the optimisers reflect with the task model (no ``lm.reflection.model``), or None."""
+        if self.reflection_note:
+            logger.warning(self.reflection_note)
+            log(f"[yellow]warning: {self.reflection_note}[/]")
+
+    def reflection_window(self) -> int | None:
+        """The reflection model's context window, asked once (see ``improve.reflection_context_tokens``)."""
+        if self._window is None:
+            window = reflection_context_tokens(self.cfg)
+            self._window = (window,)
+            if window is None:
+                self.log(
+                    "[yellow]warning: the reflection model's context window is unknown (not in LiteLLM's "
+                    "table, not reported by the server): reflection prompts are not sized; set "
+                    "optimize.reflection_context_tokens[/]"
+                )
+        return self._window[0]
 
     # -- helpers ------------------------------------------------------------------------------
     def get_document(self, docid: str) -> Document:
@@ -206,6 +224,45 @@ class ServiceLoopEnv:
             ledger=self.deps.ledger,
             rewriter=rw,
         )
+
+    def context_ids(self, setting: Setting, size: int | None = None) -> Callable[[str], list[str]]:
+        """Query → KI ids ``get_context`` returns on the setting's store (plain plan; ``size`` None: 10)."""
+        from kitune.service.context import context_ids
+
+        store, cfg = self.store_for(setting), self.setting_cfg(setting)
+        return (
+            context_ids(store=store, cfg=cfg)
+            if size is None
+            else context_ids(store=store, cfg=cfg, size=size)
+        )
+
+    def lookup_texts(self, setting: Setting, query: str, knobs: Mapping[str, int | float]) -> list[str]:
+        """``"<title> <description>"`` of each KI ``get_context`` returns for ``query``, best first.
+
+        ``knobs`` apply on top of the setting's (plain plan, ``retrieval.default_size`` KIs).
+
+        The store's own retrieval knobs are swapped for the call under :attr:`lock` (the knob
+        objective asks many settings of one store).
+        """
+        from kitune.config import RetrievalConfig
+        from kitune.service.context import get_context
+
+        store = self.store_for(setting)
+        cfg = with_overrides(self.setting_cfg(setting), knobs)
+        with self.lock:
+            old = getattr(store, "retrieval", None)
+            if old is not None:
+                store.retrieval = RetrievalConfig.model_validate(cfg.retrieval.model_dump())  # type: ignore[attr-defined]
+            try:
+                resp = get_context(query, store=store, size=cfg.retrieval.default_size, cfg=cfg)
+                return [f"{k.title} {k.description}" for k in resp.kis]
+            finally:
+                if old is not None:
+                    store.retrieval = old  # type: ignore[attr-defined]
+
+    def optimizer_budget(self) -> OptimizerBudget:
+        """The optimisers' budget (see :func:`kitune.service.improve.optimizer_budget`)."""
+        return improve.optimizer_budget(self)
 
     def ensure_extracted(self, setting: Setting, questions: Sequence[Question]) -> dict[str, float]:
         """Extract the documents ``questions`` need (plus distractors) not yet done for this version.
@@ -313,7 +370,7 @@ class ServiceLoopEnv:
 
         def on_trace(trace: Trace) -> None:
             self.evals.log_observations(
-                setting.eval_key, state, trace.query_id, calls.pop(trace.query_id, [])
+                eval_key(setting), state, trace.query_id, calls.pop(trace.query_id, [])
             )
 
         return evaluate(
@@ -326,6 +383,12 @@ class ServiceLoopEnv:
             progress=self.opts.progress,
             on_trace=on_trace,
         )
+
+    def input_tokens_used(self) -> int:
+        """LLM input tokens (every role) recorded in the ledger so far; 0 without a ledger."""
+        if self.deps.ledger is None:
+            return 0
+        return int(self.deps.ledger.totals()["input_tokens"])
 
     def tokens_used(self) -> int:
         """LLM tokens (input + output, every role) recorded in the ledger so far."""
@@ -348,9 +411,9 @@ class ServiceLoopEnv:
         if coverage is not None:
             metrics["extract_answer_coverage"] = coverage
         state = store_fingerprint(self.store_for(setting))
-        path = self.evals.traces_path(setting.eval_key, state)
+        path = self.evals.traces_path(eval_key(setting), state)
         reused, have = self.evals.reuse_unaffected(
-            setting.eval_key, questions, state, path, lambda: self.context_fn(setting)
+            eval_key(setting), questions, state, path, lambda: self.context_fn(setting)
         )
         fresh = [q for q in questions if q.query_id not in have]
         self.log(
@@ -360,7 +423,7 @@ class ServiceLoopEnv:
         traces = self.run_agent(setting, questions, traces_path=path, store_state=state)
         metrics["eval_reused"] = float(reused)
         metrics["eval_run"] = float(len(fresh))
-        obs = self.evals.observations(setting.eval_key)
+        obs = self.evals.observations(eval_key(setting))
         retrieved = {
             q.query_id: tuple(dict.fromkeys(k for c in obs.get((state, q.query_id), []) for k in c["ki_ids"]))
             for q in questions
@@ -378,92 +441,18 @@ class ServiceLoopEnv:
     def improve(
         self, setting: Setting, tune: Evaluation, iteration: int, *, ledger: FailureLedger | None = None
     ) -> Proposal:
-        """Prompt optimisation of each selected program, Optuna knobs, then feedback KIs routed by kind."""
-        from kitune.service import improve
+        """Fold the configured improvers (``optimize.improvers``) over this iteration's input.
 
-        prompts = dict(setting.prompts)
-        knobs: dict[str, int | float] = dict(setting.knobs)
-        metrics: dict[str, float] = {}
-        notes: dict[str, Any] = {}
-        programs: dict[str, Any] = {}
+        The input is the tuning run, its failures (:func:`~kitune.optimizers.feedback.collect_failures`)
+        and their failure kinds, and the ledger; see :func:`kitune.optimizers.improver.run_improvers`.
+        """
         failures = collect_failures(tune.traces, self.tune)
         kinds = {t.query_id: classify_failure(t, tune.gold_docids.get(t.query_id)) for t in tune.traces}
-        for program in self.opts.programs:
-            if program not in prompts:
-                continue
-            try:
-                result = improve.optimize_program(
-                    self, program, setting, failures, iteration, tune=tune, kinds=kinds
-                )
-            except OptimizationError as e:  # one program's failure never sinks the iteration
-                notes[f"{program}_error"] = str(e)[:1000]
-                metrics[f"{program}_failed"] = 1.0
-                self.log(f"[yellow]{program}: optimisation skipped: {e}[/]")
-                continue
-            if result is None:
-                continue
-            new_text = result.best_candidate.get(_PREDICTOR[program], prompts[program])
-            metrics[f"{program}_metric_calls"] = float(result.metric_calls)
-            metrics[f"{program}_best_score"] = result.best_score
-            if result.baseline_score is not None:
-                metrics[f"{program}_baseline_score"] = result.baseline_score
-            notes[f"{program}_stop_reason"] = result.stop_reason
-            if "proposals" in result.details:
-                metrics[f"{program}_proposals"] = float(result.details["proposals"])
-            if result.stop_reason:
-                self.log(f"{program}: {result.stop_reason}")
-            if result.improved and new_text.strip():
-                prompts[program] = new_text
-                programs[program] = result.program
-        if self.opts.knob_trials > 0:
-            knobs.update(improve.tune_knobs(self, setting, iteration, notes, metrics))
-        if self.opts.feedback and failures:
-            routed, skipped = route_feedback(
-                failures, kinds, ledger, max_attempts=self.cfg.optimize.max_feedback_attempts
-            )
-            metrics.update({f"feedback_skipped_{k}": float(v) for k, v in skipped.items()})
-            if routed:
-                metrics.update(
-                    improve.write_feedback(self, setting, tune, routed, iteration, ledger=ledger, notes=notes)
-                )
-        return Proposal(Setting(prompts, knobs), metrics=metrics, programs=programs, notes=notes)
+        inp = ImproveInput(setting, tune, iteration, tuple(failures), kinds, ledger)
+        return run_improvers(self, inp, self.cfg.optimize.improvers)
 
     def close(self) -> None:
         """Close every store opened."""
         for store in self._stores.values():
             store.close()
         self._stores.clear()
-
-
-def route_feedback(
-    failures: Sequence[Any],
-    kinds: Mapping[str, str | None],
-    ledger: FailureLedger | None,
-    *,
-    max_attempts: int,
-) -> tuple[list[Any], dict[str, int]]:
-    """Which failures go to the disambiguator this iteration, and why the others do not.
-
-    A failure goes when its kind is in :data:`DISAMBIGUATION_KINDS` (a blank answer goes too, to
-    be counted as a rejected ``empty_prediction`` candidate) and the ledger allows another
-    attempt (fewer than ``max_attempts`` so far, and not for the same wrong answer as before).
-
-    Returns:
-        ``(failures to send, reason → count of the ones held back)``; reasons are the failure
-        kind (``no_candidate`` …, those go to extractor and rewriter feedback instead),
-        ``max_attempts`` and ``same_wrong_answer``.
-    """
-    routed: list[Any] = []
-    skipped: dict[str, int] = {}
-    for f in failures:
-        kind = kinds.get(f.query_id)
-        if f.prediction.strip() and kind not in DISAMBIGUATION_KINDS:
-            skipped[str(kind)] = skipped.get(str(kind), 0) + 1
-            continue
-        if ledger is not None and f.prediction.strip():
-            ok, why = ledger.should_attempt(f.query_id, f.prediction, max_attempts)
-            if not ok:
-                skipped[why] = skipped.get(why, 0) + 1
-                continue
-        routed.append(f)
-    return routed, skipped

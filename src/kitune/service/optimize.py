@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING
 
 from kitune.config import KituneConfig
 from kitune.data.checksum import dataset_checksum
-from kitune.errors import ConfigError
-from kitune.optimizers.loop import LOOP_PROGRAMS, LoopResult
+from kitune.optimizers.loop import LoopResult
+from kitune.optimizers.program_task import PROGRAM_TASKS, program_names
 from kitune.optimizers.registry import check_optimizer
 from kitune.service.eval_cache import store_fingerprint
-from kitune.service.loop_env import LoopDeps, ServiceLoopEnv, route_feedback
+from kitune.service.loop_env import LoopDeps, ServiceLoopEnv
 from kitune.service.slicing import load_slice, select_documents
 
 if TYPE_CHECKING:
@@ -33,20 +33,15 @@ if TYPE_CHECKING:
     from kitune.usage import TokenLedger
 
 __all__ = [
-    "PROGRAMS",
     "LoopDeps",
     "OptimizeOptions",
     "ServiceLoopEnv",
     "default_deps",
     "load_slice",
-    "route_feedback",
     "run_optimize",
     "select_documents",
     "store_fingerprint",
 ]
-
-PROGRAMS: tuple[str, ...] = LOOP_PROGRAMS
-"""Programs the loop can tune, by name."""
 
 
 @dataclass(frozen=True)
@@ -60,7 +55,8 @@ class OptimizeOptions:
     iterations: int = 2
     optimizer: str = "gepa"
     """A name registered in :mod:`kitune.optimizers.registry` (checked by :func:`run_optimize`)."""
-    programs: tuple[str, ...] = PROGRAMS
+    programs: tuple[str, ...] = field(default_factory=program_names)
+    """Programs to tune, by registered name (default: every registered program)."""
     knob_trials: int = 0
     """Optuna trials per iteration (0: no knob tuning)."""
     max_metric_calls: int | None = None
@@ -131,9 +127,7 @@ def run_optimize(
     from kitune.experiments.runner import run_experiment
     from kitune.usage import TokenLedger
 
-    unknown = sorted(set(opts.programs) - set(PROGRAMS))
-    if unknown or not opts.programs:
-        raise ConfigError(f"unknown program(s) {unknown or '(none)'}: choose from {', '.join(PROGRAMS)}")
+    PROGRAM_TASKS.check(opts.programs)
     check_optimizer(opts.optimizer)
     questions, documents = load_slice(cfg, opts)
     ledger = deps.ledger if deps is not None and deps.ledger is not None else TokenLedger()

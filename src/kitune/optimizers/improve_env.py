@@ -1,0 +1,198 @@
+"""What program tasks and improvers may use: :class:`ImproveEnv` and one iteration's :class:`ImproveInput`.
+
+The loop's environment (:class:`kitune.service.loop_env.ServiceLoopEnv` in the service layer)
+owns every LLM, store and cache; the optimisers' code sees it only through this protocol, so the
+rooms of the improve step (:mod:`kitune.optimizers.programs`, :mod:`kitune.optimizers.improvers`)
+live here, below the service layer, and run in tests against fakes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from kitune.optimizers.setting import Evaluation, Setting
+
+if TYPE_CHECKING:
+    import random
+
+    from kitune.config import KituneConfig
+    from kitune.data.loaders import Question
+    from kitune.ki import KI
+    from kitune.optimizers.budget import OptimizerBudget
+    from kitune.optimizers.feedback import Failure
+    from kitune.optimizers.ledger import FailureLedger
+    from kitune.retrieval.base import Store
+    from kitune.schema import Document
+
+__all__ = ["ImproveEnv", "ImproveInput", "LoopDepsLike", "LoopOptionsLike"]
+
+
+class LoopOptionsLike(Protocol):
+    """The command's options as the improve step reads them (``OptimizeOptions`` in the service)."""
+
+    @property
+    def optimizer(self) -> str:
+        """Optimiser name in :mod:`kitune.optimizers.registry`."""
+        ...
+
+    @property
+    def programs(self) -> tuple[str, ...]:
+        """Programs whose instruction the loop tunes."""
+        ...
+
+    @property
+    def knob_trials(self) -> int:
+        """Optuna trials per iteration (0: no knob tuning)."""
+        ...
+
+    @property
+    def feedback(self) -> bool:
+        """Write disambiguation KIs from the tuning failures."""
+        ...
+
+    @property
+    def run_name(self) -> str:
+        """The loop's state folder name (names the knob study)."""
+        ...
+
+
+class LoopDepsLike(Protocol):
+    """The models the environment was given (``LoopDeps`` in the service)."""
+
+    @property
+    def lms(self) -> Mapping[str, Any]:
+        """Role → ``dspy.LM`` for ``extract``, ``rewrite`` and ``reflection``."""
+        ...
+
+    @property
+    def chat_model(self) -> Any:
+        """The agent model."""
+        ...
+
+    @property
+    def judge(self) -> Any:
+        """The grader (None: exact match)."""
+        ...
+
+    @property
+    def corpus_store(self) -> Any:
+        """Raw-search fallback of the in-context skill (None: none)."""
+        ...
+
+
+class ImproveEnv(Protocol):
+    """The loop environment as program tasks and improvers see it.
+
+    Contract: every method is safe to call from several threads (GEPA's metric threads call
+    ``context_fn`` and ``store_for``); ``lock`` guards changes to shared stores.
+    """
+
+    @property
+    def cfg(self) -> KituneConfig:
+        """The configuration (a setting's knobs are applied by :meth:`setting_cfg`)."""
+        ...
+
+    @property
+    def opts(self) -> LoopOptionsLike:
+        """The command's options."""
+        ...
+
+    @property
+    def deps(self) -> LoopDepsLike:
+        """LMs and models."""
+        ...
+
+    @property
+    def tune(self) -> Sequence[Question]:
+        """The tuning questions."""
+        ...
+
+    @property
+    def state_dir(self) -> Path:
+        """The loop's state folder."""
+        ...
+
+    @property
+    def rng(self) -> random.Random:
+        """Seeds the optimisers (one draw per optimiser run)."""
+        ...
+
+    @property
+    def lock(self) -> AbstractContextManager[Any]:
+        """Held while a store is changed or its retrieval knobs are swapped."""
+        ...
+
+    @property
+    def reflection_note(self) -> str | None:
+        """Why the optimisers reflect with the task model, or None (a reflection model is set)."""
+        ...
+
+    def log(self, message: str) -> None:
+        """A progress line."""
+        ...
+
+    def get_document(self, docid: str) -> Document:
+        """A document of the slice (DocumentNotFoundError for others)."""
+        ...
+
+    def setting_cfg(self, setting: Setting) -> KituneConfig:
+        """``cfg`` with the setting's knobs applied."""
+        ...
+
+    def store_for(self, setting: Setting) -> Store:
+        """The KI store of the setting's extractor version."""
+        ...
+
+    def extractor(self, setting: Setting) -> Any:
+        """A ``FactExtractor`` with the setting's instruction and limits."""
+        ...
+
+    def kis_by_doc(self, setting: Setting) -> dict[str, list[KI]]:
+        """Extracted KIs of the setting's store, by evidence document."""
+        ...
+
+    def context_fn(self, setting: Setting, rewriter: Any = None) -> Callable[[str], Any]:
+        """The agent's ``get_context`` tool for ``setting`` (rewriter None: the setting's own)."""
+        ...
+
+    def context_ids(self, setting: Setting, size: int | None = None) -> Callable[[str], list[str]]:
+        """Query → the KI ids ``get_context`` returns on the setting's store (plain plan)."""
+        ...
+
+    def lookup_texts(self, setting: Setting, query: str, knobs: Mapping[str, int | float]) -> list[str]:
+        """``"<title> <description>"`` of each KI ``get_context`` returns for ``query``, ``knobs`` applied."""
+        ...
+
+    def evaluate(self, setting: Setting, split: str) -> Evaluation:
+        """Run the agent on ``split`` (``tune``, ``validation``) on the store as it is now."""
+        ...
+
+    def optimizer_budget(self) -> OptimizerBudget:
+        """The loop's optimiser budget (options + config)."""
+        ...
+
+    def input_tokens_used(self) -> int:
+        """LLM input tokens recorded in the token ledger so far, every role (0 without a ledger)."""
+        ...
+
+
+@dataclass(frozen=True)
+class ImproveInput:
+    """What one iteration's improve step starts from (the same for every improver)."""
+
+    setting: Setting
+    """The current setting (improvers propose changes to it)."""
+    tune: Evaluation
+    """Its run on the tuning split."""
+    iteration: int
+    """0-based."""
+    failures: tuple[Failure, ...] = ()
+    """The tuning run's wrong answers (:func:`kitune.optimizers.feedback.collect_failures`)."""
+    kinds: Mapping[str, str | None] = field(default_factory=dict)
+    """Query id → failure kind (None: correct)."""
+    ledger: FailureLedger | None = None
+    """The failure ledger (routes feedback, records attempts)."""

@@ -1,0 +1,128 @@
+"""The improve step as a fold over :class:`Improver` rooms, one file each under ``optimizers/improvers/``.
+
+An improver looks at one iteration's :class:`~kitune.optimizers.improve_env.ImproveInput` (the
+current setting, its tuning run, the failures and their kinds, the ledger) and returns an
+:class:`Improvement`: new instructions, knob values, metrics, notes and optimised modules.
+:func:`run_improvers` calls the configured ones in order (``optimize.improvers``, default
+``prompts``, ``knobs``, ``disambiguation``) on the same input and folds their results into one
+:class:`~kitune.optimizers.setting.Proposal` — later improvers win on the same key. Every module
+of :mod:`kitune.optimizers.improvers` registers its improver when imported; adding a feedback
+route or a new kind of proposal is one new file there (a plug-in elsewhere registers by being
+imported).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from kitune.optimizers.improve_env import ImproveEnv, ImproveInput
+from kitune.optimizers.registry import Registry
+from kitune.optimizers.setting import Proposal, Setting
+
+__all__ = [
+    "IMPROVERS",
+    "Improvement",
+    "Improver",
+    "fold",
+    "get_improver",
+    "improver_names",
+    "register_improver",
+    "run_improvers",
+    "unregister_improver",
+]
+
+
+@dataclass
+class Improvement:
+    """What one improver proposes (every field optional)."""
+
+    prompts: dict[str, str] = field(default_factory=dict)
+    """Program → new instruction."""
+    knobs: dict[str, int | float] = field(default_factory=dict)
+    """Dotted config key → new value."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """Logged as ``improve_<key>`` on the iteration's run."""
+    notes: dict[str, Any] = field(default_factory=dict)
+    """JSON-able details, logged in ``improve.json``."""
+    programs: dict[str, Any] = field(default_factory=dict)
+    """Program → optimised ``dspy.Module`` (its state is logged)."""
+
+
+@runtime_checkable
+class Improver(Protocol):
+    """One room of the improve step.
+
+    Contract: ``improve`` never mutates ``inp``; a failure of one of its own parts (one program's
+    optimiser) is recorded in the metrics/notes, not raised; a misconfiguration raises
+    :class:`~kitune.errors.ConfigError`. It may write to the KI store (feedback KIs) — the loop
+    re-measures the current setting afterwards.
+    """
+
+    name: str
+    """The name ``optimize.improvers`` lists."""
+
+    def improve(self, env: ImproveEnv, inp: ImproveInput) -> Improvement:
+        """Propose changes to ``inp.setting`` from the tuning run."""
+        ...
+
+
+IMPROVERS: Registry[Improver] = Registry(
+    "improver", packages=("kitune.optimizers.improvers",), setting="optimize.improvers"
+)
+"""Improver name → improver. Built-ins: every module of :mod:`kitune.optimizers.improvers`."""
+
+
+def register_improver(improver: Improver, *, replace: bool = False) -> Improver:
+    """Register ``improver`` under ``improver.name``; returns it.
+
+    Raises:
+        ValueError: bad or taken name.
+    """
+    return IMPROVERS.register(improver.name, improver, replace=replace)
+
+
+def unregister_improver(name: str) -> None:
+    """Remove an improver (tests that added a toy one clean up with this)."""
+    IMPROVERS.unregister(name)
+
+
+def improver_names() -> tuple[str, ...]:
+    """Every registered improver, sorted."""
+    return IMPROVERS.names()
+
+
+def get_improver(name: str) -> Improver:
+    """The improver registered as ``name``.
+
+    Raises:
+        ConfigError: not registered (the message lists the registered improvers).
+    """
+    return IMPROVERS.get(name)
+
+
+def fold(setting: Setting, improvements: Sequence[Improvement]) -> Proposal:
+    """Merge improvements, in order, into one proposal on top of ``setting`` (later ones win per key)."""
+    prompts = dict(setting.prompts)
+    knobs: dict[str, int | float] = dict(setting.knobs)
+    metrics: dict[str, float] = {}
+    notes: dict[str, Any] = {}
+    programs: dict[str, Any] = {}
+    for imp in improvements:
+        prompts.update(imp.prompts)
+        knobs.update(imp.knobs)
+        metrics.update(imp.metrics)
+        notes.update(imp.notes)
+        programs.update(imp.programs)
+    return Proposal(Setting(prompts, knobs), metrics=metrics, programs=programs, notes=notes)
+
+
+def run_improvers(env: ImproveEnv, inp: ImproveInput, names: Sequence[str]) -> Proposal:
+    """Run the improvers ``names`` in order on ``inp`` and fold their improvements.
+
+    Raises:
+        ConfigError: an unknown improver name (before any runs).
+    """
+    improvers = [get_improver(name) for name in IMPROVERS.check(names, setting="optimize.improvers")]
+    return fold(inp.setting, [imp.improve(env, inp) for imp in improvers])

@@ -1,0 +1,145 @@
+"""One :class:`ProgramTask` per tunable program, each in its own file under :mod:`kitune.optimizers.programs`.
+
+A task says everything the loop needs to tune one program's instruction: the predictor whose
+instruction it is, the LM role that runs it, whether it only changes what is *written* (then a
+proposal is judged by its own task metric, since validation cannot see it), the words a proposed
+instruction must keep, and how to build the module, the examples and the stage metric for one
+iteration (:attr:`ProgramTask.setup`). Every module of :mod:`kitune.optimizers.programs` registers
+its task when imported, and the registry imports them all on first use, so adding a program is one
+new file there (a plug-in elsewhere registers by being imported)::
+
+    register_program_task(ProgramTask("summariser", predictor="summarise", lm_role="extract",
+                                      setup=summariser_setup, task_words=("summar",)))
+
+:func:`program_names` replaces the old ``LOOP_PROGRAMS``, :func:`write_only_programs` the old
+``WRITE_ONLY_PROGRAMS``, :attr:`ProgramTask.task_words` the old ``acceptance.TASK_WORDS``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from kitune.optimizers.registry import Registry
+
+if TYPE_CHECKING:
+    from kitune.optimizers.improve_env import ImproveEnv, ImproveInput
+    from kitune.optimizers.setting import Setting
+
+__all__ = [
+    "PROGRAM_TASKS",
+    "ProgramTask",
+    "TaskSetup",
+    "eval_key",
+    "get_program_task",
+    "program_names",
+    "register_program_task",
+    "unregister_program_task",
+    "write_only_programs",
+]
+
+
+@dataclass(frozen=True)
+class TaskSetup:
+    """One iteration's optimisation task for a program."""
+
+    module: Any
+    """The ``dspy.Module`` whose :attr:`ProgramTask.predictor` instruction is optimised."""
+    examples: Sequence[Any]
+    """``dspy.Example`` items (empty: nothing to optimise this iteration)."""
+    metric: Callable[..., Any]
+    """The stage metric, GEPA's feedback signature ``(gold, pred, trace, pred_name, pred_trace)``."""
+
+
+@dataclass(frozen=True)
+class ProgramTask:
+    """How the loop tunes one program (see the module docstring).
+
+    Args:
+        name: the program's name in settings, prompts and ``--programs`` (lower case).
+        predictor: the predictor (``named_predictors()`` name) that holds the instruction.
+        lm_role: the LM role that runs the module (``extract``, ``rewrite``).
+        setup: ``(env, input) -> TaskSetup | None`` for one iteration (None: skip).
+        write_only: True when the instruction changes what is written to the KI store, never
+            what an evaluation reads.
+        task_words: a proposed instruction must contain one of these (case-insensitive).
+        instruction: the starting instruction when the package ships no prompt for ``name``
+            (``kitune/prompts/<name>.txt`` wins when present); for plug-ins.
+        order: where the program comes in :func:`program_names` (and so in the default
+            ``--programs`` and the improve step): the extractor 10, the rewriter 20, the
+            disambiguator 30, plug-ins 100 unless they say otherwise.
+    """
+
+    name: str
+    predictor: str
+    lm_role: str
+    setup: Callable[[ImproveEnv, ImproveInput], TaskSetup | None]
+    write_only: bool = False
+    task_words: tuple[str, ...] = ()
+    instruction: str | None = None
+    order: int = 100
+
+    def start_instruction(self) -> str:
+        """The packaged instruction ``kitune/prompts/<name>.txt``, else :attr:`instruction`.
+
+        Raises:
+            ConfigError: neither exists.
+        """
+        from kitune.programs.instructions import available_instructions, load_instruction
+
+        if self.instruction is not None and self.name not in available_instructions():
+            return self.instruction
+        return load_instruction(self.name).text
+
+
+PROGRAM_TASKS: Registry[ProgramTask] = Registry(
+    "program", packages=("kitune.optimizers.programs",), setting="--programs / optimize programs"
+)
+"""Program name → task. Built-ins: every module of :mod:`kitune.optimizers.programs`."""
+
+
+def register_program_task(task: ProgramTask, *, replace: bool = False) -> ProgramTask:
+    """Register ``task`` under ``task.name``; returns it.
+
+    Raises:
+        ValueError: bad or taken name (see :meth:`~kitune.optimizers.registry.Registry.register`).
+    """
+    return PROGRAM_TASKS.register(task.name, task, replace=replace)
+
+
+def unregister_program_task(name: str) -> None:
+    """Remove a program task (tests that added a toy one clean up with this)."""
+    PROGRAM_TASKS.unregister(name)
+
+
+def get_program_task(name: str) -> ProgramTask:
+    """The task registered as ``name``.
+
+    Raises:
+        ConfigError: not registered (the message lists the registered programs).
+    """
+    return PROGRAM_TASKS.get(name)
+
+
+def program_names() -> tuple[str, ...]:
+    """Every registered program by :attr:`ProgramTask.order`, then name.
+
+    The built-ins: ``("extractor", "rewriter", "disambiguator")``.
+    """
+    return tuple(name for name, _ in sorted(PROGRAM_TASKS.entries(), key=lambda kv: (kv[1].order, kv[0])))
+
+
+def write_only_programs() -> frozenset[str]:
+    """Programs whose instruction changes only what is written (the disambiguator)."""
+    return frozenset(name for name, task in PROGRAM_TASKS.entries() if task.write_only)
+
+
+def eval_key(setting: Setting) -> str:
+    """8 hex characters identifying what an evaluation of ``setting`` reads.
+
+    Leaves out the instructions of :func:`write_only_programs` (the disambiguator writes KIs;
+    what it wrote is covered by the KI store's state), so two settings that differ only there
+    share their evaluations.
+    """
+    return setting.key_without(write_only_programs())
