@@ -56,7 +56,7 @@ __all__ = [
     "NullTracker",
     "PreparedParams",
     "StepSpan",
-    # Transitional: optimizers/{loop,artifacts}.py, experiments/runner.py and service/optimize.py
+    # Transitional: optimizers/{loop,artifacts}.py and service/optimize.py
     # still import Tracker from here (issue 24 item 2); drop once they import kitune.optimizers.protocols.
     "Tracker",
     "artifact_dir_for_uri",
