@@ -211,9 +211,10 @@ KNOWN_CYCLE_EDGES: set[tuple[str, str]] = {
     ("kitune.service.loop_env", "kitune.service.optimize"),
     ("kitune.service.slicing", "kitune.service.optimize"),
     ("kitune.service.slice_fingerprint", "kitune.service.optimize"),
-    # improve.py types its argument as ServiceLoopEnv via service/optimize's re-export, and
-    # loop_env.improve calls back into improve.py: the Improver protocol (issue 24 item 1) ends it.
-    ("kitune.service.improve", "kitune.service.optimize"),
+    # improve.py's helpers (optimizer_budget, reflection_context_tokens, ...) are typed on the whole
+    # ServiceLoopEnv, which imports them: give them the fields they read (or a small Protocol
+    # declared in improve.py) instead of the env.
+    ("kitune.service.improve", "kitune.service.loop_env"),
 }
 
 
