@@ -39,9 +39,20 @@ USAGE
   esac
 done
 PY="${PYTHON:-python3.11}"
-command -v "$PY" >/dev/null 2>&1 || PY=python3
+# pyenv's shim for an installed but unselected version exits non-zero: check that it runs
+"$PY" -c 'import sys' >/dev/null 2>&1 || PY=python3
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 export LITELLM_LOCAL_MODEL_COST_MAP=True PIP_DISABLE_PIP_VERSION_CHECK=1
-.venv/bin/python -m pip install -q -e '.[server]' 2>&1 | grep -v '^WARNING: Location' || true
+# the exact versions the tests ran with (constraints/py3XY.txt for the venv's Python)
+CONSTRAINTS="constraints/py$(.venv/bin/python -c 'import sys; print(f"{sys.version_info[0]}{sys.version_info[1]}")').txt"
+CFLAGS=()
+if [ -f "$CONSTRAINTS" ]; then CFLAGS=(-c "$CONSTRAINTS"); else
+  echo "scripts/demo.sh: no $CONSTRAINTS; installing the newest versions pyproject.toml allows" >&2
+fi
+LOG=$(mktemp)
+if ! .venv/bin/python -m pip install -q "${CFLAGS[@]}" -e '.[server]' >"$LOG" 2>&1; then
+  grep -v '^WARNING: Location' "$LOG" >&2; rm -f "$LOG"; exit 1
+fi
+rm -f "$LOG"
 PATH="$PWD/.venv/bin:$PATH" bash scripts/install_local_model.sh
 exec .venv/bin/kitune demo "$@"

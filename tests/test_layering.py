@@ -1,11 +1,16 @@
-"""The layer rule (STYLE.md 3.1, AGENTS.md) is enforced on every import, function-level ones too.
+"""The layer rule (STYLE.md 3.1, AGENTS.md) is enforced on every import the code can make.
 
-A deferred import is still a dependency, so :func:`import_edges` walks the whole syntax tree
-(``ast.walk``), not only module-level statements; ``if TYPE_CHECKING:`` imports are skipped
-(they never run). Two rules:
+:func:`import_edges` walks the whole syntax tree (``ast.walk``), so it sees module-level,
+function-level and ``if TYPE_CHECKING:`` imports alike (a type-only import is still a dependency:
+the protocol it names belongs at the layer of its users), plus the lazy ``_EXPORTS`` maps of the
+packages' ``__init__`` (:mod:`kitune.lazy`). Two rules:
 
 * nothing imports a higher layer (:data:`LAYERS`, lower number = lower layer);
 * no import cycle between modules (:func:`find_cycle`, a depth-first search over module edges).
+
+Violations that exist today and are being removed are listed in :data:`KNOWN_UPWARD` and
+:data:`KNOWN_CYCLE_EDGES`, each with the fix; the tests fail on any other violation and on a
+listed one that is gone or no longer needed, so the lists can only shrink.
 
 The checker is tested on planted violations (tests of the test) so a broken walker cannot pass.
 """
@@ -13,7 +18,8 @@ The checker is tested on planted violations (tests of the test) so a broken walk
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterable
+import tomllib
+from collections.abc import Collection, Iterable
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "kitune"
@@ -60,32 +66,32 @@ def _module_name(path: Path, root: Path) -> str:
     return ".".join(parts)
 
 
-def _type_checking_nodes(tree: ast.AST) -> set[int]:
-    """ids of import nodes under ``if TYPE_CHECKING:`` (never executed)."""
-    skip: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If):
-            test = node.test
-            name = test.id if isinstance(test, ast.Name) else getattr(test, "attr", None)
-            if name == "TYPE_CHECKING":
-                for sub in node.body:
-                    for inner in ast.walk(sub):
-                        skip.add(id(inner))
-    return skip
+def _lazy_export_targets(node: ast.AST) -> list[str]:
+    """Modules named in a package's ``_EXPORTS = {"Name": "kitune.x.y", ...}`` map (imported on use)."""
+    if isinstance(node, ast.AnnAssign | ast.Assign):
+        targets = [node.target] if isinstance(node, ast.AnnAssign) else node.targets
+        if any(isinstance(t, ast.Name) and t.id == "_EXPORTS" for t in targets) and isinstance(
+            node.value, ast.Dict
+        ):
+            return [
+                v.value for v in node.value.values if isinstance(v, ast.Constant) and isinstance(v.value, str)
+            ]
+    return []
 
 
 def import_edges(root: Path) -> list[tuple[str, str, int]]:
-    """(importing module, imported kitune module, line) for every runtime import under ``root``."""
+    """(importing module, imported kitune module, line) for every import under ``root``.
+
+    Module-level, function-level and ``TYPE_CHECKING`` imports all count, and so do the modules a
+    package's lazy ``_EXPORTS`` map names.
+    """
     modules = {_module_name(p, root) for p in root.rglob("*.py")}
     edges: list[tuple[str, str, int]] = []
     for path in root.rglob("*.py"):
         here = _module_name(path, root)
         tree = ast.parse(path.read_text(encoding="utf-8"))
-        skip = _type_checking_nodes(tree)
         for node in ast.walk(tree):
-            if id(node) in skip:
-                continue
-            targets: list[str] = []
+            targets: list[str] = _lazy_export_targets(node)
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -96,7 +102,7 @@ def import_edges(root: Path) -> list[tuple[str, str, int]]:
                 ]
             for t in targets:
                 if t.startswith("kitune") and t != here:
-                    edges.append((here, t, node.lineno))
+                    edges.append((here, t, getattr(node, "lineno", 0)))
     return edges
 
 
@@ -110,15 +116,29 @@ def upward_imports(edges: Iterable[tuple[str, str, int]]) -> list[str]:
     return sorted(set(problems))
 
 
-def find_cycle(edges: Iterable[tuple[str, str, int]]) -> list[str] | None:
-    """One import cycle between modules (a list of module names, first == last), or None."""
+def _graph(
+    edges: Iterable[tuple[str, str, int]], drop: Collection[tuple[str, str]] = ()
+) -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for src, dst, _ in edges:
         if src == "kitune" or dst == "kitune":  # the package's own re-exports are not a dependency
             continue
         if dst.startswith(src + ".") or src.startswith(dst + "."):  # a package and its own modules
             continue
+        if (src, dst) in drop:
+            continue
         graph.setdefault(src, set()).add(dst)
+    return graph
+
+
+def find_cycle(
+    edges: Iterable[tuple[str, str, int]], drop: Collection[tuple[str, str]] = ()
+) -> list[str] | None:
+    """One import cycle between modules (a list of module names, first == last), or None.
+
+    ``drop`` lists (importer, imported) edges to leave out (the known ones being removed).
+    """
+    graph = _graph(edges, drop)
     state: dict[str, int] = {}
     stack: list[str] = []
 
@@ -144,12 +164,62 @@ def find_cycle(edges: Iterable[tuple[str, str, int]]) -> list[str] | None:
     return None
 
 
-def test_no_upward_imports_function_level_included():
-    assert upward_imports(import_edges(SRC)) == []
+def layer_problems(
+    edges: list[tuple[str, str, int]],
+    known_upward: Collection[tuple[str, str]] = (),
+    known_cycle_edges: Collection[tuple[str, str]] = (),
+) -> list[str]:
+    """Every layer-rule violation not in the known lists, plus every known entry that is stale.
+
+    A known upward import is stale when the tree no longer has it; a known cycle edge is stale
+    when the tree no longer has it or when it closes no cycle with the other known edges left
+    out (the list is minimal: each entry is needed to pass).
+    """
+    present = {(src, dst) for src, dst, _ in edges}
+    problems = [
+        p
+        for p in upward_imports(edges)
+        if (p.split(":", 1)[0], p.split(" imports ", 1)[1].split(" ", 1)[0]) not in known_upward
+    ]
+    problems += [
+        f"stale KNOWN_UPWARD entry (no such import): {k}" for k in sorted(known_upward) if k not in present
+    ]
+    cycle = find_cycle(edges, known_cycle_edges)
+    if cycle:
+        problems.append("import cycle: " + " -> ".join(cycle))
+    for k in sorted(known_cycle_edges):
+        if k not in present:
+            problems.append(f"stale KNOWN_CYCLE_EDGES entry (no such import): {k}")
+        elif find_cycle(edges, set(known_cycle_edges) - {k}) is None:
+            problems.append(f"stale KNOWN_CYCLE_EDGES entry (closes no cycle): {k}")
+    return problems
 
 
-def test_no_import_cycles():
-    assert find_cycle(import_edges(SRC)) is None
+# Violations in the tree today, each removed by moving one import (issue 24 item 2). The files are
+# being restructured on another branch (issue 24 item 1); the fixes are applied after it lands.
+# These lists may only shrink: an entry that is gone or not needed fails the test.
+KNOWN_UPWARD: set[tuple[str, str]] = {
+    # `Tracker` is declared in kitune.optimizers.protocols: import it from there (TYPE_CHECKING).
+    ("kitune.optimizers.artifacts", "kitune.experiments.tracking"),
+    ("kitune.optimizers.loop", "kitune.experiments.tracking"),
+    # the loop needs kitune.optimizers.protocols.PromptRegistryProtocol, not the MLflow class.
+    ("kitune.optimizers.loop", "kitune.experiments.prompts"),
+}
+KNOWN_CYCLE_EDGES: set[tuple[str, str]] = {
+    # `OptimizeOptions` is a wiring type in the top module (service/optimize.py, which imports all
+    # of these): move it to a leaf module (e.g. service/options.py) that they import instead.
+    ("kitune.service.loop_env", "kitune.service.optimize"),
+    ("kitune.service.slicing", "kitune.service.optimize"),
+    ("kitune.service.slice_fingerprint", "kitune.service.optimize"),
+    # improve.py's helpers (optimizer_budget, reflection_context_tokens, ...) are typed on the whole
+    # ServiceLoopEnv, which imports them: give them the fields they read (or a small Protocol
+    # declared in improve.py) instead of the env.
+    ("kitune.service.improve", "kitune.service.loop_env"),
+}
+
+
+def test_the_tree_follows_the_layer_rule_every_import_counted():
+    assert layer_problems(import_edges(SRC), KNOWN_UPWARD, KNOWN_CYCLE_EDGES) == []
 
 
 def _plant(tmp_path: Path, files: dict[str, str]) -> Path:
@@ -163,35 +233,66 @@ def _plant(tmp_path: Path, files: dict[str, str]) -> Path:
     return root
 
 
-def test_the_checker_catches_a_planted_function_level_upward_import(tmp_path: Path):
+def test_the_checker_catches_planted_upward_imports_type_checking_ones_too(tmp_path: Path):
     root = _plant(
         tmp_path,
         {
-            "programs/extractor.py": "def f():\n    from kitune.service.optimize import run\n    return run\n",  # noqa: E501
-            "service/optimize.py": "from kitune.programs.extractor import f\n",
+            "programs/extractor.py": "def f():\n    from kitune.service.optimize import run\n",
+            "service/optimize.py": "def run():\n    pass\n",
             "evaluation/agent.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-            "    from kitune.service.optimize import run\n",
+            "    from kitune.experiments.tracking import Tracker\n",
+            "optimizers/__init__.py": '_EXPORTS: dict[str, str] = {"run": "kitune.service.optimize"}\n',
         },
     )
-    problems = upward_imports(import_edges(root))
-    assert problems == [
-        "kitune.programs.extractor:2 imports kitune.service.optimize (layer service above programs)"
+    assert layer_problems(import_edges(root)) == [
+        "kitune.evaluation.agent:3 imports kitune.experiments.tracking (layer experiments above evaluation)",
+        "kitune.optimizers:1 imports kitune.service.optimize (layer service above optimizers)",
+        "kitune.programs.extractor:2 imports kitune.service.optimize (layer service above programs)",
+    ]
+    # a known entry silences only its own edge, and one that is not in the tree fails
+    known = {("kitune.programs.extractor", "kitune.service.optimize"), ("kitune.data.x", "kitune.cli.y")}
+    assert layer_problems(import_edges(root), known) == [
+        "kitune.evaluation.agent:3 imports kitune.experiments.tracking (layer experiments above evaluation)",
+        "kitune.optimizers:1 imports kitune.service.optimize (layer service above optimizers)",
+        "stale KNOWN_UPWARD entry (no such import): ('kitune.data.x', 'kitune.cli.y')",
     ]
 
 
-def test_the_checker_catches_a_planted_cycle(tmp_path: Path):
+def test_the_checker_catches_a_planted_cycle_through_type_checking_and_function_imports(tmp_path: Path):
     root = _plant(
         tmp_path,
         {
             "service/drift.py": "def f():\n    from kitune.service.optimize import g\n",
             "service/optimize.py": "def g():\n    from kitune.service.improve import h\n",
-            "service/improve.py": "from kitune.service.drift import f\n",
+            "service/improve.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+            "    from kitune.service.drift import f\n",
             "service/ok.py": "from kitune.service.drift import f\n",
         },
     )
-    cycle = find_cycle(import_edges(root))
+    edges = import_edges(root)
+    cycle = find_cycle(edges)
     assert cycle is not None and cycle[0] == cycle[-1]
     assert set(cycle) == {"kitune.service.drift", "kitune.service.optimize", "kitune.service.improve"}
+    assert layer_problems(edges) == [
+        "import cycle: kitune.service.drift -> kitune.service.optimize -> kitune.service.improve"
+        " -> kitune.service.drift"
+    ]
+    # one known edge breaks it; a second known edge of the same cycle is not needed and fails
+    assert layer_problems(edges, known_cycle_edges={("kitune.service.improve", "kitune.service.drift")}) == []
+    both = {
+        ("kitune.service.improve", "kitune.service.drift"),
+        ("kitune.service.drift", "kitune.service.optimize"),
+    }
+    stale = "stale KNOWN_CYCLE_EDGES entry (closes no cycle): "
+    assert layer_problems(edges, known_cycle_edges=both) == [
+        stale + "('kitune.service.drift', 'kitune.service.optimize')",
+        stale + "('kitune.service.improve', 'kitune.service.drift')",
+    ]
+    gone = {("kitune.service.ok", "kitune.service.improve")}
+    assert layer_problems(edges, known_cycle_edges=gone)[-1] == (
+        "stale KNOWN_CYCLE_EDGES entry (no such import): ('kitune.service.ok', 'kitune.service.improve')"
+    )
+    # a package importing its own modules is no cycle
     assert (
         find_cycle(import_edges(_plant(tmp_path / "b", {"a/x.py": "import kitune.a.y\n", "a/y.py": ""})))
         is None
@@ -203,3 +304,44 @@ def test_no_package_named_like_a_dependency():
     for root in (SRC, SRC.parents[1] / "tests"):
         for d in root.rglob("*"):
             assert not (d.is_dir() and d.name in banned), d
+
+
+def _function_level_imports(path: Path, exempt: Collection[str]) -> list[str]:
+    """``line:module`` of each import inside a function or class, heavy (exempt) modules left out."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    scopes = [
+        n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+    ]
+    found = []
+    for scope in scopes:
+        for node in ast.walk(scope):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            found += [f"{node.lineno}:{n}" for n in names if n.split(".")[0] not in exempt]
+    return sorted(set(found), key=lambda s: int(s.split(":")[0]))
+
+
+def test_the_import_outside_top_level_to_do_list_only_shrinks():
+    """pyproject's PLC0415 per-file ignores under src/ (outside cli/) name files that still need them."""
+    ruff = tomllib.loads((SRC.parents[1] / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["ruff"][
+        "lint"
+    ]
+    exempt = set(ruff["flake8-tidy-imports"]["banned-module-level-imports"])
+    todo = [f for f, rules in ruff["per-file-ignores"].items() if f.startswith("src/") and "PLC0415" in rules]
+    assert "src/kitune/cli/*.py" in todo  # the commands' deliberate deferral (see pyproject)
+    stale = [f for f in todo if "*" not in f and not _function_level_imports(SRC.parents[1] / f, exempt)]
+    assert stale == [], "these files import everything at the top now: drop their PLC0415 ignore"
+
+
+def test_the_to_do_check_sees_function_level_imports_and_exempts_heavy_ones(tmp_path: Path):
+    path = tmp_path / "m.py"
+    path.write_text(
+        "import os\nclass C:\n    def f(self):\n        import mlflow.tracking\n"
+        "        from kitune.schema import Filter\n        return os\n",
+        encoding="utf-8",
+    )
+    assert _function_level_imports(path, {"mlflow"}) == ["5:kitune.schema"]
+    assert _function_level_imports(path, {"mlflow", "kitune"}) == []

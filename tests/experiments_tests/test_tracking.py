@@ -15,11 +15,11 @@ from kitune.experiments.tracking import (
     MAX_PARAM_CHARS,
     MlflowTracker,
     NullTracker,
-    Tracker,
-    log_program_state,
     prepare_params,
     sanitize_name,
 )
+from kitune.optimizers.artifacts import log_candidate, log_program_state
+from kitune.optimizers.protocols import Tracker
 from kitune.testing.tracking import RecordingTracker
 
 
@@ -233,7 +233,6 @@ def test_telemetry_is_off_even_if_mlflow_was_imported_first(monkeypatch: pytest.
 
 
 def test_log_candidate_writes_one_file_per_predictor() -> None:
-    from kitune.experiments.tracking import log_candidate
 
     tracker = RecordingTracker()
     with tracker.run("iter-1"):

@@ -11,12 +11,9 @@ from kitune.lazy import lazy_exports
 _EXPORTS: dict[str, str] = {
     "run_experiment": "kitune.experiments.runner",
     "make_optimizer": "kitune.experiments.runner",
-    "Tracker": "kitune.experiments.tracking",
     "MlflowTracker": "kitune.experiments.tracking",
     "NullTracker": "kitune.experiments.tracking",
     "create_tracker": "kitune.experiments.tracking",
-    "log_candidate": "kitune.experiments.tracking",
-    "log_program_state": "kitune.experiments.tracking",
     "PromptRegistry": "kitune.experiments.prompts",
     "PromptVersion": "kitune.experiments.prompts",
     "prompt_name": "kitune.experiments.prompts",

@@ -17,11 +17,12 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from kitune.errors import PromptNotFoundError, TrackingError
 from kitune.experiments.tracking import prepare_mlflow_env
-from kitune.programs.instructions import prompt_name
+from kitune.programs.instructions import load_instruction, prompt_name
 
 __all__ = [
     "ALIASES",
@@ -107,8 +108,6 @@ class PromptRegistry:
                 from mlflow import MlflowClient
 
                 if self.tracking_uri.startswith("sqlite:///"):
-                    from pathlib import Path
-
                     Path(self.tracking_uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
                 self._client = MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.tracking_uri)
             return self._client
@@ -412,8 +411,6 @@ def register_packaged(
         ConfigError: a program has no packaged prompt.
         TrackingError: the registry could not be read or written.
     """
-    from kitune.programs.instructions import load_instruction
-
     out: dict[str, PromptVersion] = {}
     for program in programs:
         packaged = load_instruction(program)

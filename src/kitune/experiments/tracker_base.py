@@ -1,7 +1,7 @@
-"""Tracker core: the :class:`Tracker` protocol, :class:`BaseTracker` rules and :class:`NullTracker`.
+"""Tracker core: :class:`BaseTracker` rules and :class:`NullTracker`.
 
-Import these from :mod:`kitune.experiments.tracking` (which re-exports them); the rules are
-described there.
+Both implement :class:`kitune.optimizers.protocols.Tracker` (declared at the loop's layer, its
+user). Import them from :mod:`kitune.experiments.tracking`; the rules are described there.
 """
 
 from __future__ import annotations
@@ -13,9 +13,8 @@ import math
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
 from kitune.errors import TrackingError
 from kitune.evaluation.failures import classify_failure
@@ -26,10 +25,9 @@ from kitune.experiments.tracking_names import (
     prepare_params,
     sanitize_name,
 )
+from kitune.optimizers.protocols import RunHandle, TrackingFailure
 
 if TYPE_CHECKING:
-    from contextlib import AbstractContextManager
-
     from kitune.evaluation.metrics import Trace
 
 __all__ = [
@@ -37,117 +35,11 @@ __all__ = [
     "BaseTracker",
     "NullTracker",
     "PreparedParams",
-    "RunHandle",
-    "Tracker",
-    "TrackingFailure",
     "prepare_params",
     "sanitize_name",
 ]
 
 logger = logging.getLogger("kitune.experiments.tracking")
-
-
-@dataclass(frozen=True)
-class RunHandle:
-    """An open tracking run."""
-
-    run_id: str | None
-    """Backend run id; None when the run could not be created (logging is then skipped)."""
-    name: str
-    """Run name as given to :meth:`Tracker.run`."""
-    parent_run_id: str | None = None
-    """Enclosing run in the same context, if any (nested runs)."""
-
-
-@dataclass(frozen=True)
-class TrackingFailure:
-    """One logging call that failed and was swallowed."""
-
-    operation: str
-    """``create_run``, ``log_params``, ``log_metrics``, ``log_artifact``, ``log_text``, ``log_dict``…"""
-    target: str
-    """The name, file or run the call was about."""
-    error: str
-    """``ExceptionType: message``."""
-    run_id: str | None = None
-    """The run it was meant for, when known."""
-
-
-@runtime_checkable
-class Tracker(Protocol):
-    """Where runs, params, metrics and artifacts go.
-
-    Contract for every implementation: log calls never raise (failures are recorded in
-    :attr:`failures`); names are sanitised and long params moved to artifacts; the target run is
-    resolved as described in :mod:`kitune.experiments.tracking` (explicit ``run_id`` → the
-    current context's run → the only open run), so it is safe from threads and asyncio tasks.
-    Runs are never created implicitly.
-    """
-
-    @property
-    def failures(self) -> tuple[TrackingFailure, ...]:
-        """Every swallowed logging failure so far, oldest first."""
-        ...
-
-    def run(
-        self,
-        name: str,
-        params: Mapping[str, Any] | None = None,
-        *,
-        tags: Mapping[str, str] | None = None,
-        parent_run_id: str | None = None,
-        nested: bool = True,
-    ) -> AbstractContextManager[RunHandle]:
-        """Open a run and make it current in this context.
-
-        It is nested under ``parent_run_id`` if given, else (``nested=True``) under the current
-        context's run, if any (pass ``parent_run_id`` when opening a child run from a worker
-        thread). ``nested=False`` without ``parent_run_id`` opens a top-level run even inside
-        another. MLflow shows a nested run under its parent (tag ``mlflow.parentRunId``).
-
-        On exit the run is closed as FINISHED, or FAILED if the block raised (the exception
-        propagates). Params are logged with the M1 rules.
-        """
-        ...
-
-    def log_metrics(
-        self, metrics: Mapping[str, float], *, step: int | None = None, run_id: str | None = None
-    ) -> None:
-        """Log numeric metrics (non-finite or non-numeric values are recorded as failures)."""
-        ...
-
-    def log_params(self, params: Mapping[str, Any], *, run_id: str | None = None) -> None:
-        """Log params (long values → artifacts, see :func:`prepare_params`)."""
-        ...
-
-    def log_artifact(
-        self, path: Path | str, artifact_path: str | None = None, *, run_id: str | None = None
-    ) -> None:
-        """Copy a local file into the run's artifacts under folder ``artifact_path``."""
-        ...
-
-    def log_text(self, text: str, artifact_file: str, *, run_id: str | None = None) -> None:
-        """Store ``text`` (UTF-8) as the artifact ``artifact_file`` (e.g. ``prompts/extractor.txt``)."""
-        ...
-
-    def log_dict(self, data: Mapping[str, Any], artifact_file: str, *, run_id: str | None = None) -> None:
-        """Store ``data`` as JSON (or YAML for ``.yaml``/``.yml``) under ``artifact_file``."""
-        ...
-
-    def log_episodes(
-        self,
-        traces: Sequence[Trace],
-        *,
-        run_id: str | None = None,
-        name: str = "episode",
-        failure_kinds: Mapping[str, str | None] | None = None,
-    ) -> list[str]:
-        """Log each question's agent episode as one trace linked to the run (one span per step).
-
-        Returns the backend trace ids of the episodes that were logged, in input order;
-        an episode that fails to log is recorded in :attr:`failures` and skipped.
-        """
-        ...
 
 
 _current_run: contextvars.ContextVar[Mapping[int, RunHandle] | None] = contextvars.ContextVar(

@@ -1,4 +1,7 @@
-r"""Experiment tracking: the :class:`Tracker` protocol, :class:`NullTracker` and :class:`MlflowTracker`.
+r"""Experiment tracking: :class:`NullTracker` and :class:`MlflowTracker`, the loop's trackers.
+
+Both implement :class:`kitune.optimizers.protocols.Tracker`, which is declared at the loop's
+layer (its user) so the optimizers never import this one; import the protocol from there.
 
 Rules every tracker follows (failure cases M1 and M2):
 
@@ -40,13 +43,10 @@ from kitune.experiments.tracker_base import (
     BaseTracker,
     NullTracker,
     PreparedParams,
-    RunHandle,
-    Tracker,
-    TrackingFailure,
     prepare_params,
     sanitize_name,
 )
-from kitune.optimizers.artifacts import log_candidate, log_program_state
+from kitune.optimizers.protocols import Tracker
 
 __all__ = [
     "MAX_PARAM_CHARS",
@@ -55,17 +55,15 @@ __all__ = [
     "MlflowTracker",
     "NullTracker",
     "PreparedParams",
-    "RunHandle",
     "StepSpan",
+    # Transitional: optimizers/{loop,artifacts}.py and service/optimize.py
+    # still import Tracker from here (issue 24 item 2); drop once they import kitune.optimizers.protocols.
     "Tracker",
-    "TrackingFailure",
     "artifact_dir_for_uri",
     "create_tracker",
     "disable_mlflow_telemetry",
     "episode_record",
-    "log_candidate",
     "log_comparison",
-    "log_program_state",
     "prepare_mlflow_env",
     "prepare_params",
     "sanitize_name",

@@ -59,7 +59,7 @@ from kitune.usage import TokenLedger
 if TYPE_CHECKING:
     from kitune.config import KituneConfig
     from kitune.experiments.prompts import PromptRegistry
-    from kitune.experiments.tracking import Tracker
+    from kitune.optimizers.protocols import Tracker
     from kitune.retrieval.base import Store
     from kitune.retrieval.embedders import Embedder
 

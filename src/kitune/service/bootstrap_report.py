@@ -22,7 +22,7 @@ from kitune.service.bootstrap_kis import cut_text
 from kitune.usage import TokenLedger
 
 if TYPE_CHECKING:
-    from kitune.experiments.tracking import Tracker
+    from kitune.optimizers.protocols import Tracker
 
 __all__ = [
     "BootstrapResult",

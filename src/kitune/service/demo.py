@@ -46,7 +46,7 @@ from kitune.service.optimize import LoopDeps, OptimizeOptions, ServiceLoopEnv, l
 if TYPE_CHECKING:
     from kitune.evaluation.metrics import Trace
     from kitune.experiments.prompts import PromptRegistry
-    from kitune.experiments.tracking import Tracker
+    from kitune.optimizers.protocols import Tracker
 
 __all__ = ["DemoOptions", "DemoResult", "default_demo_config", "default_fixture", "run_demo"]
 
