@@ -244,6 +244,7 @@ def decide(
     *,
     changed_programs: Sequence[str] = (),
     knobs_changed: bool = False,
+    store_changed: bool = False,
     reads_changed: bool = True,
     task_metrics: Mapping[str, float] | None = None,
     sanity_problems: Sequence[str] = (),
@@ -258,6 +259,8 @@ def decide(
         comparison: from :func:`compare_paired` (current vs candidate on validation).
         changed_programs: programs whose instruction the proposal changes.
         knobs_changed: the proposal changes a knob.
+        store_changed: the proposal changes the KI store an evaluation reads (a reviewed KI added,
+            edited or retired) — judged on validation like a knob.
         reads_changed: the proposal changes something an evaluation reads (a knob, or a program
             that is not write-only); False with ``changed_programs`` means only write-only
             programs changed (rule 3).
@@ -286,7 +289,7 @@ def decide(
             f"{tune_failed_share:.0%} of the tuning questions failed (limit {max_failed_share:.0%}): "
             "no decision on this run",
         )
-    if not changed_programs and not knobs_changed:
+    if not changed_programs and not knobs_changed and not store_changed:
         return Decision("rejected", "the proposal changes nothing")
     if sanity_problems:
         return Decision("rejected", "failed sanity checks: " + "; ".join(sanity_problems))

@@ -281,7 +281,8 @@ def measure_effect(
     comparison = compare_paired(current, candidate, weights, seed=o.seed)
     decision = decide(
         comparison,
-        changed=True,
+        changed_programs=("rewriter",) if p.kind == "rewriter_feedback" else (),
+        store_changed=p.kind != "rewriter_feedback",
         margin=o.accept_margin,
         max_failed_share=o.max_failed_share,
         require_significance=o.require_significance,
