@@ -28,7 +28,7 @@ from kitune.programs.instructions import available_instructions, instruction_ver
 if TYPE_CHECKING:
     from kitune.config import KituneConfig
     from kitune.experiments.prompts import PromptRegistry
-    from kitune.experiments.tracking import Tracker
+    from kitune.optimizers.protocols import Tracker
 
 __all__ = ["make_optimizer", "run_experiment"]
 

@@ -56,9 +56,6 @@ __all__ = [
     "NullTracker",
     "PreparedParams",
     "StepSpan",
-    # Transitional: optimizers/{loop,artifacts}.py and service/optimize.py
-    # still import Tracker from here (issue 24 item 2); drop once they import kitune.optimizers.protocols.
-    "Tracker",
     "artifact_dir_for_uri",
     "create_tracker",
     "disable_mlflow_telemetry",

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from kitune.experiments.tracking import Tracker
+    from kitune.optimizers.protocols import Tracker
 
 __all__ = ["log_candidate", "log_program_state"]
 

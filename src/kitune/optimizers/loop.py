@@ -58,8 +58,7 @@ from kitune.optimizers.setting import Evaluation, LoopSplit, Proposal, Setting
 
 if TYPE_CHECKING:
     from kitune.evaluation.report import RunSummary
-    from kitune.experiments.prompts import PromptRegistry
-    from kitune.experiments.tracking import Tracker
+    from kitune.optimizers.protocols import PromptRegistryProtocol, Tracker
 
 # Setting, Evaluation, Proposal and IterationRecord are the loop's vocabulary (its API takes and
 # returns them), so they stay importable from here; they are defined in setting.py / loop_state.py.
@@ -117,7 +116,7 @@ class LoopResult:
 
 
 def initial_prompts(
-    programs: Sequence[str], *, corpus: str, registry: PromptRegistry | None
+    programs: Sequence[str], *, corpus: str, registry: PromptRegistryProtocol | None
 ) -> dict[str, str]:
     """The starting instruction of each program: the registry's ``production`` version, else packaged.
 
@@ -143,7 +142,9 @@ def initial_prompts(
     return out
 
 
-def start_prompts(programs: Sequence[str], *, corpus: str, registry: PromptRegistry | None) -> dict[str, str]:
+def start_prompts(
+    programs: Sequence[str], *, corpus: str, registry: PromptRegistryProtocol | None
+) -> dict[str, str]:
     """The loop's start setting: the tuned programs' prompts plus every fixed program's production one.
 
     :func:`initial_prompts` for ``programs``; then each other registered program
@@ -189,7 +190,7 @@ def _summary_metrics(prefix: str, summary: RunSummary, score: float) -> dict[str
 
 
 def _register(
-    registry: PromptRegistry,
+    registry: PromptRegistryProtocol,
     corpus: str,
     setting: Setting,
     programs: Sequence[str],
@@ -219,7 +220,7 @@ def run_loop(
     iterations: int,
     state_dir: Path,
     tracker: Tracker,
-    registry: PromptRegistry | None = None,
+    registry: PromptRegistryProtocol | None = None,
     corpus: str = "corpus",
     weights: LoopWeights | None = None,
     accept_margin: float = 0.0,

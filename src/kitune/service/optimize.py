@@ -28,7 +28,7 @@ from kitune.service.slicing import load_slice, select_documents
 
 if TYPE_CHECKING:
     from kitune.experiments.prompts import PromptRegistry
-    from kitune.experiments.tracking import Tracker
+    from kitune.optimizers.protocols import Tracker
     from kitune.retrieval.base import CorpusStore
     from kitune.usage import TokenLedger
 

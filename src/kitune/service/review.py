@@ -51,7 +51,7 @@ from kitune.service.proposals import (
 if TYPE_CHECKING:
     from kitune.data.loaders import Question
     from kitune.experiments.prompts import PromptRegistry
-    from kitune.experiments.tracking import Tracker
+    from kitune.optimizers.protocols import Tracker
     from kitune.retrieval.base import Store
 
 __all__ = [

@@ -36,7 +36,7 @@ from kitune.service.traces import read_trace_file, to_trace
 
 if TYPE_CHECKING:
     from kitune.data.loaders import SkippedLine
-    from kitune.experiments.tracking import Tracker
+    from kitune.optimizers.protocols import Tracker
     from kitune.retrieval.base import Store
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""``RecordingTracker``: an in-memory :class:`~kitune.experiments.tracking.Tracker` for tests.
+"""``RecordingTracker``: an in-memory :class:`~kitune.optimizers.protocols.Tracker` for tests.
 
 It applies exactly the same rules as the real tracker (run resolution, name sanitising, long
 params to artifacts, failures swallowed) and records what would have reached the backend, so a
