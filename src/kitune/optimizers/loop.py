@@ -43,13 +43,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kitune.errors import PromptNotFoundError, TrackingError
 from kitune.optimizers.acceptance import Decision, PairedComparison, check_instruction, compare_paired, decide
-from kitune.optimizers.curves import write_curves
+from kitune.optimizers.curves import write_curves, write_proposal
 from kitune.optimizers.ledger import FailureLedger
 from kitune.optimizers.loop_state import IterationRecord, read_state, write_state
 from kitune.optimizers.objective import LoopWeights, RunStats, loop_score, run_stats
@@ -84,7 +84,10 @@ class LoopEnv(Protocol):
     the traces/metrics); ``evaluate`` of the same setting and split twice on an unchanged KI
     store may return the cached first result, but after the store changed (KIs written, expired
     or deleted) it must re-run at least every question whose retrieval could change.
-    Optional: ``tokens_used() -> int`` (LLM tokens spent so far), logged per iteration.
+    Optional: ``tokens_used() -> int`` (LLM tokens spent so far), logged per iteration;
+    ``record_credit(setting, iteration, split, evaluation) -> Mapping[str, float]`` (credit
+    assignment: called after each start-of-iteration measurement is recorded in the failure
+    ledger; its ``credit_*`` counts are logged).
     """
 
     def evaluate(self, setting: Setting, split: LoopSplit) -> Evaluation:
@@ -298,6 +301,7 @@ def run_loop(
                 }
                 registered = _register(registry, corpus, proposed.proposal.setting, proposed.changed, tags)
                 record = replace(record, registered=registered)
+        write_proposal(state_dir, record, current, proposed.proposal)
         if decision.accepted:
             current = proposed.proposal.setting
         history.append(record)
@@ -331,6 +335,8 @@ class _Measured:
     val_score: float
     flips: dict[str, Any]
     kinds: dict[str, Any]
+    credit: dict[str, float]
+    """``credit_*`` counts after both splits were credited (empty: the environment keeps no credit)."""
 
 
 @dataclass(frozen=True)
@@ -365,6 +371,11 @@ def _measure(
     reference.setdefault("validation", run_stats(val.summary))
     ledger.record(i, "tune", tune.traces, gold_docids=tune.gold_docids, retrieved=tune.retrieved)
     ledger.record(i, "validation", val.traces, gold_docids=val.gold_docids, retrieved=val.retrieved)
+    credit: dict[str, float] = {}
+    record_credit = getattr(env, "record_credit", None)
+    if callable(record_credit):
+        for split, evaluation in (("tune", tune), ("validation", val)):
+            credit = dict(record_credit(current, i, split, evaluation))
     return _Measured(
         tune=tune,
         validation=val,
@@ -372,6 +383,7 @@ def _measure(
         val_score=loop_score(val.summary, reference["validation"], weights),
         flips={split: ledger.flips(i, split) for split in ("tune", "validation")},
         kinds={split: ledger.kind_counts(i, split) for split in ("tune", "validation")},
+        credit=credit,
     )
 
 
@@ -423,6 +435,8 @@ def _log_measured(tracker: Tracker, rid: str | None, i: int, current: Setting, m
         **_summary_metrics("tune", m.tune.summary, m.tune_score),
         **_summary_metrics("val", m.validation.summary, m.val_score),
         **{f"tune_{k}": v for k, v in m.tune.metrics.items()},
+        **{f"val_{k}": v for k, v in m.validation.metrics.items()},
+        **m.credit,
         **{f"tune_kind_{k}": float(v) for k, v in m.kinds["tune"].items()},
         **{f"val_kind_{k}": float(v) for k, v in m.kinds["validation"].items()},
         "tune_flips_fixed": float(len(m.flips["tune"]["fixed"])),
@@ -459,6 +473,8 @@ def _log_outcome(
             **_summary_metrics("candidate_val", p.candidate.summary, cand_score),
             **{f"improve_{k}": v for k, v in p.proposal.metrics.items()},
             **paired.to_metrics(),
+            **{f"candidate_val_{k}": v for k, v in p.candidate.metrics.items()},
+            **{f"val_after_{k}": v for k, v in p.after.metrics.items()},
             "val_after_score": after_score,
             "accepted": float(decision.accepted),
             "undecided": float(decision.outcome == "undecided"),
@@ -518,4 +534,17 @@ def _log_outcome(
         failure_kinds=m.kinds,
         failed={"tune": tune.n_failed, "validation": val.n_failed},
         tokens_used=spent,
+        stages={
+            name: [asdict(x) for x in e.stages.metrics]
+            for name, e in (
+                ("tune", m.tune),
+                ("validation", m.validation),
+                ("validation_after", p.after),
+                ("candidate_validation", p.candidate),
+            )
+            if e.stages is not None
+        },
+        improve={k: float(v) for k, v in p.proposal.metrics.items()},
+        gate=dict(p.proposal.notes.get("gate") or {}),
+        credit={k.removeprefix("credit_"): int(v) for k, v in m.credit.items()},
     )

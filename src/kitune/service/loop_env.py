@@ -49,7 +49,16 @@ from kitune.data.loaders import Question
 from kitune.errors import DocumentNotFoundError
 from kitune.evaluation.failures import classify_failure
 from kitune.evaluation.report import summarize
+from kitune.evaluation.stage_metrics import (
+    ExtractionCounts,
+    StageMetric,
+    StageReport,
+    extractor_metrics,
+    rewriter_metrics,
+)
 from kitune.optimizers.budget import OptimizerBudget
+from kitune.optimizers.credit import CreditLedger, demote_ranked, episodes_from_traces, retire_kis
+from kitune.optimizers.extraction_cache import CachedFactExtractor, ExtractionCache, extractor_key
 from kitune.optimizers.feedback import collect_failures
 from kitune.optimizers.improve_env import ImproveInput
 from kitune.optimizers.improver import IMPROVERS, run_improvers
@@ -136,6 +145,13 @@ class ServiceLoopEnv:
         self.lock = threading.RLock()
         self.evals = EvalCache(state_dir / "evals", self.lock)
         """Traces and look-up log of every evaluation, keyed by setting and store state."""
+        self.extractions = ExtractionCache(state_dir / "extractions")
+        """Every document extraction, keyed by extractor instruction + limits and document content."""
+        self.credit = CreditLedger(state_dir / "ki_credit.json")
+        """Per-KI shown-right / shown-wrong / harmful counts (:mod:`kitune.optimizers.credit`)."""
+        self._fingerprints: dict[tuple[int, str], str] = {}
+        self._lookups: dict[tuple[str, str, str], Any] = {}
+        self._stages: dict[tuple[str, str, str], StageReport] = {}
         self.rng = random.Random(cfg.optimize.seed)
         IMPROVERS.check(cfg.optimize.improvers, setting="optimize.improvers")
         self._window: tuple[int | None] | None = None
@@ -177,15 +193,23 @@ class ServiceLoopEnv:
         """``cfg`` with the setting's knobs applied."""
         return with_overrides(self.cfg, setting.knobs)
 
-    def extractor(self, setting: Setting) -> Any:
-        """A ``FactExtractor`` with the setting's instruction and limits."""
+    def _plain_extractor(self, setting: Setting) -> Any:
         from kitune.programs.fact_extractor import FactExtractor
 
         return FactExtractor.from_config(self.setting_cfg(setting), setting.prompts.get("extractor"))
 
+    def extractor(self, setting: Setting) -> Any:
+        """A ``FactExtractor`` with the setting's instruction and limits that reads and fills the cache.
+
+        A :class:`~kitune.optimizers.extraction_cache.CachedFactExtractor` on
+        ``<state>/extractions``: the loop's own extraction and GEPA's metric calls share it, so no
+        document is extracted twice with one instruction.
+        """
+        return CachedFactExtractor.wrap(self._plain_extractor(setting), self.extractions)
+
     def store_for(self, setting: Setting) -> Store:
         """The KI store of the setting's extractor version (opened once, disambiguation KIs carried over)."""
-        version = self.extractor(setting).prompt_version
+        version = self._plain_extractor(setting).prompt_version
         with self.lock:
             if version in self._stores:
                 return self._stores[version]
@@ -223,7 +247,116 @@ class ServiceLoopEnv:
             disambiguation=disambiguation,
             ledger=self.deps.ledger,
             rewriter=rw,
+            rerank=self._rerank(),
         )
+
+    def _rerank(self) -> Callable[[list[Any]], list[Any]] | None:
+        """The credit demotion for ``get_context`` (None while no KI is demoted or retired)."""
+        penalties = self.credit.penalties()
+        if not penalties:
+            return None
+
+        def rerank(kis: list[Any]) -> list[Any]:
+            return demote_ranked(
+                kis, penalties, id_of=lambda k: k.id, score_of=lambda k: max(float(k.score), 0.0)
+            )
+
+        return rerank
+
+    def lookup(self, setting: Setting, query: str, rewriter: Any = None) -> Any:
+        """One ``get_context`` as the agent makes it: a ``ContextResponse`` (``retrieval.default_size`` KIs).
+
+        ``rewriter`` None: the setting's own (memoised per setting, store state and query, so the
+        rewriter's stage metric and its task reuse one rewrite per question); feedback KIs
+        visible; credit demotion applied.
+        """
+        from kitune.service.context import get_context
+
+        cfg = self.setting_cfg(setting)
+        key: tuple[str, str, str] | None = None
+        if rewriter is None:
+            key = (eval_key(setting), self.store_state(setting), query)
+            with self.lock:
+                if key in self._lookups:
+                    return self._lookups[key]
+        rw = rewriter if rewriter is not None else self.rewriter(setting)
+        resp = get_context(
+            query,
+            store=self.store_for(setting),
+            rewriter=rw,
+            size=cfg.retrieval.default_size,
+            cfg=cfg,
+            ledger=self.deps.ledger,
+            rerank=self._rerank(),
+        )
+        if key is not None:
+            with self.lock:
+                self._lookups[key] = resp
+        return resp
+
+    def store_state(self, setting: Setting) -> str:
+        """16 hex characters naming what the setting's look-ups read: KI store content and credit penalties.
+
+        Equal to :func:`~kitune.service.eval_cache.store_fingerprint` while no KI is demoted or
+        retired (so earlier evaluation caches stay valid); otherwise the penalties are hashed in,
+        since a demotion changes what ``get_context`` returns without changing the store.
+        """
+        import hashlib
+        import json
+
+        store = self.store_for(setting)
+        memo = (id(store), store.fingerprint())
+        with self.lock:
+            content = self._fingerprints.get(memo)
+        if content is None:
+            content = store_fingerprint(store)
+            with self.lock:
+                self._fingerprints[memo] = content
+        penalties = self.credit.penalties()
+        if not penalties:
+            return content
+        blob = json.dumps([content, sorted(penalties.items())])
+        return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
+
+    def lookup_changes(
+        self, setting: Setting, before_state: str
+    ) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+        """KI ids the tuning and validation questions' logged look-ups showed at ``before_state``, and now.
+
+        See :meth:`kitune.service.eval_cache.EvalCache.lookup_changes`; the replay uses the
+        setting's ``get_context`` on the store as it is now.
+        """
+        ids = [q.query_id for q in self.questions]
+        return self.evals.lookup_changes(eval_key(setting), before_state, ids, self.context_fn(setting))
+
+    def retire(self, setting: Setting, ki_ids: Sequence[str]) -> int:
+        """Set status ``expired`` on ``ki_ids`` in the setting's store (``credit.retire_kis``)."""
+        with self.lock:
+            return retire_kis(self.store_for(setting), ki_ids)
+
+    def record_credit(
+        self, setting: Setting, iteration: int, split: str, evaluation: Evaluation
+    ) -> dict[str, float]:
+        """Credit the KIs shown in ``evaluation`` (run ``it<iteration>:<split>``); retire what the rule says.
+
+        Called by the loop after each start-of-iteration measurement; a re-recorded run id (a
+        resumed iteration) changes nothing. KIs whose verdict is ``retire`` get status
+        ``expired`` in the setting's store (and are re-retired after every extraction, which
+        re-sights unchanged documents); demoted ones are ranked down by :meth:`context_fn`.
+
+        Returns:
+            ``credit_*`` counts (:meth:`~kitune.optimizers.credit.CreditLedger.to_metrics`).
+        """
+        episodes = episodes_from_traces(evaluation.traces, evaluation.retrieved or {})
+        self.credit.record_run(f"it{iteration}:{split}", episodes)
+        todo = self.credit.to_retire()
+        if todo:
+            n = self.retire(setting, todo)
+            self.credit.mark_retired(todo)
+            self.log(
+                f"credit: retired {n} KI(s) shown in right → wrong flips twice or more: {', '.join(todo)}"
+            )
+        return self.credit.to_metrics()
 
     def context_ids(self, setting: Setting, size: int | None = None) -> Callable[[str], list[str]]:
         """Query → KI ids ``get_context`` returns on the setting's store (plain plan; ``size`` None: 10)."""
@@ -309,6 +442,8 @@ class ServiceLoopEnv:
             )
         self._extracted.add(key)
         failed_here.update(report.failed)
+        if self.credit.retired:  # re-extraction re-sights unchanged documents (mark_seen): retire again
+            self.retire(setting, self.credit.retired)
         metrics = {
             "extract_docs_done": float(report.docs_done),
             "extract_docs_failed": float(report.docs_failed),
@@ -354,7 +489,7 @@ class ServiceLoopEnv:
         budget = Budget.from_config(cfg.agent)
         model = self.deps.chat_model
         calls: dict[str, list[dict[str, Any]]] = {}
-        state = store_state if store_state is not None else store_fingerprint(self.store_for(setting))
+        state = store_state if store_state is not None else self.store_state(setting)
 
         def factory(q: Question) -> Agent:
             log = calls.setdefault(q.query_id, [])
@@ -410,7 +545,9 @@ class ServiceLoopEnv:
         coverage = answer_coverage(questions, self.kis_by_doc(setting))
         if coverage is not None:
             metrics["extract_answer_coverage"] = coverage
-        state = store_fingerprint(self.store_for(setting))
+        state = self.store_state(setting)
+        stages = self.stage_report(setting, split, questions, state)
+        metrics.update(stages.to_metrics("stage"))
         path = self.evals.traces_path(eval_key(setting), state)
         reused, have = self.evals.reuse_unaffected(
             eval_key(setting), questions, state, path, lambda: self.context_fn(setting)
@@ -436,7 +573,57 @@ class ServiceLoopEnv:
             gold_docids=gold,
             retrieved=retrieved,
             store_state=state,
+            stages=stages,
         )
+
+    def stage_report(
+        self, setting: Setting, split: str, questions: Sequence[Question], state: str
+    ) -> StageReport:
+        """The split's stage metrics on the store as it is (memoised per setting, store state and split).
+
+        Extractor: answer coverage, evidence coverage, grounding rate (from the extraction
+        cache's per-document counters; left out when no document of the split is in it), KI
+        tokens per document. Rewriter: recall@k and MRR of one :meth:`lookup` per question with
+        the setting's rewriter (the plain plan when ``rewriter`` is not tuned), ``k =
+        retrieval.default_size``. Also written to ``<state>/evals/stages-<key>-<state>-<split>.json``
+        so a resumed run does not ask the rewriter again.
+        """
+        import json
+        from dataclasses import asdict
+
+        key = (eval_key(setting), state, split)
+        path = self.evals.evals_dir / f"stages-{key[0]}-{state}-{split}.json"
+        with self.lock:
+            if key in self._stages:
+                return self._stages[key]
+        if path.is_file():
+            try:
+                rows = json.loads(path.read_text(encoding="utf-8"))
+                report = StageReport(split, tuple(StageMetric(**r) for r in rows))
+            except (json.JSONDecodeError, TypeError):
+                report = None
+            if report is not None:
+                with self.lock:
+                    self._stages[key] = report
+                return report
+        kis_by_doc = self.kis_by_doc(setting)
+        extractor = self._plain_extractor(setting)
+        docids = dict.fromkeys(d for q in questions for d in (*q.evidence_docids, *q.gold_docids))
+        docs = [self.documents[d] for d in docids if d in self.documents]
+        results = self.extractions.results(extractor_key(extractor), docs)
+        counts = ExtractionCounts.from_results(results) if results else None
+        lookups = {q.query_id: self.lookup(setting, q.query).kis for q in questions}
+        k = self.setting_cfg(setting).retrieval.default_size
+        metrics = (
+            *extractor_metrics(questions, kis_by_doc, counts),
+            *rewriter_metrics(questions, lookups, k=k),
+        )
+        report = StageReport(split, metrics)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps([asdict(m) for m in metrics], indent=1), encoding="utf-8")
+        with self.lock:
+            self._stages[key] = report
+        return report
 
     def improve(
         self, setting: Setting, tune: Evaluation, iteration: int, *, ledger: FailureLedger | None = None
