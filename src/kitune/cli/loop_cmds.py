@@ -401,6 +401,7 @@ def optimize_cmd(
             f"{int(m.get('extract_kis_written', 0))} KIs written (nothing to do when all are 0); "
             f"questions: {ext.state_dir / 'questions.json'}",
             highlight=False,
+            soft_wrap=True,
         )
         return
     res = _or_exit_1(run_optimize, cfg, opts, log=_log)

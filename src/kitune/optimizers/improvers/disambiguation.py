@@ -178,9 +178,13 @@ def write_feedback(
     """
     gate = env.cfg.optimize.gate
     before_state = env.store_state(inp.setting) if gate else ""
+    # both splits on the store as it is before writing: the measured runs, read back from the
+    # cache (unless credit demoted a KI since, then the questions whose look-ups it changed re-run)
     previous = (
-        [*inp.tune.traces, *env.evaluate(inp.setting, "validation").traces] if gate else []
-    )  # the validation run is the measured one (cached on this store state)
+        [*env.evaluate(inp.setting, "tune").traces, *env.evaluate(inp.setting, "validation").traces]
+        if gate
+        else []
+    )
     report = write_setting_kis(env, inp.setting, failures)
     if inp.ledger is not None:
         for qid, prediction, ki_id, reason in report.outcomes:
