@@ -75,7 +75,11 @@ def first_ki_reader(messages: list[ChatMessage]) -> str:
 
 
 def neighbour_env(
-    tmp_path: Path, *, gate: bool, validation: tuple[Question, ...] = (QB, QC)
+    tmp_path: Path,
+    *,
+    gate: bool,
+    validation: tuple[Question, ...] = (QB, QC),
+    stores: dict[str, Any] | None = None,
 ) -> ServiceLoopEnv:
     cfg = KituneConfig(
         workdir=tmp_path / "w",
@@ -84,7 +88,7 @@ def neighbour_env(
         optimize={"improvers": ["disambiguation"], "gate": gate},
         extraction={"concurrency": 1},
     )
-    deps = make_deps(RuleLM(first_sentence_rule), RuleLM(lambda s, u: {}, json=True))
+    deps = make_deps(RuleLM(first_sentence_rule), RuleLM(lambda s, u: {}, json=True), stores=stores)
     deps.chat_model = ScriptedChatModel([first_ki_reader] * 400, usage=(100, 10))
     opts = OptimizeOptions(data_dir=tmp_path, programs=("disambiguator",), progress=False)
     questions = [QA, *validation]
@@ -95,7 +99,8 @@ def neighbour_env(
 
 
 def test_the_gate_rejects_a_feedback_ki_that_breaks_a_neighbour_and_retires_it(tmp_path: Path) -> None:
-    env = neighbour_env(tmp_path, gate=True, validation=(QB,))
+    stores: dict[str, Any] = {}
+    env = neighbour_env(tmp_path, gate=True, validation=(QB,), stores=stores)
     setting = Setting({"disambiguator": DISAMBIGUATOR})
     tune = env.evaluate(setting, "tune")
     val = env.evaluate(setting, "validation")
@@ -128,6 +133,14 @@ def test_the_gate_rejects_a_feedback_ki_that_breaks_a_neighbour_and_retires_it(t
     assert "gate broke: qb" in ledger.to_markdown()
     # the flips after the gate: the store is back to what it was, qa's trace before the KI is reused
     assert m["flips_fixed"] == 0.0 and m["flips_still_wrong"] == 1.0
+    # a resumed process extracts again, which refreshes feedback KIs; the rejected one stays retired
+    assert json.loads((tmp_path / "s" / "retired_kis.json").read_text(encoding="utf-8")) == {ki_id: "gate"}
+    again = neighbour_env(tmp_path, gate=True, validation=(QB,), stores=stores)
+    again.evaluate(
+        setting, "tune"
+    )  # extracts qa's d1 again: refresh_derived re-sights the KI (d1 is its evidence)
+    assert store.get(ki_id).payload.status == "expired"
+    assert [t.exact_answer for t in again.evaluate(setting, "validation").traces] == ["Rome"]
 
 
 def test_without_the_gate_credit_retires_the_ki_that_broke_two_questions(tmp_path: Path) -> None:
@@ -154,6 +167,10 @@ def test_without_the_gate_credit_retires_the_ki_that_broke_two_questions(tmp_pat
     assert c["harmful_in"] == ["it1:validation:qb", "it1:validation:qc"]
     assert env.store_for(Setting({"disambiguator": DISAMBIGUATOR})).get(ki_id).payload.status == "expired"
     assert tracker.by_name("iteration-1").metrics["credit_retired"] == 1.0
+    # wall time per step, recorded and logged
+    assert list(second.timings) == ["measure_s", "improve_s", "revalidate_s", "candidate_s", "total_s"]
+    assert second.timings["total_s"] >= second.timings["measure_s"] >= 0.0
+    assert tracker.by_name("iteration-1").metrics["time_total_s"] >= 0.0
     # once retired, the candidate's validation run is back to the traces before the KI (reused, not re-run)
     assert second.candidate_val_accuracy == 1.0
     curves = (tmp_path / "s" / "curves.md").read_text(encoding="utf-8")

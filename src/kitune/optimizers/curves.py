@@ -267,10 +267,16 @@ def write_curves(history: Sequence[IterationRecord], out_dir: Path) -> tuple[Pat
             if r.val_after_score is None
             else f"; current re-measured after improve {r.val_after_score:+.3f}"
         )
+        wall = (
+            "; wall " + ", ".join(f"{k.removesuffix('_s')} {v / 60:.1f} min" for k, v in r.timings.items())
+            if r.timings
+            else ""
+        )
         lines.append(
             f"- iteration {r.iteration}: {_decision(r)} — "
             f"{r.reason or '-'} (candidate validation score {r.candidate_val_score:+.3f}{after}"
             + (f"; {r.tokens_used:,} LLM tokens" if r.tokens_used is not None else "")
+            + wall
             + ")"
         )
     md = out_dir / "curves.md"

@@ -9,7 +9,9 @@ retrieved for the question (``retrieved_next``), and did the question flip to co
 
 The loop uses it to route work: a question that is correct now is never sent to the
 disambiguator; a question whose feedback did not fix it gets another attempt only for a *new*
-wrong answer (the published remedy for a second wrong twin), up to ``max_attempts``.
+wrong answer (the published remedy for a second wrong twin), up to ``max_attempts``. An attempt
+whose KI the feedback gate rejected is marked (:meth:`FailureLedger.note_gate`: the reason and
+the questions it broke) and counted (``gate_rejected``).
 
 Stored as one JSON file (``<state>/failure_ledger.json``, written atomically) and logged as an
 artifact of every iteration run.

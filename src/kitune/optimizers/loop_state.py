@@ -79,6 +79,9 @@ class IterationRecord:
     gate: Mapping[str, Any] = field(default_factory=dict)
     """The feedback gate's report (:meth:`kitune.optimizers.gate.GateReport.to_dict`: candidates,
     kept, rejected with reason and broken question ids, re-run questions); empty: no gate ran."""
+    timings: Mapping[str, float] = field(default_factory=dict)
+    """Wall seconds per step: ``measure_s`` (both splits), ``improve_s``, ``revalidate_s`` (the
+    current setting on validation after improving), ``candidate_s``, ``total_s``."""
     credit: Mapping[str, int] = field(default_factory=dict)
     """KI credit counts after the iteration's measurement (runs, kis, harmful, demoted, retire,
     retired; :meth:`kitune.optimizers.credit.CreditLedger.summary`)."""

@@ -20,11 +20,28 @@ What it does per loop step:
   saw before, so the trace is reused; otherwise the question is run again. A rerun, or another
   split of the same setting on the same store, reuses finished questions
   (:class:`~kitune.service.eval_cache.EvalCache`);
+* **extract once per instruction** — the extractor handed to ``extract_corpus`` and to the
+  extractor's GEPA task is a :class:`~kitune.optimizers.extraction_cache.CachedFactExtractor` on
+  ``<state>/extractions`` (keyed by instruction + limits and document content), so GEPA's seed
+  evaluation reads what the loop extracted and the loop reuses what GEPA extracted for an
+  accepted instruction;
+* **stage metrics** — every evaluation also measures each program on its own signal
+  (:meth:`ServiceLoopEnv.stage_report`: extractor coverage and grounding, rewriter recall@k and
+  MRR with one :meth:`~ServiceLoopEnv.lookup` per question), flattened into
+  ``Evaluation.metrics`` as ``stage_*`` and kept as ``Evaluation.stages``;
+* **credit** — after each start-of-iteration measurement the loop calls
+  :meth:`~ServiceLoopEnv.record_credit`: the KIs each episode was shown are credited in
+  ``<state>/ki_credit.json`` (:mod:`kitune.optimizers.credit`); a KI whose verdict is ``retire``
+  gets status ``expired`` (re-applied after every extraction), a demoted one is ranked down in
+  every ``get_context`` (:meth:`~ServiceLoopEnv.context_fn`), and the penalties are part of the
+  evaluation cache's store state (:meth:`~ServiceLoopEnv.store_state`);
 * **improve** — a fold over the configured improvers (``optimize.improvers``, one file each in
   :mod:`kitune.optimizers.improvers`): (a) ``prompts``, the optimiser on each selected
   program's task (:mod:`kitune.optimizers.programs`), (b) ``knobs``, Optuna with an LLM-free
   objective, its study on disk at ``<state>/knobs.journal``, and (c) ``disambiguation``,
-  feedback KIs routed by failure kind through the failure ledger. They see this environment
+  feedback KIs routed by failure kind through the failure ledger and kept only when the gate
+  (:mod:`kitune.optimizers.gate`, :meth:`~ServiceLoopEnv.lookup_changes` +
+  :meth:`~ServiceLoopEnv.retire`) finds they break no question. They see this environment
   through :class:`kitune.optimizers.improve_env.ImproveEnv` (``context_ids``, ``lookup_texts``,
   ``optimizer_budget`` … are here for them).
 
@@ -35,11 +52,13 @@ Every dependency (LMs, agent model, judge, store factory, corpus store) can be i
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import random
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -301,9 +320,6 @@ class ServiceLoopEnv:
         retired (so earlier evaluation caches stay valid); otherwise the penalties are hashed in,
         since a demotion changes what ``get_context`` returns without changing the store.
         """
-        import hashlib
-        import json
-
         store = self.store_for(setting)
         memo = (id(store), store.fingerprint())
         with self.lock:
@@ -329,10 +345,35 @@ class ServiceLoopEnv:
         ids = [q.query_id for q in self.questions]
         return self.evals.lookup_changes(eval_key(setting), before_state, ids, self.context_fn(setting))
 
-    def retire(self, setting: Setting, ki_ids: Sequence[str]) -> int:
-        """Set status ``expired`` on ``ki_ids`` in the setting's store (``credit.retire_kis``)."""
+    def retire(self, setting: Setting, ki_ids: Sequence[str], *, reason: str = "gate") -> int:
+        """Set status ``expired`` on ``ki_ids`` in the setting's store and remember them.
+
+        The ids are kept in ``<state>/retired_kis.json`` (KI id → ``gate`` or ``credit``) and
+        retired again after every extraction: an extraction run re-sights the KIs of unchanged
+        documents and refreshes feedback KIs whose evidence documents still exist, which would
+        make them ``active`` again (:func:`kitune.service.stores.refresh_derived`).
+
+        Returns:
+            How many KIs changed status now (:func:`kitune.optimizers.credit.retire_kis`).
+        """
         with self.lock:
+            known = self._retired()
+            for ki_id in ki_ids:
+                known.setdefault(ki_id, reason)
+            path = self.state_dir / "retired_kis.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(known, indent=1, sort_keys=True), encoding="utf-8")
             return retire_kis(self.store_for(setting), ki_ids)
+
+    def _retired(self) -> dict[str, str]:
+        """KI id → why it was retired (``gate``, ``credit``), from ``<state>/retired_kis.json``."""
+        path = self.state_dir / "retired_kis.json"
+        if not path.is_file():
+            return {}
+        try:
+            return {str(k): str(v) for k, v in json.loads(path.read_text(encoding="utf-8")).items()}
+        except (json.JSONDecodeError, AttributeError):
+            return {}
 
     def record_credit(
         self, setting: Setting, iteration: int, split: str, evaluation: Evaluation
@@ -351,7 +392,7 @@ class ServiceLoopEnv:
         self.credit.record_run(f"it{iteration}:{split}", episodes)
         todo = self.credit.to_retire()
         if todo:
-            n = self.retire(setting, todo)
+            n = self.retire(setting, todo, reason="credit")
             self.credit.mark_retired(todo)
             self.log(
                 f"credit: retired {n} KI(s) shown in right → wrong flips twice or more: {', '.join(todo)}"
@@ -442,8 +483,10 @@ class ServiceLoopEnv:
             )
         self._extracted.add(key)
         failed_here.update(report.failed)
-        if self.credit.retired:  # re-extraction re-sights unchanged documents (mark_seen): retire again
-            self.retire(setting, self.credit.retired)
+        retired = self._retired()
+        if retired:  # extraction re-sights unchanged documents and refreshes feedback KIs: retire again
+            with self.lock:
+                retire_kis(store, list(retired))
         metrics = {
             "extract_docs_done": float(report.docs_done),
             "extract_docs_failed": float(report.docs_failed),
@@ -588,9 +631,6 @@ class ServiceLoopEnv:
         retrieval.default_size``. Also written to ``<state>/evals/stages-<key>-<state>-<split>.json``
         so a resumed run does not ask the rewriter again.
         """
-        import json
-        from dataclasses import asdict
-
         key = (eval_key(setting), state, split)
         path = self.evals.evals_dir / f"stages-{key[0]}-{state}-{split}.json"
         with self.lock:
