@@ -58,6 +58,7 @@ import logging
 import random
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -652,7 +653,11 @@ class ServiceLoopEnv:
         docs = [self.documents[d] for d in docids if d in self.documents]
         results = self.extractions.results(extractor_key(extractor), docs)
         counts = ExtractionCounts.from_results(results) if results else None
-        lookups = {q.query_id: self.lookup(setting, q.query).kis for q in questions}
+        workers = max(1, self.cfg.concurrency_for("agent"))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kitune-stage") as pool:
+            # one rewrite + look-up per question, as many at once as the agent runs questions
+            found = list(pool.map(lambda q: self.lookup(setting, q.query).kis, questions))
+        lookups = {q.query_id: kis for q, kis in zip(questions, found, strict=True)}
         k = self.setting_cfg(setting).retrieval.default_size
         metrics = (
             *extractor_metrics(questions, kis_by_doc, counts),
