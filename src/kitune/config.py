@@ -475,6 +475,21 @@ class OptimizeConfig(_Section):
         description="Proposals (reflection + minibatch evaluations) a GEPA budget must be able to pay for; "
         "see kitune.optimizers.gepa.min_metric_calls.",
     )
+    max_pareto_examples: int = Field(
+        default=6,
+        ge=1,
+        le=100,
+        description="Most examples in GEPA's Pareto (validation) set per program and iteration; fewer when "
+        "a set max_metric_calls cannot pay for min_proposals proposals with that many (every proposal that "
+        "beats its parent is scored on the whole set). Chosen per iteration from the tuning split, seeded, "
+        "the gold documents / questions of no-candidate and out-of-budget failures first.",
+    )
+    gate: bool = Field(
+        default=True,
+        description="Keep a feedback KI only when every tuning and validation question whose get_context "
+        "results it changes still gets its right answer (those questions are re-run; a rejected KI is "
+        "retired through its status). See kitune.optimizers.gate.",
+    )
     max_input_tokens: int | None = Field(
         default=None,
         ge=1,

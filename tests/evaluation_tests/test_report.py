@@ -160,3 +160,30 @@ def test_load_run(tmp_path: Path) -> None:
         load_run(tmp_path / "nope")
     with pytest.raises(ValueError):
         write_report({}, tmp_path)
+
+
+def test_report_shows_stage_metrics_beside_the_end_to_end_table(tmp_path: Path) -> None:
+    from kitune.evaluation.report import stage_markdown
+    from kitune.evaluation.stage_metrics import StageMetric, StageReport
+
+    low, high = wilson_interval(3, 4)
+    tune = StageReport(
+        "tune",
+        (
+            StageMetric("extractor", "answer_coverage", "answer coverage", 0.75, 4, low, high, 3),
+            StageMetric("rewriter", "mrr", "MRR", 0.5, 4, 0.1, 0.9),
+        ),
+    )
+    val = StageReport("validation", (StageMetric("rewriter", "mrr", "MRR", None, 0, None, None),))
+    lines = stage_markdown([tune, val], title=None)
+    assert lines == [
+        "| run | extractor answer coverage | rewriter MRR |",
+        "|---|---|---|",
+        f"| tune | 3/4 = 75.0% [{low:.1%}–{high:.1%}] | 0.5 [0.1–0.9] (n=4) |",
+        "| validation | – | – (n=0) |",
+    ]
+    files = write_report({"run": TRACES}, tmp_path, stages=[tune, val], sections=["## KI credit\n\nnone\n"])
+    md = files.markdown.read_text(encoding="utf-8")
+    assert "## Stage metrics" in md and lines[2] in md
+    assert md.rstrip().endswith("## KI credit\n\nnone")
+    assert stage_markdown([]) == []

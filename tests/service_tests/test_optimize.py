@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -38,7 +39,14 @@ def _cfg(tmp_path: Path) -> KituneConfig:
 def test_optimize_extractor_accepts_a_better_prompt_and_registers_it(tmp_path: Path) -> None:
     data = write_dataset(tmp_path / "data")
     cfg = _cfg(tmp_path)
-    deps = make_deps(RuleLM(_task_rule), RuleLM(reflection_rule, json=True))
+    extractions: list[str] = []
+
+    def counting_rule(system: str, user: str) -> dict[str, object]:
+        if "[[ ## text ## ]]" in user:
+            extractions.append(user)
+        return _task_rule(system, user)
+
+    deps = make_deps(RuleLM(counting_rule), RuleLM(reflection_rule, json=True))
     tracker = MlflowTracker(cfg.mlflow_uri, experiment="opt")
     registry = PromptRegistry(cfg.mlflow_uri)
     opts = OptimizeOptions(
@@ -67,6 +75,36 @@ def test_optimize_extractor_accepts_a_better_prompt_and_registers_it(tmp_path: P
     assert m0["improve_extractor_best_score"] > m0["improve_extractor_baseline_score"]
     assert "tune_extract_answer_coverage" in m0 and "improve_knob_trials" in m0
     assert m0["improve_extractor_proposals"] == 1.0
+    # GEPA scored the extractor on document coverage: tuning q2 (d2, "1889") and q4 (d4, "Quito");
+    # only d2 misses its answer without DATES, so it alone is reflected on; the Pareto set is both
+    assert set(res.tune_ids) == {"q2", "q4"}
+    assert m0["improve_extractor_examples"] == 2.0 and m0["improve_extractor_imperfect"] == 1.0
+    assert m0["improve_extractor_baseline_score"] == 0.5 and m0["improve_extractor_best_score"] == 1.0
+    # stage metrics on both splits (q1, q4 answered by a first sentence; q2, q3 need the years)
+    assert m0["tune_stage_extractor_answer_coverage"] == 0.5
+    assert m0["val_stage_extractor_answer_coverage"] == 0.5
+    assert m0["candidate_val_stage_extractor_answer_coverage"] == 1.0  # the accepted extractor on validation
+    assert m0["tune_stage_extractor_answer_coverage_n"] == 2.0
+    assert m0["tune_stage_rewriter_recall_at_k"] == 1.0
+    # nothing extracted twice with one instruction: every extraction call is one cache entry,
+    # GEPA's seed evaluation read the loop's own extractions, and iteration 1's tuning run read GEPA's
+    cached = [
+        line
+        for f in (res.state_dir / "extractions").glob("*.jsonl")
+        for line in f.read_text(encoding="utf-8").splitlines()
+    ]
+    keyed = {(json.loads(x)["docid"], json.loads(x)["hash"]) for x in cached}
+    # the 5 documents (4 evidence + 1 distractor) once per instruction; GEPA's 2 child extractions
+    # (d2, d4) were reused by the accepted extractor's runs, which extracted the other 3
+    assert len(extractions) == len(cached) == 5 + 5 and len(keyed) == 5
+    assert len(list((res.state_dir / "extractions").glob("*.jsonl"))) == 2  # two instructions
+    state = json.loads((res.state_dir / "loop_state.json").read_text(encoding="utf-8"))
+    assert [m["value"] for m in state["history"][0]["stages"]["candidate_validation"][:1]] == [1.0]
+    curves = (res.state_dir / "curves.md").read_text(encoding="utf-8")
+    assert "| 0 tune | 1/2 = 50.0% [9.5%–90.5%]" in curves
+    proposal = (res.state_dir / "proposals" / "iteration-0.md").read_text(encoding="utf-8")
+    assert proposal.startswith("# Iteration 0: accepted") and "## Diff: extractor" in proposal
+    assert "+Extract every fact of the document, with the DATES of every event." in proposal
     # iteration 1 starts from the accepted prompt: nothing to reflect on, and the run says why
     assert runs["iteration-1"].data.metrics["improve_extractor_proposals"] == 0.0
     assert "extractor: no proposal: every minibatch already scored perfectly (2 of 2 iterations)" in lines
@@ -142,7 +180,7 @@ def test_kitune_optimize_and_drift_cli(tmp_path: Path, monkeypatch: pytest.Monke
 
 
 def test_optimize_rewriter_and_disambiguator_run_their_tasks(tmp_path: Path) -> None:
-    """The rewriter's GEPA metric calls are whole agent episodes; the disambiguator's are guardrail checks."""
+    """The rewriter's GEPA metric calls are look-ups (recall@k); the disambiguator's guardrail checks."""
     import json as _json
     import re as _re
 
@@ -176,7 +214,7 @@ def test_optimize_rewriter_and_disambiguator_run_their_tasks(tmp_path: Path) -> 
     tracker = RecordingTracker()
     res = run_optimize(cfg, opts, deps=deps, tracker=tracker)
     metrics = tracker.by_name("iteration-0").metrics
-    assert metrics["improve_rewriter_metric_calls"] >= 2  # episodes run by GEPA
+    assert metrics["improve_rewriter_metric_calls"] >= 2  # rewrites + get_context, scored on recall@k
     assert metrics["improve_disambiguator_metric_calls"] >= 1
     assert metrics["improve_feedback_attempted"] == 1.0  # q2 failed on the tuning split
     assert metrics["improve_feedback_written"] == 1.0

@@ -312,7 +312,18 @@ def optimize_cmd(
     data: DataOption,
     config: ConfigOption = None,
     questions: Annotated[
-        int | None, typer.Option("--questions", "-n", min=2, help="First N questions.")
+        int | None,
+        typer.Option(
+            "--questions", "-n", min=2, help="N questions: the first N, or a sample with --sample-seed."
+        ),
+    ] = None,
+    sample_seed: Annotated[
+        int | None,
+        typer.Option(
+            "--sample-seed",
+            help="Take a seeded random sample of --questions questions instead of the first N (the ids go to "
+            "<state>/questions.json).",
+        ),
     ] = None,
     iterations: Annotated[
         int | None, typer.Option(min=1, help="Total iterations (default optimize.iterations).")
@@ -344,6 +355,14 @@ def optimize_cmd(
         bool, typer.Option("--feedback/--no-feedback", help="Disambiguation KIs from failures.")
     ] = True,
     run_name: RunNameOption = "optimize",
+    extract_only: Annotated[
+        bool,
+        typer.Option(
+            "--extract-only",
+            help="Only extract the slice's documents with the extractor the loop starts from (resumable), "
+            "then stop; the loop run with the same --run-name finds them done.",
+        ),
+    ] = False,
     progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
     record: RecordOption = None,
     replay: ReplayOption = None,
@@ -353,13 +372,14 @@ def optimize_cmd(
     Each iteration is an MLflow run; accepted prompts become new versions in the prompt registry
     (aliases candidate, production). Rerunning the same command continues where it stopped.
     """
-    from kitune.service.optimize import OptimizeOptions, run_optimize
+    from kitune.service.optimize import OptimizeOptions, extract_slice, run_optimize
 
     cfg = get_config(config, record_overrides(record, replay) or None)
     choice = _optimizer(optimizer or cfg.optimize.optimizer)
     opts = OptimizeOptions(
         data_dir=data,
         questions=questions,
+        sample_seed=sample_seed,
         iterations=iterations or cfg.optimize.iterations,
         optimizer=choice,
         programs=_programs(programs),
@@ -371,6 +391,19 @@ def optimize_cmd(
         run_name=run_name,
         progress=progress,
     )
+    if extract_only:
+        ext = _or_exit_1(extract_slice, cfg, opts, log=_log)
+        m = ext.metrics
+        out.print(
+            f"extracted with {ext.prompt_version} (setting {ext.setting_key}) for {ext.documents} documents: "
+            f"{int(m.get('extract_docs_done', 0))} done, {int(m.get('extract_docs_failed', 0))} failed, "
+            f"{int(m.get('extract_docs_skipped', 0))} skipped, "
+            f"{int(m.get('extract_kis_written', 0))} KIs written (nothing to do when all are 0); "
+            f"questions: {ext.state_dir / 'questions.json'}",
+            highlight=False,
+            soft_wrap=True,
+        )
+        return
     res = _or_exit_1(run_optimize, cfg, opts, log=_log)
     out.print(_history_table(res.loop.history, f"kitune optimize ({run_name})"))
     out.print(f"tune questions: {', '.join(res.tune_ids)}; validation: {', '.join(res.validation_ids)}")

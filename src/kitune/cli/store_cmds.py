@@ -174,15 +174,49 @@ def expire(
     )
 
 
+def _credit_ledgers(cfg: KituneConfig, run_name: str | None) -> dict[str, Path]:
+    """Run name → ``<workdir>/optimize/<run>/ki_credit.json`` that exist (one run, or every run)."""
+    root = Path(cfg.workdir) / "optimize"
+    if run_name is not None:
+        path = root / run_name / "ki_credit.json"
+        return {run_name: path} if path.is_file() else {}
+    return {p.parent.name: p for p in sorted(root.glob("*/ki_credit.json"))}
+
+
+def _credit(cfg: KituneConfig, run_name: str | None, top: int) -> dict[str, tuple[str, dict[str, object]]]:
+    """Run name → (the credit table as Markdown, the JSON form) of each loop run's KI credit ledger."""
+    from kitune.optimizers.credit import CreditLedger
+
+    out: dict[str, tuple[str, dict[str, object]]] = {}
+    for run, path in _credit_ledgers(cfg, run_name).items():
+        try:
+            ledger = CreditLedger(path)
+        except ValueError as e:
+            fail(str(e))
+        verdicts = ledger.verdicts()
+        harmful = {k: {**c, "verdict": verdicts[k]} for k, c in ledger.kis.items() if c["harmful"] > 0}
+        out[run] = (ledger.to_markdown(limit=top), {"summary": ledger.summary(), "harmful": harmful})
+    return out
+
+
 def stats(
     config: ConfigOption = None,
     top: Annotated[int, typer.Option("--top", min=1, help="Rows per table (tags, docs, entities).")] = 15,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
+    run_name: Annotated[
+        str | None,
+        typer.Option(
+            "--run-name", help="Credit table of this loop run only (default: every run that has one)."
+        ),
+    ] = None,
 ) -> None:
     """Count the KIs in the configured store.
 
     Count the KIs in the configured store: by lifecycle status, top tags, top source
-    documents and top entities.
+    documents and top entities. Then, for each `kitune optimize` run with a KI credit ledger
+    (<workdir>/optimize/<run>/ki_credit.json), the KIs with a harmful record: shown right /
+    shown wrong / harmful counts and the verdict (retire at harmful >= 2, demote at harmful >= 1
+    with more wrong than right; see docs/loop-stages.md).
 
     Example: kitune stats --top 10
     """
@@ -192,13 +226,16 @@ def stats(
     from kitune.service.stores import store_stats
 
     cfg, store = _open_store(config, read_only=True)
+    credit = _credit(cfg, run_name, top)
     if store is None:
         name = getattr(cfg.store, "table", "")
         msg = f"no KIs yet: table {name} does not exist (fill it with `kitune extract` or `kitune index`)"
         if as_json:
-            typer.echo(json.dumps({"total": 0, "by_status": {}, "by_tag": {}, "by_doc": {}, "by_entity": {}}))
+            empty = {"total": 0, "by_status": {}, "by_tag": {}, "by_doc": {}, "by_entity": {}}
+            typer.echo(json.dumps({**empty, "credit": {r: c[1] for r, c in credit.items()}}))
         else:
             typer.echo(msg)
+            _print_credit(credit)
         return
     try:
         s = store_stats(store, top=top)
@@ -215,6 +252,7 @@ def stats(
                     "by_tag": s.by_tag,
                     "by_doc": s.by_doc,
                     "by_entity": s.by_entity,
+                    "credit": {r: c[1] for r, c in credit.items()},
                 },
                 indent=2,
             )
@@ -234,6 +272,12 @@ def stats(
         for k, v in counts.items():
             table.add_row(k, str(v))
         out.print(table)
+    _print_credit(credit)
+
+
+def _print_credit(credit: dict[str, tuple[str, dict[str, object]]]) -> None:
+    for run, (md, _) in credit.items():
+        typer.echo(f"\nKI credit of loop run {run}:\n{md}", nl=False)
 
 
 def reindex(

@@ -13,9 +13,12 @@ reasons read off their traces. Each run's column counts its failures by kind
 (:mod:`kitune.evaluation.failures`: wrong entity, wrong number, no candidate, out of budget,
 grader error, failed).
 
-A last section counts each run's failure signals (:mod:`kitune.evaluation.signals`: empty
-retrieval, fall-back to raw search, loops, budget, unsupported answer, query error — read off the
-traces, no gold answer needed), also written to ``signals.json``.
+Beside the end-to-end table, optional stage-metric rows (:func:`stage_markdown`: each program
+on its own signal, :mod:`kitune.evaluation.stage_metrics`) and extra sections (the KI credit
+table) are shown when the caller passes them. A last section counts each run's failure signals
+(:mod:`kitune.evaluation.signals`: empty retrieval, fall-back to raw search, loops, budget,
+unsupported answer, query error — read off the traces, no gold answer needed), also written to
+``signals.json``.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from kitune.evaluation.failures import FAILURE_KINDS
 from kitune.evaluation.harness import read_traces
 from kitune.evaluation.metrics import Trace
 from kitune.evaluation.signals import SIGNAL_KINDS, SignalReport, aggregate_signals, compute_signals
+from kitune.evaluation.stage_metrics import StageReport
 from kitune.evaluation.summary import GRADER_ERROR_THRESHOLD, RunSummary, summarize, wilson_interval
 
 __all__ = [
@@ -43,6 +47,7 @@ __all__ = [
     "RunSummary",
     "format_cell",
     "load_run",
+    "stage_markdown",
     "summarize",
     "wilson_interval",
     "write_report",
@@ -271,11 +276,49 @@ def _signals_md(signals: Mapping[str, SignalReport]) -> list[str]:
     return md
 
 
+def stage_markdown(reports: Sequence[StageReport], *, title: str | None = "Stage metrics") -> list[str]:
+    """The stage-metric table, one row per report (split), one column per metric seen in any of them.
+
+    Columns are ``<program> <label>`` in first-seen order; a metric a row did not measure shows
+    ``–``. Cells are :meth:`~kitune.evaluation.stage_metrics.StageMetric.cell` (value with its 95%
+    interval and sample size). Returns ``[]`` for no reports.
+
+    Args:
+        reports: the rows (e.g. tuning and validation of one run).
+        title: a ``## title`` heading and a one-line legend first; None: the table only.
+    """
+    if not reports:
+        return []
+    cols: dict[tuple[str, str], str] = {}
+    for r in reports:
+        for m in r.metrics:
+            cols.setdefault((m.stage, m.name), f"{m.stage} {m.label}")
+    lines: list[str] = []
+    if title:
+        lines += [
+            f"## {title}",
+            "",
+            "Each program on its own signal (kitune.evaluation.stage_metrics): shares with their 95% Wilson "
+            "interval, means with a normal-approximation interval; the end-to-end score decides acceptance.",
+            "",
+        ]
+    lines += ["| run | " + " | ".join(cols.values()) + " |", "|" + "---|" * (len(cols) + 1)]
+    for r in reports:
+        cells = []
+        for key in cols:
+            got = r.get(*key)
+            cells.append(got.cell() if got is not None else "–")
+        lines.append(f"| {r.split} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def write_report(
     runs: Mapping[str, Sequence[Trace]],
     out_dir: Path | str,
     *,
     pairs: Sequence[tuple[str, str]] | None = None,
+    stages: Sequence[StageReport] = (),
+    sections: Sequence[str] = (),
 ) -> ReportFiles:
     """Write ``report.md``/``.png``/``.html``, ``summary.json``, ``comparisons.json`` and ``signals.json``.
 
@@ -284,6 +327,8 @@ def write_report(
         out_dir: created if missing.
         pairs: ``(before, after)`` run names to compare question by question; None: each run
             against the one before it (none for a single run).
+        stages: stage-metric rows shown beside the end-to-end table (:func:`stage_markdown`).
+        sections: extra Markdown appended as given (e.g. the KI credit table).
 
     Returns:
         The written paths, the summaries, the comparisons and each run's signals; ``plot`` is None
@@ -312,12 +357,16 @@ def write_report(
     md += ["", "Accuracy = judge-correct / graded; grader errors and failed runs are excluded and counted."]
     if plot is not None:
         md += ["", "![accuracy vs input tokens](report.png)"]
+    if stages:
+        md += ["", *stage_markdown(stages)]
     md += _comparison_md(comparisons)
     by_category = category_markdown(runs)
     if by_category:
         md += ["", *by_category]
     signals = _run_signals(runs)
     md += _signals_md(signals)
+    for section in sections:
+        md += ["", section.rstrip("\n")]
     md_path = out / "report.md"
     md_path.write_text("\n".join(md) + "\n", encoding="utf-8")
     cells = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows)

@@ -66,6 +66,7 @@ __all__ = [
     "fit_examples",
     "make_gepa",
     "min_metric_calls",
+    "pareto_size",
     "proposal_cost",
 ]
 
@@ -108,6 +109,40 @@ def min_metric_calls(n_val: int, minibatch: int, proposals: int = 1) -> int:
         valset and one proposal, 45 for 12 validation examples, minibatch 2 and 3 proposals.
     """
     return n_val + (proposals - 1) * proposal_cost(n_val, minibatch) + 1
+
+
+def pareto_size(
+    available: int,
+    *,
+    cap: int,
+    max_metric_calls: int | None,
+    minibatch: int,
+    proposals: int,
+) -> int:
+    """How many examples GEPA's Pareto (validation) set gets: at most ``cap``, fewer when the budget is set.
+
+    The largest ``n ≤ min(available, cap)`` with :func:`min_metric_calls` ``(n, minibatch,
+    proposals) ≤ max_metric_calls``; with no budget set (``None``: GEPA sizes it to the minimum)
+    simply ``min(available, cap)``. When even one example does not fit, 1 is returned and
+    :meth:`GepaOptimizer.budget_for` refuses the budget with the minimum named.
+
+    Args:
+        available: examples the task has, ≥ 0.
+        cap: ``optimize.max_pareto_examples``, ≥ 1.
+        max_metric_calls: the run's budget, or None.
+        minibatch: ``reflection_minibatch_size``, ≥ 1.
+        proposals: ``optimize.min_proposals``, ≥ 1.
+
+    Returns:
+        0 when ``available`` is 0, else 1 – ``min(available, cap)``; e.g. 6 of 20 examples with
+        no budget, 4 with ``max_metric_calls=22`` (minibatch 2, 3 proposals: 3·4 + 9 = 21 ≤ 22).
+    """
+    n = min(max(available, 0), max(cap, 1))
+    if max_metric_calls is None:
+        return n
+    while n > 1 and min_metric_calls(n, minibatch, proposals) > max_metric_calls:
+        n -= 1
+    return n
 
 
 class ProposalLog:

@@ -167,6 +167,33 @@ class ImproveEnv(Protocol):
         """``"<title> <description>"`` of each KI ``get_context`` returns for ``query``, ``knobs`` applied."""
         ...
 
+    def lookup(self, setting: Setting, query: str, rewriter: Any = None) -> Any:
+        """One ``get_context`` call as the agent would make it: a ``ContextResponse`` (``.kis`` best first).
+
+        ``rewriter`` None: the setting's own (the plain plan when ``rewriter`` is not tuned);
+        feedback KIs visible, credit demotion applied, ``retrieval.default_size`` KIs.
+        """
+        ...
+
+    def store_state(self, setting: Setting) -> str:
+        """Fingerprint of what the setting's look-ups read now (KI store content + credit penalties)."""
+        ...
+
+    def lookup_changes(
+        self, setting: Setting, before_state: str
+    ) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+        """KI ids each question's logged look-ups showed at ``before_state``, and what they show now.
+
+        Over the tuning and validation questions evaluated for ``setting`` at ``before_state``:
+        ``(before, after)``, query id → KI ids (all of its look-ups, in order), ``after`` from
+        replaying the same look-ups on the store as it is now.
+        """
+        ...
+
+    def retire(self, setting: Setting, ki_ids: Sequence[str]) -> int:
+        """Set status ``expired`` on ``ki_ids`` in the setting's store; returns how many changed."""
+        ...
+
     def evaluate(self, setting: Setting, split: str) -> Evaluation:
         """Run the agent on ``split`` (``tune``, ``validation``) on the store as it is now."""
         ...

@@ -9,7 +9,9 @@ retrieved for the question (``retrieved_next``), and did the question flip to co
 
 The loop uses it to route work: a question that is correct now is never sent to the
 disambiguator; a question whose feedback did not fix it gets another attempt only for a *new*
-wrong answer (the published remedy for a second wrong twin), up to ``max_attempts``.
+wrong answer (the published remedy for a second wrong twin), up to ``max_attempts``. An attempt
+whose KI the feedback gate rejected is marked (:meth:`FailureLedger.note_gate`: the reason and
+the questions it broke) and counted (``gate_rejected``).
 
 Stored as one JSON file (``<state>/failure_ledger.json``, written atomically) and logged as an
 artifact of every iteration run.
@@ -111,6 +113,29 @@ class FailureLedger:
             }
         )
 
+    def note_gate(self, iteration: int, rejected: Mapping[str, tuple[str, Sequence[str]]]) -> int:
+        """Mark this iteration's feedback attempts whose KI the gate rejected.
+
+        Args:
+            iteration: the iteration the KIs were written in.
+            rejected: KI id → ``(reason, query ids it broke or left unverified)``
+                (:class:`~kitune.optimizers.gate.GateReport` ``.rejected``).
+
+        Returns:
+            How many attempts were marked (``gate`` = reason, ``gate_broke`` = the query ids).
+        """
+        marked = 0
+        for e in self.entries.values():
+            for fb in e["feedback"]:
+                if fb["iteration"] != iteration:
+                    continue
+                hit = next((k for k in fb["ki_ids"] if k in rejected), None)
+                if hit is not None:
+                    fb["gate"], broke = rejected[hit]
+                    fb["gate_broke"] = list(broke)
+                    marked += 1
+        return marked
+
     # -- routing --------------------------------------------------------------------------------
     def attempts(self, query_id: str) -> int:
         """Feedback attempts made for the question so far."""
@@ -168,13 +193,14 @@ class FailureLedger:
         return {k: counts.get(k, 0) for k in FAILURE_KINDS}
 
     def feedback_summary(self) -> dict[str, int]:
-        """Counts over every feedback attempt: attempts, with KIs, retrieved next, fixed next."""
+        """Counts over feedback attempts: attempts, with KIs, retrieved next, fixed next, gate rejected."""
         fbs = [fb for e in self.entries.values() for fb in e["feedback"]]
         return {
             "attempts": len(fbs),
             "with_kis": sum(bool(fb["ki_ids"]) for fb in fbs),
             "retrieved_next": sum(fb.get("retrieved_next") is True for fb in fbs),
             "fixed_next": sum(fb.get("fixed_next") is True for fb in fbs),
+            "gate_rejected": sum(bool(fb.get("gate")) for fb in fbs),
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -203,6 +229,11 @@ class FailureLedger:
             fb = "; ".join(
                 f"it{f['iteration']}: {len(f['ki_ids'])} KI"
                 + (f" ({f['rejected']})" if f.get("rejected") else "")
+                + (
+                    f", gate {f['gate']}: {', '.join(f.get('gate_broke', [])) or '-'}"
+                    if f.get("gate")
+                    else ""
+                )
                 + ("" if f.get("retrieved_next") is None else f", retrieved={f['retrieved_next']}")
                 + ("" if f.get("fixed_next") is None else f", fixed={f['fixed_next']}")
                 for f in e["feedback"]

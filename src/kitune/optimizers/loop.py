@@ -8,9 +8,14 @@ One iteration:
    here (questions whose retrieval did not change are reused, the others re-run);
 2. record every question's outcome and failure kind in the :class:`~kitune.optimizers.ledger.FailureLedger`,
    which also resolves the previous iteration's feedback (was its KI retrieved? did it fix the
-   question?);
-3. ``env.improve`` proposes a new setting from the tuning traces (prompt optimisation, Optuna
-   knobs) and writes feedback KIs, routed by failure kind through the ledger;
+   question?), and — when the environment keeps KI credit (``record_credit``) — credit every KI
+   each episode was shown (:mod:`kitune.optimizers.credit`: harmful ones are demoted or retired).
+   Each evaluation carries its stage metrics (``Evaluation.stages``: every program on its own
+   signal, :mod:`kitune.evaluation.stage_metrics`); they are logged and recorded for both
+   splits but never decide;
+3. ``env.improve`` proposes a new setting from the tuning traces (prompt optimisation on each
+   program's stage metric, Optuna knobs) and writes feedback KIs, routed by failure kind
+   through the ledger and kept only if the gate finds they break no question;
 4. a proposal whose changed instructions fail the sanity checks
    (:func:`~kitune.optimizers.acceptance.check_instruction`) is rejected before any evaluation;
 5. the current setting is re-measured on validation *on the store as it now is* and the
@@ -21,7 +26,11 @@ One iteration:
    an accepted prompt is registered as a new version, aliased ``candidate`` and promoted to
    ``production``;
 7. the iteration is one tracking run, nested under the invocation's parent run (params,
-   metrics, prompt texts, program state, traces, the ledger).
+   metrics — ``tune_*``, ``val_*``, ``val_after_*``, ``candidate_val_*`` including the stage
+   metrics, ``improve_*``, ``credit_*`` —, prompt texts, program state, traces, the ledger), and
+   ``<state>/proposals/iteration-<i>.md``/``.json`` hold the proposal's diffs, GEPA's candidates,
+   the gate's rejections and the decision with its numbers
+   (:func:`~kitune.optimizers.curves.write_proposal`).
 
 Scores are :func:`~kitune.optimizers.objective.loop_score` values relative to the start
 setting's first measurement of the same split (the reference scores 0.0).
@@ -42,14 +51,15 @@ over-fitting to the tuning questions shows.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kitune.errors import PromptNotFoundError, TrackingError
 from kitune.optimizers.acceptance import Decision, PairedComparison, check_instruction, compare_paired, decide
-from kitune.optimizers.curves import write_curves
+from kitune.optimizers.curves import write_curves, write_proposal
 from kitune.optimizers.ledger import FailureLedger
 from kitune.optimizers.loop_state import IterationRecord, read_state, write_state
 from kitune.optimizers.objective import LoopWeights, RunStats, loop_score, run_stats
@@ -84,7 +94,10 @@ class LoopEnv(Protocol):
     the traces/metrics); ``evaluate`` of the same setting and split twice on an unchanged KI
     store may return the cached first result, but after the store changed (KIs written, expired
     or deleted) it must re-run at least every question whose retrieval could change.
-    Optional: ``tokens_used() -> int`` (LLM tokens spent so far), logged per iteration.
+    Optional: ``tokens_used() -> int`` (LLM tokens spent so far), logged per iteration;
+    ``record_credit(setting, iteration, split, evaluation) -> Mapping[str, float]`` (credit
+    assignment: called after each start-of-iteration measurement is recorded in the failure
+    ledger; its ``credit_*`` counts are logged).
     """
 
     def evaluate(self, setting: Setting, split: LoopSplit) -> Evaluation:
@@ -270,7 +283,9 @@ def run_loop(
     rule = _Rule(accept_margin, max_failed_share, require_significance, seed, weights)
     for i in range(len(history), iterations):
         spent_before = tokens_used() if callable(tokens_used) else None
+        started = time.monotonic()
         measured = _measure(env, current, i, ledger, reference, weights)
+        measure_s = time.monotonic() - started
         run_params = {
             **dict(params or {}),
             "iteration": i,
@@ -287,9 +302,12 @@ def run_loop(
             spent = (
                 (tokens_used() - spent_before) if callable(tokens_used) and spent_before is not None else None
             )
+            timings = {"measure_s": measure_s, **proposed.timings, "total_s": time.monotonic() - started}
             record = _log_outcome(
                 tracker, rid, i, current, measured, proposed, paired, decision, reference, rule, ledger, spent
             )
+            record = replace(record, timings={k: round(v, 1) for k, v in timings.items()})
+            tracker.log_metrics({f"time_{k}": v for k, v in timings.items()}, step=i, run_id=rid)
             if decision.accepted and registry is not None and proposed.changed:
                 tags = {
                     "kitune.run_id": rid or "",
@@ -298,6 +316,7 @@ def run_loop(
                 }
                 registered = _register(registry, corpus, proposed.proposal.setting, proposed.changed, tags)
                 record = replace(record, registered=registered)
+        write_proposal(state_dir, record, current, proposed.proposal)
         if decision.accepted:
             current = proposed.proposal.setting
         history.append(record)
@@ -331,6 +350,8 @@ class _Measured:
     val_score: float
     flips: dict[str, Any]
     kinds: dict[str, Any]
+    credit: dict[str, float]
+    """``credit_*`` counts after both splits were credited (empty: the environment keeps no credit)."""
 
 
 @dataclass(frozen=True)
@@ -348,6 +369,8 @@ class _Proposed:
     """The current setting on validation, re-measured on the store as it is after improving."""
     candidate: Evaluation
     """The proposal on validation (``after`` itself when it reads nothing new or failed sanity)."""
+    timings: dict[str, float]
+    """Wall seconds of the improve step, the re-measurement and the candidate's evaluation."""
 
 
 def _measure(
@@ -365,6 +388,11 @@ def _measure(
     reference.setdefault("validation", run_stats(val.summary))
     ledger.record(i, "tune", tune.traces, gold_docids=tune.gold_docids, retrieved=tune.retrieved)
     ledger.record(i, "validation", val.traces, gold_docids=val.gold_docids, retrieved=val.retrieved)
+    credit: dict[str, float] = {}
+    record_credit = getattr(env, "record_credit", None)
+    if callable(record_credit):
+        for split, evaluation in (("tune", tune), ("validation", val)):
+            credit = dict(record_credit(current, i, split, evaluation))
     return _Measured(
         tune=tune,
         validation=val,
@@ -372,13 +400,16 @@ def _measure(
         val_score=loop_score(val.summary, reference["validation"], weights),
         flips={split: ledger.flips(i, split) for split in ("tune", "validation")},
         kinds={split: ledger.kind_counts(i, split) for split in ("tune", "validation")},
+        credit=credit,
     )
 
 
 def _propose(env: LoopEnv, current: Setting, tune: Evaluation, i: int, ledger: FailureLedger) -> _Proposed:
     """Improve, check the changed instructions, re-measure the current setting, evaluate the proposal."""
+    t0 = time.monotonic()
     proposal = env.improve(current, tune, i, ledger=ledger)
     ledger.save()
+    t1 = time.monotonic()
     changed = proposal.setting.changed_programs(current)
     knobs_changed = dict(proposal.setting.knobs) != dict(current.knobs)
     problems = [
@@ -391,9 +422,11 @@ def _propose(env: LoopEnv, current: Setting, tune: Evaluation, i: int, ledger: F
     # the improve step may have written KIs: re-measure the current setting on the store as it is
     # now, so current and candidate are compared on one store state
     after = env.evaluate(current, "validation")
+    t2 = time.monotonic()
     reads_changed = knobs_changed or eval_key(proposal.setting) != eval_key(current)
     candidate = env.evaluate(proposal.setting, "validation") if reads_changed and not problems else after
-    return _Proposed(proposal, changed, knobs_changed, reads_changed, problems, after, candidate)
+    timings = {"improve_s": t1 - t0, "revalidate_s": t2 - t1, "candidate_s": time.monotonic() - t2}
+    return _Proposed(proposal, changed, knobs_changed, reads_changed, problems, after, candidate, timings)
 
 
 def _decide(m: _Measured, p: _Proposed, rule: _Rule) -> tuple[PairedComparison, Decision]:
@@ -423,6 +456,8 @@ def _log_measured(tracker: Tracker, rid: str | None, i: int, current: Setting, m
         **_summary_metrics("tune", m.tune.summary, m.tune_score),
         **_summary_metrics("val", m.validation.summary, m.val_score),
         **{f"tune_{k}": v for k, v in m.tune.metrics.items()},
+        **{f"val_{k}": v for k, v in m.validation.metrics.items()},
+        **m.credit,
         **{f"tune_kind_{k}": float(v) for k, v in m.kinds["tune"].items()},
         **{f"val_kind_{k}": float(v) for k, v in m.kinds["validation"].items()},
         "tune_flips_fixed": float(len(m.flips["tune"]["fixed"])),
@@ -459,6 +494,8 @@ def _log_outcome(
             **_summary_metrics("candidate_val", p.candidate.summary, cand_score),
             **{f"improve_{k}": v for k, v in p.proposal.metrics.items()},
             **paired.to_metrics(),
+            **{f"candidate_val_{k}": v for k, v in p.candidate.metrics.items()},
+            **{f"val_after_{k}": v for k, v in p.after.metrics.items()},
             "val_after_score": after_score,
             "accepted": float(decision.accepted),
             "undecided": float(decision.outcome == "undecided"),
@@ -518,4 +555,17 @@ def _log_outcome(
         failure_kinds=m.kinds,
         failed={"tune": tune.n_failed, "validation": val.n_failed},
         tokens_used=spent,
+        stages={
+            name: [asdict(x) for x in e.stages.metrics]
+            for name, e in (
+                ("tune", m.tune),
+                ("validation", m.validation),
+                ("validation_after", p.after),
+                ("candidate_validation", p.candidate),
+            )
+            if e.stages is not None
+        },
+        improve={k: float(v) for k, v in p.proposal.metrics.items()},
+        gate=dict(p.proposal.notes.get("gate") or {}),
+        credit={k.removeprefix("credit_"): int(v) for k, v in m.credit.items()},
     )

@@ -69,6 +69,22 @@ class IterationRecord:
     """Failed (not graded) questions per split."""
     tokens_used: int | None = None
     """LLM tokens the iteration spent (all roles), when the environment reports them."""
+    stages: Mapping[str, Any] = field(default_factory=dict)
+    """Stage metrics per run (``tune``, ``validation``, ``validation_after``,
+    ``candidate_validation``): a list of :class:`~kitune.evaluation.stage_metrics.StageMetric` as
+    dicts (value, n, 95% interval, successes, excluded)."""
+    improve: Mapping[str, float] = field(default_factory=dict)
+    """The improve step's metrics (``<program>_proposals``, ``_best_score``, ``feedback_*``,
+    ``gate_*`` …), as logged with the ``improve_`` prefix."""
+    gate: Mapping[str, Any] = field(default_factory=dict)
+    """The feedback gate's report (:meth:`kitune.optimizers.gate.GateReport.to_dict`: candidates,
+    kept, rejected with reason and broken question ids, re-run questions); empty: no gate ran."""
+    timings: Mapping[str, float] = field(default_factory=dict)
+    """Wall seconds per step: ``measure_s`` (both splits), ``improve_s``, ``revalidate_s`` (the
+    current setting on validation after improving), ``candidate_s``, ``total_s``."""
+    credit: Mapping[str, int] = field(default_factory=dict)
+    """KI credit counts after the iteration's measurement (runs, kis, harmful, demoted, retire,
+    retired; :meth:`kitune.optimizers.credit.CreditLedger.summary`)."""
 
 
 def record_from_dict(r: Mapping[str, Any]) -> IterationRecord:

@@ -17,8 +17,8 @@ new file there (a plug-in elsewhere registers by being imported)::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from kitune.optimizers.registry import Registry
@@ -50,6 +50,14 @@ class TaskSetup:
     """``dspy.Example`` items (empty: nothing to optimise this iteration)."""
     metric: Callable[..., Any]
     """The stage metric, GEPA's feedback signature ``(gold, pred, trace, pred_name, pred_trace)``."""
+    valset: Sequence[Any] | None = None
+    """GEPA's Pareto (validation) candidates, best first; the optimiser keeps the first
+    :func:`~kitune.optimizers.gepa.pareto_size` of them and proposes from all ``examples``.
+    None: the first half of ``examples`` proposes and the second half scores (4 or more), else
+    all of them do both."""
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    """Measures of the setup itself (examples found, routed failures), logged as
+    ``improve_<program>_<key>``."""
 
 
 @dataclass(frozen=True)

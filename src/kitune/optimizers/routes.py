@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ExtractorItem",
     "OutOfBudgetRoute",
+    "describe_document",
     "describe_lookups",
     "extractor_items",
     "rewriter_feedback",
@@ -85,10 +86,14 @@ def unsurfaced_gold_docs(trace: Trace, gold_docids: Sequence[str] | None = None)
     return [d for d in dict.fromkeys(gold_docids or trace.evidence_docids) if d not in seen]
 
 
-def _about(
+def describe_document(
     docid: str, documents: Mapping[str, Document], kis_by_doc: Mapping[str, Sequence[KI]] | None
 ) -> str:
-    """How feedback names a document: ``"Title" (document d7; its facts name A, B)``."""
+    """How feedback names a document: ``"Title" (document d7; its facts name A, B)``.
+
+    Without a title: ``document d7 (…)``; with ``kis_by_doc`` given and no KI from the document:
+    ``… no KI was extracted from it``; ``kis_by_doc`` None: entities not named.
+    """
     doc = documents.get(docid)
     notes: list[str] = []
     if doc is not None and doc.title:
@@ -129,7 +134,7 @@ def rewriter_feedback(
     lines.append(describe_lookups(trace) or "No look-ups were issued.")
     missing = unsurfaced_gold_docs(trace, gold_docids)
     if missing:
-        about = "; ".join(_about(d, documents, kis_by_doc) for d in missing)
+        about = "; ".join(describe_document(d, documents, kis_by_doc) for d in missing)
         lines.append(f"Got nothing about {about}: plan look-ups whose entity tags and text name it.")
     elif gold_docids or trace.evidence_docids:
         golds = ", ".join(dict.fromkeys(gold_docids or trace.evidence_docids))

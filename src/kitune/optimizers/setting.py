@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from kitune.evaluation.report import RunSummary
+    from kitune.evaluation.stage_metrics import StageReport
     from kitune.evaluation.trace import Trace
 
 __all__ = ["Evaluation", "LoopSplit", "Proposal", "Setting"]
@@ -78,6 +79,10 @@ class Evaluation:
     """Query id → KI ids the agent's look-ups returned (None: not recorded)."""
     store_state: str = ""
     """Fingerprint of the KI store the run read (changes whenever KIs are written or expire)."""
+    stages: StageReport | None = None
+    """The split's stage metrics (extractor coverage, rewriter recall@k …, with intervals;
+    :mod:`kitune.evaluation.stage_metrics`), also flattened into :attr:`metrics` as
+    ``stage_<program>_<metric>``; None: not measured."""
 
 
 @dataclass(frozen=True)

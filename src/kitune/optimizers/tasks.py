@@ -1,5 +1,11 @@
 """What the optimisers optimise: one DSPy module, example builder and feedback metric per program.
 
+Since issue 21 the loop's extractor and rewriter tasks score on their own stage signals
+(:mod:`kitune.optimizers.stage_tasks`: document coverage, recall@k); the extractor and rewriter
+modules and metrics below (:class:`InContextQA` with whole agent episodes, the coverage-plus-
+grounding extractor metric) stay available to plug-in tasks and direct optimiser runs, and the
+disambiguator's task and :func:`extraction_outcomes` are still the loop's.
+
 Every metric has GEPA's signature ``metric(gold, pred, trace=None, pred_name=None,
 pred_trace=None) -> dspy.Prediction(score, feedback)`` (score 0.0–1.0, higher is better);
 :func:`as_float_metric` turns one into the plain float metric MIPROv2 wants.

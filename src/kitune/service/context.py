@@ -11,13 +11,14 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from kitune.config import KituneConfig
 from kitune.programs.query_rewriter import QueryRewriter, RewriteTokens
 from kitune.retrieval.base import Store
+from kitune.retrieval.fusion import aggregate
 from kitune.schema import QueryPlan
 from kitune.usage import TokenLedger
 
@@ -101,6 +102,7 @@ def get_context(
     execute: bool = True,
     cfg: KituneConfig,
     ledger: TokenLedger | None = None,
+    rerank: Callable[[list[ContextKI]], list[ContextKI]] | None = None,
 ) -> ContextResponse:
     """Retrieve KIs for ``query``.
 
@@ -114,6 +116,9 @@ def get_context(
         execute: False returns the compiled query without running it (``kis`` empty).
         cfg: the configuration (``retrieval.max_size``, ``retrieval.confidence_floor``).
         ledger: where the rewriter's LM records tokens (used when the LM reports none).
+        rerank: re-orders (and may drop from) the returned KIs, best first, before the facets are
+            counted — e.g. the loop's KI credit demotion
+            (:func:`kitune.optimizers.credit.demote_ranked`); None: the store's order.
 
     Returns:
         The response; ``len(kis) <= min(size, cfg.retrieval.max_size)``. When the rewriter's
@@ -168,6 +173,11 @@ def get_context(
         ]
         a = found.aggregations
         aggs = ContextAggregations(by_tag=dict(a.by_tag), by_doc=dict(a.by_doc), by_entity=dict(a.by_entity))
+        if rerank is not None:
+            reranked = rerank(list(kis))
+            if [k.id for k in reranked] != [k.id for k in kis]:
+                kis = reranked[:size]
+                aggs = _facets(kis)
     else:
         compiled = store.compile(plan)
     return ContextResponse(
@@ -183,6 +193,12 @@ def get_context(
         took_ms=(time.perf_counter() - t0) * 1000,
         filters_relaxed=relaxed,
     )
+
+
+def _facets(kis: list[ContextKI]) -> ContextAggregations:
+    """Facets over ``kis`` after a re-rank (the store's rule, :func:`kitune.retrieval.fusion.aggregate`)."""
+    a = aggregate(cast(Any, kis))  # ContextKI has the tags and evidence_doc_ids it reads
+    return ContextAggregations(by_tag=dict(a.by_tag), by_doc=dict(a.by_doc), by_entity=dict(a.by_entity))
 
 
 def context_ids(

@@ -144,6 +144,7 @@ def drift_check(
     opts = OptimizeOptions(
         data_dir=Path(data_dir),
         questions=saved.get("questions"),
+        sample_seed=saved.get("sample_seed"),
         distractors=int(saved.get("distractors", 0)),
         programs=tuple(saved.get("programs", ())) or tuple(setting.prompts),
         run_name=run_name,
@@ -243,6 +244,7 @@ def drift_run(
     opts = OptimizeOptions(
         data_dir=Path(data_dir),
         questions=saved.get("questions"),
+        sample_seed=saved.get("sample_seed"),
         distractors=int(saved.get("distractors", 0)),
         programs=tuple(saved.get("programs", ())) or ("extractor", "rewriter", "disambiguator"),
         iterations=done + 1,

@@ -6,7 +6,10 @@ fingerprint>.jsonl`` (:func:`store_fingerprint` names the KI store's content), a
 shown; :func:`lookup_record`) to ``<state>/evals/observations.jsonl``. When the store changed
 since a question's last trace for the setting, :meth:`EvalCache.reuse_unaffected` replays its
 look-ups against the store as it is now: if every observation is identical, the agent
-(deterministic at temperature 0) would see exactly what it saw before, so the trace is reused.
+(deterministic at temperature 0) would see exactly what it saw before, so the trace is reused
+(every earlier state of the question is tried, newest first: after the gate retired a KI, the
+state before it was written matches again). :meth:`EvalCache.lookup_changes` replays the same
+log to tell the feedback gate which questions' KI ids a write changed.
 :class:`~kitune.service.loop_env.ServiceLoopEnv` owns one :class:`EvalCache`.
 """
 
@@ -131,28 +134,75 @@ class EvalCache:
         if not todo:
             return 0, have
         obs = self.observations(key)
-        earlier: dict[str, tuple[Trace, list[dict[str, Any]]]] = {}
-        for f in sorted(self.evals_dir.glob(f"{key}-*.jsonl"), key=lambda x: x.stat().st_mtime):
+        earlier: dict[str, list[tuple[Trace, list[dict[str, Any]]]]] = {}
+        newest_first = sorted(
+            self.evals_dir.glob(f"{key}-*.jsonl"), key=lambda x: x.stat().st_mtime, reverse=True
+        )
+        for f in newest_first:
             old_state = f.stem.split("-", 1)[1]
             if old_state == state:
                 continue
             for t in read_traces(f):
                 calls = obs.get((old_state, t.query_id))
                 if t.status != "failed" and calls is not None:
-                    earlier[t.query_id] = (t, calls)
+                    earlier.setdefault(t.query_id, []).append((t, calls))
         if not earlier:
             return 0, have
         get_context = context_fn()
+        texts: dict[str, str] = {}
+
+        def sha_now(query: str) -> str:  # one look-up per distinct query, however many states are tried
+            if query not in texts:
+                texts[query] = _sha(get_context(query).text)
+            return texts[query]
+
         writer: TraceWriter | None = None
         reused = 0
         for q in todo:
-            if q.query_id not in earlier:
-                continue
-            trace, calls = earlier[q.query_id]
-            if all(_sha(get_context(c["query"]).text) == c["sha"] for c in calls):
-                writer = writer or TraceWriter(path)
-                writer.write(trace)
-                self.log_observations(key, state, q.query_id, calls)
-                have.add(q.query_id)
-                reused += 1
+            for trace, calls in earlier.get(q.query_id, []):
+                if all(sha_now(c["query"]) == c["sha"] for c in calls):
+                    writer = writer or TraceWriter(path)
+                    writer.write(trace)
+                    self.log_observations(key, state, q.query_id, calls)
+                    have.add(q.query_id)
+                    reused += 1
+                    break
         return reused, have
+
+    def lookup_changes(
+        self,
+        key: str,
+        before_state: str,
+        query_ids: Sequence[str],
+        get_context: Callable[[str], Any],
+    ) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+        """KI ids the logged look-ups of ``query_ids`` showed at ``before_state``, and what they show now.
+
+        Args:
+            key: the setting's eval key.
+            before_state: the store state the look-ups were logged at.
+            query_ids: the questions to replay (those without a log at ``before_state`` are left out).
+            get_context: the setting's ``get_context`` on the store as it is now (returns an
+                observation with ``.text``).
+
+        Returns:
+            ``(before, after)``: query id → KI ids of all its look-ups in order (the gate's
+            :func:`kitune.optimizers.gate.attribute_changes` input). A query asked by several
+            questions is replayed once.
+        """
+        obs = self.observations(key)
+        shown: dict[str, list[str]] = {}
+        before: dict[str, list[str]] = {}
+        after: dict[str, list[str]] = {}
+        for qid in query_ids:
+            calls = obs.get((before_state, qid))
+            if calls is None:
+                continue
+            before[qid] = [k for c in calls for k in c["ki_ids"]]
+            now: list[str] = []
+            for c in calls:
+                if c["query"] not in shown:
+                    shown[c["query"]] = lookup_record(c["query"], get_context(c["query"]).text)["ki_ids"]
+                now.extend(shown[c["query"]])
+            after[qid] = now
+        return before, after

@@ -116,13 +116,15 @@ def make_context_fn(
     disambiguation: bool,
     ledger: TokenLedger | None = None,
     rewriter: Any = None,
+    rerank: Callable[[list[Any]], list[Any]] | None = None,
 ) -> Callable[[str], ContextObservation]:
     """Wrap :func:`kitune.service.context.get_context` + ``render_context`` as the agent's tool.
 
     Without ``disambiguation``, KIs of subtype ``disambiguation`` are dropped from every result
     (so the plain in-context run is not helped by KIs written from failures). With a
     ``rewriter`` (a ``QueryRewriter`` with its LM set), each look-up's rewrite tokens are
-    reported on the observation so the run's token totals include them.
+    reported on the observation so the run's token totals include them. ``rerank`` is passed to
+    ``get_context`` (the loop's KI credit demotion).
     """
     from kitune.schema import Filter
     from kitune.service.context import get_context, render_context
@@ -134,7 +136,9 @@ def make_context_fn(
 
     def context_fn(query: str) -> ContextObservation:
         ask = min(size + len(hidden), cfg.retrieval.max_size)
-        resp = get_context(query, store=store, rewriter=rewriter, size=ask, cfg=cfg, ledger=ledger)
+        resp = get_context(
+            query, store=store, rewriter=rewriter, size=ask, cfg=cfg, ledger=ledger, rerank=rerank
+        )
         if hidden or len(resp.kis) > size:
             resp = resp.model_copy(update={"kis": [k for k in resp.kis if k.id not in hidden][:size]})
         docs = tuple(dict.fromkeys(d for k in resp.kis for d in k.evidence_doc_ids))

@@ -20,11 +20,28 @@ What it does per loop step:
   saw before, so the trace is reused; otherwise the question is run again. A rerun, or another
   split of the same setting on the same store, reuses finished questions
   (:class:`~kitune.service.eval_cache.EvalCache`);
+* **extract once per instruction** — the extractor handed to ``extract_corpus`` and to the
+  extractor's GEPA task is a :class:`~kitune.optimizers.extraction_cache.CachedFactExtractor` on
+  ``<state>/extractions`` (keyed by instruction + limits and document content), so GEPA's seed
+  evaluation reads what the loop extracted and the loop reuses what GEPA extracted for an
+  accepted instruction;
+* **stage metrics** — every evaluation also measures each program on its own signal
+  (:meth:`ServiceLoopEnv.stage_report`: extractor coverage and grounding, rewriter recall@k and
+  MRR with one :meth:`~ServiceLoopEnv.lookup` per question), flattened into
+  ``Evaluation.metrics`` as ``stage_*`` and kept as ``Evaluation.stages``;
+* **credit** — after each start-of-iteration measurement the loop calls
+  :meth:`~ServiceLoopEnv.record_credit`: the KIs each episode was shown are credited in
+  ``<state>/ki_credit.json`` (:mod:`kitune.optimizers.credit`); a KI whose verdict is ``retire``
+  gets status ``expired`` (re-applied after every extraction), a demoted one is ranked down in
+  every ``get_context`` (:meth:`~ServiceLoopEnv.context_fn`), and the penalties are part of the
+  evaluation cache's store state (:meth:`~ServiceLoopEnv.store_state`);
 * **improve** — a fold over the configured improvers (``optimize.improvers``, one file each in
   :mod:`kitune.optimizers.improvers`): (a) ``prompts``, the optimiser on each selected
   program's task (:mod:`kitune.optimizers.programs`), (b) ``knobs``, Optuna with an LLM-free
   objective, its study on disk at ``<state>/knobs.journal``, and (c) ``disambiguation``,
-  feedback KIs routed by failure kind through the failure ledger. They see this environment
+  feedback KIs routed by failure kind through the failure ledger and kept only when the gate
+  (:mod:`kitune.optimizers.gate`, :meth:`~ServiceLoopEnv.lookup_changes` +
+  :meth:`~ServiceLoopEnv.retire`) finds they break no question. They see this environment
   through :class:`kitune.optimizers.improve_env.ImproveEnv` (``context_ids``, ``lookup_texts``,
   ``optimizer_budget`` … are here for them).
 
@@ -35,11 +52,14 @@ Every dependency (LMs, agent model, judge, store factory, corpus store) can be i
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import random
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -49,7 +69,16 @@ from kitune.data.loaders import Question
 from kitune.errors import DocumentNotFoundError
 from kitune.evaluation.failures import classify_failure
 from kitune.evaluation.report import summarize
+from kitune.evaluation.stage_metrics import (
+    ExtractionCounts,
+    StageMetric,
+    StageReport,
+    extractor_metrics,
+    rewriter_metrics,
+)
 from kitune.optimizers.budget import OptimizerBudget
+from kitune.optimizers.credit import CreditLedger, demote_ranked, episodes_from_traces, retire_kis
+from kitune.optimizers.extraction_cache import CachedFactExtractor, ExtractionCache, extractor_key
 from kitune.optimizers.feedback import collect_failures
 from kitune.optimizers.improve_env import ImproveInput
 from kitune.optimizers.improver import IMPROVERS, run_improvers
@@ -136,6 +165,13 @@ class ServiceLoopEnv:
         self.lock = threading.RLock()
         self.evals = EvalCache(state_dir / "evals", self.lock)
         """Traces and look-up log of every evaluation, keyed by setting and store state."""
+        self.extractions = ExtractionCache(state_dir / "extractions")
+        """Every document extraction, keyed by extractor instruction + limits and document content."""
+        self.credit = CreditLedger(state_dir / "ki_credit.json")
+        """Per-KI shown-right / shown-wrong / harmful counts (:mod:`kitune.optimizers.credit`)."""
+        self._fingerprints: dict[tuple[int, str], str] = {}
+        self._lookups: dict[tuple[str, str, str], Any] = {}
+        self._stages: dict[tuple[str, str, str], StageReport] = {}
         self.rng = random.Random(cfg.optimize.seed)
         IMPROVERS.check(cfg.optimize.improvers, setting="optimize.improvers")
         self._window: tuple[int | None] | None = None
@@ -177,15 +213,23 @@ class ServiceLoopEnv:
         """``cfg`` with the setting's knobs applied."""
         return with_overrides(self.cfg, setting.knobs)
 
-    def extractor(self, setting: Setting) -> Any:
-        """A ``FactExtractor`` with the setting's instruction and limits."""
+    def _plain_extractor(self, setting: Setting) -> Any:
         from kitune.programs.fact_extractor import FactExtractor
 
         return FactExtractor.from_config(self.setting_cfg(setting), setting.prompts.get("extractor"))
 
+    def extractor(self, setting: Setting) -> Any:
+        """A ``FactExtractor`` with the setting's instruction and limits that reads and fills the cache.
+
+        A :class:`~kitune.optimizers.extraction_cache.CachedFactExtractor` on
+        ``<state>/extractions``: the loop's own extraction and GEPA's metric calls share it, so no
+        document is extracted twice with one instruction.
+        """
+        return CachedFactExtractor.wrap(self._plain_extractor(setting), self.extractions)
+
     def store_for(self, setting: Setting) -> Store:
         """The KI store of the setting's extractor version (opened once, disambiguation KIs carried over)."""
-        version = self.extractor(setting).prompt_version
+        version = self._plain_extractor(setting).prompt_version
         with self.lock:
             if version in self._stores:
                 return self._stores[version]
@@ -223,7 +267,138 @@ class ServiceLoopEnv:
             disambiguation=disambiguation,
             ledger=self.deps.ledger,
             rewriter=rw,
+            rerank=self._rerank(),
         )
+
+    def _rerank(self) -> Callable[[list[Any]], list[Any]] | None:
+        """The credit demotion for ``get_context`` (None while no KI is demoted or retired)."""
+        penalties = self.credit.penalties()
+        if not penalties:
+            return None
+
+        def rerank(kis: list[Any]) -> list[Any]:
+            return demote_ranked(
+                kis, penalties, id_of=lambda k: k.id, score_of=lambda k: max(float(k.score), 0.0)
+            )
+
+        return rerank
+
+    def lookup(self, setting: Setting, query: str, rewriter: Any = None) -> Any:
+        """One ``get_context`` as the agent makes it: a ``ContextResponse`` (``retrieval.default_size`` KIs).
+
+        ``rewriter`` None: the setting's own (memoised per setting, store state and query, so the
+        rewriter's stage metric and its task reuse one rewrite per question); feedback KIs
+        visible; credit demotion applied.
+        """
+        from kitune.service.context import get_context
+
+        cfg = self.setting_cfg(setting)
+        key: tuple[str, str, str] | None = None
+        if rewriter is None:
+            key = (eval_key(setting), self.store_state(setting), query)
+            with self.lock:
+                if key in self._lookups:
+                    return self._lookups[key]
+        rw = rewriter if rewriter is not None else self.rewriter(setting)
+        resp = get_context(
+            query,
+            store=self.store_for(setting),
+            rewriter=rw,
+            size=cfg.retrieval.default_size,
+            cfg=cfg,
+            ledger=self.deps.ledger,
+            rerank=self._rerank(),
+        )
+        if key is not None:
+            with self.lock:
+                self._lookups[key] = resp
+        return resp
+
+    def store_state(self, setting: Setting) -> str:
+        """16 hex characters naming what the setting's look-ups read: KI store content and credit penalties.
+
+        Equal to :func:`~kitune.service.eval_cache.store_fingerprint` while no KI is demoted or
+        retired (so earlier evaluation caches stay valid); otherwise the penalties are hashed in,
+        since a demotion changes what ``get_context`` returns without changing the store.
+        """
+        store = self.store_for(setting)
+        memo = (id(store), store.fingerprint())
+        with self.lock:
+            content = self._fingerprints.get(memo)
+        if content is None:
+            content = store_fingerprint(store)
+            with self.lock:
+                self._fingerprints[memo] = content
+        penalties = self.credit.penalties()
+        if not penalties:
+            return content
+        blob = json.dumps([content, sorted(penalties.items())])
+        return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
+
+    def lookup_changes(
+        self, setting: Setting, before_state: str
+    ) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+        """KI ids the tuning and validation questions' logged look-ups showed at ``before_state``, and now.
+
+        See :meth:`kitune.service.eval_cache.EvalCache.lookup_changes`; the replay uses the
+        setting's ``get_context`` on the store as it is now.
+        """
+        ids = [q.query_id for q in self.questions]
+        return self.evals.lookup_changes(eval_key(setting), before_state, ids, self.context_fn(setting))
+
+    def retire(self, setting: Setting, ki_ids: Sequence[str], *, reason: str = "gate") -> int:
+        """Set status ``expired`` on ``ki_ids`` in the setting's store and remember them.
+
+        The ids are kept in ``<state>/retired_kis.json`` (KI id → ``gate`` or ``credit``) and
+        retired again after every extraction: an extraction run re-sights the KIs of unchanged
+        documents and refreshes feedback KIs whose evidence documents still exist, which would
+        make them ``active`` again (:func:`kitune.service.stores.refresh_derived`).
+
+        Returns:
+            How many KIs changed status now (:func:`kitune.optimizers.credit.retire_kis`).
+        """
+        with self.lock:
+            known = self._retired()
+            for ki_id in ki_ids:
+                known.setdefault(ki_id, reason)
+            path = self.state_dir / "retired_kis.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(known, indent=1, sort_keys=True), encoding="utf-8")
+            return retire_kis(self.store_for(setting), ki_ids)
+
+    def _retired(self) -> dict[str, str]:
+        """KI id → why it was retired (``gate``, ``credit``), from ``<state>/retired_kis.json``."""
+        path = self.state_dir / "retired_kis.json"
+        if not path.is_file():
+            return {}
+        try:
+            return {str(k): str(v) for k, v in json.loads(path.read_text(encoding="utf-8")).items()}
+        except (json.JSONDecodeError, AttributeError):
+            return {}
+
+    def record_credit(
+        self, setting: Setting, iteration: int, split: str, evaluation: Evaluation
+    ) -> dict[str, float]:
+        """Credit the KIs shown in ``evaluation`` (run ``it<iteration>:<split>``); retire what the rule says.
+
+        Called by the loop after each start-of-iteration measurement; a re-recorded run id (a
+        resumed iteration) changes nothing. KIs whose verdict is ``retire`` get status
+        ``expired`` in the setting's store (and are re-retired after every extraction, which
+        re-sights unchanged documents); demoted ones are ranked down by :meth:`context_fn`.
+
+        Returns:
+            ``credit_*`` counts (:meth:`~kitune.optimizers.credit.CreditLedger.to_metrics`).
+        """
+        episodes = episodes_from_traces(evaluation.traces, evaluation.retrieved or {})
+        self.credit.record_run(f"it{iteration}:{split}", episodes)
+        todo = self.credit.to_retire()
+        if todo:
+            n = self.retire(setting, todo, reason="credit")
+            self.credit.mark_retired(todo)
+            self.log(
+                f"credit: retired {n} KI(s) shown in right → wrong flips twice or more: {', '.join(todo)}"
+            )
+        return self.credit.to_metrics()
 
     def context_ids(self, setting: Setting, size: int | None = None) -> Callable[[str], list[str]]:
         """Query → KI ids ``get_context`` returns on the setting's store (plain plan; ``size`` None: 10)."""
@@ -309,6 +484,10 @@ class ServiceLoopEnv:
             )
         self._extracted.add(key)
         failed_here.update(report.failed)
+        retired = self._retired()
+        if retired:  # extraction re-sights unchanged documents and refreshes feedback KIs: retire again
+            with self.lock:
+                retire_kis(store, list(retired))
         metrics = {
             "extract_docs_done": float(report.docs_done),
             "extract_docs_failed": float(report.docs_failed),
@@ -354,7 +533,7 @@ class ServiceLoopEnv:
         budget = Budget.from_config(cfg.agent)
         model = self.deps.chat_model
         calls: dict[str, list[dict[str, Any]]] = {}
-        state = store_state if store_state is not None else store_fingerprint(self.store_for(setting))
+        state = store_state if store_state is not None else self.store_state(setting)
 
         def factory(q: Question) -> Agent:
             log = calls.setdefault(q.query_id, [])
@@ -410,7 +589,9 @@ class ServiceLoopEnv:
         coverage = answer_coverage(questions, self.kis_by_doc(setting))
         if coverage is not None:
             metrics["extract_answer_coverage"] = coverage
-        state = store_fingerprint(self.store_for(setting))
+        state = self.store_state(setting)
+        stages = self.stage_report(setting, split, questions, state)
+        metrics.update(stages.to_metrics("stage"))
         path = self.evals.traces_path(eval_key(setting), state)
         reused, have = self.evals.reuse_unaffected(
             eval_key(setting), questions, state, path, lambda: self.context_fn(setting)
@@ -436,7 +617,58 @@ class ServiceLoopEnv:
             gold_docids=gold,
             retrieved=retrieved,
             store_state=state,
+            stages=stages,
         )
+
+    def stage_report(
+        self, setting: Setting, split: str, questions: Sequence[Question], state: str
+    ) -> StageReport:
+        """The split's stage metrics on the store as it is (memoised per setting, store state and split).
+
+        Extractor: answer coverage, evidence coverage, grounding rate (from the extraction
+        cache's per-document counters; left out when no document of the split is in it), KI
+        tokens per document. Rewriter: recall@k and MRR of one :meth:`lookup` per question with
+        the setting's rewriter (the plain plan when ``rewriter`` is not tuned), ``k =
+        retrieval.default_size``. Also written to ``<state>/evals/stages-<key>-<state>-<split>.json``
+        so a resumed run does not ask the rewriter again.
+        """
+        key = (eval_key(setting), state, split)
+        path = self.evals.evals_dir / f"stages-{key[0]}-{state}-{split}.json"
+        with self.lock:
+            if key in self._stages:
+                return self._stages[key]
+        if path.is_file():
+            try:
+                rows = json.loads(path.read_text(encoding="utf-8"))
+                report = StageReport(split, tuple(StageMetric(**r) for r in rows))
+            except (json.JSONDecodeError, TypeError):
+                report = None
+            if report is not None:
+                with self.lock:
+                    self._stages[key] = report
+                return report
+        kis_by_doc = self.kis_by_doc(setting)
+        extractor = self._plain_extractor(setting)
+        docids = dict.fromkeys(d for q in questions for d in (*q.evidence_docids, *q.gold_docids))
+        docs = [self.documents[d] for d in docids if d in self.documents]
+        results = self.extractions.results(extractor_key(extractor), docs)
+        counts = ExtractionCounts.from_results(results) if results else None
+        workers = max(1, self.cfg.concurrency_for("agent"))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kitune-stage") as pool:
+            # one rewrite + look-up per question, as many at once as the agent runs questions
+            found = list(pool.map(lambda q: self.lookup(setting, q.query).kis, questions))
+        lookups = {q.query_id: kis for q, kis in zip(questions, found, strict=True)}
+        k = self.setting_cfg(setting).retrieval.default_size
+        metrics = (
+            *extractor_metrics(questions, kis_by_doc, counts),
+            *rewriter_metrics(questions, lookups, k=k),
+        )
+        report = StageReport(split, metrics)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps([asdict(m) for m in metrics], indent=1), encoding="utf-8")
+        with self.lock:
+            self._stages[key] = report
+        return report
 
     def improve(
         self, setting: Setting, tune: Evaluation, iteration: int, *, ledger: FailureLedger | None = None

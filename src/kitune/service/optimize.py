@@ -24,7 +24,7 @@ from kitune.optimizers.program_task import PROGRAM_TASKS, program_names
 from kitune.optimizers.registry import check_optimizer
 from kitune.service.eval_cache import store_fingerprint
 from kitune.service.loop_env import LoopDeps, ServiceLoopEnv
-from kitune.service.slicing import load_slice, select_documents
+from kitune.service.slicing import load_slice, select_documents, write_question_ids
 
 if TYPE_CHECKING:
     from kitune.experiments.prompts import PromptRegistry
@@ -33,10 +33,12 @@ if TYPE_CHECKING:
     from kitune.usage import TokenLedger
 
 __all__ = [
+    "ExtractResult",
     "LoopDeps",
     "OptimizeOptions",
     "ServiceLoopEnv",
     "default_deps",
+    "extract_slice",
     "load_slice",
     "run_optimize",
     "select_documents",
@@ -51,7 +53,10 @@ class OptimizeOptions:
     data_dir: Path
     """Dataset folder (BrowseComp-Plus layout or documents/questions JSONL)."""
     questions: int | None = None
-    """First N questions of the dataset (None: all); split into tune/validation."""
+    """N questions of the dataset (None: all): the first N, or a seeded sample with
+    :attr:`sample_seed`; split into tune/validation by ``optimize.seed``."""
+    sample_seed: int | None = None
+    """Seed of a random sample of :attr:`questions` questions (None: the first N)."""
     iterations: int = 2
     optimizer: str = "gepa"
     """A name registered in :mod:`kitune.optimizers.registry` (checked by :func:`run_optimize`)."""
@@ -142,6 +147,7 @@ def run_optimize(
     env = ServiceLoopEnv(
         cfg, opts, deps, questions=questions, documents=documents, state_dir=state_dir, log=log
     )
+    _record_questions(cfg, opts, env)
     try:
         loop = run_experiment(
             cfg,
@@ -158,6 +164,9 @@ def run_optimize(
                 "data": str(Path(opts.data_dir).resolve()),
                 "data_sha256": dataset_checksum(opts.data_dir).sha256,
                 "knob_trials": opts.knob_trials,
+                "sample_seed": "first" if opts.sample_seed is None else opts.sample_seed,
+                "max_pareto_examples": cfg.optimize.max_pareto_examples,
+                "gate": cfg.optimize.gate,
                 "max_metric_calls": opts.max_metric_calls or cfg.optimize.max_metric_calls or "auto",
                 "min_proposals": cfg.optimize.min_proposals,
             },
@@ -176,4 +185,94 @@ def run_optimize(
         validation_ids=tuple(q.query_id for q in env.validation),
         mlflow_uri=cfg.mlflow_uri,
         usage=usage,
+    )
+
+
+def _record_questions(cfg: KituneConfig, opts: OptimizeOptions, env: ServiceLoopEnv) -> Path:
+    """``<state>/questions.json``: the run's questions (sample seed, tune and validation ids)."""
+    from kitune.data.loaders import load_questions
+
+    return write_question_ids(
+        env.state_dir,
+        data_dir=opts.data_dir,
+        n_total=len(load_questions(Path(opts.data_dir))),
+        sample_seed=opts.sample_seed,
+        tune=env.tune,
+        validation=env.validation,
+        split_seed=cfg.optimize.seed,
+    )
+
+
+@dataclass(frozen=True)
+class ExtractResult:
+    """What :func:`extract_slice` returns."""
+
+    state_dir: Path
+    setting_key: str
+    """The start setting whose extractor was used."""
+    prompt_version: str
+    """``extractor@<sha8>``: names the KI table (``<store table>-<sha8>``)."""
+    documents: int
+    metrics: dict[str, float]
+    """``extract_*`` counts of this call (empty: every document was done already)."""
+    tune_ids: tuple[str, ...]
+    validation_ids: tuple[str, ...]
+
+
+def extract_slice(
+    cfg: KituneConfig,
+    opts: OptimizeOptions,
+    *,
+    deps: LoopDeps | None = None,
+    registry: PromptRegistry | None = None,
+    log: Callable[[str], None] = lambda _m: None,
+) -> ExtractResult:
+    """Extract every document of the loop's slice with the extractor the loop starts from, and stop.
+
+    ``kitune optimize --extract-only``: the same environment, state folder and store table as the
+    loop (a saved loop state's setting, else the registry's ``production`` prompts, else the
+    packaged ones), so the loop later finds every document extracted; resumable (documents done
+    are skipped) and filling the extraction cache GEPA's extractor task reads. Also writes
+    ``questions.json``.
+
+    Raises:
+        ConfigError: unknown programs. DataError: bad data.
+    """
+    from kitune.optimizers.loop import Setting, start_prompts
+    from kitune.optimizers.loop_state import read_state
+    from kitune.usage import TokenLedger
+
+    PROGRAM_TASKS.check(opts.programs)
+    questions, documents = load_slice(cfg, opts)
+    ledger = deps.ledger if deps is not None and deps.ledger is not None else TokenLedger()
+    if deps is None:
+        deps = default_deps(cfg, ledger)
+    state_dir = Path(cfg.workdir) / "optimize" / opts.run_name
+    env = ServiceLoopEnv(
+        cfg, opts, deps, questions=questions, documents=documents, state_dir=state_dir, log=log
+    )
+    _record_questions(cfg, opts, env)
+    _, saved, _ = read_state(state_dir / "loop_state.json")
+    if saved is None and registry is None:
+        from kitune.errors import TrackingError
+        from kitune.experiments.prompts import PromptRegistry
+
+        try:
+            registry = PromptRegistry(cfg.mlflow_uri)
+        except TrackingError as e:
+            log(f"[yellow]prompt registry unavailable ({e}); extracting with the packaged extractor[/]")
+    setting = saved or Setting(start_prompts(opts.programs, corpus=cfg.corpus_name, registry=registry))
+    try:
+        metrics = env.ensure_extracted(setting, questions)
+        version = env.extractor(setting).prompt_version
+    finally:
+        env.close()
+    return ExtractResult(
+        state_dir=state_dir,
+        setting_key=setting.key,
+        prompt_version=version,
+        documents=len(documents),
+        metrics=metrics,
+        tune_ids=tuple(q.query_id for q in env.tune),
+        validation_ids=tuple(q.query_id for q in env.validation),
     )

@@ -53,6 +53,7 @@ def write_fingerprint(
         **fingerprint(questions, documents),
         "options": {
             "questions": opts.questions,
+            "sample_seed": opts.sample_seed,
             "distractors": opts.distractors,
             "programs": list(opts.programs),
         },

@@ -1,28 +1,43 @@
-"""The ``disambiguation`` improver: feedback KIs from the tuning failures, routed by failure kind.
+"""The ``disambiguation`` improver: feedback KIs from tuning failures, routed by kind, through the gate.
 
-Routing (:func:`route_feedback`): wrong-entity and wrong-number failures (and blank answers, to
-be counted as rejected ``empty_prediction`` candidates) go to the disambiguator, unless the
-failure ledger says the question already had ``optimize.max_feedback_attempts`` attempts or one
-for the same wrong answer. The setting's disambiguator instruction writes the KIs into the
-setting's store (:func:`write_setting_kis`); each outcome is noted in the ledger; when KIs were
-written, the tuning split is evaluated again (only questions whose look-ups changed re-run) and
-the flips are counted. Runs when ``--feedback`` is on and the tuning run has failures.
+Routing (:func:`route_feedback`): only wrong-entity and wrong-number failures go to the
+disambiguator (a feedback KI names the right and the wrong answer, so a blank answer cannot make
+one: ``out_of_budget`` and blank ``no_candidate`` failures go to the rewriter's and the
+extractor's feedback instead, :mod:`kitune.optimizers.routes`), unless the failure ledger says the
+question already had ``optimize.max_feedback_attempts`` attempts or one for the same wrong
+answer. The setting's disambiguator instruction writes the KIs into the setting's store
+(:func:`write_setting_kis`); each outcome is noted in the ledger.
+
+**The gate** (``optimize.gate``, :func:`gate_feedback`): right after the KIs are written, every
+tuning and validation question whose logged look-ups now return different KI ids (the
+evaluation cache's look-up replay, :meth:`~kitune.optimizers.improve_env.ImproveEnv.lookup_changes`)
+is re-run (``env.evaluate`` of both splits re-runs exactly the changed ones) and compared with its
+trace before the KIs; a KI blamed for a question that was right and is now wrong (or has no
+verdict) is rejected and retired through its status (:func:`kitune.optimizers.gate.run_gate`).
+Metrics ``gate_*``, the report in ``improve.json`` (``gate``), the ledger's attempts marked
+(``FailureLedger.note_gate``). Then the tuning flips are counted on the store as it is after the
+gate. Runs when ``--feedback`` is on and the tuning run has failures.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kitune.optimizers.feedback import FeedbackReport, count_flips, write_disambiguation_kis
+from kitune.optimizers.gate import GateReport, attribute_changes, run_gate
 from kitune.optimizers.improve_env import ImproveEnv, ImproveInput
 from kitune.optimizers.improver import Improvement, register_improver
 from kitune.optimizers.ledger import FailureLedger
 from kitune.optimizers.setting import Setting
 
+if TYPE_CHECKING:
+    from kitune.evaluation.trace import Trace
+
 __all__ = [
     "DISAMBIGUATION_KINDS",
     "DisambiguationFeedback",
+    "gate_feedback",
     "route_feedback",
     "write_feedback",
     "write_setting_kis",
@@ -41,23 +56,27 @@ def route_feedback(
 ) -> tuple[list[Any], dict[str, int]]:
     """Which failures go to the disambiguator this iteration, and why the others do not.
 
-    A failure goes when its kind is in :data:`DISAMBIGUATION_KINDS` (a blank answer goes too, to
-    be counted as a rejected ``empty_prediction`` candidate) and the ledger allows another
-    attempt (fewer than ``max_attempts`` so far, and not for the same wrong answer as before).
+    A failure goes when its kind is in :data:`DISAMBIGUATION_KINDS` and it has a non-blank
+    answer, and the ledger allows another attempt (fewer than ``max_attempts`` so far, and not
+    for the same wrong answer as before). Blank answers (``out_of_budget``, blank
+    ``no_candidate``) never go: a feedback KI names the wrong answer, and those failures have
+    their own route to the rewriter and the extractor.
 
     Returns:
         ``(failures to send, reason → count of the ones held back)``; reasons are the failure
-        kind (``no_candidate`` …, those go to extractor and rewriter feedback instead),
-        ``max_attempts`` and ``same_wrong_answer``.
+        kind (``no_candidate``, ``out_of_budget`` …, those go to extractor and rewriter feedback
+        instead), ``blank_answer`` (a disambiguation kind without an answer), ``max_attempts``
+        and ``same_wrong_answer``.
     """
     routed: list[Any] = []
     skipped: dict[str, int] = {}
     for f in failures:
         kind = kinds.get(f.query_id)
-        if f.prediction.strip() and kind not in DISAMBIGUATION_KINDS:
-            skipped[str(kind)] = skipped.get(str(kind), 0) + 1
+        if kind not in DISAMBIGUATION_KINDS or not f.prediction.strip():
+            why = str(kind) if kind not in DISAMBIGUATION_KINDS else "blank_answer"
+            skipped[why] = skipped.get(why, 0) + 1
             continue
-        if ledger is not None and f.prediction.strip():
+        if ledger is not None:
             ok, why = ledger.should_attempt(f.query_id, f.prediction, max_attempts)
             if not ok:
                 skipped[why] = skipped.get(why, 0) + 1
@@ -99,18 +118,73 @@ def write_setting_kis(
     )
 
 
+def gate_feedback(
+    env: ImproveEnv,
+    setting: Setting,
+    ki_ids: Sequence[str],
+    *,
+    before_state: str,
+    previous: Sequence[Trace],
+) -> GateReport:
+    """Run the gate on the feedback KIs just written (see the module docstring).
+
+    Args:
+        env: the loop's environment.
+        setting: whose store the KIs were written to.
+        ki_ids: the KIs written.
+        before_state: :meth:`~kitune.optimizers.improve_env.ImproveEnv.store_state` before writing.
+        previous: the tuning and validation traces on ``before_state``.
+
+    Returns:
+        The :class:`~kitune.optimizers.gate.GateReport`; rejected KIs are retired.
+    """
+
+    def changed(ids: Sequence[str]) -> dict[str, frozenset[str]]:
+        before, after = env.lookup_changes(setting, before_state)
+        return attribute_changes(before, after, ids)
+
+    def rerun(qids: Sequence[str]) -> list[Trace]:
+        wanted = set(qids)
+        traces = [*env.evaluate(setting, "tune").traces, *env.evaluate(setting, "validation").traces]
+        return [t for t in traces if t.query_id in wanted]
+
+    report = run_gate(
+        ki_ids, changed=changed, rerun=rerun, previous=previous, reject=lambda ids: env.retire(setting, ids)
+    )
+    if report.rejected:
+        env.log(
+            "gate: rejected "
+            + "; ".join(f"{r.ki_id} ({r.reason}: {', '.join(r.query_ids)})" for r in report.rejected)
+        )
+    env.log(
+        f"gate: {len(report.kept)} of {len(report.candidates)} feedback KI(s) kept; "
+        f"{len(report.rerun)} question(s) re-run, {len(report.broken)} broken, {len(report.fixed)} fixed"
+    )
+    return report
+
+
 def write_feedback(
     env: ImproveEnv,
     inp: ImproveInput,
     failures: Sequence[Any],
     notes: dict[str, Any],
 ) -> dict[str, float]:
-    """Write disambiguation KIs from ``failures``, note them in the ledger, count tuning flips.
+    """Write disambiguation KIs from ``failures``, note them in the ledger, gate them, count tuning flips.
 
-    The flips are measured by evaluating the setting on the tuning split again: the store has
-    changed, so only the questions whose look-ups now return something different re-run, and
-    the next iteration reuses these traces.
+    With ``optimize.gate`` the KIs go through :func:`gate_feedback` first. The flips are measured
+    by evaluating the setting on the tuning split again: the store has changed, so only the
+    questions whose look-ups now return something different re-run, and the next iteration
+    reuses these traces.
     """
+    gate = env.cfg.optimize.gate
+    before_state = env.store_state(inp.setting) if gate else ""
+    # both splits on the store as it is before writing: the measured runs, read back from the
+    # cache (unless credit demoted a KI since, then the questions whose look-ups it changed re-run)
+    previous = (
+        [*env.evaluate(inp.setting, "tune").traces, *env.evaluate(inp.setting, "validation").traces]
+        if gate
+        else []
+    )
     report = write_setting_kis(env, inp.setting, failures)
     if inp.ledger is not None:
         for qid, prediction, ki_id, reason in report.outcomes:
@@ -118,6 +192,12 @@ def write_feedback(
     metrics = report.to_metrics()
     if report.messages:
         notes["feedback_rejections"] = dict(report.messages)  # the first full message per reason
+    if report.written and gate:
+        g = gate_feedback(env, inp.setting, report.ki_ids, before_state=before_state, previous=previous)
+        metrics.update(g.to_metrics())
+        notes["gate"] = g.to_dict()
+        if inp.ledger is not None:
+            inp.ledger.note_gate(inp.iteration, {r.ki_id: (r.reason, r.query_ids) for r in g.rejected})
     if report.written:
         after = env.evaluate(inp.setting, "tune")
         metrics.update(count_flips(inp.tune.traces, after.traces).to_metrics())

@@ -10,8 +10,11 @@ and the others go on; a :class:`~kitune.errors.ConfigError` (a budget too small 
 the run.
 
 Metrics per program: ``<program>_metric_calls``, ``_best_score``, ``_baseline_score``,
-``_proposals`` (GEPA); notes: ``<program>_stop_reason`` (why no proposal was made, when none was)
-and ``reflection_model`` when no reflection model is configured.
+``_proposals`` (GEPA), plus the task's own setup measures (``_examples``, ``_pareto`` …); notes:
+``<program>_stop_reason`` (why no proposal was made, when none was), ``<program>_candidates``
+(every candidate GEPA scored on its Pareto set: score, metric calls, instruction) and
+``reflection_model`` when no reflection model is configured. GEPA's trainset and Pareto set:
+:func:`split_examples`.
 """
 
 from __future__ import annotations
@@ -22,12 +25,13 @@ from typing import Any
 
 from kitune.errors import OptimizationError
 from kitune.optimizers.base import OptimizationResult, Optimizer
+from kitune.optimizers.gepa import pareto_size
 from kitune.optimizers.improve_env import ImproveEnv, ImproveInput
 from kitune.optimizers.improver import Improvement, register_improver
-from kitune.optimizers.program_task import get_program_task
+from kitune.optimizers.program_task import TaskSetup, get_program_task
 from kitune.optimizers.registry import make_optimizer
 
-__all__ = ["PromptOptimization", "make_program_optimizer", "optimize_program"]
+__all__ = ["PromptOptimization", "make_program_optimizer", "optimize_program", "split_examples"]
 
 
 def make_program_optimizer(env: ImproveEnv, metric: Callable[..., Any]) -> Optimizer:
@@ -45,12 +49,14 @@ def make_program_optimizer(env: ImproveEnv, metric: Callable[..., Any]) -> Optim
     )
 
 
-def optimize_program(env: ImproveEnv, program: str, inp: ImproveInput) -> OptimizationResult | None:
+def optimize_program(
+    env: ImproveEnv, program: str, inp: ImproveInput, *, setup_metrics: dict[str, float] | None = None
+) -> OptimizationResult | None:
     """Run the optimiser on one program's task; None when the task has no examples this iteration.
 
-    With 4 or more examples the first half proposes and the second half scores, else all of them
-    do both (the loop's own validation split guards over-fitting). The module runs on the task's
-    LM role.
+    The examples are split by :func:`split_examples` (the loop's own validation split guards
+    over-fitting). The module runs on the task's LM role. The task's own measures
+    (:attr:`~kitune.optimizers.program_task.TaskSetup.metrics`) are copied into ``setup_metrics``.
 
     Raises:
         ConfigError: unknown program, or the optimiser refused its metric, LM or budget.
@@ -61,14 +67,42 @@ def optimize_program(env: ImproveEnv, program: str, inp: ImproveInput) -> Optimi
     task = get_program_task(program)
     env.log(f"optimise {program} with {env.opts.optimizer} (iteration {inp.iteration})")
     setup = task.setup(env, inp)
+    if setup is not None and setup_metrics is not None:
+        setup_metrics.update(setup.metrics)
     if setup is None or not setup.examples:
         env.log(f"{program}: no examples this iteration, skipped")
         return None
-    examples = list(setup.examples)
-    half = len(examples) // 2
-    train, val = (examples[:half], examples[half:]) if len(examples) >= 4 else (examples, examples)
+    train, val = split_examples(env, setup)
+    env.log(f"{program}: {len(train)} training and {len(val)} Pareto examples")
     with dspy.context(lm=env.deps.lms[task.lm_role]):
         return make_program_optimizer(env, setup.metric).compile(setup.module, trainset=train, valset=val)
+
+
+def split_examples(env: ImproveEnv, setup: TaskSetup) -> tuple[list[Any], list[Any]]:
+    """GEPA's trainset and Pareto (validation) set for one task.
+
+    With ``setup.valset`` given: the trainset is ``setup.examples`` and the Pareto set the first
+    :func:`~kitune.optimizers.gepa.pareto_size` of ``setup.valset`` (at most
+    ``optimize.max_pareto_examples``, fewer when a set ``max_metric_calls`` cannot pay for
+    ``optimize.min_proposals`` proposals with more). Without: with 4 or more examples the first
+    half proposes and the second half scores, else all of them do both; the second half is capped
+    the same way.
+    """
+    budget = env.optimizer_budget()
+    examples = list(setup.examples)
+    if setup.valset is not None:
+        train, candidates = examples, list(setup.valset)
+    else:
+        half = len(examples) // 2
+        train, candidates = (examples[:half], examples[half:]) if len(examples) >= 4 else (examples, examples)
+    n = pareto_size(
+        len(candidates),
+        cap=env.cfg.optimize.max_pareto_examples,
+        max_metric_calls=budget.max_metric_calls,
+        minibatch=budget.reflection_minibatch_size,
+        proposals=budget.min_proposals,
+    )
+    return train, candidates[: max(n, 1)]
 
 
 class PromptOptimization:
@@ -83,13 +117,16 @@ class PromptOptimization:
             current = inp.setting.prompts.get(program)
             if current is None:
                 continue
+            setup_metrics: dict[str, float] = {}
             try:
-                result = optimize_program(env, program, inp)
+                result = optimize_program(env, program, inp, setup_metrics=setup_metrics)
             except OptimizationError as e:  # one program's failure never sinks the iteration
                 out.notes[f"{program}_error"] = str(e)[:1000]
                 out.metrics[f"{program}_failed"] = 1.0
                 env.log(f"[yellow]{program}: optimisation skipped: {e}[/]")
                 continue
+            finally:
+                out.metrics.update({f"{program}_{k}": v for k, v in setup_metrics.items()})
             if result is None:
                 continue
             new_text = result.best_candidate.get(get_program_task(program).predictor, current)
@@ -98,6 +135,15 @@ class PromptOptimization:
             if result.baseline_score is not None:
                 out.metrics[f"{program}_baseline_score"] = result.baseline_score
             out.notes[f"{program}_stop_reason"] = result.stop_reason
+            predictor = get_program_task(program).predictor
+            out.notes[f"{program}_candidates"] = [
+                {
+                    "score": c.score,
+                    "metric_calls": c.metric_calls,
+                    "instruction": c.candidate.get(predictor, ""),
+                }
+                for c in result.history
+            ]
             if env.reflection_note:
                 out.notes["reflection_model"] = env.reflection_note
             if "proposals" in result.details:

@@ -1,34 +1,89 @@
-"""The extractor's task: GEPA over its instruction on the tuning questions' gold documents.
+"""The extractor's task: GEPA over its instruction, scored on answer coverage of the tuning gold documents.
 
-Examples: one per gold document (evidence documents when none) of the tuning questions, the gold
-documents of no-candidate failures first, each carrying what the agent did with that document's
-KIs (:func:`kitune.optimizers.tasks.extraction_outcomes`) as feedback. Metric:
-:func:`kitune.optimizers.tasks.extractor_metric` (covers an answer + grounding), no LLM.
+Examples (:func:`kitune.optimizers.stage_tasks.coverage_examples`): one per *coverable* gold
+document of the tuning questions (its text states the answer of a non-yes/no question it is gold
+for). Order, and so the Pareto set (the first ``optimize.max_pareto_examples``, fewer when a set
+budget needs it): the gold documents of ``no_candidate`` failures and the never-surfaced gold
+documents of ``out_of_budget`` failures (:func:`kitune.optimizers.routes.route_out_of_budget`)
+first, then the others in a shuffle seeded by ``optimize.seed`` and the iteration. GEPA's
+trainset (reflection minibatches): the documents whose current KIs miss an answer, all when none
+does. Each example carries, as feedback, what the agent did with the document's current KIs
+(:func:`kitune.optimizers.tasks.extraction_outcomes`) and the ``out_of_budget`` route's line.
+
+Module: the setting's extractor with the on-disk extraction cache
+(:class:`~kitune.optimizers.extraction_cache.CachedFactExtractor`), so the seed evaluation of the
+current instruction reads what the loop already extracted and no document is extracted twice
+with one instruction. Metric: :func:`kitune.optimizers.stage_tasks.coverage_metric` — one
+document's covered / (covered + missed) answers, feedback the missed answer-bearing sentences.
+
+Setup measures (``improve_extractor_<key>``): ``examples``, ``imperfect`` (documents whose current
+KIs miss an answer), ``route_oob_questions``, ``route_oob_extractor_items``,
+``route_oob_items_with_sentence``.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from kitune.optimizers.improve_env import ImproveEnv, ImproveInput
 from kitune.optimizers.program_task import ProgramTask, TaskSetup, register_program_task
+
+if TYPE_CHECKING:
+    from kitune.schema import Document
 
 __all__ = ["EXTRACTOR", "extractor_setup"]
 
 
 def extractor_setup(env: ImproveEnv, inp: ImproveInput) -> TaskSetup:
-    """The extractor's module (the setting's instruction and limits), examples and metric."""
-    from kitune.optimizers import tasks
+    """The cached extractor (the setting's instruction and limits), coverable gold documents, coverage."""
+    from kitune.errors import DocumentNotFoundError
+    from kitune.evaluation.stage_feedback import document_coverage
+    from kitune.optimizers import stage_tasks, tasks
+    from kitune.optimizers.routes import route_out_of_budget
 
-    outcomes = tasks.extraction_outcomes(
-        env.tune, inp.tune.traces, env.kis_by_doc(inp.setting), kinds=inp.kinds
-    )
+    kis_by_doc = env.kis_by_doc(inp.setting)
+    outcomes = tasks.extraction_outcomes(env.tune, inp.tune.traces, kis_by_doc, kinds=inp.kinds)
+    gold = {q.query_id: tuple(q.gold_docids or q.evidence_docids) for q in env.tune}
+    documents: dict[str, Document] = {}
+    for docids in gold.values():
+        for d in docids:
+            try:
+                documents[d] = env.get_document(d)
+            except (DocumentNotFoundError, KeyError):
+                continue
+    route = route_out_of_budget(inp.tune.traces, documents=documents, gold_docids=gold, kis_by_doc=kis_by_doc)
+    for item in route.extractor:
+        outcomes[item.docid] = f"{outcomes.get(item.docid, '')} {item.text()}".strip()
     first = [
         d
         for q in env.tune
         if inp.kinds.get(q.query_id) == "no_candidate"
         for d in (q.gold_docids or q.evidence_docids)
-    ]
-    examples = tasks.extractor_examples(env.tune, env.get_document, outcomes=outcomes, first=first)
-    return TaskSetup(env.extractor(inp.setting), examples, tasks.extractor_metric)
+    ] + [item.docid for item in route.extractor]
+    examples = stage_tasks.coverage_examples(
+        env.tune,
+        env.get_document,
+        first=first,
+        outcomes=outcomes,
+        seed=f"{env.cfg.optimize.seed}:extractor:{inp.iteration}",
+    )
+
+    def current(ex: Any) -> float:  # the document's coverage with the KIs the loop extracted
+        return document_coverage(documents[ex.docid], env.tune, kis_by_doc.get(ex.docid, [])).score
+
+    train = stage_tasks.imperfect(examples, current)
+    metrics = {
+        "examples": float(len(examples)),
+        "imperfect": float(sum(current(ex) < 1.0 for ex in examples)),
+        **route.to_metrics(),
+    }
+    return TaskSetup(
+        env.extractor(inp.setting),
+        train,
+        stage_tasks.coverage_metric(env.tune),
+        valset=examples,
+        metrics=metrics,
+    )
 
 
 EXTRACTOR = register_program_task(

@@ -1,43 +1,80 @@
-"""The rewriter's task: GEPA over the query planner's instruction through whole agent episodes.
+"""The rewriter's task: GEPA over the query planner's instruction, scored on recall@k of ``get_context``.
 
-Examples: the tuning questions. Module: :class:`kitune.optimizers.tasks.InContextQA` (rewrite →
-``get_context`` on the setting's store → the budgeted agent → graded answer). Metric:
-:func:`kitune.optimizers.tasks.make_rewriter_metric` with each question's tokens in the tuning
-run as its reference.
+Examples (:func:`kitune.optimizers.stage_tasks.recall_examples`): the tuning questions with a gold
+document; the ``no_candidate`` and ``out_of_budget`` failures first, then the others in a shuffle
+seeded by ``optimize.seed`` and the iteration (the Pareto set is the first
+``optimize.max_pareto_examples``, fewer when a set budget needs it). GEPA's trainset: the
+questions whose current look-up does not rank a gold document's KI first, all when every one does.
+An ``out_of_budget`` failure's example carries the route's feedback ("searched X (got …), got
+nothing about Y", :func:`kitune.optimizers.routes.route_out_of_budget`).
+
+Module: :class:`kitune.optimizers.stage_tasks.RewriterRecall` — one rewrite and one
+``get_context`` on the setting's store per metric call (feedback KIs visible, credit demotion
+applied), no agent run. Metric: :func:`kitune.optimizers.stage_tasks.recall_metric` with
+``k = retrieval.default_size`` (what the agent is shown): ``1 / rank`` of the first KI citing a
+gold document. The full agent runs only in the loop's validation of a proposal.
+
+Setup measures (``improve_rewriter_<key>``): ``examples``, ``imperfect``, ``route_oob_questions``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kitune.optimizers.improve_env import ImproveEnv, ImproveInput
 from kitune.optimizers.program_task import ProgramTask, TaskSetup, register_program_task
+
+if TYPE_CHECKING:
+    from kitune.schema import Document
 
 __all__ = ["REWRITER", "rewriter_setup"]
 
 
 def rewriter_setup(env: ImproveEnv, inp: ImproveInput) -> TaskSetup:
-    """The in-context agent around the setting's rewriter, the tuning questions, the loop-score metric."""
-    from kitune.optimizers import tasks
-    from kitune.optimizers.objective import LoopWeights
+    """:class:`~kitune.optimizers.stage_tasks.RewriterRecall` on the setting's rewriter, the recall metric."""
+    from kitune.errors import DocumentNotFoundError
+    from kitune.evaluation.stage_metrics import gold_documents, reciprocal_rank
+    from kitune.optimizers import stage_tasks
+    from kitune.optimizers.routes import describe_document, route_out_of_budget
     from kitune.programs.query_rewriter import QueryRewriter
 
     setting = inp.setting
-
-    def factory(rw: Any) -> Any:
-        return env.context_fn(setting, rewriter=rw)
-
-    module = tasks.InContextQA(
-        QueryRewriter(setting.prompts["rewriter"]),
-        context_factory=factory,
-        chat_model=env.deps.chat_model,
-        cfg=env.setting_cfg(setting),
-        judge=env.deps.judge,
-        corpus_store=env.deps.corpus_store,
+    k = env.setting_cfg(setting).retrieval.default_size
+    kis_by_doc = env.kis_by_doc(setting)
+    gold = {q.query_id: gold_documents(q) for q in env.tune}
+    documents: dict[str, Document] = {}
+    for docids in gold.values():
+        for d in docids:
+            try:
+                documents[d] = env.get_document(d)
+            except (DocumentNotFoundError, KeyError):
+                continue
+    route = route_out_of_budget(inp.tune.traces, documents=documents, gold_docids=gold, kis_by_doc=kis_by_doc)
+    first = [q.query_id for q in env.tune if inp.kinds.get(q.query_id) in ("no_candidate", "out_of_budget")]
+    examples = stage_tasks.recall_examples(
+        env.tune,
+        first=first,
+        seed=f"{env.cfg.optimize.seed}:rewriter:{inp.iteration}",
+        describe=lambda d: describe_document(d, documents, kis_by_doc),
+        notes=route.rewriter,
     )
-    refs = {t.query_id: float(t.input_tokens + t.tool_input_tokens) for t in inp.tune.traces}
-    metric = tasks.make_rewriter_metric(LoopWeights.from_config(env.cfg), refs)
-    return TaskSetup(module, tasks.qa_examples(env.tune), metric)
+
+    def current(ex: Any) -> float:  # the setting's own rewriter (memoised by the environment)
+        return reciprocal_rank(ex.gold_docids, env.lookup(setting, ex.question).kis, k)
+
+    ranks = {ex.query_id: current(ex) for ex in examples}
+    train = stage_tasks.imperfect(examples, lambda ex: ranks[ex.query_id])
+
+    def lookup(rw: Any, question: str) -> Any:
+        return env.lookup(setting, question, rewriter=rw)
+
+    module = stage_tasks.RewriterRecall(QueryRewriter(setting.prompts["rewriter"]), lookup=lookup)
+    metrics = {
+        "examples": float(len(examples)),
+        "imperfect": float(sum(r < 1.0 for r in ranks.values())),
+        "route_oob_questions": float(len(route.rewriter)),
+    }
+    return TaskSetup(module, train, stage_tasks.recall_metric(k), valset=examples, metrics=metrics)
 
 
 REWRITER = register_program_task(
