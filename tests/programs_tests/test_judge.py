@@ -193,7 +193,9 @@ def test_typed_verdict_fields_are_read_directly() -> None:
     lm = DummyLM([fields])
     v = Judge().grade("When?", "It opened in 1932.", "1932", lm=lm)
     assert (v.status, v.correct, v.extracted_answer, v.confidence) == ("graded", True, "1932", 85)
-    assert v.raw.splitlines()[2] == "correct: yes"
+    # issue 24: the verdict comes from the typed fields; the raw report is the model's own reply,
+    # no longer the fields rendered back into "correct: yes" text for parse_grading
+    assert "[[ ## correct ## ]]\nTrue" in v.raw and "correct: yes" not in v.raw
 
 
 def test_judge_confidence_follows_the_one_policy() -> None:
