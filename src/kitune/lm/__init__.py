@@ -25,8 +25,6 @@ Import from ``kitune.lm`` (this package); callers and tests patch names here
 
 from __future__ import annotations
 
-import warnings
-
 from kitune.lm.adapters import (
     KituneChatAdapter,
     KituneJSONAdapter,
@@ -93,10 +91,3 @@ __all__ = [
     "typed_value",
     "unwrap_typed",
 ]
-
-# KituneLM overrides forward()/aforward() to own timeouts, retries and the ledger; dspy 3.4 warns
-# on every such call that the interface goes away in 3.5. Silence exactly that message (the
-# migration to a dspy engine is tracked for the dspy 3.5 upgrade).
-warnings.filterwarnings(
-    "ignore", message="Implementing custom LMs through BaseLM.forward", category=DeprecationWarning
-)

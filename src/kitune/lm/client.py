@@ -498,9 +498,13 @@ class KituneLM(dspy.LM):  # type: ignore[misc]
     ) -> list[Any]:
         """Call like ``lm(...)`` but never serve from the cache; the fresh reply replaces any cached one.
 
-        Use it for a retry after a ParseError or truncated output (case D2).
+        Use it for a retry after a ParseError or truncated output (case D2). It runs :meth:`forward`
+        and turns the response into ``lm(...)``'s outputs with ``dspy.BaseLM``'s legacy processing
+        (history and DSPy's usage tracker included), so OpenAI-style ``messages`` never go through
+        ``lm(messages=...)``, which DSPy 3.4 deprecates.
         """
-        outputs: list[Any] = self(prompt, messages=messages, _kitune_refresh=True, **kwargs)
+        response = self.forward(prompt, messages, _kitune_refresh=True, **kwargs)
+        outputs: list[Any] = self._process_lm_response(response, prompt, messages, **kwargs)
         return outputs
 
 
