@@ -13,6 +13,12 @@
   ``cache_hit=True`` (case D1);
 * the response cache key covers every request parameter (temperature, max_tokens,
   response_format, rollout_id …) and :meth:`KituneLM.call_uncached` bypasses it (case D2).
+
+``forward`` is DSPy 3.4's deprecated extension point; a DSPy engine (``dspy.LM(engine=…)``) was
+measured and cannot carry these requests unchanged nor let kitune's errors reach callers (the
+local model's ``response_format`` is refused before any engine, tool-call arguments and
+``rollout_id`` do not survive, non-DSPy errors become ``LMUnexpectedError`` and are not retried):
+README "Why KituneLM still overrides dspy.LM.forward", ``tests/lm_tests/test_dspy_engine.py``.
 """
 
 from __future__ import annotations
