@@ -146,7 +146,7 @@ _BUCKETS = {
     "litellm.completion (request build, HTTP, response parse, callbacks)": ("litellm/main.py", "completion"),
     "dspy adapter format": ("dspy/adapters/base.py", "format"),
     "dspy adapter parse": ("dspy/adapters/chat_adapter.py", "parse"),
-    "kitune parse_facts": ("kitune/programs/parsing.py", "parse_facts"),
+    "kitune read_records (the adapter's per-record parse)": ("kitune/lm/replies.py", "read_records"),
     "kitune apply_guardrails": ("kitune/programs/guardrails.py", "apply_guardrails"),
     "store.upsert (embed + LanceDB commit + fsync)": ("kitune/retrieval/lance.py", "upsert"),
     "KituneLM.forward (LM layer total)": ("kitune/lm/client.py", "forward"),

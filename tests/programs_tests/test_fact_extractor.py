@@ -476,3 +476,24 @@ def test_sentence_mode_on_a_dialogue_cites_turn_numbers_and_copies_the_turn_verb
     ki = result.kis[0]
     assert ki.payload.evidence == ["Melanie: Great! I ran a charity race for mental health yesterday."]
     assert "d1-2" in ki.tags and "session-2023-05-08" in ki.tags
+
+
+# --- the adapter reads the reply per record; the program reads the typed facts (issue 24) -----
+
+
+def test_a_record_json_repair_had_to_fix_is_reported_and_never_kept() -> None:
+    # An unescaped quote breaks one record. DSPy's own parse repairs it with json_repair and
+    # would keep the guessed record; the per-record reading reports it and keeps its siblings.
+    text = "Acme Corp was founded in 1999 by Jane Roe. Jane Roe said we will grow."
+    bad = (
+        '{"title": "Jane Roe said "we will grow"", "description": "Jane Roe said so.", '
+        '"subject": "Jane Roe", "predicate": "said", "object": "growth", '
+        '"evidence_span": "Jane Roe said we will grow", "confidence": 70, "tags": []}'
+    )
+    lm = DummyLM([{"facts": "[" + json.dumps(FOUNDED) + ", " + bad + "]"}])
+    with dspy.context(lm=lm):
+        result = FactExtractor().extract_document(Document(docid="d1", text=text), now=NOW)
+    assert result.status == "ok"
+    assert [k.payload.properties.object for k in result.kis] == ["1999"]
+    assert result.counters["records_malformed"] == 1 and result.counters["records_rejected"] == 1
+    assert result.counters["lm_calls"] == 1  # one valid record: not malformed, no retry

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
@@ -17,7 +16,13 @@ from kitune.programs.guardrails import (
     normalize_predicate,
     normalize_tags,
 )
-from kitune.programs.parsing import FactCandidate
+from kitune.programs.records import FactRecord
+
+
+def _with(fact: FactRecord, **change: object) -> FactRecord:
+    """``fact`` with fields changed as given, unvalidated (so the guardrails see the raw values)."""
+    return fact.model_copy(update=change)
+
 
 NOW = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
 E1_DOC = (
@@ -31,7 +36,7 @@ Q_OK = (
 Q_PARA = "The COVID-19 study (n = 412) reported a -3.5% change"
 DOC = "Acme Corp was founded in 1999 by Jane Roe. Acme Corp is headquartered in Springfield."
 
-BASE = FactCandidate(
+BASE = FactRecord(
     title="Acme Corp was founded in 1999",
     description="Acme Corp, an industrial firm, was founded in 1999 by Jane Roe.",
     subject="Acme Corp",
@@ -56,7 +61,7 @@ def test_valid_fact_becomes_ki_with_exact_fields() -> None:
 
 
 def test_e1_honest_quote_matches_and_span_is_cut_from_original() -> None:
-    fact = replace(BASE, evidence_span=Q_OK, subject="COVID-19 trial", object="412")
+    fact = _with(BASE, evidence_span=Q_OK, subject="COVID-19 trial", object="412")
     ki = check_fact(fact, E1_DOC, docid="d2", now=NOW)
     assert not isinstance(ki, Drop)
     assert ki.payload.evidence == [E1_DOC]
@@ -64,7 +69,7 @@ def test_e1_honest_quote_matches_and_span_is_cut_from_original() -> None:
 
 
 def test_e1_paraphrase_is_dropped() -> None:
-    fact = replace(BASE, evidence_span=Q_PARA)
+    fact = _with(BASE, evidence_span=Q_PARA)
     drop = check_fact(fact, E1_DOC, docid="d2", now=NOW)
     assert isinstance(drop, Drop) and drop.reason == "evidence_not_found"
 
@@ -94,7 +99,7 @@ def test_e1_paraphrase_is_dropped() -> None:
     ],
 )
 def test_each_rule_drops_with_its_reason(change: dict[str, str], reason: str) -> None:
-    drop = check_fact(replace(BASE, **change), DOC, docid="d1", now=NOW)
+    drop = check_fact(_with(BASE, **change), DOC, docid="d1", now=NOW)
     assert isinstance(drop, Drop)
     assert drop.reason == reason
 
@@ -103,7 +108,7 @@ def test_predicate_and_tags_are_normalised_not_dropped() -> None:
     from collections import Counter
 
     counts: Counter[str] = Counter()
-    fact = replace(BASE, predicate="Founded In", tags=("Org", "Tech Company", "!!"))
+    fact = _with(BASE, predicate="Founded In", tags=("Org", "Tech Company", "!!"))
     ki = check_fact(fact, DOC, docid="d1", now=NOW, counters=counts)
     assert not isinstance(ki, Drop)
     assert ki.payload.properties.predicate == "founded_in"
@@ -118,7 +123,7 @@ def test_normalize_helpers() -> None:
 
 
 def test_apply_guardrails_counts_drops_caps_and_dedupes() -> None:
-    hq = replace(
+    hq = _with(
         BASE,
         title="Acme Corp is headquartered in Springfield",
         description="Acme Corp has its headquarters in Springfield.",
@@ -126,7 +131,7 @@ def test_apply_guardrails_counts_drops_caps_and_dedupes() -> None:
         object="Springfield",
         evidence_span="Acme Corp is headquartered in Springfield",
     )
-    founder = replace(
+    founder = _with(
         BASE,
         title="Acme Corp was founded by Jane Roe",
         description="Jane Roe founded Acme Corp in 1999.",
@@ -134,7 +139,7 @@ def test_apply_guardrails_counts_drops_caps_and_dedupes() -> None:
         object="Jane Roe",
         evidence_span="founded in 1999 by Jane Roe",
     )
-    bad = replace(BASE, title="The text says so", predicate="said")
+    bad = _with(BASE, title="The text says so", predicate="said")
     facts = [(BASE, DOC), (BASE, DOC), (bad, DOC), (hq, DOC), (founder, DOC)]
     result = apply_guardrails(facts, docid="d1", max_facts=2, now=NOW, prompt_version="extractor@x")
     assert [k.payload.properties.object for k in result.kis] == ["1999", "Springfield"]
@@ -151,7 +156,7 @@ def test_evidence_checked_against_the_given_chunk_text() -> None:
 
 def test_evidence_with_an_invented_full_stop_is_trimmed() -> None:
     doc = "Acme Corp was founded in 1999 -- and later moved to Springfield."
-    fact = replace(BASE, evidence_span="Acme Corp was founded in 1999.")
+    fact = _with(BASE, evidence_span="Acme Corp was founded in 1999.")
     counts: Counter[str] = Counter()
     ki = check_fact(fact, doc, docid="d1", now=NOW, counters=counts)
     assert not isinstance(ki, Drop)
@@ -160,7 +165,7 @@ def test_evidence_with_an_invented_full_stop_is_trimmed() -> None:
 
 
 def test_misquoted_evidence_is_repaired_from_the_sentence_holding_subject_and_object() -> None:
-    fact = replace(BASE, evidence_span="Acme was set up in 1999 by its founder")
+    fact = _with(BASE, evidence_span="Acme was set up in 1999 by its founder")
     counts: Counter[str] = Counter()
     ki = check_fact(fact, DOC, docid="d1", now=NOW, counters=counts)
     assert not isinstance(ki, Drop)
@@ -170,11 +175,11 @@ def test_misquoted_evidence_is_repaired_from_the_sentence_holding_subject_and_ob
 
 def test_repair_needs_subject_and_object_in_one_sentence() -> None:
     doc = "Acme Corp was founded by Jane Roe. The year 1999 saw a flood."
-    fact = replace(BASE, evidence_span="Acme Corp was founded in 1999")
+    fact = _with(BASE, evidence_span="Acme Corp was founded in 1999")
     assert isinstance(check_fact(fact, doc, docid="d1", now=NOW), Drop)
     # subject words (>= 4 letters) may stand apart in the sentence
     doc2 = "In 1999 the Acme trading Corp house opened."
-    fact2 = replace(BASE, subject="Acme Trading", evidence_span="made up")
+    fact2 = _with(BASE, subject="Acme Trading", evidence_span="made up")
     ki = check_fact(fact2, doc2, docid="d1", now=NOW)
     assert not isinstance(ki, Drop) and ki.payload.evidence == [doc2]
 
@@ -183,13 +188,13 @@ def test_long_description_keeps_its_leading_sentences_that_fit() -> None:
     first = "Acme Corp, an industrial firm, was founded in 1999 by Jane Roe. "
     long = first + "It grew quickly. " * 30
     counts: Counter[str] = Counter()
-    ki = check_fact(replace(BASE, description=long), DOC, docid="d1", now=NOW, counters=counts)
+    ki = check_fact(_with(BASE, description=long), DOC, docid="d1", now=NOW, counters=counts)
     assert not isinstance(ki, Drop)
     assert len(ki.description) <= 350 and ki.description.startswith(first.strip())
     assert ki.description.endswith("It grew quickly.")
     assert counts["description_trimmed"] == 1
     one_sentence = "x" * 351
-    drop = check_fact(replace(BASE, description=one_sentence), DOC, docid="d1", now=NOW)
+    drop = check_fact(_with(BASE, description=one_sentence), DOC, docid="d1", now=NOW)
     assert isinstance(drop, Drop) and drop.reason == "description_too_long"
 
 
@@ -197,7 +202,7 @@ def test_nfd_document_stored_evidence_is_the_exact_original_slice() -> None:
     import unicodedata
 
     doc = unicodedata.normalize("NFD", "Café Müller was founded in Zürich in 1921. It closed in 1999.")
-    fact = replace(
+    fact = _with(
         BASE, subject="Café Müller", object="1921", evidence_span="Café Müller was founded in Zürich in 1921."
     )
     ki = check_fact(fact, doc, docid="d9", now=NOW)
@@ -207,8 +212,8 @@ def test_nfd_document_stored_evidence_is_the_exact_original_slice() -> None:
 
 
 def test_forbidden_phrases_are_dropped_and_counted_and_vague_predicates_counted() -> None:
-    bad = replace(BASE, description="Acme Corp was founded in 1999. Use  this fact for dates.")
-    vague = replace(BASE, predicate="affiliated_with", object="Jane Roe", evidence_span="by Jane Roe")
+    bad = _with(BASE, description="Acme Corp was founded in 1999. Use  this fact for dates.")
+    vague = _with(BASE, predicate="affiliated_with", object="Jane Roe", evidence_span="by Jane Roe")
     result = apply_guardrails([(bad, DOC), (BASE, DOC), (vague, DOC)], docid="d1", max_facts=15, now=NOW)
     assert [k.payload.properties.predicate for k in result.kis] == ["founded_in", "affiliated_with"]
     assert result.drop_counts == {"forbidden_phrase": 1}
@@ -218,7 +223,7 @@ def test_forbidden_phrases_are_dropped_and_counted_and_vague_predicates_counted(
 # ----------------------------------------------------------------------------- a repair never changes a value
 
 ACME_DOC = "Acme signed the agreement on 1 May 2023. The deal was large."
-SIGNED = FactCandidate(
+SIGNED = FactRecord(
     title="Acme signed the agreement on 1 June 2023",
     description="Acme signed the agreement on 1 June 2023 after long talks.",
     subject="Acme",
@@ -261,7 +266,7 @@ def test_repair_skips_a_contradicting_sentence_for_a_later_supporting_one() -> N
 
 
 def test_repair_needs_every_number_of_title_and_description() -> None:
-    fact = replace(
+    fact = _with(
         BASE,
         title="Acme Corp was founded in 1999",
         description="Acme Corp was founded in 1999 with 1,500 staff.",
@@ -276,7 +281,7 @@ def test_repair_needs_every_number_of_title_and_description() -> None:
 
 def test_verbatim_quote_is_not_subject_to_the_value_rule() -> None:
     # the quote is found as written: nothing is repaired, so nothing is swapped in
-    fact = replace(SIGNED, evidence_span="Acme signed the agreement on 1 May 2023")
+    fact = _with(SIGNED, evidence_span="Acme signed the agreement on 1 May 2023")
     ki = check_fact(fact, ACME_DOC, docid="d1", now=NOW)
     assert not isinstance(ki, Drop) and ki.payload.evidence == ["Acme signed the agreement on 1 May 2023"]
 

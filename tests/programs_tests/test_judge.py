@@ -12,6 +12,7 @@ from kitune.programs.judge import (
     parse_anchored_verdict,
     parse_grading,
     summarize_verdicts,
+    verdict_from_fields,
 )
 from kitune.text import exact_match, token_f1
 
@@ -193,7 +194,9 @@ def test_typed_verdict_fields_are_read_directly() -> None:
     lm = DummyLM([fields])
     v = Judge().grade("When?", "It opened in 1932.", "1932", lm=lm)
     assert (v.status, v.correct, v.extracted_answer, v.confidence) == ("graded", True, "1932", 85)
-    assert v.raw.splitlines()[2] == "correct: yes"
+    # issue 24: the verdict comes from the typed fields; the raw report is the model's own reply,
+    # no longer the fields rendered back into "correct: yes" text for parse_grading
+    assert "[[ ## correct ## ]]\nTrue" in v.raw and "correct: yes" not in v.raw
 
 
 def test_judge_confidence_follows_the_one_policy() -> None:
@@ -255,3 +258,18 @@ def test_parse_grading_reads_typed_values(raw: str, correct: bool, confidence: i
 def test_typed_value_that_does_not_fit_its_type_is_still_a_grader_error() -> None:
     v = parse_grading("extracted_final_answer: Paris\ncorrect: bool[maybe]\nconfidence: int[high]")
     assert (v.status, v.correct, v.confidence) == ("grader_error", None, None)
+
+
+def test_verdict_from_typed_fields_keeps_the_policies() -> None:
+    # issue 24: the typed fields make the verdict, with the same rules as a report: confidence
+    # outside 0-100 is None (never clamped), "None" is no extracted answer, no verdict is an error
+    typed = dspy.Prediction(correct=False, confidence=140, extracted_final_answer="None", reasoning="r")
+    v = verdict_from_fields(typed, raw="the reply")
+    assert v == JudgeVerdict(False, None, None, "graded", raw="the reply")
+    empty = verdict_from_fields(dspy.Prediction(correct=None, confidence=90, extracted_final_answer="Paris"))
+    assert (empty.status, empty.correct, empty.confidence, empty.extracted_answer) == (
+        "grader_error",
+        None,
+        90,
+        "Paris",
+    )

@@ -8,19 +8,10 @@ import dspy
 import pytest
 
 from kitune.errors import ParseError
-from kitune.lm import KituneLM, ResolvedLM, reset_format_memory
+from kitune.lm import REPLY_FAILURES, KituneLM, ResolvedLM, extract_json, reply_failure, reset_format_memory
 from kitune.programs.fact_extractor import DocExtraction, FactExtractor
-from kitune.programs.parsing import (
-    DEFAULT_CONFIDENCE,
-    FIELD_ALIASES,
-    REPLY_FAILURES,
-    FactCandidate,
-    coerce_confidence,
-    coerce_record,
-    extract_json,
-    parse_facts,
-    reply_failure,
-)
+from kitune.programs.parsing import coerce_record, parse_facts
+from kitune.programs.records import DEFAULT_CONFIDENCE, FIELD_ALIASES, FactRecord, coerce_confidence
 from kitune.schema import Document
 from kitune.testing.openai_stub import Reply, StubServer
 
@@ -50,7 +41,7 @@ P3_B = '{"type": "function", "name": "json_tool_call", "parameters": {' + _TSPOE
 P3_C = json.dumps({"json": "{" + _TSPOE + "}"})
 P3_D = '{"result": {"title": "T"}, "subject": "S"}'
 
-EXPECTED_TSPOE = FactCandidate(
+EXPECTED_TSPOE = FactRecord(
     title="T",
     description="D",
     subject="S",
@@ -77,7 +68,7 @@ def _g1_record(obj: object, confidence: object) -> dict[str, object]:
 def test_p1_a_think_block_and_fence_are_stripped() -> None:
     parsed = parse_facts(P1_A)
     assert parsed.records == (
-        FactCandidate(
+        FactRecord(
             title="Acme HQ location",
             description="Where Acme is based",
             subject="Acme Corp",
@@ -126,7 +117,7 @@ def test_p2_bare_list_with_aliases_and_all_fields_is_accepted() -> None:
     record = json.loads(P2)[0] | {"description": "Acme Corp was founded in 1999."}
     parsed = parse_facts(json.dumps([record]))
     assert parsed.records == (
-        FactCandidate(
+        FactRecord(
             title="Founding year",
             description="Acme Corp was founded in 1999.",
             subject="Acme Corp",

@@ -5,13 +5,10 @@ import json
 import pytest
 from dspy.utils import DummyLM
 
-from kitune.errors import LMConnectionError, ParseError
-from kitune.programs.query_rewriter import (
-    QueryRewriter,
-    RewriteTokens,
-    extract_json_object,
-    plan_from_output,
-)
+from kitune.errors import LMConnectionError
+from kitune.lm import KituneJSONAdapter, ReplyParseError
+from kitune.lm import read_json_object as extract_json_object
+from kitune.programs.query_rewriter import QueryRewriter, RewriteQuery, RewriteTokens, plan_from_draft
 from kitune.schema import Filter, QueryPlan
 from kitune.usage import CallRecord, TokenLedger
 
@@ -102,14 +99,19 @@ def test_tokens_from_ledger_when_lm_reports_none() -> None:
     assert res.tokens == RewriteTokens(input=120, output=30)
 
 
+def plan_from_output(raw: str, *, size: int = 10) -> QueryPlan:
+    """A raw reply read as the rewriter reads it: kitune's adapter, then :func:`plan_from_draft`."""
+    return plan_from_draft(KituneJSONAdapter().parse(RewriteQuery, raw)["plan"], size=size)
+
+
 def test_plan_from_output_unwraps_plan_and_json_string() -> None:
     inner = json.dumps({"lexical": "acme", "entity_tags": ["Zürich"]})
     assert plan_from_output(json.dumps({"json": inner})).entity_tags == ("entity:zurich",)
     wrapped = json.dumps({"plan": {"semantic": "s"}})
     assert plan_from_output(wrapped, size=3) == QueryPlan(semantic="s", size=3)
-    with pytest.raises(ParseError) as ei:
+    with pytest.raises(ReplyParseError) as ei:
         plan_from_output("[1, 2]")
-    assert ei.value.raw == "[1, 2]"
+    assert ei.value.lm_response == "[1, 2]" and ei.value.reason == "no_json"
 
 
 def test_extract_json_object_skips_non_json_braces() -> None:

@@ -53,6 +53,19 @@ def test_reopen_keeps_data_and_rejects_other_dim(tmp_path: Path) -> None:
         LanceStore(tmp_path, HashEmbedder(dim=16))
 
 
+def test_reopen_finds_its_table_among_more_than_ten(tmp_path: Path) -> None:
+    # LanceDB's deprecated table_names() returned the first 10 names only: an 11th table (a KI table
+    # per extractor prompt version is common) was taken for missing on reopen (issue 24)
+    for i in range(11):
+        _store(tmp_path, table=f"kis-a{i:02d}").upsert([make_ki(f"Other {i}", "Place")])
+    s = _store(tmp_path, table="kis-z")
+    kis = [make_ki(f"Person {i}", f"City {i}") for i in range(3)]
+    s.upsert(kis)
+    s.close()
+    again = _store(tmp_path, table="kis-z")
+    assert again.count() == 3 and again.get(kis[2].id).title == kis[2].title
+
+
 def test_tags_column_is_list_item_and_uses_label_list_index(tmp_path: Path) -> None:
     s = _store(tmp_path)
     s.upsert([make_ki("Ada Lovelace", "London", tags=["person"])])

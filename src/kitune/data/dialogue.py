@@ -476,7 +476,7 @@ def numbered_turn_view(text: str, *, date_text: str = "") -> tuple[str, list[tup
     The view is the header, ``Session date: 8 May 2023`` (when known), one ``[n] Speaker: text``
     line per turn (the turn line without its ``[D3:5]`` id, verbatim), then the relative dates
     resolved against the session date, ``- [n] "yesterday" = 7 May 2023``. The model cites turn
-    numbers like sentence numbers (:func:`kitune.programs.sentences.cited_evidence`), and the
+    numbers like sentence numbers (:func:`kitune.programs.sentences.resolve_citations`), and the
     returned spans turn a citation back into verbatim text.
 
     Args:

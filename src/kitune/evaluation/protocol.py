@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kitune.errors import ParseError
-from kitune.programs.parsing import coerce_confidence
+from kitune.programs.records import coerce_confidence
 
 __all__ = [
     "AnswerAction",
@@ -88,7 +88,7 @@ def force_commit_prompt() -> str:
 
 
 def parse_confidence(value: Any) -> int:
-    """The agent's confidence under the one confidence policy (``programs.parsing.coerce_confidence``).
+    """The agent's confidence under the one confidence policy (``programs.records.coerce_confidence``).
 
     ``"85%"`` → 85, ``0.85`` → 85, ``"85"`` → 85. A value the policy rejects (a word such as
     ``"high"``, a boolean, 140, NaN) does not sink the answer: it is kept with confidence 50, the

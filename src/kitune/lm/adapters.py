@@ -1,9 +1,25 @@
 """Adapters: which ``dspy.Adapter`` turns a signature into a request for a given LM, and reads the reply.
 
-Every adapter here formats requests exactly as its DSPy parent does; only reading the reply
-differs: when DSPy's typed parse fails, values a model wrote in the *type-annotated* form it saw
-in the prompt's field descriptions (``int[90]``, ``bool[False]``, ``"float[0.5]"``,
-``str[Paris]``) are unwrapped (:func:`unwrap_typed`) and the parse is tried once more.
+Every adapter here formats requests exactly as its DSPy parent does (the requests are
+byte-identical); only reading the reply differs, so programs read their typed output fields
+directly whatever shape the model wrote (:func:`parse_leniently`):
+
+* a signature whose one output is a list of pydantic records (the extractor's ``facts``) is read
+  **per record** (:func:`kitune.lm.replies.read_records`): the list is found in the reply (bare,
+  under a wrapper key, inside fences, after reasoning), each record is validated by its own model
+  and a bad one is dropped, reported and counted instead of failing the whole reply; an element
+  ``json_repair`` had to fix is reported, never kept (evidence must stay verbatim). The field's
+  value is a :class:`kitune.lm.replies.Records` list that carries ``errors`` and ``counters``;
+* any other signature is parsed as DSPy's parent adapter does; when that fails, values the model
+  wrote in the *type-annotated* form it saw in the prompt's field descriptions (``int[90]``,
+  ``bool[False]``, ``"float[0.5]"``, ``str[Paris]``) are unwrapped (:func:`unwrap_typed`) and the
+  parse is tried once more; when that fails too, the first JSON object anywhere in the reply is
+  read (:func:`kitune.lm.replies.read_json_object`): its keys name the output fields, or, for a
+  single output field typed as a pydantic model, the object is that model's value.
+
+A reply that still cannot be read raises :class:`ReplyParseError` (an ``AdapterParseError``) that
+says why: ``reason`` is ``no_json``, ``cut_off`` or ``malformed_json`` (no usable JSON) or
+``invalid_fields`` (JSON found, but an output field is missing or fails validation).
 """
 
 from __future__ import annotations
@@ -11,20 +27,28 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, get_args, get_origin
 
 import dspy
 from dspy.adapters.json_adapter import _get_structured_outputs_response_format
+from dspy.adapters.utils import apply_output_field_defaults, parse_value
 from dspy.utils.exceptions import AdapterParseError
+from pydantic import BaseModel
 
+from kitune.errors import ParseError
+from kitune.lm.calls import note_reply
 from kitune.lm.client import KituneLM
+from kitune.lm.replies import find_json_object, read_records, reply_failure
 
 __all__ = [
     "KituneChatAdapter",
     "KituneJSONAdapter",
     "LocalJSONAdapter",
+    "ReplyParseError",
     "adapter_for",
     "default_adapter",
+    "parse_leniently",
+    "record_list_field",
     "typed_value",
     "unwrap_typed",
 ]
@@ -97,41 +121,157 @@ def unwrap_typed(text: str) -> str:
     return _TYPED_RE.sub(replace, text)
 
 
-def _parse_unwrapping(
-    parse: Callable[[Any, str], dict[str, Any]], signature: Any, completion: str
-) -> dict[str, Any]:
-    """``parse(signature, completion)``; when that fails, once more on :func:`unwrap_typed`'s text.
+class ReplyParseError(AdapterParseError):  # type: ignore[misc]
+    """A reply kitune's lenient parse could not read either (see :func:`parse_leniently`).
+
+    Attributes:
+        reason: ``no_json``, ``cut_off`` or ``malformed_json`` (no usable JSON in the reply, as
+            :func:`kitune.lm.replies.reply_failure` names it) or ``invalid_fields`` (JSON found, but
+            an output field is missing or fails validation).
+        detail: what was wrong, naming the field (``"JSON cut off: the JSON object opened at …"``).
+        lm_response: the reply as the adapter received it.
+    """
+
+    def __init__(self, adapter_name: str, signature: Any, lm_response: str, cause: ParseError) -> None:
+        self.reason = reply_failure(cause) or "invalid_fields"
+        self.detail = str(cause)
+        super().__init__(adapter_name, signature, lm_response, message=self.detail)
+
+
+def record_list_field(signature: Any) -> tuple[str, type[BaseModel]] | None:
+    """``(name, record model)`` when the signature's only output is ``list[<pydantic model>]``, else None."""
+    fields = signature.output_fields
+    if len(fields) != 1:
+        return None
+    ((name, field),) = fields.items()
+    annotation = field.annotation
+    if get_origin(annotation) is not list:
+        return None
+    args = get_args(annotation)
+    model = args[0] if len(args) == 1 else None
+    if isinstance(model, type) and issubclass(model, BaseModel):
+        return name, model
+    return None
+
+
+def _is_model(annotation: Any) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
+
+
+def _fields_from_object(signature: Any, completion: str) -> dict[str, Any]:
+    """The output fields read from the first JSON object in the reply (validated by their types).
 
     Raises:
-        AdapterParseError: the first failure (holding the model's own text) when the reply has
-            no typed bracket value or still fails once they are unwrapped.
+        ParseError: no JSON object (``no_json`` / ``cut_off`` / ``malformed_json``), or an output
+            field missing or invalid (the message names it).
     """
+    obj = find_json_object(completion)
+    lowered = {str(k).strip().lower(): v for k, v in obj.items()}
+    fields = signature.output_fields
+    found: dict[str, Any] = {}
+    for name in fields:
+        if name.lower() in lowered:
+            found[name] = lowered[name.lower()]
+    if not found and len(fields) == 1:
+        ((name, field),) = fields.items()
+        if _is_model(field.annotation):  # the object is the one output's value
+            found[name] = obj
+    values: dict[str, Any] = {}
+    for name, value in found.items():
+        annotation = fields[name].annotation
+        if _is_model(annotation) and isinstance(value, str):
+            value = find_json_object(value)  # a stringified object
+        try:
+            values[name] = parse_value(value, annotation)
+        except ValueError as e:  # pydantic's ValidationError is a ValueError
+            raise ParseError(f"output field {name!r} is invalid: {e}", raw=completion) from None
+    values = apply_output_field_defaults(signature, values)
+    missing = [name for name in fields if name not in values]
+    if missing:
+        raise ParseError(
+            f"the reply's JSON object has no output field {', '.join(map(repr, missing))}", raw=completion
+        )
+    return values
+
+
+def parse_leniently(
+    parse: Callable[[Any, str], dict[str, Any]], signature: Any, completion: str, *, adapter_name: str
+) -> dict[str, Any]:
+    """Read ``completion`` into the signature's output fields, as leniently as the types allow.
+
+    Args:
+        parse: the parent adapter's strict ``parse(signature, completion)``.
+        signature: the DSPy signature.
+        completion: the reply text.
+        adapter_name: named in a :class:`ReplyParseError`.
+
+    The reply is reported to :func:`kitune.lm.track_replies` first.
+
+    Returns:
+        ``{field name: value}`` for every output field. A record-list output (see
+        :func:`record_list_field`) is a :class:`kitune.lm.replies.Records` with the valid records,
+        the dropped ones (``errors``) and ``counters``; it may be empty with errors (every record
+        rejected), which is the program's to judge.
+
+    Raises:
+        ReplyParseError: the reply holds no usable JSON, or (other signatures) the strict parse,
+            the typed-value retry and the JSON-object reading all failed.
+    """
+    note_reply(completion)
+    records = record_list_field(signature)
+    if records is not None:
+        name, model = records
+        try:
+            return {name: read_records(completion, model, keys=(name.lower(),))}
+        except ParseError as e:
+            raise ReplyParseError(adapter_name, signature, completion, e) from None
     try:
         return parse(signature, completion)
     except AdapterParseError as first:
         fixed = unwrap_typed(completion)
-        if fixed == completion:
-            raise
+        if fixed != completion:
+            try:
+                return parse(signature, fixed)
+            except AdapterParseError:
+                pass
         try:
-            return parse(signature, fixed)
-        except AdapterParseError:
-            raise first from None
+            return _fields_from_object(signature, fixed)
+        except ParseError as e:
+            raise ReplyParseError(adapter_name, signature, completion, e) from first
 
 
 class KituneChatAdapter(dspy.ChatAdapter):  # type: ignore[misc]
-    """``dspy.ChatAdapter`` that also reads type-annotated values (``int[90]``, ``bool[False]``)."""
+    """``dspy.ChatAdapter`` whose ``parse`` is lenient (:func:`parse_leniently`); requests unchanged.
+
+    Its JSON fallback (a second call after an unreadable reply, on unless
+    ``use_json_adapter_fallback=False``) is a :class:`KituneJSONAdapter`.
+    """
 
     def parse(self, signature: Any, completion: str) -> dict[str, Any]:
-        """Parse like ``dspy.ChatAdapter``, then retry once with :func:`unwrap_typed` applied."""
-        return _parse_unwrapping(super().parse, signature, completion)
+        """Parse like ``dspy.ChatAdapter``, leniently (see :func:`parse_leniently`).
+
+        Raises:
+            ReplyParseError: the reply could not be read.
+        """
+        return parse_leniently(super().parse, signature, completion, adapter_name=type(self).__name__)
+
+    def _make_json_adapter_fallback(self) -> dspy.Adapter:
+        return KituneJSONAdapter(
+            use_native_function_calling=self.use_native_function_calling,
+            parallel_tool_calls=self.parallel_tool_calls,
+        )
 
 
 class KituneJSONAdapter(dspy.JSONAdapter):  # type: ignore[misc]
-    """``dspy.JSONAdapter`` that also reads type-annotated values (``"int[90]"``, ``"bool[False]"``)."""
+    """``dspy.JSONAdapter`` whose ``parse`` is lenient (:func:`parse_leniently`); requests unchanged."""
 
     def parse(self, signature: Any, completion: str) -> dict[str, Any]:
-        """Parse like ``dspy.JSONAdapter``, then retry once with :func:`unwrap_typed` applied."""
-        return _parse_unwrapping(super().parse, signature, completion)
+        """Parse like ``dspy.JSONAdapter``, leniently (see :func:`parse_leniently`).
+
+        Raises:
+            ReplyParseError: the reply could not be read.
+        """
+        return parse_leniently(super().parse, signature, completion, adapter_name=type(self).__name__)
 
 
 class LocalJSONAdapter(KituneJSONAdapter):
@@ -166,8 +306,7 @@ def default_adapter(lm: Any) -> dspy.Adapter:
 
     :func:`adapter_for` for a :class:`KituneLM` (the output types become ``response_format``);
     for any other ``dspy.LM`` (test doubles, plain LiteLLM) a :class:`KituneChatAdapter`
-    *without* its JSON fallback, so a reply the adapter cannot parse costs no second call: the
-    program's own parser reads the raw reply instead.
+    *without* its JSON fallback, so a reply the lenient parse cannot read costs no second call.
     """
     if isinstance(lm, KituneLM):
         return adapter_for(lm)

@@ -16,8 +16,10 @@ __all__ = [
     "generated_text",
     "messages_text",
     "note_finish",
+    "note_reply",
     "reasoning_of",
     "track_calls",
+    "track_replies",
 ]
 
 
@@ -112,3 +114,31 @@ def note_finish(response: Any) -> None:
         outcome = CallOutcome(finish_reason_of(response), content_of(response))
         for sink in sinks:
             sink.append(outcome)
+
+
+_REPLY_SINKS: contextvars.ContextVar[tuple[list[str], ...]] = contextvars.ContextVar(
+    "kitune_reply_sinks", default=()
+)
+
+
+@contextlib.contextmanager
+def track_replies() -> Iterator[list[str]]:
+    """Collect every reply text a kitune adapter read inside the block, whatever the LM.
+
+    Yields a list that gets each completion as the adapter received it, before any parsing (a
+    :class:`KituneLM` call's text is also in :func:`track_calls`; this sees test doubles and other
+    ``dspy.LM`` classes too). Blocks nest; worker threads started with a copy of the context
+    report into the same list.
+    """
+    sink: list[str] = []
+    token = _REPLY_SINKS.set((*_REPLY_SINKS.get(), sink))
+    try:
+        yield sink
+    finally:
+        _REPLY_SINKS.reset(token)
+
+
+def note_reply(text: str) -> None:
+    """Report a reply a kitune adapter is about to read to every :func:`track_replies` block open here."""
+    for sink in _REPLY_SINKS.get():
+        sink.append(text)

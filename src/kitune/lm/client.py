@@ -13,6 +13,12 @@
   ``cache_hit=True`` (case D1);
 * the response cache key covers every request parameter (temperature, max_tokens,
   response_format, rollout_id …) and :meth:`KituneLM.call_uncached` bypasses it (case D2).
+
+``forward`` is DSPy 3.4's deprecated extension point; a DSPy engine (``dspy.LM(engine=…)``) was
+measured and cannot carry these requests unchanged nor let kitune's errors reach callers (the
+local model's ``response_format`` is refused before any engine, tool-call arguments and
+``rollout_id`` do not survive, non-DSPy errors become ``LMUnexpectedError`` and are not retried):
+README "Why KituneLM still overrides dspy.LM.forward", ``tests/lm_tests/test_dspy_engine.py``.
 """
 
 from __future__ import annotations
@@ -498,9 +504,13 @@ class KituneLM(dspy.LM):  # type: ignore[misc]
     ) -> list[Any]:
         """Call like ``lm(...)`` but never serve from the cache; the fresh reply replaces any cached one.
 
-        Use it for a retry after a ParseError or truncated output (case D2).
+        Use it for a retry after a ParseError or truncated output (case D2). It runs :meth:`forward`
+        and turns the response into ``lm(...)``'s outputs with ``dspy.BaseLM``'s legacy processing
+        (history and DSPy's usage tracker included), so OpenAI-style ``messages`` never go through
+        ``lm(messages=...)``, which DSPy 3.4 deprecates.
         """
-        outputs: list[Any] = self(prompt, messages=messages, _kitune_refresh=True, **kwargs)
+        response = self.forward(prompt, messages, _kitune_refresh=True, **kwargs)
+        outputs: list[Any] = self._process_lm_response(response, prompt, messages, **kwargs)
         return outputs
 
 

@@ -23,7 +23,9 @@ Guardrails, applied after generation (each rejection carries a reason):
   instead (``DisambiguationResult.evidence_source == "gold_sentence"``);
   ``evidence_not_in_document`` is the rejection when neither exists;
 * ``invalid_ki: …`` — length or tag rules of :class:`kitune.ki.KI` are broken;
-* ``lm_error: …`` — the LM call failed.
+* ``lm_error: …`` — the LM call failed, or its reply could not be read into the three fields
+  (read leniently by kitune's chat adapter, :func:`kitune.lm.parse_leniently`, with DSPy's usual
+  second, JSON-formatted call when the first reply is unreadable).
 
 :func:`accept_if_retrieved` is the last gate: the KI is kept only if retrieval for the failing
 question returns it in the top results.
@@ -41,8 +43,10 @@ from pydantic import ValidationError
 
 from kitune.errors import DocumentNotFoundError
 from kitune.ki import KI, TITLE_MAX_CHARS
+from kitune.lm import KituneChatAdapter
 from kitune.programs.guardrails import fit_description
 from kitune.programs.instructions import resolve_instruction
+from kitune.programs.predict import predict_typed
 from kitune.retrieval.base import Store
 from kitune.text import find_span, fold_text
 
@@ -135,6 +139,11 @@ def template_title(gold: str, wrong: str, rest: str, *, max_chars: int = 140) ->
     return f"{head}{TEMPLATE_DASH}{cut}…" if cut else head
 
 
+def _chat_adapter(_lm: Any) -> dspy.Adapter:
+    """DSPy's default adapter for this program (ChatAdapter, JSON fallback on), read leniently."""
+    return KituneChatAdapter()
+
+
 class Disambiguate(dspy.Signature):  # type: ignore[misc]
     """Write one fact that tells the correct answer from the wrong one (instructions replaced)."""
 
@@ -213,17 +222,28 @@ class Disambiguator(dspy.Module):  # type: ignore[misc]
         """Run the LM once; returns ``title``, ``description`` and ``evidence`` (unchecked).
 
         ``previous_problem`` is empty on a first attempt; on a regeneration it says why the last
-        title was rejected (and ``cache=False`` makes the call fresh).
+        title was rejected (and ``cache=False`` makes the call fresh). The adapter is the DSPy
+        context's, else kitune's chat adapter (the request DSPy's default adapter sends).
+
+        Raises:
+            kitune.lm.ReplyParseError: the reply could not be read into the three fields.
+            Whatever the LM raises.
         """
         config: dict[str, Any] = {"cache": False, "rollout_id": 1} if previous_problem else {}
-        return self.writer(
+        reply = predict_typed(
+            self.writer,
+            adapter=_chat_adapter,
+            config=config,
             question=question,
             correct_answer=correct_answer,
             wrong_answer=wrong_answer,
             document=document[: self.max_document_chars],
             previous_problem=previous_problem,
-            config=config,
         )
+        if reply.prediction is None:
+            assert reply.error is not None
+            raise reply.error
+        return reply.prediction
 
     def _call(self, lm: Any, *args: str) -> dspy.Prediction:
         if lm is not None:

@@ -1,10 +1,11 @@
 """The domain describer: a corpus sample → a typed :class:`DomainDescription`.
 
 One LM call per corpus (plus one retry when the reply holds no usable JSON). The output is typed,
-``description: DomainDescription``, so the format comes from the type through the adapter; when
-the adapter cannot parse it, the model's own text is read with
-:func:`kitune.programs.parsing.extract_json` (reasoning blocks, fences and prose around the object
-are skipped). Either way the pydantic model :class:`DomainDescription` validates it, lenient
+``description: DomainDescription``, so the format comes from the type through the adapter, which
+reads it leniently (:func:`kitune.lm.parse_leniently`: reasoning blocks, fences and prose around
+the object are skipped) and the program reads the typed field directly
+(:func:`kitune.programs.predict.predict_typed`); :func:`parse_description` applies the same reading
+to a reply text. Either way the pydantic model :class:`DomainDescription` validates it, lenient
 about shape drift and strict about values:
 
 * key aliases (``entities`` → ``entity_types``, ``relations`` → ``predicates`` …, see
@@ -34,9 +35,9 @@ import dspy
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kitune.errors import ParseError
-from kitune.lm import default_adapter, track_calls
+from kitune.lm import extract_json
 from kitune.programs.instructions import resolve_instruction
-from kitune.programs.parsing import extract_json
+from kitune.programs.predict import predict_typed
 from kitune.schema import Document
 
 __all__ = [
@@ -325,7 +326,7 @@ class DescriptionResult:
     raw: str = ""
     """The last reply (kept for the report)."""
     counters: dict[str, int] | None = None
-    """Parse counters of the accepted reply."""
+    """Parse counters of the accepted reply (the adapter reads the typed field: empty)."""
 
 
 def render_sample(docs: Sequence[Document], *, doc_chars: int = 600) -> str:
@@ -366,20 +367,16 @@ class DomainDescriber(dspy.Module):  # type: ignore[misc]
         self.max_tokens = max_tokens
         self.retries = retries
 
-    def _complete(self, inputs: dict[str, str], attempt: int) -> str:
+    def _complete(self, inputs: dict[str, Any], attempt: int) -> tuple[DomainDescription | None, str, str]:
+        """One call; returns ``(description or None, the model's reply, why there is none)``."""
         config: dict[str, Any] = {"max_tokens": self.max_tokens}
         if attempt > 0:
             config.update(cache=False, rollout_id=attempt, temperature=0.7)
-        overrides: dict[str, Any] = {}
-        if dspy.settings.adapter is None:
-            overrides["adapter"] = default_adapter(self.describe_domain.lm or dspy.settings.lm)
-        with dspy.context(**overrides), track_calls() as calls:
-            try:
-                pred = self.describe_domain(**inputs, config=config)
-            except dspy.utils.exceptions.AdapterParseError as e:  # untyped: read the model's own text
-                return calls[-1].content if calls else str(e.lm_response or "")
-        value = pred.description
-        return value.model_dump_json() if isinstance(value, DomainDescription) else str(value or "")
+        reply = predict_typed(self.describe_domain, config=config, **inputs)
+        if reply.prediction is not None and isinstance(reply.prediction.description, DomainDescription):
+            return reply.prediction.description, reply.raw, ""
+        error = reply.error.detail if reply.error is not None else "the reply holds no description"
+        return None, reply.raw, error
 
     def describe(
         self,
@@ -422,20 +419,16 @@ class DomainDescriber(dspy.Module):  # type: ignore[misc]
         error, raw, calls = "", "", 0
         for attempt in range(self.retries + 1):
             calls += 1
-            raw = self._complete(inputs, attempt)
-            try:
-                description, counts = parse_description(raw)
-            except ParseError as e:
-                error = str(e)
-                continue
-            return DescriptionResult(description, "ok", calls, raw=raw, counters=dict(counts))
+            description, raw, error = self._complete(inputs, attempt)
+            if description is not None:
+                return DescriptionResult(description, "ok", calls, raw=raw, counters={})
         names = list(fields) if kind == "records" else []
         fallback = DomainDescription.fallback(corpus_name, kind=kind, fields=names, entity_types=pin_types)
         return DescriptionResult(fallback, "fallback", calls, error=error, raw=raw)
 
     def forward(self, sample: str, corpus_name: str = "corpus") -> dspy.Prediction:
         """Describe a pre-rendered sample (the form optimisers call); ``description`` or None."""
-        raw = self._complete(
+        description, raw, _error = self._complete(
             {
                 "corpus_name": corpus_name,
                 "record_fields": "none (prose documents)",
@@ -444,7 +437,4 @@ class DomainDescriber(dspy.Module):  # type: ignore[misc]
             },
             0,
         )
-        try:
-            return dspy.Prediction(description=parse_description(raw)[0], raw=raw)
-        except ParseError:
-            return dspy.Prediction(description=None, raw=raw)
+        return dspy.Prediction(description=description, raw=raw)

@@ -5,11 +5,11 @@
 ``prompts/extractor.txt``, which describes only the task). The output is typed,
 ``facts: list[FactRecord]`` (:mod:`kitune.programs.records`), so the format reaches the model
 through the adapter (:func:`kitune.lm.default_adapter`: the JSON schema in the prompt, or as
-``response_format`` for a :class:`kitune.lm.KituneLM`), not through the instruction. Every reply
-still goes through the per-record parser (:mod:`kitune.programs.parsing`): when the typed parse
-fails (one bad record fails the whole list, or a small model wraps it in prose), the raw
-completion is parsed instead, so reasoning blocks, fences, envelopes, a broken record and
-confidence drift cost only the records at fault.
+``response_format`` for a :class:`kitune.lm.KituneLM`), not through the instruction. The adapter
+reads the reply per record (:func:`kitune.lm.parse_leniently`), so reasoning blocks, fences,
+envelopes, a broken record and confidence drift cost only the records at fault, and the program
+reads the typed ``facts`` field directly (:func:`kitune.programs.predict.predict_typed`): the
+valid records plus the dropped ones and the parse counters.
 
 No ``dspy.Refine``/``BestOfN``: both resample the *whole* reply until a reward passes, which on
 the embedded model multiplies the extractor's cost (its largest) per document; the failures that
@@ -42,7 +42,6 @@ plus the parser's and the guardrails' counters.
 
 from __future__ import annotations
 
-import json
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -58,14 +57,13 @@ from kitune.data.dialogue import (
     parse_session,
     turn_indexed_view,
 )
-from kitune.errors import ParseError
 from kitune.ki import KI
-from kitune.lm import default_adapter, finish_reason_of, track_calls
+from kitune.lm import Records, finish_reason_of
 from kitune.programs.guardrails import apply_guardrails
 from kitune.programs.instructions import instruction_version, load_instruction
-from kitune.programs.parsing import FactCandidate, ParsedFacts, parse_facts
+from kitune.programs.predict import TypedReply, predict_typed
 from kitune.programs.records import FactRecord, SentenceFactRecord
-from kitune.programs.sentences import cited_evidence, numbered_text, sentence_spans
+from kitune.programs.sentences import numbered_text, resolve_citations, sentence_spans
 from kitune.schema import Document
 
 if TYPE_CHECKING:
@@ -188,10 +186,6 @@ def split_text(text: str, chunk_chars: int) -> list[tuple[int, str]]:
     return chunks
 
 
-def _as_dict(record: Any) -> Any:
-    return record.model_dump() if isinstance(record, FactRecord | SentenceFactRecord) else record
-
-
 def _halve(chunk: str) -> tuple[str, str] | None:
     """Split ``chunk`` in two at the boundary nearest its middle (paragraph, sentence, space).
 
@@ -296,44 +290,42 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
 
     def _complete(
         self, doc: Document, view: str, attempt: int, max_tokens: int | None = None
-    ) -> tuple[str, str | None]:
-        """One call on the chunk's :meth:`_view`; returns ``(raw reply, finish_reason or None)``."""
+    ) -> tuple[TypedReply, str | None]:
+        """One call on the chunk's :meth:`_view`; returns ``(reply, finish_reason or None)``."""
         config: dict[str, Any] = {}
         if attempt > 0:
             config = {"cache": False, "rollout_id": attempt, "temperature": RETRY_TEMPERATURE}
         if max_tokens is not None:
             config["max_tokens"] = max_tokens
         lm = self._lm()
-        overrides: dict[str, Any] = {}
-        if dspy.settings.adapter is None:
-            overrides["adapter"] = default_adapter(lm)
         seen = len(getattr(lm, "history", None) or [])
-        with dspy.context(**overrides), track_calls() as calls:
-            try:
-                pred = self.extract(docid=doc.docid, url=doc.url, title=doc.title, text=view, config=config)
-                raw = json.dumps([_as_dict(r) for r in (pred.facts or [])], ensure_ascii=False)
-            except dspy.utils.exceptions.AdapterParseError as e:
-                # One bad record fails the typed parse of the whole list: read the raw reply with
-                # the per-record parser instead (G1: the valid siblings are kept). The adapter's
-                # error may hold a rewritten reply; the tracked call has the model's own text.
-                raw = calls[-1].content if calls else str(e.lm_response or "")
-        if calls:
-            return raw, calls[-1].finish_reason
+        reply = predict_typed(
+            self.extract, config=config, docid=doc.docid, url=doc.url, title=doc.title, text=view
+        )
+        if reply.calls:
+            return reply, reply.finish_reason
         history = getattr(lm, "history", None) or []
         if len(history) > seen and isinstance(history[-1], dict):  # another dspy.LM: read its record
-            return raw, finish_reason_of(history[-1].get("response"))
-        return raw, None
+            return reply, finish_reason_of(history[-1].get("response"))
+        return reply, None
 
     @staticmethod
-    def _resolver(chunk: str, spans: list[tuple[int, int]] | None) -> Any:
-        """In sentence mode (``spans`` given): record → record with its citation as ``evidence_span``.
+    def _facts(
+        reply: TypedReply, chunk: str, spans: list[tuple[int, int]] | None
+    ) -> Records[FactRecord] | None:
+        """The reply's fact records, with the dropped ones and the counters; None when it held no JSON.
 
-        The cited sentences are copied from ``chunk``; for a dialogue the cited numbers are
-        turns, copied as ``Speaker: text``.
+        In sentence mode (``spans`` given) each record's citation becomes its verbatim
+        ``evidence_span``, copied from ``chunk`` (for a dialogue the cited numbers are turns,
+        copied as ``Speaker: text``).
         """
-        if spans is None:
+        if reply.prediction is None:
             return None
-        return lambda record, counts: cited_evidence(record, chunk, spans, counts)
+        facts = reply.prediction.facts
+        records = facts if isinstance(facts, Records) else Records(facts or ())
+        if spans is not None:
+            return resolve_citations(records, chunk, spans)
+        return records
 
     @property
     def partial_is_final(self) -> bool:
@@ -356,35 +348,33 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
 
     def _extract_chunk(
         self, doc: Document, chunk: str, counts: Counter[str], *, may_grow: bool = True
-    ) -> tuple[list[FactCandidate] | None, bool, str, str]:
+    ) -> tuple[list[FactRecord] | None, bool, str, str]:
         """Return ``(records, partial, error, raw)``; records is None when the chunk stayed malformed.
 
         ``partial`` is True when the records come from a reply still cut at its token limit.
         """
         error, raw = "", ""
-        salvage: ParsedFacts | None = None
+        salvage: Records[FactRecord] | None = None
         room: int | None = None
         attempt = 0
         malformed_retries = 0
         view, spans = self._view(doc, chunk)
-        resolve = self._resolver(chunk, spans)
         while True:
             if attempt:
                 counts["retries"] += 1
             counts["lm_calls"] += 1
-            raw, finish = self._complete(doc, view, attempt, room)
+            reply, finish = self._complete(doc, view, attempt, room)
+            raw = reply.raw
             attempt += 1
-            parsed: ParsedFacts | None
-            try:
-                parsed = parse_facts(raw, resolve=resolve)
-            except ParseError as e:
-                parsed, error = None, str(e)
-            cut = finish == "length" or bool(parsed and parsed.counters.get("truncated_salvaged"))
+            parsed = self._facts(reply, chunk, spans)
+            if reply.error is not None:
+                error = reply.error.detail
+            cut = finish == "length" or bool(parsed is not None and parsed.counters.get("truncated_salvaged"))
             if parsed is not None:
                 counts.update(parsed.counters)
             if cut:
                 counts["truncated_replies"] += 1
-                if parsed is not None and parsed.records:
+                if parsed:
                     salvage = parsed
                 if may_grow:
                     may_grow = False
@@ -400,8 +390,8 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
                         counts["truncation_splits"] += 1
                         return self._extract_halves(doc, halves, counts)
                 if salvage is not None:
-                    counts["kept_from_truncated"] += len(salvage.records)
-                    return list(salvage.records), True, "", ""
+                    counts["kept_from_truncated"] += len(salvage)
+                    return list(salvage), True, "", ""
                 counts["parse_failures"] += 1
                 error = error or "the reply was cut at its token limit before one record ended"
                 return None, False, error, raw
@@ -415,15 +405,15 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
                     malformed_retries += 1
                     continue
                 if salvage is not None:  # the bigger retry was malformed: keep what the cut reply had
-                    counts["kept_from_truncated"] += len(salvage.records)
-                    return list(salvage.records), True, "", ""
+                    counts["kept_from_truncated"] += len(salvage)
+                    return list(salvage), True, "", ""
                 return None, False, error, raw
-            return list(parsed.records), False, "", ""
+            return list(parsed), False, "", ""
 
     def _extract_halves(
         self, doc: Document, halves: tuple[str, str], counts: Counter[str]
-    ) -> tuple[list[FactCandidate] | None, bool, str, str]:
-        records: list[FactCandidate] = []
+    ) -> tuple[list[FactRecord] | None, bool, str, str]:
+        records: list[FactRecord] = []
         partial = False
         for half in halves:
             got, cut, error, raw = self._extract_chunk(doc, half, counts, may_grow=False)
@@ -451,7 +441,7 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
             chunks = [(0, c) for c in chunk_session(doc.text, self.chunk_chars) if c.strip()]
         else:
             chunks = [(off, c) for off, c in split_text(doc.text, self.chunk_chars) if c.strip()]
-        facts: list[tuple[FactCandidate, str]] = []
+        facts: list[tuple[FactRecord, str]] = []
         partial = False
         for _offset, chunk in chunks:
             records, cut, error, raw = self._extract_chunk(doc, chunk, counts)

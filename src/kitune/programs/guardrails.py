@@ -68,7 +68,7 @@ from decimal import Decimal
 from pydantic import ValidationError
 
 from kitune.ki import DESCRIPTION_MAX_CHARS, KI, PREDICATE_MAX_CHARS, TITLE_MAX_CHARS, ki_id, slugify
-from kitune.programs.parsing import FactCandidate
+from kitune.programs.records import FactRecord
 from kitune.text import find_span, fold_text, parse_date
 
 __all__ = [
@@ -377,7 +377,7 @@ def fit_description(text: str) -> tuple[str, bool]:
 
 
 def check_fact(
-    fact: FactCandidate,
+    fact: FactRecord,
     text: str,
     *,
     docid: str,
@@ -475,7 +475,7 @@ def check_fact(
 
 
 def apply_guardrails(
-    facts: Sequence[tuple[FactCandidate, str]],
+    facts: Sequence[tuple[FactRecord, str]],
     *,
     docid: str,
     max_facts: int,

@@ -2,8 +2,10 @@
 
 The grader's outputs are typed fields (``extracted_final_answer``, ``reasoning``,
 ``correct: bool``, ``confidence: int``), so the format comes from the signature through the
-adapter, not from the instruction text. When the adapter cannot parse them, the model's own
-text is read as a report of this shape::
+adapter, not from the instruction text, and the verdict is built from those fields directly
+(:func:`verdict_from_fields`). When the adapter cannot read them even leniently (no field markers,
+no JSON: a free-text report), the model's own text is read as a report of this shape
+(:func:`parse_grading`)::
 
     extracted_final_answer: <the final answer found in the response, or None>
     reasoning: <why it matches the gold answer or not>
@@ -27,12 +29,12 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import dspy
-from dspy.utils.exceptions import AdapterParseError
 
 from kitune.errors import LMError
-from kitune.lm import default_adapter, track_calls, unwrap_typed
+from kitune.lm import unwrap_typed
 from kitune.programs.instructions import resolve_instruction
-from kitune.programs.parsing import coerce_confidence
+from kitune.programs.predict import predict_typed
+from kitune.programs.records import coerce_confidence
 
 __all__ = [
     "GradeResponse",
@@ -43,6 +45,7 @@ __all__ = [
     "parse_anchored_verdict",
     "parse_grading",
     "summarize_verdicts",
+    "verdict_from_fields",
 ]
 
 JudgeStatus = Literal["graded", "grader_error"]
@@ -129,7 +132,7 @@ _SECTION_RE = re.compile(r"\[\[ ## (extracted_final_answer|reasoning|correct|con
 
 
 def _confidence(value: Any) -> int | None:
-    """The one confidence policy (:func:`kitune.programs.parsing.coerce_confidence`).
+    """The one confidence policy (:func:`kitune.programs.records.coerce_confidence`).
 
     None when absent or invalid (``140``, ``"high"``): never clamped, never defaulted.
     """
@@ -169,9 +172,14 @@ def _json_report(raw: str) -> tuple[str | None, str | None, int | None] | None:
     )
     verdict = _JSON_BOOL.get(key)
     answer = fields.get("extracted_final_answer", fields.get("extracted_answer"))
-    empty = answer is None or str(answer).strip().casefold() in ("", "none", "n/a")
-    extracted = None if empty else str(answer)
-    return verdict, extracted, _confidence(fields.get("confidence"))
+    return verdict, _answer(answer), _confidence(fields.get("confidence"))
+
+
+def _answer(value: Any) -> str | None:
+    """The extracted answer, or None when absent or written as none (``None``, ``n/a``, blank)."""
+    if value is None or str(value).strip().casefold() in ("", "none", "n/a"):
+        return None
+    return str(value)
 
 
 def parse_grading(raw: str) -> JudgeVerdict:
@@ -238,12 +246,32 @@ class GradeResponse(dspy.Signature):  # type: ignore[misc]
     confidence: int = dspy.OutputField(desc="Your confidence in this grading, an integer 0-100.")
 
 
-def _report(pred: Any) -> str:
-    """The four verdict fields as the line report :func:`parse_grading` reads."""
-    verdict = "yes" if pred.correct else "no"
-    return (
-        f"extracted_final_answer: {pred.extracted_final_answer}\nreasoning: {pred.reasoning}\n"
-        f"correct: {verdict}\nconfidence: {pred.confidence}"
+def verdict_from_fields(pred: Any, *, raw: str = "") -> JudgeVerdict:
+    """The verdict from the grader's typed fields (the adapter has already read them).
+
+    Args:
+        pred: a prediction with ``correct`` (bool), ``confidence`` (int), ``extracted_final_answer``.
+        raw: the grader's own reply, kept on the verdict.
+
+    Returns:
+        ``status="graded"`` with ``correct`` as typed, the confidence under the one policy (None
+        when outside 0–100: never clamped) and the extracted answer (None when written as none);
+        ``status="grader_error"`` when ``correct`` came back empty.
+    """
+    correct = getattr(pred, "correct", None)
+    confidence = _confidence(getattr(pred, "confidence", None))
+    extracted = _answer(getattr(pred, "extracted_final_answer", None))
+    if not isinstance(correct, bool):
+        return JudgeVerdict(
+            correct=None,
+            confidence=confidence,
+            extracted_answer=extracted,
+            status="grader_error",
+            error="no parsable verdict in the grader output",
+            raw=raw,
+        )
+    return JudgeVerdict(
+        correct=correct, confidence=confidence, extracted_answer=extracted, status="graded", raw=raw
     )
 
 
@@ -274,23 +302,22 @@ class Judge(dspy.Module):  # type: ignore[misc]
         self.attempts = attempts
 
     def forward(self, question: str, response: str, correct_answer: str) -> dspy.Prediction:
-        """Run the grader once; returns a prediction with the ``grading`` report text.
+        """Run the grader once; returns a prediction with the ``verdict`` and the ``grading`` reply.
 
-        The verdict fields are typed (``correct: bool`` …); the adapter is the context's, else
-        :func:`kitune.lm.default_adapter`. When the typed parse succeeds the report is rebuilt
-        from the fields; when it fails (free text, a JSON object with ``"correct": "yes"``) the
-        model's own text is the report, read by :func:`parse_grading`. No second,
-        JSON-formatted call is made. Raises whatever the LM raises.
+        The verdict fields are typed (``correct: bool`` …) and read by the adapter (the context's,
+        else :func:`kitune.lm.default_adapter`), so the verdict is built from them
+        (:func:`verdict_from_fields`). A reply the adapter cannot read even leniently (a free-text
+        report) is read by :func:`parse_grading`. No second, JSON-formatted call is made. Raises
+        whatever the LM raises.
         """
-        overrides: dict[str, Any] = {}
-        if dspy.settings.adapter is None:
-            overrides["adapter"] = default_adapter(self.grader.lm or dspy.settings.lm)
-        with dspy.context(**overrides), track_calls() as calls:
-            try:
-                pred = self.grader(question=question, response=response, correct_answer=correct_answer)
-            except AdapterParseError as e:
-                return dspy.Prediction(grading=calls[-1].content if calls else str(e.lm_response or ""))
-        return dspy.Prediction(grading=_report(pred))
+        reply = predict_typed(
+            self.grader, question=question, response=response, correct_answer=correct_answer
+        )
+        if reply.prediction is not None:
+            verdict = verdict_from_fields(reply.prediction, raw=reply.raw)
+        else:
+            verdict = parse_grading(reply.raw)
+        return dspy.Prediction(verdict=verdict, grading=reply.raw)
 
     def grade(
         self, question: str, response: str, gold: str, *, aliases: Sequence[str] = (), lm: Any = None
@@ -315,7 +342,8 @@ class Judge(dspy.Module):  # type: ignore[misc]
                 if not _is_retryable(e):
                     break
                 continue
-            return parse_grading(pred.grading)
+            verdict: JudgeVerdict = pred.verdict
+            return verdict
         return JudgeVerdict(
             correct=None, confidence=None, extracted_answer=None, status="grader_error", error=error
         )

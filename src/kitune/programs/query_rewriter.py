@@ -2,11 +2,12 @@
 
 The LM writes the plan *values* (entity tags, lexical keywords, a semantic sentence, optional
 tag filters) as the typed ``plan`` output (:class:`kitune.programs.records.PlanDraft`: the format
-comes from the type through the adapter, not from the instruction; when the adapter cannot
-parse it, the model's own text is read for one JSON object). The object is validated here with
-pydantic; the LM never writes query text that a store executes. Output that cannot be turned
-into a valid, non-empty plan falls back to :meth:`QueryPlan.plain` and the fallback is counted
-(:class:`RewriteResult` ``fell_back`` and :attr:`QueryRewriter.fallbacks`).
+comes from the type through the adapter, not from the instruction). The adapter reads it
+leniently (:func:`kitune.lm.parse_leniently`: fences, reasoning, prose around the object, a
+stringified or Python-literal object) and :func:`plan_from_draft` validates the draft into a
+:class:`QueryPlan`; the LM never writes query text that a store executes. Output that cannot be
+turned into a valid, non-empty plan falls back to :meth:`QueryPlan.plain` and the fallback is
+counted (:class:`RewriteResult` ``fell_back`` and :attr:`QueryRewriter.fallbacks`).
 
 Policies (tested):
 
@@ -24,69 +25,28 @@ Policies (tested):
 
 from __future__ import annotations
 
-import ast
 import re
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 import dspy
-from dspy.utils.exceptions import AdapterParseError
 from pydantic import ValidationError
 
 from kitune.errors import ParseError
 from kitune.ki import entity_tag, slugify
-from kitune.lm import default_adapter, track_calls
 from kitune.programs.instructions import resolve_instruction
-from kitune.programs.parsing import extract_json, strip_reasoning
+from kitune.programs.predict import predict_typed
 from kitune.programs.records import PlanDraft
 from kitune.schema import Filter, QueryPlan
 from kitune.usage import TokenLedger
 
-__all__ = ["QueryRewriter", "RewriteQuery", "RewriteResult", "RewriteTokens", "plan_from_output"]
+__all__ = ["QueryRewriter", "RewriteQuery", "RewriteResult", "RewriteTokens", "plan_from_draft"]
 
 _FILTER_KEYS = {"tags_any", "tags_all", "doc_ids", "subtypes", "min_confidence"}
 
 
-def extract_json_object(text: str) -> dict[str, Any] | None:
-    """Return the first JSON object found in ``text``, or None.
-
-    The shared reader :func:`kitune.programs.parsing.extract_json` does the work (reasoning
-    blocks, code fences and prose around the object are skipped, case P1; a broken object is
-    read with ``json_repair``). A stringified object under a single ``"json"`` key is decoded
-    once. A Python-literal dict (single quotes, as ``str(dict)`` writes it when an adapter
-    stringifies an object) is read with :func:`ast.literal_eval`, which evaluates literals only.
-    """
-    try:
-        value = extract_json(text or "")
-    except ParseError:
-        value = None
-    if isinstance(value, list):
-        value = next((v for v in value if isinstance(v, dict)), None)
-    if isinstance(value, dict):
-        if set(value) == {"json"} and isinstance(value["json"], str):
-            inner = extract_json_object(value["json"])
-            return inner if inner is not None else value
-        return value
-    cleaned = strip_reasoning(text or "")[0]
-    start, end = cleaned.find("{"), cleaned.rfind("}")
-    if 0 <= start < end:
-        try:
-            lit = ast.literal_eval(cleaned[start : end + 1])
-        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-            return None
-        if isinstance(lit, dict) and all(isinstance(k, str) for k in lit):
-            return lit
-    return None
-
-
-def _normalise_tags(raw: Any) -> list[str]:
-    if raw is None:
-        return []
-    if isinstance(raw, str):
-        raw = [raw]
-    if not isinstance(raw, list) or not all(isinstance(t, str) for t in raw):
-        raise ParseError(f"entity_tags must be a list of strings, got {type(raw).__name__}")
+def _normalise_tags(raw: list[str]) -> list[str]:
     tags: list[str] = []
     for t in raw:
         t = t.strip()
@@ -123,14 +83,14 @@ def _names_key(question: str) -> str:
     return slugify(" ".join(names), max_chars=10_000).replace("-", "")
 
 
-def plan_from_output(
-    raw: str, *, size: int = 10, question: str | None = None, dropped: list[str] | None = None
+def plan_from_draft(
+    draft: PlanDraft, *, size: int = 10, question: str | None = None, dropped: list[str] | None = None
 ) -> QueryPlan:
-    """Validate the rewriter's raw ``plan_json`` output into a :class:`QueryPlan`.
+    """Validate the rewriter's typed ``plan`` output into a :class:`QueryPlan`.
 
     Args:
-        raw: the LM's output text (may carry code fences, a ``<think>`` block or prose).
-        size: the plan's size, 1–1000 (the caller's choice; an LM ``size`` is ignored).
+        draft: the plan values as the adapter read them.
+        size: the plan's size, 1–1000 (the caller's choice; the LM never sets it).
         question: when given, entity tags not grounded in it are dropped (see the module doc).
         dropped: when given, the dropped tags are appended to it.
 
@@ -138,38 +98,27 @@ def plan_from_output(
         A validated, non-empty plan.
 
     Raises:
-        ParseError: no JSON object (``"no_json: …"``), a value that fails validation
-            (``"invalid_plan: …"``: malformed tags, over-long text, unknown filter keys, wrong
-            types) or a plan with no branch input (``"empty_plan: …"``). ``raw`` is kept on the error.
+        ParseError: a value that fails validation (``"invalid_plan: …"``: malformed tags,
+            over-long text, unknown filter keys) or a plan with no branch input
+            (``"empty_plan: …"``). ``raw`` on the error is the draft as JSON.
     """
-    obj = extract_json_object(raw)
-    if obj is None:
-        raise ParseError("no_json: the rewriter output holds no JSON object", raw=raw)
-    if set(obj) == {"plan"} and isinstance(obj["plan"], dict):  # one extra wrapper level
-        obj = obj["plan"]
+    raw = draft.model_dump_json()
     try:
-        tags = _normalise_tags(obj.get("entity_tags"))
+        tags = _normalise_tags(draft.entity_tags)
         if question is not None:
             question_key = _names_key(question)
             ungrounded = [t for t in tags if not _grounded(t, question_key)]
             if dropped is not None:
                 dropped.extend(ungrounded)
             tags = [t for t in tags if t not in ungrounded]
-        lexical = obj.get("lexical") or ""
-        semantic = obj.get("semantic") or ""
-        if not isinstance(lexical, str) or not isinstance(semantic, str):
-            raise ParseError("lexical and semantic must be strings")
-        raw_filters = obj.get("filters") or {}
-        if not isinstance(raw_filters, dict):
-            raise ParseError(f"filters must be an object, got {type(raw_filters).__name__}")
-        raw_filters = {k: v for k, v in raw_filters.items() if k != "statuses"}
+        raw_filters = {k: v for k, v in draft.filters.items() if k != "statuses"}
         unknown = sorted(set(raw_filters) - _FILTER_KEYS)
         if unknown:
             raise ParseError(f"unknown filter keys {unknown}")
         plan = QueryPlan(
             entity_tags=tuple(tags),
-            lexical=" ".join(lexical.split()),
-            semantic=" ".join(semantic.split()),
+            lexical=" ".join(draft.lexical.split()),
+            semantic=" ".join(draft.semantic.split()),
             filters=Filter(**raw_filters),
             size=size,
         )
@@ -214,7 +163,8 @@ class RewriteResult:
     tokens: RewriteTokens
     """Tokens the rewrite cost."""
     raw: str = ""
-    """The plan values as JSON, or the model's raw text when untyped (empty on an LM error)."""
+    """The plan values as JSON, or the model's raw text when they could not be read (empty on an LM
+    error)."""
     dropped_tags: tuple[str, ...] = ()
     """Entity tags the LM gave that do not occur in the question (removed from the plan)."""
 
@@ -258,32 +208,29 @@ class QueryRewriter(dspy.Module):  # type: ignore[misc]
 
         Returns:
             A prediction with ``plan_json`` (the plan values as JSON, or the model's raw text when
-            they were not typed), ``plan`` (a QueryPlan, the fallback when
-            invalid), ``fell_back`` (bool), ``reason`` (str | None) and ``dropped_tags``.
+            they could not be read), ``plan`` (a QueryPlan, the fallback when invalid),
+            ``fell_back`` (bool), ``reason`` (str | None) and ``dropped_tags``.
 
         Raises:
             Whatever the LM raises (transport errors are not swallowed here; see :meth:`rewrite`).
         """
-        overrides: dict[str, Any] = {}
-        if dspy.settings.adapter is None:
-            overrides["adapter"] = default_adapter(self.planner.lm or dspy.settings.lm)
-        with dspy.context(**overrides), track_calls() as calls:
-            try:
-                pred = self.planner(question=question)
-                draft = pred.plan
-                raw = draft.model_dump_json() if isinstance(draft, PlanDraft) else str(draft or "")
-            except AdapterParseError as e:  # not the typed shape: read the model's own text
-                raw = calls[-1].content if calls else str(e.lm_response or "")
+        reply = predict_typed(self.planner, question=question)
         dropped: list[str] = []
         try:
+            if reply.prediction is None:
+                assert reply.error is not None
+                code = "invalid_plan" if reply.error.reason == "invalid_fields" else "no_json"
+                raise ParseError(f"{code}: {reply.error.detail}", raw=reply.raw)
+            draft: PlanDraft = reply.prediction.plan
+            raw = draft.model_dump_json()
             grounding = question if self.ground_tags else None
-            plan = plan_from_output(raw, size=size, question=grounding, dropped=dropped)
+            plan = plan_from_draft(draft, size=size, question=grounding, dropped=dropped)
             return dspy.Prediction(
                 plan_json=raw, plan=plan, fell_back=False, reason=None, dropped_tags=tuple(dropped)
             )
         except ParseError as e:
             return dspy.Prediction(
-                plan_json=raw,
+                plan_json=e.raw,
                 plan=QueryPlan.plain(question, size=size),
                 fell_back=True,
                 reason=str(e),

@@ -71,6 +71,7 @@ from kitune.retrieval.lance_sql import (
     micros,
     sql_and,
     sql_quote,
+    table_names,
 )
 from kitune.retrieval.memory import effective_filter, validate_ki
 from kitune.schema import Filter, QueryPlan
@@ -135,7 +136,7 @@ class LanceStore:
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             self._db = lancedb.connect(str(self.path), read_consistency_interval=read_consistency)
-            names = self._db.table_names()
+            names = table_names(self._db)
         except Exception as e:  # lancedb raises plain OSError/RuntimeError here
             raise StoreUnavailableError(
                 f"cannot open LanceDB at {self.path}: {e}", backend=self.backend
@@ -184,7 +185,7 @@ class LanceStore:
         rows = table.count_rows()
         if rows == 0 or (rows == self._indexed_rows and not ann):
             return
-        from lancedb.index import Bitmap, BTree, LabelList
+        from lancedb.index import Bitmap, BTree, HnswSq, LabelList
 
         existing = {tuple(i.columns): i.index_type for i in table.list_indices()}
         wanted: list[tuple[str, Any]] = [
@@ -200,7 +201,8 @@ class LanceStore:
             if (col,) not in existing:
                 retry_conflicts(functools.partial(table.create_index, col, config=cfg, replace=True))
         if ann and rows >= self.ann_min_rows and ("vector",) not in existing:
-            table.create_index(metric="cosine", vector_column_name="vector", index_type="IVF_HNSW_SQ")
+            # IVF_HNSW_SQ; lancedb's config API (its metric=/index_type= form is deprecated)
+            table.create_index("vector", config=HnswSq(distance_type="cosine"))
         self._indexed_rows = rows
         self._has_fts = True
 

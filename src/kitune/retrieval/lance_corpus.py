@@ -25,7 +25,7 @@ from kitune.retrieval.embedders import Embedder, HashEmbedder
 from kitune.retrieval.fusion import chunk_text, rrf_fuse
 from kitune.retrieval.lance_search import fts_config, fts_state
 from kitune.retrieval.lance_sql import fsync_path as _fsync_path
-from kitune.retrieval.lance_sql import sql_quote
+from kitune.retrieval.lance_sql import sql_quote, table_names
 from kitune.retrieval.memory import group_chunks
 from kitune.schema import Document
 
@@ -91,7 +91,7 @@ class LanceCorpusStore:
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             db = lancedb.connect(str(self.path))
-            names = set(db.table_names())
+            names = table_names(db)
         except Exception as e:
             raise StoreUnavailableError(
                 f"cannot open LanceDB at {self.path}: {e}", backend=self.backend

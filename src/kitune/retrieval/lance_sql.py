@@ -35,6 +35,7 @@ __all__ = [
     "sql_and",
     "sql_list",
     "sql_quote",
+    "table_names",
 ]
 
 SAFE_VALUE_RE = re.compile(r"^[A-Za-z0-9._:/@+-]{1,256}$")
@@ -135,6 +136,21 @@ def micros(dt: datetime) -> int:
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=UTC)
     return (dt - EPOCH) // timedelta(microseconds=1)
+
+
+def table_names(db: Any) -> set[str]:
+    """Every table name of a LanceDB connection, following ``list_tables`` page by page.
+
+    (``table_names()`` is deprecated since LanceDB 0.40 and returns only its first 10 names.)
+    """
+    names: set[str] = set()
+    token: str | None = None
+    while True:
+        page = db.list_tables(page_token=token)
+        names.update(page.tables)
+        token = page.page_token
+        if not token:
+            return names
 
 
 def fsync_path(path: Path, directory: bool = False) -> None:
