@@ -192,6 +192,12 @@ def _as_dict(record: Any) -> Any:
     return record.model_dump() if isinstance(record, FactRecord | SentenceFactRecord) else record
 
 
+def _sent(entry: dict[str, Any], view: str) -> bool:
+    """True when a ``dspy.LM`` history record's request messages contain ``view``."""
+    messages = entry.get("messages") or []
+    return any(isinstance(m, dict) and view in str(m.get("content") or "") for m in messages)
+
+
 def _halve(chunk: str) -> tuple[str, str] | None:
     """Split ``chunk`` in two at the boundary nearest its middle (paragraph, sentence, space).
 
@@ -319,9 +325,14 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
                 raw = calls[-1].content if calls else str(e.lm_response or "")
         if calls:
             return raw, calls[-1].finish_reason
-        history = getattr(lm, "history", None) or []
-        if len(history) > seen and isinstance(history[-1], dict):  # another dspy.LM: read its record
-            return raw, finish_reason_of(history[-1].get("response"))
+        # Another dspy.LM: read its history record of this call. Documents are extracted in
+        # several threads on one LM, so the last record may be another document's: take the
+        # newest one whose request holds this chunk's view.
+        history = list(getattr(lm, "history", None) or [])
+        if len(history) > seen:
+            for entry in reversed(history):
+                if isinstance(entry, dict) and _sent(entry, view):
+                    return raw, finish_reason_of(entry.get("response"))
         return raw, None
 
     @staticmethod
