@@ -641,7 +641,11 @@ def with_overrides(cfg: KituneConfig, overrides: Mapping[str, Any]) -> KituneCon
     """``cfg`` with dotted-key ``overrides`` applied and re-validated; ``cfg`` is not changed.
 
     The one override merger: :func:`load_config` and the loop's knob settings both use it. The
-    environment is not read again, so an override always wins.
+    environment is not read again, so an override always wins. Only the settings ``cfg`` was
+    given (``model_fields_set``, recursively) and the overrides count as set in the result; the
+    rest keep their defaults *as defaults*, so "unset" rules such as
+    :meth:`KituneConfig.concurrency_for` (the embedded server's slots unless a concurrency is set)
+    still apply after an override.
 
     Args:
         cfg: the configuration.
@@ -652,7 +656,9 @@ def with_overrides(cfg: KituneConfig, overrides: Mapping[str, Any]) -> KituneCon
     """
     if not overrides:
         return cfg
-    merged = _deep_merge(cfg.model_dump(mode="python"), _dotted_to_nested(dict(overrides)))
+    merged = _deep_merge(
+        cfg.model_dump(mode="python", exclude_unset=True), _dotted_to_nested(dict(overrides))
+    )
     token = _IGNORE_ENV.set(True)
     try:
         return KituneConfig.model_validate(merged)
