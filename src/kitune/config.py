@@ -365,6 +365,12 @@ class ExtractionConfig(_Section):
         "With the embedded 1.5B model sentences kept 1.6 KIs per fixture document and quote 0 "
         "(benchmarks/results/evidence_modes.md), so configs/experiments/demo.yaml uses sentences.",
     )
+    call_unit: Literal["chunk", "sentence"] = Field(
+        default="chunk",
+        description="What one extractor call covers: chunk (the whole chunk) or sentence (one call per "
+        "numbered sentence of a prose chunk, the chunk shown as context; needs evidence_mode: sentences; "
+        "dialogue chunks keep one call). See benchmarks/results/extraction_variants.md.",
+    )
     write_batch_size: int = Field(default=256, ge=1, description="KIs buffered before a store write.")
     flush_interval_s: float = Field(
         default=10.0,
@@ -379,6 +385,15 @@ class ExtractionConfig(_Section):
         description="Documents longer than this are recorded failed without any LM call "
         "(a 10 MB page would cost ~1,700 chunk calls); raise it to extract them.",
     )
+
+    @model_validator(mode="after")
+    def _sentence_calls_cite_sentences(self) -> ExtractionConfig:
+        if self.call_unit == "sentence" and self.evidence_mode != "sentences":
+            raise ValueError(
+                "extraction.call_unit=sentence asks about numbered sentences: set extraction.evidence_mode "
+                "to sentences, or call_unit to chunk"
+            )
+        return self
 
 
 class GradingConfig(_Section):

@@ -21,7 +21,9 @@ Per document:
 1. the text is split into chunks of at most ``chunk_chars`` characters at paragraph, then
    sentence, then word boundaries (:func:`split_text`), so nothing past the model's context is
    silently dropped;
-2. each chunk gets one call, and its ``finish_reason`` is read
+2. each chunk gets one call (with ``call_unit="sentence"``, one call per numbered sentence of a
+   prose chunk, asking for that sentence's facts with the chunk as context), and its
+   ``finish_reason`` is read
    (:func:`kitune.lm.track_calls`; a reply whose JSON array was cut off counts too).
    Malformed output (no JSON, or records offered but none valid) is retried once with the cache
    bypassed (``cache=False``, a new ``rollout_id``, temperature 0.7); a chunk still malformed
@@ -112,9 +114,31 @@ class ExtractFactsBySentence(dspy.Signature):  # type: ignore[misc]
     )
 
 
+class ExtractFactsFromSentence(dspy.Signature):  # type: ignore[misc]
+    """Extract the self-contained facts one numbered sentence of a document states, citing the sentences."""
+
+    docid: str = dspy.InputField(desc="Identifier of the document.")
+    url: str = dspy.InputField(desc="Where the document comes from (may be empty).")
+    title: str = dspy.InputField(desc="Title of the document (may be empty).")
+    text: str = dspy.InputField(
+        desc="The document (or one part of it) as numbered sentences, '[n] ...' per line."
+    )
+    sentence: int = dspy.InputField(
+        desc="The number of the sentence to extract facts from now; the other sentences are context "
+        "(who 'he' or 'it' is, the date or place a fact needs)."
+    )
+    facts: list[SentenceFactRecord] = dspy.OutputField(
+        desc="Every fact this sentence states, most important first."
+    )
+
+
 EVIDENCE_MODES: tuple[str, ...] = ("quote", "sentences")
 """``quote``: the model quotes its evidence (checked verbatim, repaired when near); ``sentences``:
 the model cites numbered sentences and kitune copies them (:mod:`kitune.programs.sentences`)."""
+
+CALL_UNITS: tuple[str, ...] = ("chunk", "sentence")
+"""What one extractor call covers: ``chunk`` (the whole chunk) or ``sentence`` (one call per
+numbered sentence of a prose chunk, the chunk shown as context; ``sentences`` evidence mode only)."""
 
 
 @dataclass(frozen=True)
@@ -227,6 +251,14 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
             False keeps the cut reply's complete facts instead when it has any (status partial).
         evidence_mode: ``"quote"`` (default) or ``"sentences"`` (see :data:`EVIDENCE_MODES`); the
             predictor keeps its name ``extract`` in both modes.
+        call_unit: ``"chunk"`` (default: one call per chunk) or ``"sentence"`` (one call per
+            numbered sentence of a prose chunk, asking for the facts that sentence states, with
+            the chunk as context; dialogue chunks keep one call; needs ``evidence_mode="sentences"``).
+            See :data:`CALL_UNITS`.
+
+    Raises:
+        ValueError: an unknown ``evidence_mode`` or ``call_unit``, or ``call_unit="sentence"``
+            without ``evidence_mode="sentences"``.
 
     The one named predictor is ``extract``; its ``signature.instructions`` is the prompt text and
     :attr:`prompt_version` is ``extractor@<sha8>`` of that text.
@@ -243,15 +275,28 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
         max_retry_tokens: int = MAX_RETRY_TOKENS,
         split_cut_chunks: bool = True,
         evidence_mode: str = "quote",
+        call_unit: str = "chunk",
     ) -> None:
         super().__init__()
         if evidence_mode not in EVIDENCE_MODES:
             raise ValueError(f"evidence_mode={evidence_mode!r}: use one of {', '.join(EVIDENCE_MODES)}")
+        if call_unit not in CALL_UNITS:
+            raise ValueError(f"call_unit={call_unit!r}: use one of {', '.join(CALL_UNITS)}")
+        if call_unit == "sentence" and evidence_mode != "sentences":
+            raise ValueError(
+                "call_unit='sentence' asks about numbered sentences: set evidence_mode='sentences' "
+                "(extraction.evidence_mode: sentences) or use call_unit='chunk'"
+            )
         if instructions is None:
             instructions = load_instruction("extractor").text
-        signature = ExtractFactsBySentence if evidence_mode == "sentences" else ExtractFacts
+        signature: type[dspy.Signature] = ExtractFacts
+        if call_unit == "sentence":
+            signature = ExtractFactsFromSentence
+        elif evidence_mode == "sentences":
+            signature = ExtractFactsBySentence
         self.extract = dspy.Predict(signature.with_instructions(instructions))
         self.evidence_mode = evidence_mode
+        self.call_unit = call_unit
         self.max_facts = max_facts
         self.chunk_chars = chunk_chars
         self.corpus = corpus
@@ -261,9 +306,10 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
 
     @classmethod
     def from_config(cls, cfg: KituneConfig, instructions: str | None = None) -> FactExtractor:
-        """Build an extractor from ``cfg.extraction`` (limits, ``evidence_mode``) and ``cfg.corpus_name``.
+        """An extractor from ``cfg.extraction`` (limits, evidence mode, call unit) and ``cfg.corpus_name``.
 
-        ``evidence_mode`` is read when the config has it (default ``quote``).
+        Raises:
+            ValueError: ``call_unit`` is ``sentence`` but ``evidence_mode`` is not ``sentences``.
         """
         return cls(
             instructions,
@@ -272,7 +318,8 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
             corpus=cfg.corpus_name,
             max_retry_tokens=cfg.extraction.max_retry_tokens,
             split_cut_chunks=cfg.extraction.split_cut_chunks,
-            evidence_mode=getattr(cfg.extraction, "evidence_mode", "quote"),
+            evidence_mode=cfg.extraction.evidence_mode,
+            call_unit=cfg.extraction.call_unit,
         )
 
     @property
@@ -301,9 +348,12 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
         return chunk, None
 
     def _complete(
-        self, doc: Document, view: str, attempt: int, max_tokens: int | None = None
+        self, doc: Document, view: str, attempt: int, max_tokens: int | None = None, focus: int | None = None
     ) -> tuple[str, str | None]:
-        """One call on the chunk's :meth:`_view`; returns ``(raw reply, finish_reason or None)``."""
+        """One call on the chunk's :meth:`_view` (about sentence ``focus`` when given).
+
+        Returns ``(raw reply, finish_reason or None)``.
+        """
         config: dict[str, Any] = {}
         if attempt > 0:
             config = {"cache": False, "rollout_id": attempt, "temperature": RETRY_TEMPERATURE}
@@ -316,7 +366,15 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
         seen = len(getattr(lm, "history", None) or [])
         with dspy.context(**overrides), track_calls() as calls:
             try:
-                pred = self.extract(docid=doc.docid, url=doc.url, title=doc.title, text=view, config=config)
+                inputs: dict[str, Any] = {
+                    "docid": doc.docid,
+                    "url": doc.url,
+                    "title": doc.title,
+                    "text": view,
+                }
+                if focus is not None:
+                    inputs["sentence"] = focus
+                pred = self.extract(**inputs, config=config)
                 raw = json.dumps([_as_dict(r) for r in (pred.facts or [])], ensure_ascii=False)
             except dspy.utils.exceptions.AdapterParseError as e:
                 # One bad record fails the typed parse of the whole list: read the raw reply with
@@ -366,11 +424,19 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
         return bigger if bigger > current else None
 
     def _extract_chunk(
-        self, doc: Document, chunk: str, counts: Counter[str], *, may_grow: bool = True
+        self,
+        doc: Document,
+        chunk: str,
+        counts: Counter[str],
+        *,
+        may_grow: bool = True,
+        focus: int | None = None,
     ) -> tuple[list[FactCandidate] | None, bool, str, str]:
         """Return ``(records, partial, error, raw)``; records is None when the chunk stayed malformed.
 
         ``partial`` is True when the records come from a reply still cut at its token limit.
+        ``focus``: the sentence number one call asks about (``call_unit="sentence"``); a reply
+        cut at the token cap then falls back to extracting the chunk's halves whole.
         """
         error, raw = "", ""
         salvage: ParsedFacts | None = None
@@ -383,7 +449,7 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
             if attempt:
                 counts["retries"] += 1
             counts["lm_calls"] += 1
-            raw, finish = self._complete(doc, view, attempt, room)
+            raw, finish = self._complete(doc, view, attempt, room, focus)
             attempt += 1
             parsed: ParsedFacts | None
             try:
@@ -465,18 +531,23 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
         facts: list[tuple[FactCandidate, str]] = []
         partial = False
         for _offset, chunk in chunks:
-            records, cut, error, raw = self._extract_chunk(doc, chunk, counts)
-            if records is None:
-                return DocExtraction(
-                    docid=doc.docid,
-                    status="failed",
-                    counters=dict(counts),
-                    chunks=len(chunks),
-                    error=error,
-                    raw=raw,
-                )
-            partial = partial or cut
-            facts.extend((fact, chunk) for fact in records)
+            # one call per chunk, or per numbered sentence of a prose chunk (call_unit="sentence")
+            focuses: list[int | None] = [None]
+            if self.call_unit == "sentence" and not dialogue:
+                focuses = list(range(1, len(sentence_spans(chunk)) + 1)) or [None]
+            for focus in focuses:
+                records, cut, error, raw = self._extract_chunk(doc, chunk, counts, focus=focus)
+                if records is None:
+                    return DocExtraction(
+                        docid=doc.docid,
+                        status="failed",
+                        counters=dict(counts),
+                        chunks=len(chunks),
+                        error=error,
+                        raw=raw,
+                    )
+                partial = partial or cut
+                facts.extend((fact, chunk) for fact in records)
         result = apply_guardrails(
             facts,
             docid=doc.docid,
