@@ -523,20 +523,41 @@ def main(
         "--work", type=Path, default=ROOT / "kitune-work" / "extraction_variants", help="cache folder"
     )
     p.add_argument(
+        "--questions",
+        type=int,
+        default=None,
+        help="only the first N questions and their documents (a screen)",
+    )
+    p.add_argument(
         "--determinism", type=int, default=0, help="also extract the first N documents one at a time"
     )
     p.add_argument("--name", default="extraction_variants", help="result file stem")
     p.add_argument("--out-dir", type=Path, default=None, help="result folder (default benchmarks/results)")
     p.add_argument("--no-progress", action="store_true", help="no extraction progress lines")
+    p.add_argument(
+        "--timeout-s",
+        type=float,
+        default=900.0,
+        help="lm.extract.timeout_s for the run (the default 120 s cancels requests that wait behind the "
+        "other slots on a loaded 2-core machine; a retry then re-reads the prompt)",
+    )
     args = p.parse_args(argv)
     unknown = [v for v in args.variants.split(",") if v and v not in VARIANTS]
     if unknown:
         p.error(f"unknown variant(s) {unknown}: use {', '.join(VARIANTS)}")
     machine = machine_info()
-    base = load_config(args.config, overrides={"lm.cache": False})
+    base = load_config(args.config, overrides={"lm.cache": False, "lm.extract.timeout_s": args.timeout_s})
     docs, questions, golds = measured_documents(args.data, args.docs)
     corpus = {d.docid: d for d in load_corpus(args.data)}
-    measured = {d for q in questions for d in (*q.evidence_docids, *q.gold_docids)}
+    measured = {d for q in questions for d in (*q.evidence_docids, *q.gold_docids)}  # all questions'
+    if args.questions is not None:  # a screen: the first N questions and their documents (a prefix)
+        questions = questions[: args.questions]
+        keep = (
+            {d for q in questions for d in golds[q.query_id]}
+            if args.docs == "golds"
+            else {d for q in questions for d in (*q.evidence_docids, *q.gold_docids)}
+        )
+        docs = [d for d in docs if d.docid in keep]
     ceiling = answer_ceiling(questions, golds, corpus)
     if make_lm is None:
         from kitune.lm import build_lm
@@ -623,7 +644,9 @@ def main(
             "docs": args.docs,
             "documents": [d.docid for d in docs],
             "questions": len(questions),
+            "questions_screened": args.questions,
             "config": str(args.config),
+            "extract_timeout_s": args.timeout_s,
             "model": model,
             "server": base.lm.local.server,
             "parallel": base.lm.local.parallel,

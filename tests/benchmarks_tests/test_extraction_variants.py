@@ -141,8 +141,13 @@ def test_every_variant_is_measured_resumed_and_written(
         results = main(argv, make_lm=_make_lm(server.base_url))
         first_calls = len(stub.seen)
         again = main(argv, make_lm=_make_lm(server.base_url))  # everything cached: no request
-    assert len(stub.seen) == first_calls
+        screen = ["--questions", "2", "--variants", "default", "--name", "screen"]
+        screened = main([*argv[:-2], *screen], make_lm=_make_lm(server.base_url))
+    assert len(stub.seen) == first_calls  # the rerun and the screen read the caches: no request
     assert again == results
+    # a screen: the first 2 questions and their documents (g1, a prefix of the full run's)
+    assert (screened["default"]["docs"], screened["default"]["covered"]) == (1, ["1"])
+    assert json.loads((tmp_path / "screen.json").read_text())["params"]["documents"] == ["g1"]
     figures = {
         name: (r["docs"], r["kis_total"], r["kis_per_doc"], r["coverage"], r["covered"], r["lm_calls"])
         for name, r in results.items()
