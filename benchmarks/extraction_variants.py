@@ -23,6 +23,8 @@ embedded model, sentence-indexed evidence, at most 6 facts and 700 output tokens
                   the local model at the ``json_object`` rung);
 ``no-grammar``    the same prompt with no ``response_format`` (prompt-only JSON): what the grammar buys;
 ``min3``          the grammar with ``minItems: 3`` on the facts list (decoding cannot stop before 3);
+``schema-limits`` the grammar with the guardrails' limits (title <= 140, description <= 350
+                  characters, 1-3 cited sentences), so no fact is dropped for its length;
 ``per-sentence``  one call per numbered sentence (``extraction.call_unit: sentence``);
 ``few-shot``      two hand-written demonstrations (DSPy demos, ``benchmarks/extraction_demos.json``)
                   from fixture paragraphs that are evidence for no question (checked: no leakage);
@@ -75,7 +77,7 @@ class Variant:
     overrides: dict[str, Any] = field(default_factory=dict)
     """Dotted config overrides on top of the base config."""
     response_format: str = "schema"
-    """``schema`` (what kitune sends today), ``none`` (prompt-only JSON) or ``min-items``."""
+    """``schema`` (what kitune sends today), ``none`` (prompt-only JSON), ``min-items`` or ``limits``."""
     min_items: int = 0
     """``minItems`` on the facts list (``response_format="min-items"``)."""
     demos: bool = False
@@ -93,6 +95,11 @@ VARIANTS: dict[str, Variant] = {
         ),
         Variant(
             "min3", "grammar with minItems 3 on the facts list", response_format="min-items", min_items=3
+        ),
+        Variant(
+            "schema-limits",
+            "grammar with the guardrails' limits: title <= 140, description <= 350 chars, 1-3 citations",
+            response_format="limits",
         ),
         Variant("per-sentence", "one call per numbered sentence", {"extraction.call_unit": "sentence"}),
         Variant("few-shot", "two hand-written demonstrations from other fixture paragraphs", demos=True),
@@ -198,6 +205,7 @@ def load_demos(path: Path, corpus: dict[str, Any], measured: set[str]) -> list[A
 
 def _adapter(variant: Variant) -> Any:
     """The DSPy adapter for ``variant``; None: the extractor's own (:func:`kitune.lm.default_adapter`)."""
+    from kitune.ki import DESCRIPTION_MAX_CHARS, TITLE_MAX_CHARS
     from kitune.lm import LocalJSONAdapter
 
     if variant.response_format == "schema":
@@ -211,6 +219,24 @@ def _adapter(variant: Variant) -> Any:
                 return None
 
         return PromptOnlyJSONAdapter()
+    if variant.response_format == "limits":
+
+        class LimitsAdapter(LocalJSONAdapter):
+            """The local schema with the guardrails' length limits, so decoding cannot break them."""
+
+            def _prepare_response_format(self, lm: Any, lm_kwargs: dict[str, Any], signature: Any) -> None:
+                super()._prepare_response_format(lm, lm_kwargs, signature)
+                schema = (lm_kwargs.get("response_format") or {}).get("schema") or {}
+                for record in (schema.get("$defs") or {}).values():
+                    props = record.get("properties", {})
+                    if "title" in props:
+                        props["title"]["maxLength"] = TITLE_MAX_CHARS
+                    if "description" in props:
+                        props["description"]["maxLength"] = DESCRIPTION_MAX_CHARS
+                    if "evidence_sentences" in props:
+                        props["evidence_sentences"].update(minItems=1, maxItems=3)
+
+        return LimitsAdapter()
     n = variant.min_items
 
     class MinItemsAdapter(LocalJSONAdapter):

@@ -89,6 +89,14 @@ class Stub:
             kind, cited = "no-format", [1]
         elif rf["schema"]["properties"]["facts"].get("minItems") == 3:
             kind, cited = "min-items", list(range(1, n_sent + 1))
+        elif "maxLength" in json.dumps(rf["schema"]):
+            record = next(iter(rf["schema"]["$defs"].values()))["properties"]
+            assert (record["title"]["maxLength"], record["description"]["maxLength"]) == (140, 350)
+            assert (record["evidence_sentences"]["minItems"], record["evidence_sentences"]["maxItems"]) == (
+                1,
+                3,
+            )
+            kind, cited = "limits", [2]
         else:
             assert rf["type"] == "json_object" and "facts" in rf["schema"]["properties"]  # the grammar
             kind, cited = "schema", [1, 2]
@@ -156,6 +164,7 @@ def test_every_variant_is_measured_resumed_and_written(
         "default": (2, 4, 2.0, 2, ["1", "3"], 2),
         "no-grammar": (2, 2, 1.0, 1, ["1"], 2),
         "min3": (2, 5, 2.5, 3, ["1", "2", "3"], 2),
+        "schema-limits": (2, 2, 1.0, 1, ["3"], 2),
         "per-sentence": (2, 5, 2.5, 3, ["1", "2", "3"], 5),  # one call per sentence: 3 + 2
         "few-shot": (2, 5, 2.5, 3, ["1", "2", "3"], 2),
         "cap15": (2, 4, 2.0, 2, ["1", "3"], 2),
@@ -165,6 +174,7 @@ def test_every_variant_is_measured_resumed_and_written(
     assert {d for d, _ in stub.seen} == {"g1", "g2"}
     kinds = {(d, k) for d, k in stub.seen}
     assert ("g1", "sentence") in kinds and ("g1", "demos") in kinds and ("g2", "no-format") in kinds
+    assert ("g2", "limits") in kinds
     r = results["per-sentence"]
     assert r["output_tokens_per_doc"] == 5 * 40 / 2 and r["docs_with_3_kis"] == 1 and r["status"] == {"ok": 2}
     assert results["default"]["kis_per_sentence"] == 4 / 5 and results["default"]["drops"] == {}
