@@ -400,7 +400,7 @@ def summarize_variant(
     recs = [records[i] for i in ids if i in records]
     n = max(len(recs), 1)
     kis = [len(r["kis"]) for r in recs]
-    sentences = sum(len(sentence_spans(d.text)) for d in docs if d.docid in records)
+    sentences = sum(len(sentence_spans(d.text)) for d in docs if d.docid in set(ids) & set(records))
     status = Counter(r["status"] for r in recs)
     drops: Counter[str] = Counter()
     counters: Counter[str] = Counter()
@@ -412,6 +412,9 @@ def summarize_variant(
     for s in segments:
         tokens.update(s["tokens"])
     wall = sum(s["wall_s"] for s in segments)
+    # tokens and time per document over the documents a finished run timed (a run killed before
+    # its end leaves documents in the cache but no segment)
+    timed = max(sum(s["docs"] for s in segments), 1)
     return {
         "variant": variant.name,
         "about": variant.about,
@@ -427,13 +430,14 @@ def summarize_variant(
         "rejected_while_parsing": counters.get("records_rejected", 0),
         "counters": dict(sorted(counters.items())),
         "lm_calls": tokens.get("calls", 0),
-        "lm_calls_per_doc": tokens.get("calls", 0) / n,
+        "docs_timed": sum(s["docs"] for s in segments),
+        "lm_calls_per_doc": tokens.get("calls", 0) / timed,
         "output_tokens": tokens.get("output_tokens", 0),
-        "output_tokens_per_doc": tokens.get("output_tokens", 0) / n,
-        "input_tokens_per_doc": tokens.get("input_tokens", 0) / n,
+        "output_tokens_per_doc": tokens.get("output_tokens", 0) / timed,
+        "input_tokens_per_doc": tokens.get("input_tokens", 0) / timed,
         "failed_calls": tokens.get("failed_calls", 0),
         "wall_s": wall,
-        "wall_s_per_doc": wall / n,
+        "wall_s_per_doc": wall / timed,
         "kis_by_doc": {r["docid"]: len(r["kis"]) for r in recs},
         "errors": {r["docid"]: r["error"] for r in recs if r["error"]},
     }
@@ -462,7 +466,7 @@ def summary_md(results: dict[str, dict[str, Any]], n_questions: int, ceiling: in
                 f"{r['coverage']}/{n_questions}",
                 f"{r['output_tokens_per_doc']:.0f}",
                 f"{r['lm_calls_per_doc']:.1f}",
-                f"{r['wall_s']:.0f}",
+                f"{r['wall_s']:.0f}" + (f" ({r['docs_timed']} docs)" if r["docs_timed"] != r["docs"] else ""),
                 f"{r['wall_s_per_doc']:.1f}",
                 ", ".join(f"{k} {v}" for k, v in sorted(r["status"].items())),
             ]
@@ -686,6 +690,8 @@ def main(
             "Every KI kept passed the guardrails: its evidence is a verbatim span of its document (sentence "
             "mode copies the cited sentences).",
             "Coverage reads KI titles and descriptions (what get_context shows the agent), not the evidence.",
+            "Output tokens, LM calls and seconds per document are over the documents a finished run timed "
+            "(a run stopped early leaves extracted documents but no timing). "
             "Output tokens and LM calls come from the token ledger (server-reported usage; estimated when "
             "missing); wall time is the extraction run's at the concurrency above, on a shared 2-core box.",
             f"Few-shot demonstrations: documents {', '.join(demo_ids)} (evidence for no fixture question).",
