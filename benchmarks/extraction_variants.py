@@ -29,8 +29,11 @@ embedded model, sentence-indexed evidence, at most 6 facts and 700 output tokens
 ``few-shot``      two hand-written demonstrations (DSPy demos, ``benchmarks/extraction_demos.json``)
                   from fixture paragraphs that are evidence for no question (checked: no leakage);
 ``cap15``         the fact cap raised: ``max_facts_per_doc`` 15 and 1,500 output tokens;
-``per-sentence-cap15``  both.
+``per-sentence-cap15``  both; the fact cap changes no request, so it replays per-sentence's
+                  recorded calls (``kitune.recording``) instead of calling the model again, and
+                  reports per-sentence's cost.
 
+Every variant that calls the model records its calls to ``<work>/<variant>.<key>.calls/``.
 Resumable: each variant's documents are appended to ``<work>/<variant>.<key>.jsonl`` as they
 finish (the key hashes the variant, the instruction, the model and the settings), so a rerun
 extracts only what is missing and reports from the files. ``--determinism N`` also extracts the
@@ -84,6 +87,9 @@ class Variant:
     """Put the demonstrations of ``extraction_demos.json`` on the predictor."""
     limit: int | None = None
     """Extract only the first ``limit`` measured documents (the determinism check)."""
+    replays: str | None = None
+    """A variant whose requests are the same (only the guardrails differ, e.g. the fact cap): this
+    one replays that variant's recorded LM calls instead of calling the model."""
 
 
 VARIANTS: dict[str, Variant] = {
@@ -110,8 +116,9 @@ VARIANTS: dict[str, Variant] = {
         ),
         Variant(
             "per-sentence-cap15",
-            "one call per numbered sentence, fact cap 15",
+            "one call per numbered sentence, fact cap 15 (per-sentence's calls replayed)",
             {"extraction.call_unit": "sentence", "extraction.max_facts_per_doc": 15},
+            replays="per-sentence",
         ),
     )
 }
@@ -253,9 +260,10 @@ def _adapter(variant: Variant) -> Any:
 
 def _key(variant: Variant, cfg: Any, instructions: str) -> str:
     """What the cached documents depend on: the variant, the instruction, the model and the settings."""
+    described = {k: v for k, v in asdict(variant).items() if not (k == "replays" and v is None)}
     blob = json.dumps(
         {
-            "variant": asdict(variant),
+            "variant": described,
             "instructions": instructions,
             "model": cfg.lm.model_label("extract"),
             "extract": cfg.lm.extract.model_dump(mode="json"),
@@ -332,7 +340,17 @@ def run_variant(
     instructions = extractor.extract.signature.instructions
     if variant.demos:
         extractor.extract.demos = load_demos(DEMOS, corpus, measured)
-    path = work / f"{variant.name}.{_key(variant, cfg, instructions)}.jsonl"
+    stem = f"{variant.name}.{_key(variant, cfg, instructions)}"
+    path = work / f"{stem}.jsonl"
+    if variant.replays is None:  # every call recorded, so variants with the same requests can replay it
+        cfg = with_overrides(cfg, {"lm.record_dir": str(work / f"{stem}.calls")})
+    else:
+        base = VARIANTS[variant.replays]
+        base_cfg_v = with_overrides(base_cfg, base.overrides)
+        calls = work / f"{base.name}.{_key(base, base_cfg_v, instructions)}.calls"
+        if not (calls / "calls.jsonl").is_file():
+            raise ValueError(f"variant {variant.name} replays {base.name}'s calls: run {base.name} first")
+        cfg = with_overrides(cfg, {"lm.replay_dir": str(calls)})
     cached, segments = _read_cache(path)
     todo = [d for d in (docs[: variant.limit] if variant.limit else docs) if d.docid not in cached]
     info: dict[str, Any] = {"cache": str(path)}
@@ -619,6 +637,13 @@ def main(
         infos[name] = info
         results[name] = summarize_variant(variant, recs, segments, questions, golds, docs)
         r = results[name]
+        if variant.replays is not None:  # the same calls as the variant it replays: its cost figures
+            replayed = results.get(variant.replays)
+            cost = ("lm_calls", "lm_calls_per_doc", "output_tokens", "output_tokens_per_doc")
+            cost += ("input_tokens_per_doc", "failed_calls", "wall_s", "wall_s_per_doc", "docs_timed")
+            if replayed is not None:
+                r.update({k: replayed[k] for k in cost})
+            r["replayed_from"] = variant.replays
         log(
             f"[{name}] {r['kis_per_doc']:.2f} KIs/doc, coverage {r['coverage']}/{len(questions)}, "
             f"{r['output_tokens_per_doc']:.0f} output tokens/doc, {r['wall_s']:.0f} s"

@@ -21,6 +21,7 @@ from extraction_variants import main
 
 from kitune.lm import KituneLM, ResolvedLM, reset_format_memory
 from kitune.programs.sentences import sentence_spans
+from kitune.recording import get_recorder, reset_recorders
 from kitune.testing.faults import request_text
 from kitune.testing.openai_stub import RecordedRequest, Reply, StubServer
 
@@ -53,14 +54,14 @@ def _write_fixture(root: Path) -> Path:
     return data
 
 
-def _fact(docid: str, n: int) -> dict[str, Any]:
+def _fact(docid: str, n: int, variant: str = "") -> dict[str, Any]:
     start, end = sentence_spans(DOCS[docid])[n - 1]
     sentence = DOCS[docid][start:end].rstrip(".")
     return {
         "title": sentence,
         "description": f"{sentence}, as stated about {docid.upper()}.",
         "subject": docid.upper(),
-        "predicate": f"fact_{n}",
+        "predicate": f"fact_{n}{variant}",
         "object": sentence.split()[-1],
         "evidence_sentences": [n],
         "confidence": 80,
@@ -102,8 +103,10 @@ class Stub:
             kind, cited = "schema", [1, 2]
         with self._lock:
             self.seen.append((docid, kind))
-        content = json.dumps({"facts": [_fact(docid, n) for n in cited]})
-        return Reply.ok(content, usage=(500, 40 * len(cited)))
+        # asked about one sentence, three facts of it: with 3 sentences that is 9, over the cap of 6
+        suffixes = ("", "_b", "_c") if kind == "sentence" else ("",)
+        facts = [_fact(docid, n, x) for n in cited for x in suffixes]
+        return Reply.ok(json.dumps({"facts": facts}), usage=(500, 40 * len(facts)))
 
 
 def _make_lm(url: str):  # type: ignore[no-untyped-def]
@@ -121,7 +124,13 @@ def _make_lm(url: str):  # type: ignore[no-untyped-def]
             timeout_s=5.0,
             num_retries=0,
         )
-        return KituneLM(resolved, ledger=ledger)
+        lm = KituneLM(resolved, ledger=ledger)
+        # as build_lm does: the calls recorded, or answered from a recording (no stub reached)
+        if cfg.lm.replay_dir is not None:
+            lm.recorder = get_recorder(cfg.lm.replay_dir, "replay")
+        else:
+            lm.recorder = get_recorder(cfg.lm.record_dir, "record")
+        return lm
 
     return make
 
@@ -134,6 +143,7 @@ def test_every_variant_is_measured_resumed_and_written(
     demos.write_text(json.dumps({"demos": [{"docid": "z9", "facts": [_fact("z9", 1), _fact("z9", 2)]}]}))
     monkeypatch.setattr(extraction_variants, "DEMOS", demos)
     reset_format_memory()
+    reset_recorders()
     argv = [
         "--data",
         str(data),
@@ -165,10 +175,10 @@ def test_every_variant_is_measured_resumed_and_written(
         "no-grammar": (2, 2, 1.0, 1, ["1"], 2),
         "min3": (2, 5, 2.5, 3, ["1", "2", "3"], 2),
         "schema-limits": (2, 2, 1.0, 1, ["3"], 2),
-        "per-sentence": (2, 5, 2.5, 3, ["1", "2", "3"], 5),  # one call per sentence: 3 + 2
+        "per-sentence": (2, 12, 6.0, 2, ["1", "3"], 5),  # a call per sentence; cap 6 cuts Carol King
         "few-shot": (2, 5, 2.5, 3, ["1", "2", "3"], 2),
         "cap15": (2, 4, 2.0, 2, ["1", "3"], 2),
-        "per-sentence-cap15": (2, 5, 2.5, 3, ["1", "2", "3"], 5),
+        "per-sentence-cap15": (2, 15, 7.5, 3, ["1", "2", "3"], 5),  # per-sentence's calls, cap 15
     }
     # the demonstration is never a measured document, and z9 was never extracted
     assert {d for d, _ in stub.seen} == {"g1", "g2"}
@@ -176,7 +186,18 @@ def test_every_variant_is_measured_resumed_and_written(
     assert ("g1", "sentence") in kinds and ("g1", "demos") in kinds and ("g2", "no-format") in kinds
     assert ("g2", "limits") in kinds
     r = results["per-sentence"]
-    assert r["output_tokens_per_doc"] == 5 * 40 / 2 and r["docs_with_3_kis"] == 1 and r["status"] == {"ok": 2}
+    assert (
+        r["output_tokens_per_doc"] == 5 * 3 * 40 / 2
+        and r["docs_with_3_kis"] == 2
+        and r["status"] == {"ok": 2}
+    )
+    assert r["drops"] == {"over_cap": 3}
+    # the cap changes no request: per-sentence-cap15 replayed per-sentence's recorded calls
+    assert sum(k == "sentence" for _, k in stub.seen) == 5
+    capped = results["per-sentence-cap15"]
+    assert capped["replayed_from"] == "per-sentence" and capped["drops"] == {}
+    assert capped["output_tokens_per_doc"] == r["output_tokens_per_doc"] and capped["wall_s"] == r["wall_s"]
+    assert (tmp_path / "work").glob("per-sentence.*.calls")
     assert results["default"]["kis_per_sentence"] == 4 / 5 and results["default"]["drops"] == {}
     saved = json.loads((tmp_path / "extraction_variants.json").read_text())
     assert saved["params"]["answer_ceiling"] == ["1", "2", "3"] and saved["params"]["documents"] == [
@@ -185,7 +206,7 @@ def test_every_variant_is_measured_resumed_and_written(
     ]
     assert saved["results"]["determinism"] == {"docs": 1, "identical": 1, "different": [], "concurrency": 4}
     md = (tmp_path / "extraction_variants.md").read_text()
-    assert "| per-sentence | one call per numbered sentence | 2 | 2.50 | 1/2 | 3/3 |" in md
+    assert "| per-sentence | one call per numbered sentence | 2 | 6.00 | 2/2 | 2/3 |" in md
     assert "Ceiling: the answer is in a gold document's own text for 3/3 questions." in md
 
 
