@@ -28,6 +28,7 @@ embedded model, sentence-indexed evidence, at most 6 facts and 700 output tokens
 ``per-sentence``  one call per numbered sentence (``extraction.call_unit: sentence``);
 ``few-shot``      two hand-written demonstrations (DSPy demos, ``benchmarks/extraction_demos.json``)
                   from fixture paragraphs that are evidence for no question (checked: no leakage);
+``few-shot-limits``  few-shot's demonstrations with schema-limits' grammar;
 ``cap15``         the fact cap raised: ``max_facts_per_doc`` 15 and 1,500 output tokens;
 ``per-sentence-cap15``  both; the fact cap changes no request, so it replays per-sentence's
                   recorded calls (``kitune.recording``) instead of calling the model again, and
@@ -108,6 +109,12 @@ VARIANTS: dict[str, Variant] = {
             response_format="limits",
         ),
         Variant("per-sentence", "one call per numbered sentence", {"extraction.call_unit": "sentence"}),
+        Variant(
+            "few-shot-limits",
+            "the two demonstrations and the grammar with the guardrails' limits",
+            response_format="limits",
+            demos=True,
+        ),
         Variant("few-shot", "two hand-written demonstrations from other fixture paragraphs", demos=True),
         Variant(
             "cap15",

@@ -85,7 +85,8 @@ class Stub:
         if focus:
             kind, cited = "sentence", [int(focus[-1])]
         elif "Zeta Corp makes zips" in text:
-            kind, cited = "demos", list(range(1, n_sent + 1))
+            kind = "demos+limits" if "maxLength" in json.dumps(rf) else "demos"
+            cited = list(range(1, n_sent + 1))
         elif rf is None:
             kind, cited = "no-format", [1]
         elif rf["schema"]["properties"]["facts"].get("minItems") == 3:
@@ -177,6 +178,7 @@ def test_every_variant_is_measured_resumed_and_written(
         "schema-limits": (2, 2, 1.0, 1, ["3"], 2),
         "per-sentence": (2, 12, 6.0, 2, ["1", "3"], 5),  # a call per sentence; cap 6 cuts Carol King
         "few-shot": (2, 5, 2.5, 3, ["1", "2", "3"], 2),
+        "few-shot-limits": (2, 5, 2.5, 3, ["1", "2", "3"], 2),
         "cap15": (2, 4, 2.0, 2, ["1", "3"], 2),
         "per-sentence-cap15": (2, 15, 7.5, 3, ["1", "2", "3"], 5),  # per-sentence's calls, cap 15
     }
@@ -184,7 +186,7 @@ def test_every_variant_is_measured_resumed_and_written(
     assert {d for d, _ in stub.seen} == {"g1", "g2"}
     kinds = {(d, k) for d, k in stub.seen}
     assert ("g1", "sentence") in kinds and ("g1", "demos") in kinds and ("g2", "no-format") in kinds
-    assert ("g2", "limits") in kinds
+    assert ("g2", "limits") in kinds and ("g2", "demos+limits") in kinds
     r = results["per-sentence"]
     assert (
         r["output_tokens_per_doc"] == 5 * 3 * 40 / 2
