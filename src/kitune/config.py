@@ -371,6 +371,12 @@ class ExtractionConfig(_Section):
         "With the embedded 1.5B model sentences kept 1.6 KIs per fixture document and quote 0 "
         "(benchmarks/results/evidence_modes.md), so configs/experiments/demo.yaml uses sentences.",
     )
+    call_unit: Literal["chunk", "sentence"] = Field(
+        default="chunk",
+        description="What one extractor call covers: chunk (the whole chunk) or sentence (one call per "
+        "numbered sentence of a prose chunk, the chunk shown as context; needs evidence_mode: sentences; "
+        "dialogue chunks keep one call). See benchmarks/results/extraction_variants.md.",
+    )
     write_batch_size: int = Field(default=256, ge=1, description="KIs buffered before a store write.")
     flush_interval_s: float = Field(
         default=10.0,
@@ -385,6 +391,15 @@ class ExtractionConfig(_Section):
         description="Documents longer than this are recorded failed without any LM call "
         "(a 10 MB page would cost ~1,700 chunk calls); raise it to extract them.",
     )
+
+    @model_validator(mode="after")
+    def _sentence_calls_cite_sentences(self) -> ExtractionConfig:
+        if self.call_unit == "sentence" and self.evidence_mode != "sentences":
+            raise ValueError(
+                "extraction.call_unit=sentence asks about numbered sentences: set extraction.evidence_mode "
+                "to sentences, or call_unit to chunk"
+            )
+        return self
 
 
 class GradingConfig(_Section):
@@ -739,10 +754,14 @@ def with_overrides(cfg: KituneConfig, overrides: Mapping[str, Any]) -> KituneCon
     """``cfg`` with dotted-key ``overrides`` applied and re-validated; ``cfg`` is not changed.
 
     The one override merger: :func:`load_config` and the loop's knob settings both use it. The
-    environment is not read again, so an override always wins. An override that switches
-    ``store.type`` (the backend) starts the store section afresh: the other backend's settings do
-    not carry over (``{"store.type": "elasticsearch"}`` gives the Elasticsearch defaults plus the
-    other ``store.*`` overrides); a ``store.*`` override the new backend does not have is an error.
+    environment is not read again, so an override always wins. Only the settings ``cfg`` was
+    given (``model_fields_set``, recursively) and the overrides count as set in the result; the
+    rest keep their defaults *as defaults*, so "unset" rules such as
+    :meth:`KituneConfig.concurrency_for` (the embedded server's slots unless a concurrency is set)
+    still apply after an override. An override that switches ``store.type`` (the backend) starts
+    the store section afresh: the other backend's settings do not carry over
+    (``{"store.type": "elasticsearch"}`` gives the Elasticsearch defaults plus the other
+    ``store.*`` overrides); a ``store.*`` override the new backend does not have is an error.
 
     Args:
         cfg: the configuration.
@@ -753,7 +772,7 @@ def with_overrides(cfg: KituneConfig, overrides: Mapping[str, Any]) -> KituneCon
     """
     if not overrides:
         return cfg
-    base = cfg.model_dump(mode="python")
+    base = cfg.model_dump(mode="python", exclude_unset=True)
     nested = _dotted_to_nested(dict(overrides))
     store = nested.get("store")
     if isinstance(store, dict) and store.get("type", cfg.store.type) != cfg.store.type:

@@ -1,6 +1,6 @@
 import pytest
 
-from kitune.config import load_config, mask_secrets
+from kitune.config import load_config, mask_secrets, with_overrides
 from kitune.errors import ConfigError
 
 
@@ -196,3 +196,23 @@ def test_switching_the_store_type_by_override_drops_the_other_backends_keys(tmp_
     with pytest.raises(ConfigError) as e:
         load_config(path, overrides={"store.type": "elasticsearch", "store.table": "firms"})
     assert str(e.value) == "invalid configuration: store.elasticsearch.table: Extra inputs are not permitted"
+
+
+def test_overrides_keep_unset_settings_unset_so_concurrency_follows_the_slots(tmp_path):
+    # Issue 22: any override (--workdir, --record, a loop knob) re-validated the whole dump, so every
+    # setting counted as set and concurrency_for fell back to 4/2 instead of the server's slots.
+    f = tmp_path / "k.yaml"
+    f.write_text("lm:\n  local:\n    parallel: 6\n  extract:\n    max_tokens: 700\n")
+    cfg = load_config(f, {"workdir": str(tmp_path / "w")})
+    assert (
+        cfg.concurrency_for("extraction"),
+        cfg.concurrency_for("agent"),
+        cfg.concurrency_for("judge"),
+    ) == (6, 6, 6)
+    knob = with_overrides(cfg, {"retrieval.rrf_k": 30})
+    assert knob.concurrency_for("agent") == 6 and knob.retrieval.rrf_k == 30
+    assert knob.lm.extract.max_tokens == 700 and knob.lm.reflection.temperature == 1.0
+    assert knob.workdir == tmp_path / "w"
+    pinned = with_overrides(knob, {"agent.concurrency": 2})
+    assert pinned.concurrency_for("agent") == 2 and pinned.concurrency_for("extraction") == 6
+    assert with_overrides(pinned, {"retrieval.rrf_k": 10}).concurrency_for("agent") == 2  # set stays set

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime
 
 import dspy
@@ -10,6 +11,7 @@ import pytest
 from dspy.utils import DummyLM
 
 from kitune.config import load_config
+from kitune.errors import ConfigError
 from kitune.ki import ki_id
 from kitune.programs.fact_extractor import FactExtractor, split_text
 from kitune.programs.instructions import instruction_version, load_instruction
@@ -388,6 +390,57 @@ def test_sentence_mode_copies_the_cited_sentences_verbatim() -> None:
 def test_unknown_evidence_mode_is_refused() -> None:
     with pytest.raises(ValueError, match="evidence_mode='verbatim'"):
         FactExtractor(evidence_mode="verbatim")
+
+
+def test_sentence_calls_ask_about_each_numbered_sentence_and_keep_every_answer() -> None:
+    # issue 22: call_unit="sentence" — one call per numbered sentence, the chunk as context
+    doc = Document(docid="d8", text=LONG, title="Acme Corp")
+    by_sentence = {
+        1: [_cite("Acme Corp", "founded_in", "1999", [1]), _cite("Acme Corp", "founded_by", "Jane Roe", [1])],
+        2: [_cite("Acme Corp", "headquartered_in", "Springfield", [1, 2])],  # 'It' needs sentence 1
+        3: [_cite("Ann Lee", "position_held", "CEO", [3, 4])],
+        4: [_cite("Ann Lee", "position_held", "CEO", [3, 4])],  # the same fact again: a duplicate
+        5: [],
+    }
+    lm = DummyLM([{"facts": json.dumps(by_sentence[n])} for n in range(1, 6)])
+    with dspy.context(lm=lm):
+        extractor = FactExtractor(evidence_mode="sentences", call_unit="sentence")
+        result = extractor.extract_document(doc, now=NOW)
+    sent = [h["messages"][-1]["content"] for h in lm.history]
+    assert len(sent) == 5  # one call per sentence of LONG
+    for n, prompt in enumerate(sent, 1):
+        assert "[2] It is headquartered in Springfield." in prompt  # the whole chunk as context
+        assert re.search(rf"\[\[ ## sentence ## \]\]\s*\n{n}\n", prompt), prompt
+    assert result.status == "ok" and result.counters["lm_calls"] == 5
+    assert [(k.payload.properties.predicate, k.payload.evidence[0]) for k in result.kis] == [
+        ("founded_in", "Acme Corp was founded in 1999 by Jane Roe."),
+        ("founded_by", "Acme Corp was founded in 1999 by Jane Roe."),
+        (
+            "headquartered_in",
+            "Acme Corp was founded in 1999 by Jane Roe.\u00a0It is headquartered in Springfield.",
+        ),
+        ("position_held", "Its CEO, Dr. Ann Lee, joined in 2010."),
+    ]
+    assert result.drops == {"duplicate": 1}
+    assert [n for n, _ in extractor.named_predictors()] == ["extract"]
+    assert extractor.prompt_version == FactExtractor(evidence_mode="sentences").prompt_version
+
+
+def test_sentence_calls_need_sentence_evidence_and_a_malformed_sentence_reply_fails_the_document() -> None:
+    with pytest.raises(ValueError, match="call_unit='paragraph'"):
+        FactExtractor(evidence_mode="sentences", call_unit="paragraph")
+    with pytest.raises(ValueError, match="set evidence_mode='sentences'"):
+        FactExtractor(call_unit="sentence")
+    with pytest.raises(ConfigError, match=r"extraction\.call_unit=sentence"):
+        load_config(overrides={"extraction.call_unit": "sentence"})
+    cfg = load_config(overrides={"extraction.call_unit": "sentence", "extraction.evidence_mode": "sentences"})
+    assert FactExtractor.from_config(cfg).call_unit == "sentence"
+    ok = {"facts": json.dumps([_cite("Acme Corp", "founded_in", "1999", [1])])}
+    lm = DummyLM([ok, {"facts": "I cannot tell."}, {"facts": "Still no JSON."}])
+    with dspy.context(lm=lm):
+        result = FactExtractor(evidence_mode="sentences", call_unit="sentence").extract_document(DOC, now=NOW)
+    assert result.status == "failed" and result.kis == ()  # sentence 2 stayed malformed after its retry
+    assert result.counters["lm_calls"] == 3 and result.counters["parse_failures"] == 2
 
 
 def test_format_comes_from_the_types_json_object_schema_for_the_local_server() -> None:

@@ -8,12 +8,19 @@ raises or returns no verdict is a grader error (never "incorrect"), and a ``fail
 LLM calls failed: an outage is not a wrong answer) is left ungraded.
 
 Resumable: each judged trace is appended to the traces file; readers keep the last line per
-(skill, query id), so a crash loses at most the verdict being written.
+(skill, query id), so a crash loses at most the verdicts being written.
+
+Concurrency: verdicts are independent, so ``judge_pending`` runs up to ``concurrency`` of them at
+once (``cfg.concurrency_for("judge")`` in :func:`kitune.service.evaluation.run_eval`); each
+worker runs in a copy of the caller's ``contextvars`` context (ledger stage, ``dspy.context``).
+The result does not depend on ``concurrency``: the same verdicts, in the input order.
 """
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import replace
 from pathlib import Path
 
@@ -66,6 +73,7 @@ def judge_pending(
     *,
     traces_path: Path | str | None = None,
     retry_grader_errors: bool = True,
+    concurrency: int = 1,
 ) -> list[Trace]:
     """Judge every trace not judged yet (``judge_status == "not_run"``, or a grader error).
 
@@ -74,29 +82,51 @@ def judge_pending(
     Args:
         questions: the run's questions (gold answers); matched to traces by query id.
         traces: the run's traces, e.g. from :func:`kitune.evaluation.harness.evaluate`.
-        judge: the grader.
-        traces_path: append each newly judged trace here (the run's ``traces.jsonl``).
+        judge: the grader; called from ``concurrency`` worker threads at once, so it must be
+            thread-safe (the LLM judge and the ``match`` grader are).
+        traces_path: append each newly judged trace here (the run's ``traces.jsonl``), in the
+            order the verdicts finish.
         retry_grader_errors: judge ``grader_error`` traces again.
+        concurrency: verdicts computed at once (>= 1); the result is the same for any value.
 
     Returns:
         The traces in input order, judged ones replaced; ``len(result) == len(traces)``.
         Traces without an answer (other than failed ones) are graded wrong without a judge call.
+        A judge that raises gives that trace ``grader_error`` (see :func:`judge_trace`); the
+        others are judged as usual.
 
     Raises:
-        KeyError: a trace's query id is not among ``questions``.
+        KeyError: a trace's query id is not among ``questions`` (checked before any judge call).
+        ValueError: ``concurrency < 1``.
     """
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     by_id = {q.query_id: q for q in questions}
+    pending = [
+        i
+        for i, t in enumerate(traces)
+        if t.status != "failed"
+        and (t.judge_status == "not_run" or (retry_grader_errors and t.judge_status == "grader_error"))
+    ]
+    for i in pending:
+        if traces[i].query_id not in by_id:
+            raise KeyError(f"trace {traces[i].query_id!r} has no question among the {len(by_id)} given")
+    out = list(traces)
+    if not pending:
+        return out
     writer = TraceWriter(traces_path) if traces_path is not None else None
-    out: list[Trace] = []
-    for t in traces:
-        pending = t.status != "failed" and (
-            t.judge_status == "not_run" or (retry_grader_errors and t.judge_status == "grader_error")
-        )
-        if not pending:
-            out.append(t)
-            continue
-        judged = judge_trace(t, by_id[t.query_id], judge)
-        if writer is not None:
-            writer.write(judged)
-        out.append(judged)
+    with ThreadPoolExecutor(
+        max_workers=min(concurrency, len(pending)), thread_name_prefix="kitune-judge"
+    ) as pool:
+        futures = {
+            pool.submit(
+                contextvars.copy_context().run, judge_trace, traces[i], by_id[traces[i].query_id], judge
+            ): i
+            for i in pending
+        }
+        for fut in as_completed(futures):
+            judged = fut.result()  # judge_trace records a raising judge as a grader error
+            out[futures[fut]] = judged
+            if writer is not None:
+                writer.write(judged)
     return out

@@ -21,7 +21,9 @@ Per document:
 1. the text is split into chunks of at most ``chunk_chars`` characters at paragraph, then
    sentence, then word boundaries (:func:`split_text`), so nothing past the model's context is
    silently dropped;
-2. each chunk gets one call, and its ``finish_reason`` is read
+2. each chunk gets one call (with ``call_unit="sentence"``, one call per numbered sentence of a
+   prose chunk, asking for that sentence's facts with the chunk as context), and its
+   ``finish_reason`` is read
    (:func:`kitune.lm.track_calls`; a reply whose JSON array was cut off counts too).
    Malformed output (no JSON, or records offered but none valid) is retried once with the cache
    bypassed (``cache=False``, a new ``rollout_id``, temperature 0.7); a chunk still malformed
@@ -110,9 +112,31 @@ class ExtractFactsBySentence(dspy.Signature):  # type: ignore[misc]
     )
 
 
+class ExtractFactsFromSentence(dspy.Signature):  # type: ignore[misc]
+    """Extract the self-contained facts one numbered sentence of a document states, citing the sentences."""
+
+    docid: str = dspy.InputField(desc="Identifier of the document.")
+    url: str = dspy.InputField(desc="Where the document comes from (may be empty).")
+    title: str = dspy.InputField(desc="Title of the document (may be empty).")
+    text: str = dspy.InputField(
+        desc="The document (or one part of it) as numbered sentences, '[n] ...' per line."
+    )
+    sentence: int = dspy.InputField(
+        desc="The number of the sentence to extract facts from now; the other sentences are context "
+        "(who 'he' or 'it' is, the date or place a fact needs)."
+    )
+    facts: list[SentenceFactRecord] = dspy.OutputField(
+        desc="Every fact this sentence states, most important first."
+    )
+
+
 EVIDENCE_MODES: tuple[str, ...] = ("quote", "sentences")
 """``quote``: the model quotes its evidence (checked verbatim, repaired when near); ``sentences``:
 the model cites numbered sentences and kitune copies them (:mod:`kitune.programs.sentences`)."""
+
+CALL_UNITS: tuple[str, ...] = ("chunk", "sentence")
+"""What one extractor call covers: ``chunk`` (the whole chunk) or ``sentence`` (one call per
+numbered sentence of a prose chunk, the chunk shown as context; ``sentences`` evidence mode only)."""
 
 
 @dataclass(frozen=True)
@@ -186,6 +210,12 @@ def split_text(text: str, chunk_chars: int) -> list[tuple[int, str]]:
     return chunks
 
 
+def _sent(entry: dict[str, Any], view: str) -> bool:
+    """True when a ``dspy.LM`` history record's request messages contain ``view``."""
+    messages = entry.get("messages") or []
+    return any(isinstance(m, dict) and view in str(m.get("content") or "") for m in messages)
+
+
 def _halve(chunk: str) -> tuple[str, str] | None:
     """Split ``chunk`` in two at the boundary nearest its middle (paragraph, sentence, space).
 
@@ -215,6 +245,14 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
             False keeps the cut reply's complete facts instead when it has any (status partial).
         evidence_mode: ``"quote"`` (default) or ``"sentences"`` (see :data:`EVIDENCE_MODES`); the
             predictor keeps its name ``extract`` in both modes.
+        call_unit: ``"chunk"`` (default: one call per chunk) or ``"sentence"`` (one call per
+            numbered sentence of a prose chunk, asking for the facts that sentence states, with
+            the chunk as context; dialogue chunks keep one call; needs ``evidence_mode="sentences"``).
+            See :data:`CALL_UNITS`.
+
+    Raises:
+        ValueError: an unknown ``evidence_mode`` or ``call_unit``, or ``call_unit="sentence"``
+            without ``evidence_mode="sentences"``.
 
     The one named predictor is ``extract``; its ``signature.instructions`` is the prompt text and
     :attr:`prompt_version` is ``extractor@<sha8>`` of that text.
@@ -231,15 +269,28 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
         max_retry_tokens: int = MAX_RETRY_TOKENS,
         split_cut_chunks: bool = True,
         evidence_mode: str = "quote",
+        call_unit: str = "chunk",
     ) -> None:
         super().__init__()
         if evidence_mode not in EVIDENCE_MODES:
             raise ValueError(f"evidence_mode={evidence_mode!r}: use one of {', '.join(EVIDENCE_MODES)}")
+        if call_unit not in CALL_UNITS:
+            raise ValueError(f"call_unit={call_unit!r}: use one of {', '.join(CALL_UNITS)}")
+        if call_unit == "sentence" and evidence_mode != "sentences":
+            raise ValueError(
+                "call_unit='sentence' asks about numbered sentences: set evidence_mode='sentences' "
+                "(extraction.evidence_mode: sentences) or use call_unit='chunk'"
+            )
         if instructions is None:
             instructions = load_instruction("extractor").text
-        signature = ExtractFactsBySentence if evidence_mode == "sentences" else ExtractFacts
+        signature: type[dspy.Signature] = ExtractFacts
+        if call_unit == "sentence":
+            signature = ExtractFactsFromSentence
+        elif evidence_mode == "sentences":
+            signature = ExtractFactsBySentence
         self.extract = dspy.Predict(signature.with_instructions(instructions))
         self.evidence_mode = evidence_mode
+        self.call_unit = call_unit
         self.max_facts = max_facts
         self.chunk_chars = chunk_chars
         self.corpus = corpus
@@ -249,9 +300,10 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
 
     @classmethod
     def from_config(cls, cfg: KituneConfig, instructions: str | None = None) -> FactExtractor:
-        """Build an extractor from ``cfg.extraction`` (limits, ``evidence_mode``) and ``cfg.corpus_name``.
+        """An extractor from ``cfg.extraction`` (limits, evidence mode, call unit) and ``cfg.corpus_name``.
 
-        ``evidence_mode`` is read when the config has it (default ``quote``).
+        Raises:
+            ValueError: ``call_unit`` is ``sentence`` but ``evidence_mode`` is not ``sentences``.
         """
         return cls(
             instructions,
@@ -260,7 +312,8 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
             corpus=cfg.corpus_name,
             max_retry_tokens=cfg.extraction.max_retry_tokens,
             split_cut_chunks=cfg.extraction.split_cut_chunks,
-            evidence_mode=getattr(cfg.extraction, "evidence_mode", "quote"),
+            evidence_mode=cfg.extraction.evidence_mode,
+            call_unit=cfg.extraction.call_unit,
         )
 
     @property
@@ -289,9 +342,12 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
         return chunk, None
 
     def _complete(
-        self, doc: Document, view: str, attempt: int, max_tokens: int | None = None
+        self, doc: Document, view: str, attempt: int, max_tokens: int | None = None, focus: int | None = None
     ) -> tuple[TypedReply, str | None]:
-        """One call on the chunk's :meth:`_view`; returns ``(reply, finish_reason or None)``."""
+        """One call on the chunk's :meth:`_view` (about sentence ``focus`` when given).
+
+        Returns ``(reply, finish_reason or None)``.
+        """
         config: dict[str, Any] = {}
         if attempt > 0:
             config = {"cache": False, "rollout_id": attempt, "temperature": RETRY_TEMPERATURE}
@@ -299,14 +355,20 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
             config["max_tokens"] = max_tokens
         lm = self._lm()
         seen = len(getattr(lm, "history", None) or [])
-        reply = predict_typed(
-            self.extract, config=config, docid=doc.docid, url=doc.url, title=doc.title, text=view
-        )
+        inputs: dict[str, Any] = {"docid": doc.docid, "url": doc.url, "title": doc.title, "text": view}
+        if focus is not None:
+            inputs["sentence"] = focus
+        reply = predict_typed(self.extract, config=config, **inputs)
         if reply.calls:
             return reply, reply.finish_reason
-        history = getattr(lm, "history", None) or []
-        if len(history) > seen and isinstance(history[-1], dict):  # another dspy.LM: read its record
-            return reply, finish_reason_of(history[-1].get("response"))
+        # Another dspy.LM: read its history record of this call. Documents are extracted in
+        # several threads on one LM, so the last record may be another document's: take the
+        # newest one whose request holds this chunk's view.
+        history = list(getattr(lm, "history", None) or [])
+        if len(history) > seen:
+            for entry in reversed(history):
+                if isinstance(entry, dict) and _sent(entry, view):
+                    return reply, finish_reason_of(entry.get("response"))
         return reply, None
 
     @staticmethod
@@ -347,11 +409,19 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
         return bigger if bigger > current else None
 
     def _extract_chunk(
-        self, doc: Document, chunk: str, counts: Counter[str], *, may_grow: bool = True
+        self,
+        doc: Document,
+        chunk: str,
+        counts: Counter[str],
+        *,
+        may_grow: bool = True,
+        focus: int | None = None,
     ) -> tuple[list[FactRecord] | None, bool, str, str]:
         """Return ``(records, partial, error, raw)``; records is None when the chunk stayed malformed.
 
         ``partial`` is True when the records come from a reply still cut at its token limit.
+        ``focus``: the sentence number one call asks about (``call_unit="sentence"``); a reply
+        cut at the token cap then falls back to extracting the chunk's halves whole.
         """
         error, raw = "", ""
         salvage: Records[FactRecord] | None = None
@@ -363,7 +433,7 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
             if attempt:
                 counts["retries"] += 1
             counts["lm_calls"] += 1
-            reply, finish = self._complete(doc, view, attempt, room)
+            reply, finish = self._complete(doc, view, attempt, room, focus)
             raw = reply.raw
             attempt += 1
             parsed = self._facts(reply, chunk, spans)
@@ -444,18 +514,23 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
         facts: list[tuple[FactRecord, str]] = []
         partial = False
         for _offset, chunk in chunks:
-            records, cut, error, raw = self._extract_chunk(doc, chunk, counts)
-            if records is None:
-                return DocExtraction(
-                    docid=doc.docid,
-                    status="failed",
-                    counters=dict(counts),
-                    chunks=len(chunks),
-                    error=error,
-                    raw=raw,
-                )
-            partial = partial or cut
-            facts.extend((fact, chunk) for fact in records)
+            # one call per chunk, or per numbered sentence of a prose chunk (call_unit="sentence")
+            focuses: list[int | None] = [None]
+            if self.call_unit == "sentence" and not dialogue:
+                focuses = list(range(1, len(sentence_spans(chunk)) + 1)) or [None]
+            for focus in focuses:
+                records, cut, error, raw = self._extract_chunk(doc, chunk, counts, focus=focus)
+                if records is None:
+                    return DocExtraction(
+                        docid=doc.docid,
+                        status="failed",
+                        counters=dict(counts),
+                        chunks=len(chunks),
+                        error=error,
+                        raw=raw,
+                    )
+                partial = partial or cut
+                facts.extend((fact, chunk) for fact in records)
         result = apply_guardrails(
             facts,
             docid=doc.docid,

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import kitune
-from kitune.config import KituneConfig
+from kitune.config import KituneConfig, with_overrides
 from kitune.evaluation.report import ReportFiles, RunSummary, write_report
 from kitune.optimizers.feedback import (
     FeedbackReport,
@@ -97,10 +97,12 @@ class DemoResult:
 
 
 def demo_workdir_config(cfg: KituneConfig) -> KituneConfig:
-    """``cfg`` with ``workdir`` moved to ``<workdir>/demo`` (stores, runs and MLflow go there)."""
-    data = cfg.model_dump(mode="python")
-    data["workdir"] = Path(cfg.workdir) / "demo"
-    return KituneConfig.model_validate(data)
+    """``cfg`` with ``workdir`` moved to ``<workdir>/demo`` (stores, runs and MLflow go there).
+
+    Through :func:`kitune.config.with_overrides`, so settings left unset stay unset (the extraction
+    and agent concurrency keep following the embedded server's slots).
+    """
+    return with_overrides(cfg, {"workdir": Path(cfg.workdir) / "demo"})
 
 
 def _baseline(env: ServiceLoopEnv, questions: Sequence[Any], path: Path) -> list[Trace]:

@@ -203,7 +203,9 @@ def run_eval(
         run_name: folder under ``<workdir>/runs``; default :func:`default_run_name`.
         disambiguation: in-context only; keep disambiguation KIs in ``get_context`` results.
         questions_path: a questions JSONL overriding the directory's questions.
-        concurrency: questions in parallel (default ``cfg.agent.concurrency``).
+        concurrency: questions in parallel (default ``cfg.concurrency_for("agent")``: ``agent.concurrency``
+            when set, else the embedded server's slots). A full-context run's verdicts, judged after
+            the answers, run ``cfg.concurrency_for("judge")`` at once.
         progress: show a progress bar.
         use_judge: grade with the judge (False: ``judge_status="not_run"``).
         rewrite: in-context only; rewrite each look-up with the query rewriter (its tokens are
@@ -346,7 +348,9 @@ def run_eval(
         if judge_after and judge is not None:
             from kitune.evaluation.judging import judge_pending
 
-            traces = judge_pending(questions, traces, judge, traces_path=traces_path)
+            traces = judge_pending(
+                questions, traces, judge, traces_path=traces_path, concurrency=cfg.concurrency_for("judge")
+            )
     summary = summarize(traces, name, data_sha256=checksum.sha256)
     usage = {f"{r}/{s}": t for (r, s), t in ledger.by_role_stage().items()}
     (run_dir / "summary.json").write_text(json.dumps(summary.to_dict(), indent=2), encoding="utf-8")

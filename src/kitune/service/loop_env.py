@@ -556,7 +556,7 @@ class ServiceLoopEnv:
             questions,
             factory,
             skill="in-context",
-            concurrency=cfg.agent.concurrency,
+            concurrency=cfg.concurrency_for("agent"),
             traces_path=traces_path,
             judge=self.deps.judge,
             progress=self.opts.progress,
