@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, get_args, get_origin
 
 import dspy
@@ -279,7 +279,20 @@ class LocalJSONAdapter(KituneJSONAdapter):
 
     That is llama.cpp's grammar-constrained JSON mode, which it accepts; OpenAI's ``json_schema``
     form it rejects with HTTP 500.
+
+    Args:
+        field_limits: property name → JSON-schema keywords added to every object schema of the
+            output (top level and ``$defs``) that has that property, e.g.
+            ``{"title": {"maxLength": 140}}``. llama.cpp compiles them into the grammar, so the
+            model cannot write a value the guardrails would drop for its length. None: the schema
+            as pydantic writes it (the requests of earlier releases, byte for byte).
     """
+
+    def __init__(
+        self, *args: Any, field_limits: Mapping[str, Mapping[str, int]] | None = None, **kw: Any
+    ) -> None:
+        super().__init__(*args, **kw)
+        self.field_limits = {k: dict(v) for k, v in (field_limits or {}).items()}
 
     def _prepare_response_format(self, lm: Any, lm_kwargs: dict[str, Any], signature: Any) -> None:
         try:
@@ -288,6 +301,12 @@ class LocalJSONAdapter(KituneJSONAdapter):
         except Exception:  # open-ended mapping or unschematisable field: plain JSON mode
             lm_kwargs["response_format"] = {"type": "json_object"}
             return
+        if self.field_limits:
+            for obj in [schema, *(schema.get("$defs") or {}).values()]:
+                props = obj.get("properties") if isinstance(obj, dict) else None
+                for name, keywords in self.field_limits.items():
+                    if isinstance(props, dict) and isinstance(props.get(name), dict):
+                        props[name].update(keywords)
         lm_kwargs["response_format"] = {"type": "json_object", "schema": schema}
 
 

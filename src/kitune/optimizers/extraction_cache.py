@@ -54,6 +54,8 @@ _LIMITS = (
     "retries",
     "max_retry_tokens",
     "split_cut_chunks",
+    "call_unit",
+    "grammar_limits",
 )
 
 
