@@ -14,7 +14,10 @@ from pathlib import Path
 
 from kitune.config import load_config
 from kitune.optimizers.loop import Setting, initial_prompts
-from kitune.service.optimize import OptimizeOptions, ServiceLoopEnv, default_deps, load_slice
+from kitune.service.loop_env import ServiceLoopEnv
+from kitune.service.optimize import default_deps
+from kitune.service.options import OptimizeOptions
+from kitune.service.slicing import load_slice
 from kitune.usage import TokenLedger
 
 workdir = Path(sys.argv[1])

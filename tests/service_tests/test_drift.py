@@ -17,7 +17,8 @@ from opt_fakes import RuleLM
 from kitune.config import KituneConfig
 from kitune.errors import DataError
 from kitune.service.drift import drift_check, drift_run
-from kitune.service.optimize import OptimizeOptions, run_optimize
+from kitune.service.optimize import run_optimize
+from kitune.service.options import OptimizeOptions
 from kitune.testing.tracking import RecordingTracker
 
 

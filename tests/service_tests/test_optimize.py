@@ -17,7 +17,9 @@ from opt_fakes import RuleLM
 from kitune.config import KituneConfig
 from kitune.experiments.prompts import PromptRegistry, prompt_name
 from kitune.experiments.tracking import MlflowTracker
-from kitune.service.optimize import OptimizeOptions, run_optimize, select_documents
+from kitune.service.optimize import run_optimize
+from kitune.service.options import OptimizeOptions
+from kitune.service.slicing import select_documents
 
 
 def _task_rule(system: str, user: str) -> dict[str, object]:
@@ -224,7 +226,8 @@ def test_optimize_rewriter_and_disambiguator_run_their_tasks(tmp_path: Path) -> 
 
 def test_failed_documents_are_tried_once_per_process(tmp_path: Path) -> None:
     from kitune.optimizers.loop import Setting
-    from kitune.service.optimize import ServiceLoopEnv, load_slice
+    from kitune.service.loop_env import ServiceLoopEnv
+    from kitune.service.slicing import load_slice
 
     data = write_dataset(tmp_path / "data")
     cfg = _cfg(tmp_path)

@@ -23,7 +23,8 @@ from kitune.errors import ConfigError
 from kitune.optimizers.improver import IMPROVERS, register_improver, unregister_improver
 from kitune.optimizers.program_task import PROGRAM_TASKS, register_program_task, unregister_program_task
 from kitune.optimizers.registry import OPTIMIZERS, register_optimizer, unregister_optimizer
-from kitune.service.optimize import OptimizeOptions, run_optimize
+from kitune.service.optimize import run_optimize
+from kitune.service.options import OptimizeOptions
 from kitune.testing.tracking import RecordingTracker
 from kitune.usage import CallRecord
 

@@ -10,10 +10,10 @@ from kitune.lazy import lazy_exports
 
 _EXPORTS: dict[str, str] = {
     "run_optimize": "kitune.service.optimize",
-    "OptimizeOptions": "kitune.service.optimize",
-    "ServiceLoopEnv": "kitune.service.optimize",
-    "LoopDeps": "kitune.service.optimize",
-    "store_fingerprint": "kitune.service.optimize",
+    "OptimizeOptions": "kitune.service.options",
+    "ServiceLoopEnv": "kitune.service.loop_env",
+    "LoopDeps": "kitune.service.loop_env",
+    "store_fingerprint": "kitune.service.eval_cache",
     "run_eval": "kitune.service.evaluation",
     "make_judge": "kitune.service.evaluation",
     "get_context": "kitune.service.context",

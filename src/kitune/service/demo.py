@@ -41,7 +41,9 @@ from kitune.optimizers.feedback import (
     count_flips,
 )
 from kitune.optimizers.loop import LoopResult, Setting, start_prompts
-from kitune.service.optimize import LoopDeps, OptimizeOptions, ServiceLoopEnv, load_slice
+from kitune.service.loop_env import LoopDeps, ServiceLoopEnv
+from kitune.service.options import OptimizeOptions
+from kitune.service.slicing import load_slice
 
 if TYPE_CHECKING:
     from kitune.evaluation.metrics import Trace

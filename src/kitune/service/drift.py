@@ -32,15 +32,16 @@ from kitune.evaluation.report import summarize
 from kitune.ki import utcnow
 from kitune.optimizers.loop import Setting
 from kitune.schema import Filter
-from kitune.service.optimize import LoopDeps, OptimizeOptions, ServiceLoopEnv, load_slice
+from kitune.service.loop_env import LoopDeps, ServiceLoopEnv
+from kitune.service.options import OptimizeOptions
 from kitune.service.slice_fingerprint import (
     _sha,
     fingerprint,
     read_fingerprint,
-    write_fingerprint,
 )
+from kitune.service.slicing import load_slice
 
-__all__ = ["DriftReport", "drift_check", "drift_run", "fingerprint", "read_fingerprint", "write_fingerprint"]
+__all__ = ["DriftReport", "drift_check", "drift_run"]
 
 
 @dataclass(frozen=True)

@@ -98,7 +98,7 @@ if TYPE_CHECKING:
     from kitune.evaluation.trace import Trace
     from kitune.ki import KI
     from kitune.retrieval.base import CorpusStore, Store
-    from kitune.service.optimize import OptimizeOptions
+    from kitune.service.options import OptimizeOptions
     from kitune.usage import TokenLedger
 
 __all__ = ["LoopDeps", "ServiceLoopEnv"]

@@ -1,13 +1,13 @@
 """``run_optimize``: the function behind ``kitune optimize`` (and the demo's optimisation round).
 
-This module is the wiring: :class:`OptimizeOptions` (what the command was asked), :func:`default_deps`
-(the real LMs, agent model, judge and store factory), and :func:`run_optimize`, which loads the
+This module is the wiring: :func:`default_deps` (the real LMs, agent model, judge and store
+factory) and :func:`run_optimize`, which takes :class:`~kitune.service.options.OptimizeOptions`
+(what the command was asked), loads the
 slice (:mod:`kitune.service.slicing`), builds the loop environment
 (:class:`~kitune.service.loop_env.ServiceLoopEnv`: extraction per extractor version, the
 store-state-aware evaluation cache, feedback routing) and runs the loop through
 :func:`kitune.experiments.runner.run_experiment`. Knob overrides of a setting are applied with
-:func:`kitune.config.with_overrides`. The environment's and the slice's public names are re-exported
-here (``from kitune.service.optimize import ServiceLoopEnv, load_slice`` keeps working).
+:func:`kitune.config.with_overrides`.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING
 from kitune.config import KituneConfig
 from kitune.data.checksum import dataset_checksum
 from kitune.optimizers.loop import LoopResult
-from kitune.optimizers.program_task import PROGRAM_TASKS, program_names
+from kitune.optimizers.program_task import PROGRAM_TASKS
 from kitune.optimizers.registry import check_optimizer
-from kitune.service.eval_cache import store_fingerprint
 from kitune.service.loop_env import LoopDeps, ServiceLoopEnv
-from kitune.service.slicing import load_slice, select_documents, write_question_ids
+from kitune.service.options import OptimizeOptions
+from kitune.service.slicing import load_slice, write_question_ids
 
 if TYPE_CHECKING:
     from kitune.experiments.prompts import PromptRegistry
@@ -32,51 +32,7 @@ if TYPE_CHECKING:
     from kitune.retrieval.base import CorpusStore
     from kitune.usage import TokenLedger
 
-__all__ = [
-    "ExtractResult",
-    "LoopDeps",
-    "OptimizeOptions",
-    "ServiceLoopEnv",
-    "default_deps",
-    "extract_slice",
-    "load_slice",
-    "run_optimize",
-    "select_documents",
-    "store_fingerprint",
-]
-
-
-@dataclass(frozen=True)
-class OptimizeOptions:
-    """What ``kitune optimize`` was asked to do."""
-
-    data_dir: Path
-    """Dataset folder (BrowseComp-Plus layout or documents/questions JSONL)."""
-    questions: int | None = None
-    """N questions of the dataset (None: all): the first N, or a seeded sample with
-    :attr:`sample_seed`; split into tune/validation by ``optimize.seed``."""
-    sample_seed: int | None = None
-    """Seed of a random sample of :attr:`questions` questions (None: the first N)."""
-    iterations: int = 2
-    optimizer: str = "gepa"
-    """A name registered in :mod:`kitune.optimizers.registry` (checked by :func:`run_optimize`)."""
-    programs: tuple[str, ...] = field(default_factory=program_names)
-    """Programs to tune, by registered name (default: every registered program)."""
-    knob_trials: int = 0
-    """Optuna trials per iteration (0: no knob tuning)."""
-    max_metric_calls: int | None = None
-    """GEPA budget per program per iteration (MIPROv2: trials); None: ``optimize.max_metric_calls``
-    (unset there too: sized to ``optimize.min_proposals`` proposals, see
-    :func:`kitune.optimizers.gepa.min_metric_calls`)."""
-    budget_minutes: float | None = None
-    """Wall-clock cap per program optimisation (a Timeout stopper); None: none."""
-    distractors: int = 4
-    """Extra corpus documents (not evidence of any selected question) extracted and indexed."""
-    feedback: bool = True
-    """Write disambiguation KIs from the tuning failures."""
-    run_name: str = "optimize"
-    """Folder under ``<workdir>/optimize`` holding the loop state (rerun the same name to resume)."""
-    progress: bool = True
+__all__ = ["ExtractResult", "OptimizeResult", "default_deps", "extract_slice", "run_optimize"]
 
 
 def default_deps(

@@ -19,7 +19,7 @@ from kitune.ki import utcnow
 from kitune.schema import Document
 
 if TYPE_CHECKING:
-    from kitune.service.optimize import OptimizeOptions
+    from kitune.service.options import OptimizeOptions
 
 __all__ = ["FINGERPRINT", "fingerprint", "read_fingerprint", "write_fingerprint"]
 

@@ -169,7 +169,8 @@ def loop_once(
         DataError: no corpus, corrupt state. KituneError: locked, or the optimisation failed
         (the round stays pending; rerun to resume).
     """
-    from kitune.service.optimize import OptimizeOptions, run_optimize
+    from kitune.service.optimize import run_optimize
+    from kitune.service.options import OptimizeOptions
 
     run = optimize or run_optimize
     corpus_file(opts.corpus)  # a mistyped --corpus fails now, not when traces arrive

@@ -1,0 +1,48 @@
+"""``OptimizeOptions``: what ``kitune optimize`` (and the demo, drift and watch rounds) asks the loop to do.
+
+A leaf of the service layer: the loop's wiring (:mod:`kitune.service.optimize`), its environment,
+the slice reader and the fingerprint all read the options, so the type lives apart from every
+one of them and none imports another for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kitune.optimizers.program_task import program_names
+
+__all__ = ["OptimizeOptions"]
+
+
+@dataclass(frozen=True)
+class OptimizeOptions:
+    """What ``kitune optimize`` was asked to do."""
+
+    data_dir: Path
+    """Dataset folder (BrowseComp-Plus layout or documents/questions JSONL)."""
+    questions: int | None = None
+    """N questions of the dataset (None: all): the first N, or a seeded sample with
+    :attr:`sample_seed`; split into tune/validation by ``optimize.seed``."""
+    sample_seed: int | None = None
+    """Seed of a random sample of :attr:`questions` questions (None: the first N)."""
+    iterations: int = 2
+    optimizer: str = "gepa"
+    """A name registered in :mod:`kitune.optimizers.registry` (checked when the loop starts)."""
+    programs: tuple[str, ...] = field(default_factory=program_names)
+    """Programs to tune, by registered name (default: every registered program)."""
+    knob_trials: int = 0
+    """Optuna trials per iteration (0: no knob tuning)."""
+    max_metric_calls: int | None = None
+    """GEPA budget per program per iteration (MIPROv2: trials); None: ``optimize.max_metric_calls``
+    (unset there too: sized to ``optimize.min_proposals`` proposals, see
+    :func:`kitune.optimizers.gepa.min_metric_calls`)."""
+    budget_minutes: float | None = None
+    """Wall-clock cap per program optimisation (a Timeout stopper); None: none."""
+    distractors: int = 4
+    """Extra corpus documents (not evidence of any selected question) extracted and indexed."""
+    feedback: bool = True
+    """Write disambiguation KIs from the tuning failures."""
+    run_name: str = "optimize"
+    """Folder under ``<workdir>/optimize`` holding the loop state (rerun the same name to resume)."""
+    progress: bool = True
