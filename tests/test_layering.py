@@ -198,12 +198,7 @@ def layer_problems(
 # Violations tolerated while they are being removed, each with its fix beside it. Both are empty
 # since issue 24 item 2 was finished; an entry that is gone or not needed fails the test.
 KNOWN_UPWARD: set[tuple[str, str]] = set()
-KNOWN_CYCLE_EDGES: set[tuple[str, str]] = {
-    # improve.py's helpers (optimizer_budget, reflection_context_tokens, ...) are typed on the whole
-    # ServiceLoopEnv, which imports them: give them the fields they read (or a small Protocol
-    # declared in improve.py) instead of the env.
-    ("kitune.service.improve", "kitune.service.loop_env"),
-}
+KNOWN_CYCLE_EDGES: set[tuple[str, str]] = set()
 
 
 def test_the_tree_follows_the_layer_rule_every_import_counted():

@@ -13,21 +13,43 @@ variables or the network lives here:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import httpx
 
 from kitune.config import KituneConfig
 from kitune.errors import ConfigError
 from kitune.optimizers.budget import OptimizerBudget
+from kitune.service.options import OptimizeOptions
 
-if TYPE_CHECKING:
-    from kitune.service.loop_env import ServiceLoopEnv
+__all__ = [
+    "BudgetEnv",
+    "optimizer_budget",
+    "reflection_context_tokens",
+    "reflection_fallback",
+    "server_context_window",
+]
 
-__all__ = ["optimizer_budget", "reflection_context_tokens", "reflection_fallback", "server_context_window"]
+
+class BudgetEnv(Protocol):
+    """What :func:`optimizer_budget` reads from the loop environment (``ServiceLoopEnv`` has it)."""
+
+    @property
+    def cfg(self) -> KituneConfig:
+        """The configuration (``optimize.*``, ``lm.reflection.max_tokens``, the optimiser concurrency)."""
+        ...
+
+    @property
+    def opts(self) -> OptimizeOptions:
+        """The command's options (``max_metric_calls``, ``budget_minutes``)."""
+        ...
+
+    def reflection_window(self) -> int | None:
+        """The reflection model's context window in tokens (asked once), or None when unknown."""
+        ...
 
 
-def optimizer_budget(env: ServiceLoopEnv) -> OptimizerBudget:
+def optimizer_budget(env: BudgetEnv) -> OptimizerBudget:
     """The loop's :class:`~kitune.optimizers.budget.OptimizerBudget`, from the options and the config.
 
     ``max_metric_calls`` from the command (``--max-metric-calls``), else
