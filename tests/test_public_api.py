@@ -37,6 +37,21 @@ def test_all_names_exist_and_are_public(name):
     assert len(exported) == len(set(exported))
 
 
+def test_the_optimizers_export_the_loop_protocols_and_artifact_helpers():
+    import kitune.optimizers as optimizers
+    from kitune.optimizers.artifacts import log_candidate, log_program_state
+    from kitune.optimizers.protocols import PromptRegistryProtocol, Tracker
+
+    expected = {
+        "Tracker": Tracker,
+        "PromptRegistryProtocol": PromptRegistryProtocol,
+        "log_candidate": log_candidate,
+        "log_program_state": log_program_state,
+    }
+    assert set(expected) <= set(optimizers.__all__)
+    assert {name: getattr(optimizers, name) for name in expected} == expected
+
+
 def test_top_level_is_light():
     import subprocess
     import sys

@@ -1,7 +1,8 @@
 """The optimisers and the self-improvement loop.
 
 GEPA/MIPROv2 wrappers (named in the optimiser registry, built from one budget), Optuna knobs,
-stoppers, the loop, its score, ledger and accept rule.
+stoppers, the loop, its score, ledger and accept rule; the tracker and prompt-registry protocols
+the loop logs through, and the artefact helpers that log a program's state and a candidate.
 
 Public names are imported lazily on first use (PEP 562), so importing the package is cheap and
 has no side effects; ``__all__`` lists them and ``tests/test_public_api.py`` checks it.
@@ -43,6 +44,10 @@ _EXPORTS: dict[str, str] = {
     "register_optimizer": "kitune.optimizers.registry",
     "optimizer_names": "kitune.optimizers.registry",
     "make_optimizer": "kitune.optimizers.registry",
+    "Tracker": "kitune.optimizers.protocols",
+    "PromptRegistryProtocol": "kitune.optimizers.protocols",
+    "log_candidate": "kitune.optimizers.artifacts",
+    "log_program_state": "kitune.optimizers.artifacts",
 }
 """Public name → the module that defines it."""
 
