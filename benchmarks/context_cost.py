@@ -7,7 +7,7 @@ configured sizes):
 * **baseline** — ``search`` over the corpus store: up to ``retrieval.search_hits`` documents ×
   ``retrieval.snippets_per_hit`` snippets of ``retrieval.snippet_chars`` characters;
 * **in-context** — ``get_context`` over the KI store: ``retrieval.default_size`` KIs rendered by
-  :func:`kitune.service.context.render_context` (plain plan, no LLM rewrite).
+  :func:`kitune.service.serving.context.render_context` (plain plan, no LLM rewrite).
 
 Reported per skill: input tokens per call (median / p95 / mean, :func:`kitune.usage.estimate_tokens`),
 the share of calls whose context contains the gold answer (answer-bearing rate, after

@@ -47,7 +47,7 @@ from kitune.config import KituneConfig, LanceStoreConfig, RetrievalConfig
 from kitune.ki import KI
 from kitune.retrieval.lance import LanceStore
 from kitune.schema import QueryPlan
-from kitune.service.context import get_context
+from kitune.service.serving.context import get_context
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 TARGET_P95_MS = 50.0

@@ -18,7 +18,7 @@ from kitune.retrieval import create_store
 from kitune.schema import Filter
 
 try:
-    from kitune.service.prompts import versioned_store_cfg
+    from kitune.service.serving.prompts import versioned_store_cfg
 except ImportError:  # the run's own commit (run-loop-fixture-24) named it privately
     from kitune.service.optimize import _versioned_store_cfg as versioned_store_cfg  # type: ignore[attr-defined,no-redef]
 

@@ -1,7 +1,7 @@
 """``kitune mcp``: kitune's tools over the Model Context Protocol (the official ``mcp`` SDK).
 
 Tools (JSON schemas generated from the signatures below; the tool bodies are
-:mod:`kitune.service.mcp`):
+:mod:`kitune.service.serving.mcp`):
 
 * ``get_context(query, size?, filters?)`` → KIs with tags, references, evidence doc ids,
   subtype, confidence and score, plus the aggregations (by tag, doc, entity);
@@ -47,7 +47,7 @@ from pydantic import Field, ValidationError
 from kitune.config import KituneConfig
 from kitune.errors import DocumentNotFoundError, KituneError, StoreUnavailableError
 from kitune.server import API_TOKEN_ENV, MAX_BODY_BYTES, ServedSetting, is_loopback_host
-from kitune.service.mcp import (
+from kitune.service.serving.mcp import (
     MAX_QUERY_CHARS,
     ContextFilters,
     context_tool,
@@ -161,7 +161,7 @@ def _guard(tool: str, fn: Callable[[], _T]) -> _T:
     except ValidationError as e:  # a filter value the KI filter rejects (e.g. a malformed tag)
         logger.info("%s: rejected arguments (%s)", tool, type(e).__name__)
         raise ToolError(f"invalid argument: {_describe(e)}") from e
-    except ValueError as e:  # argument checks in kitune.service.mcp
+    except ValueError as e:  # argument checks in kitune.service.serving.mcp
         logger.info("%s: rejected arguments (%s)", tool, type(e).__name__)
         raise ToolError(f"invalid argument: {e}") from e
     except KituneError as e:

@@ -1,4 +1,4 @@
-"""The HTTP API: ``POST /api/_get_context`` over :func:`kitune.service.context.get_context`.
+"""The HTTP API: ``POST /api/_get_context`` over :func:`kitune.service.serving.context.get_context`.
 
 Thin: validate the request, call the service, map errors to statuses. One exception → status
 table (:data:`ERROR_STATUS`): ``ConfigError`` → 422, ``DocumentNotFoundError`` → 404,
@@ -8,7 +8,7 @@ carry a stack trace or a secret.
 
 What is served: the store and rewriter given to :func:`create_app` (``kitune serve`` passes
 the production rewriter prompt and the production extractor's KI table, see
-:func:`kitune.service.prompts.production_setting`), named in ``GET /healthz`` under
+:func:`kitune.service.serving.prompts.production_setting`), named in ``GET /healthz`` under
 ``serving``. With a ``setting_source`` the app re-resolves them at most every ``refresh_s``
 seconds, so ``kitune prompts promote`` / ``rollback`` change what a running server serves.
 
@@ -58,7 +58,7 @@ from kitune.errors import (
 )
 from kitune.programs.query_rewriter import QueryRewriter
 from kitune.retrieval.base import Store
-from kitune.service.context import ContextResponse, get_context
+from kitune.service.serving.context import ContextResponse, get_context
 from kitune.usage import TokenLedger
 
 if TYPE_CHECKING:

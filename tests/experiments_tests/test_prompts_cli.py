@@ -1,4 +1,4 @@
-"""Tests for kitune.service.prompts and the `kitune prompts` CLI group (one SQLite DB per module)."""
+"""Tests for kitune.service.serving.prompts and the `kitune prompts` CLI group (one SQLite DB per module)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from kitune.cli import _register, app
 from kitune.config import load_config
 from kitune.errors import PromptNotFoundError
 from kitune.experiments.prompts import PromptRegistry
-from kitune.service.prompts import list_prompts, show_prompt
+from kitune.service.serving.prompts import list_prompts, show_prompt
 
 NAME = "kitune-fixture-judge"
 

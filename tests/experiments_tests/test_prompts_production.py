@@ -22,7 +22,7 @@ from kitune.experiments.prompts import PACKAGED_TAG, PromptRegistry, prompt_name
 from kitune.programs.instructions import instruction_version, load_instruction
 from kitune.retrieval.embedders import HashEmbedder
 from kitune.retrieval.memory import MemoryStore
-from kitune.service.prompts import (
+from kitune.service.serving.prompts import (
     describe_setting,
     parse_prompt_selection,
     production_setting,
@@ -152,7 +152,7 @@ def test_versioned_store_cfg_elasticsearch_names_the_index(cfg: KituneConfig) ->
 def cli(cfg: KituneConfig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     import kitune.lm as lm_mod
     import kitune.retrieval as retrieval
-    import kitune.service.context as context_mod
+    import kitune.service.serving.context as context_mod
     from kitune.cli import context_cmds, eval_cmds, extract_cmds
 
     monkeypatch.setenv("COLUMNS", "250")
@@ -292,7 +292,7 @@ def test_server_follows_a_promotion_without_restart(cfg: KituneConfig) -> None:
     from fastapi.testclient import TestClient
 
     from kitune.server import ServedSetting, create_app
-    from kitune.service.prompts import setting_summary
+    from kitune.service.serving.prompts import setting_summary
 
     stores = {
         "old": MemoryStore(embedder=HashEmbedder(dim=64)),

@@ -54,7 +54,7 @@ def config_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     cfg = load_config(path)
     # kitune mcp serves the production extractor's KI table, like serve/context/extract
-    from kitune.service.prompts import production_setting
+    from kitune.service.serving.prompts import production_setting
 
     store = create_store(production_setting(cfg).store_cfg)
     result = store.upsert(
@@ -285,7 +285,7 @@ def test_unknown_arguments_are_refused_by_name(config_path: Path) -> None:
 def test_a_running_mcp_serves_a_promotion_without_restart(tmp_path: Path) -> None:
     from kitune.experiments.prompts import PromptRegistry, prompt_name, register_packaged
     from kitune.programs.instructions import instruction_version, load_instruction
-    from kitune.service.prompts import production_setting, versioned_store_cfg
+    from kitune.service.serving.prompts import production_setting, versioned_store_cfg
 
     path = tmp_path / "kitune.yaml"
     path.write_text(

@@ -12,7 +12,7 @@ from kitune.optimizers.feedback import collect_failures, count_flips, write_disa
 from kitune.programs.disambiguator import Disambiguator
 from kitune.retrieval.memory import MemoryStore
 from kitune.schema import Document, Filter
-from kitune.service.context import context_ids
+from kitune.service.serving.context import context_ids
 
 DOCS = {
     "d1": Document(

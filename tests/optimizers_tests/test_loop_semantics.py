@@ -230,7 +230,7 @@ def test_after_a_promotion_context_and_extract_use_the_promoted_versions(tmp_pat
     # extract, eval and the MCP server) follows the registry's production alias and its KI table
     from kitune.experiments.prompts import PromptRegistry, prompt_name, register_packaged
     from kitune.programs.instructions import instruction_version
-    from kitune.service.prompts import production_setting
+    from kitune.service.serving.prompts import production_setting
 
     cfg = KituneConfig(workdir=tmp_path / "w", corpus_name="tiny")
     registry = PromptRegistry(cfg.mlflow_uri)

@@ -26,7 +26,7 @@ from kitune.programs.fact_extractor import FactExtractor
 from kitune.retrieval.memory import MemoryStore
 from kitune.schema import Document
 from kitune.service.extraction import extract_corpus
-from kitune.service.stores import index_jsonl
+from kitune.service.serving.stores import index_jsonl
 
 GOOD = [
     Document(

@@ -1,4 +1,4 @@
-"""kitune.service.stores: JSONL indexing with bad lines, the sweep, stats; and the CLI commands."""
+"""kitune.service.serving.stores: JSONL indexing with bad lines, the sweep, stats; and the CLI commands."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from kitune.errors import DataError
 from kitune.retrieval.memory import MemoryStore
-from kitune.service.stores import LineError, expire_kis, index_jsonl, iter_ki_jsonl, store_stats
+from kitune.service.serving.stores import LineError, expire_kis, index_jsonl, iter_ki_jsonl, store_stats
 from kitune.testing.store_contract import T0, make_ki
 
 
@@ -108,7 +108,7 @@ def test_cli_index_expire_stats(tmp_path: Path) -> None:
 def test_cli_stats_on_a_fresh_workdir_creates_nothing_and_index_feeds_context(tmp_path: Path) -> None:
     from kitune.cli import _register, app
     from kitune.config import load_config
-    from kitune.service.prompts import production_setting
+    from kitune.service.serving.prompts import production_setting
 
     _register()
     runner = CliRunner()
@@ -169,7 +169,7 @@ def test_index_jsonl_optimizes_once_after_the_bulk_load(tmp_path: Path) -> None:
 def test_retention_from_config_and_refresh_helpers() -> None:
     from kitune.config import load_config
     from kitune.schema import Filter
-    from kitune.service.stores import refresh_derived, refresh_documents, retention_from
+    from kitune.service.serving.stores import refresh_derived, refresh_documents, retention_from
 
     cfg = load_config(overrides={"lifecycle.stale_after_days": 5})
     assert retention_from(cfg) == {

@@ -11,7 +11,7 @@ from kitune.programs.query_rewriter import QueryRewriter
 from kitune.retrieval.embedders import HashEmbedder
 from kitune.retrieval.memory import MemoryStore
 from kitune.schema import QueryPlan
-from kitune.service.context import ContextResponse, context_ids, get_context, render_context
+from kitune.service.serving.context import ContextResponse, context_ids, get_context, render_context
 
 
 def _ki(

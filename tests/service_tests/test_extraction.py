@@ -349,7 +349,7 @@ def test_rerun_of_an_unchanged_corpus_refreshes_last_seen_without_llm_calls(tmp_
     """The reproduced bug: KIs extracted 15 days ago, same corpus re-run, sweep → all still active."""
     from datetime import timedelta
 
-    from kitune.service.stores import expire_kis
+    from kitune.service.serving.stores import expire_kis
 
     store = MemoryStore()
     state = tmp_path / "state.jsonl"
@@ -378,7 +378,7 @@ def test_rerun_of_an_unchanged_corpus_refreshes_last_seen_without_llm_calls(tmp_
 def test_changed_document_is_re_extracted_and_a_gone_document_starts_its_clock(tmp_path: Path) -> None:
     from datetime import timedelta
 
-    from kitune.service.stores import expire_kis
+    from kitune.service.serving.stores import expire_kis
 
     store = MemoryStore()
     state = tmp_path / "state.jsonl"

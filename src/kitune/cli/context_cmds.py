@@ -1,7 +1,7 @@
 """``kitune context`` (one question → KIs + facets) and ``kitune serve`` (the HTTP API).
 
-Both call :func:`kitune.service.context.get_context` with what
-:func:`kitune.service.prompts.production_setting` resolves: the rewriter prompt under the
+Both call :func:`kitune.service.serving.context.get_context` with what
+:func:`kitune.service.serving.prompts.production_setting` resolves: the rewriter prompt under the
 ``production`` alias (``--prompt-version`` picks another, ``--packaged`` the packaged one) and
 the KI table built with the production extractor. The versions used are printed on stderr.
 The rewriter's LM comes from ``kitune.lm.build_lm(cfg, "rewrite")`` (``--no-rewrite`` skips the
@@ -28,8 +28,8 @@ if TYPE_CHECKING:
     from kitune.programs.query_rewriter import QueryRewriter
     from kitune.retrieval.base import Store
     from kitune.server import ServedSetting
-    from kitune.service.context import ContextResponse
-    from kitune.service.prompts import ProductionSetting
+    from kitune.service.serving.context import ContextResponse
+    from kitune.service.serving.prompts import ProductionSetting
     from kitune.usage import TokenLedger
 
 __all__ = ["PackagedOption", "PromptVersionOption", "print_context", "register", "resolve_setting"]
@@ -61,9 +61,9 @@ def resolve_setting(
 ) -> ProductionSetting:
     """Resolve the prompt versions a CLI command runs, print them on stderr; exit 2 on a bad choice.
 
-    Wraps :func:`kitune.service.prompts.production_setting` (``--prompt-version``, ``--packaged``).
+    Wraps :func:`kitune.service.serving.prompts.production_setting` (``--prompt-version``, ``--packaged``).
     """
-    from kitune.service.prompts import describe_setting, parse_prompt_selection, production_setting
+    from kitune.service.serving.prompts import describe_setting, parse_prompt_selection, production_setting
 
     try:
         setting = production_setting(
@@ -113,7 +113,7 @@ def _build(
 
 def _empty_store_message(store: Store, setting: ProductionSetting) -> str | None:
     """A message when the setting's KI table holds no KI (None otherwise or when it cannot count)."""
-    from kitune.service.prompts import setting_summary
+    from kitune.service.serving.prompts import setting_summary
 
     try:
         n = store.count()
@@ -216,7 +216,7 @@ def context(
     Uses the production rewriter prompt and the KI table of the production extractor (printed
     on stderr); --prompt-version or --packaged choose others.
     """
-    from kitune.service.context import get_context
+    from kitune.service.serving.context import get_context
 
     cfg = get_config(config)
     if not question.strip():
@@ -305,7 +305,7 @@ def serve(
 
 
 def _served_versions(setting: ProductionSetting, programs: tuple[str, ...]) -> dict[str, str]:
-    from kitune.service.prompts import setting_summary
+    from kitune.service.serving.prompts import setting_summary
 
     summary = setting_summary(setting)
     out = {p: v for p, v in summary["prompts"].items() if p in programs}
@@ -326,7 +326,7 @@ def _follow_production(
         from kitune.programs.query_rewriter import QueryRewriter
         from kitune.retrieval import create_store
         from kitune.server import ServedSetting
-        from kitune.service.prompts import production_setting
+        from kitune.service.serving.prompts import production_setting
 
         setting = production_setting(cfg)
         versions = _served_versions(setting, programs)

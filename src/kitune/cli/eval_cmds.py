@@ -119,7 +119,7 @@ def eval_command(
     """
     from kitune.evaluation.report import ROWS, format_cell
     from kitune.service.evaluation import run_eval
-    from kitune.service.prompts import parse_prompt_selection
+    from kitune.service.serving.prompts import parse_prompt_selection
 
     skill, split = skill_choice.value, split_choice.value
     cfg = get_config(config, record_overrides(record, replay) or None)
@@ -160,7 +160,7 @@ def eval_command(
 def _refuse_empty_ki_store(cfg: KituneConfig, select: dict[str, str], packaged: bool) -> None:
     """Exit 2 before any LLM call when the KI table an in-context run would use holds no KI."""
     from kitune.retrieval import create_store
-    from kitune.service.prompts import production_setting, setting_summary
+    from kitune.service.serving.prompts import production_setting, setting_summary
 
     try:
         setting = production_setting(cfg, select=select, packaged=packaged)

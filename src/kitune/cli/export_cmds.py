@@ -43,7 +43,7 @@ def export_cmd(
 
     Example: kitune export --format elastic-ai-index --out kis.ndjson --bulk-index ai-index-idx-kis
     """
-    from kitune.service.export import export_ai_index
+    from kitune.service.serving.export import export_ai_index
     from kitune.service.signals import open_serving_store
 
     if fmt not in FORMATS:
@@ -85,7 +85,7 @@ def index_create(mapping: str | None, index: str | None, print_only: bool, confi
         body = ai_index_mapping(inference_id) if mapping == "ai-index" else es_mapping(inference_id or "")
         typer.echo(json.dumps({"mappings": body}, indent=2, sort_keys=True))
         return
-    from kitune.service.export import create_index
+    from kitune.service.serving.export import create_index
 
     try:
         done = create_index(cfg, mapping="ai-index" if mapping == "ai-index" else "kitune", index=index)

@@ -1,7 +1,7 @@
 """``kitune extract``: turn a corpus into verified KIs in the configured store.
 
 Thin: load config and documents → resolve the extractor prompt
-(:func:`kitune.service.prompts.production_setting`: the ``production`` version of
+(:func:`kitune.service.serving.prompts.production_setting`: the ``production`` version of
 ``kitune-<corpus>-extractor``, else the packaged prompt; ``--prompt-version``, ``--prompt-alias``,
 ``--instructions`` or ``--packaged`` choose another) → build the extract-role LM, the KI table
 named after that extractor version (``<store.table>-<sha8>``, the table ``context``/``serve``/``eval``
@@ -95,7 +95,7 @@ def extract(
     from kitune.programs.fact_extractor import FactExtractor
     from kitune.programs.instructions import instruction_version
     from kitune.service.extraction import default_state_path, extract_corpus
-    from kitune.service.prompts import versioned_store_cfg
+    from kitune.service.serving.prompts import versioned_store_cfg
     from kitune.usage import TokenLedger
 
     overrides: dict[str, object] = record_overrides(record, replay)
@@ -209,7 +209,7 @@ def _registered_instruction(cfg: KituneConfig, alias: str | None, *, packaged: b
 
     Exits 2 when an explicit ``alias`` is missing.
     """
-    from kitune.service.prompts import describe_setting, production_setting
+    from kitune.service.serving.prompts import describe_setting, production_setting
 
     try:
         setting = production_setting(

@@ -1,6 +1,6 @@
 """``kitune prompts list|show|diff|promote|rollback``: the prompt registry from the shell.
 
-Thin: parse arguments → :mod:`kitune.service.prompts` → print Rich tables. ``optimize``,
+Thin: parse arguments → :mod:`kitune.service.serving.prompts` → print Rich tables. ``optimize``,
 ``drift`` and ``demo`` are added here by the optimisation loop.
 """
 
@@ -81,7 +81,7 @@ def _fail_if_no_registry(cfg: KituneConfig, name: str) -> None:
 @prompts_app.command("list")
 def list_cmd(config: ConfigOption = None) -> None:
     """List registered prompts with their latest version and aliases."""
-    from kitune.service.prompts import list_prompts
+    from kitune.service.serving.prompts import list_prompts
 
     cfg = get_config(config)
     rows = [] if _no_registry(cfg) else _or_fail(list_prompts, cfg)
@@ -116,7 +116,7 @@ def show_cmd(
     config: ConfigOption = None,
 ) -> None:
     """Print one version's text (default: production, else latest), or --versions for all."""
-    from kitune.service.prompts import prompt_versions, show_prompt
+    from kitune.service.serving.prompts import prompt_versions, show_prompt
 
     cfg = get_config(config)
     _fail_if_no_registry(cfg, name)
@@ -157,7 +157,7 @@ def diff_cmd(
     config: ConfigOption = None,
 ) -> None:
     """Unified diff between two versions of a prompt."""
-    from kitune.service.prompts import diff_prompt_versions
+    from kitune.service.serving.prompts import diff_prompt_versions
 
     cfg = get_config(config)
     _fail_if_no_registry(cfg, name)
@@ -177,7 +177,7 @@ def promote_cmd(
     config: ConfigOption = None,
 ) -> None:
     """Point the production alias at VERSION (recorded so rollback can undo it)."""
-    from kitune.service.prompts import promote_prompt
+    from kitune.service.serving.prompts import promote_prompt
 
     cfg = get_config(config)
     _fail_if_no_registry(cfg, name)  # opening an empty registry would create mlflow.db
@@ -192,7 +192,7 @@ def rollback_cmd(
     config: ConfigOption = None,
 ) -> None:
     """Move production back to the previous production version."""
-    from kitune.service.prompts import rollback_prompt
+    from kitune.service.serving.prompts import rollback_prompt
 
     cfg = get_config(config)
     _fail_if_no_registry(cfg, name)
@@ -204,7 +204,7 @@ def rollback_cmd(
 def _now_used(cfg: Any, name: str) -> None:
     """Say what ``serve``/``context``/``extract``/``eval`` use after a promote or rollback of ``name``."""
     from kitune.experiments.prompts import prompt_name
-    from kitune.service.prompts import SERVED_PROGRAMS, describe_setting, production_setting
+    from kitune.service.serving.prompts import SERVED_PROGRAMS, describe_setting, production_setting
 
     programs = tuple(p for p in SERVED_PROGRAMS if prompt_name(cfg.corpus_name, p) == name)
     if not programs:

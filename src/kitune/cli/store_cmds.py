@@ -25,7 +25,7 @@ __all__ = ["register"]
 
 def _store_cfg(cfg: KituneConfig) -> KituneConfig:
     """The KI table the serving commands use: the production extractor's (``kis-<sha8>``)."""
-    from kitune.service.prompts import production_setting
+    from kitune.service.serving.prompts import production_setting
 
     try:
         return production_setting(cfg, programs=("extractor",)).store_cfg
@@ -91,7 +91,7 @@ def index(
         return
     if mapping is not None or index_name is not None or print_mapping:
         fail("--mapping, --index and --print belong to `kitune index create --mapping ai-index`")
-    from kitune.service.stores import check_ki_file, index_jsonl
+    from kitune.service.serving.stores import check_ki_file, index_jsonl
 
     try:
         check_ki_file(file)  # before the store opens: a wrong path must not create a table
@@ -155,7 +155,7 @@ def expire(
 
     Example: kitune expire --now 2026-12-31
     """
-    from kitune.service.stores import expire_kis, retention_from, stale_after_from
+    from kitune.service.serving.stores import expire_kis, retention_from, stale_after_from
 
     when = _parse_now(now)  # before the store opens: a bad --now must not create a table
     cfg, store = _open_store(config)
@@ -223,7 +223,7 @@ def stats(
     from rich.console import Console
     from rich.table import Table
 
-    from kitune.service.stores import store_stats
+    from kitune.service.serving.stores import store_stats
 
     cfg, store = _open_store(config, read_only=True)
     credit = _credit(cfg, run_name, top)
@@ -295,7 +295,7 @@ def reindex(
 
     Example: kitune reindex --from kitune-kis --config kitune.yaml   (store.index: kitune-kis-v2)
     """
-    from kitune.service.stores import reindex_elasticsearch
+    from kitune.service.serving.stores import reindex_elasticsearch
 
     cfg = get_config(config)
     try:

@@ -192,7 +192,7 @@ def write_disambiguation_kis(
         store: the KI store (the same one the agent reads).
         disambiguator: the program (its instruction is the one being tuned).
         get_document: docid → document (raises for an unknown id).
-        context_fn: question → KI ids best first (``kitune.service.context.context_ids``).
+        context_fn: question → KI ids best first (``kitune.service.serving.context.context_ids``).
         lm: the disambiguator's LM (None: the DSPy context's).
         top_k: the KI must be among the first ``top_k`` ids for its question.
         on_progress: called with ``(done, total)`` after each failure.

@@ -375,7 +375,7 @@ def accept_if_retrieved(
         question: the failing question.
         store: the KI store to write to.
         context_fn: question → KI ids best first, as the agent's ``get_context`` would return
-            them (see ``kitune.service.context.context_ids``).
+            them (see ``kitune.service.serving.context.context_ids``).
         top_k: how many of the first ids count, ≥ 1.
 
     Returns:

@@ -189,7 +189,7 @@ def drift_check(
             score, accuracy = summary.accuracy, summary.accuracy
         store = env.store_for(setting)
 
-        from kitune.service.stores import expire_kis, retention_from, stale_after_from
+        from kitune.service.serving.stores import expire_kis, retention_from, stale_after_from
 
         # derived KIs (disambiguation, source descriptions) keep their own window
         swept = expire_kis(store, stale_after=stale_after_from(cfg), retention=retention_from(cfg))

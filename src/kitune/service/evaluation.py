@@ -9,7 +9,7 @@ can be injected, so the wiring is testable without a store or an LLM; the defaul
 lazily from the config.
 
 The in-context skill runs what production runs
-(:func:`kitune.service.prompts.production_setting`): the KI table of the production extractor
+(:func:`kitune.service.serving.prompts.production_setting`): the KI table of the production extractor
 and, with ``rewrite``, the production rewriter prompt — or the versions chosen with
 ``prompt_select`` / ``packaged``. The default run name ends with that setting's id, so a
 promotion starts a new run instead of resuming one made with other prompts.
@@ -118,7 +118,7 @@ def make_context_fn(
     rewriter: Any = None,
     rerank: Callable[[list[Any]], list[Any]] | None = None,
 ) -> Callable[[str], ContextObservation]:
-    """Wrap :func:`kitune.service.context.get_context` + ``render_context`` as the agent's tool.
+    """Wrap :func:`kitune.service.serving.context.get_context` + ``render_context`` as the agent's tool.
 
     Without ``disambiguation``, KIs of subtype ``disambiguation`` are dropped from every result
     (so the plain in-context run is not helped by KIs written from failures). With a
@@ -127,7 +127,7 @@ def make_context_fn(
     ``get_context`` (the loop's KI credit demotion).
     """
     from kitune.schema import Filter
-    from kitune.service.context import get_context, render_context
+    from kitune.service.serving.context import get_context, render_context
 
     hidden: set[str] = set()
     if not disambiguation:
@@ -217,7 +217,7 @@ def run_eval(
         context_fn: the in-context tool (None: the KI store + ``get_context``).
         ledger: token ledger (None: a fresh one).
         prompt_select: in-context: program → registry version/alias instead of ``production``
-            (:func:`kitune.service.prompts.parse_prompt_selection`).
+            (:func:`kitune.service.serving.prompts.parse_prompt_selection`).
         packaged: in-context: the packaged prompts and their KI table.
         on_trace: called with each finished question's trace (progress output).
         on_setting: called once, before any question runs, with the resolved prompt versions
@@ -254,7 +254,7 @@ def run_eval(
     setting_id = None
     if skill == "in-context" and context_fn is None:
         from kitune.programs.instructions import instruction_version
-        from kitune.service.prompts import production_setting, setting_summary
+        from kitune.service.serving.prompts import production_setting, setting_summary
 
         setting = production_setting(cfg, select=prompt_select, packaged=packaged)
         shown = ("extractor", "rewriter") if rewrite else ("extractor",)

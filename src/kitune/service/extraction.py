@@ -15,7 +15,7 @@
 * **Lifecycle** — ``hash`` is the document's content hash (:func:`content_hash`). A rerun
   re-extracts an ``ok`` document whose hash changed; one whose hash is unchanged (or was never
   recorded) is skipped with no LLM call and its KIs get ``last_seen = now``
-  (:func:`kitune.service.stores.refresh_documents`), so a stable corpus never goes stale. With
+  (:func:`kitune.service.serving.stores.refresh_documents`), so a stable corpus never goes stale. With
   ``lifecycle.derived_retention = "while_evidence"``, disambiguation and source-description KIs
   whose evidence documents are all in ``docs`` are refreshed too. KIs of documents absent from
   ``docs`` are left alone: their clock runs from the last run that saw them.
@@ -54,7 +54,7 @@ from kitune.errors import ConfigError, LMAuthError, StoreUnavailableError
 from kitune.ki import KI, utcnow
 from kitune.programs.fact_extractor import DocExtraction, FactExtractor
 from kitune.schema import Document
-from kitune.service.stores import refresh_derived, refresh_documents
+from kitune.service.serving.stores import refresh_derived, refresh_documents
 
 if TYPE_CHECKING:
     from kitune.config import KituneConfig

@@ -90,7 +90,7 @@ from kitune.schema import Document, Filter
 from kitune.service import improve
 from kitune.service.eval_cache import EvalCache, lookup_record, store_fingerprint
 from kitune.service.improve import reflection_context_tokens, reflection_fallback
-from kitune.service.prompts import versioned_store_cfg
+from kitune.service.serving.prompts import versioned_store_cfg
 
 if TYPE_CHECKING:
     from kitune.chat import ChatModel
@@ -290,7 +290,7 @@ class ServiceLoopEnv:
         rewriter's stage metric and its task reuse one rewrite per question); feedback KIs
         visible; credit demotion applied.
         """
-        from kitune.service.context import get_context
+        from kitune.service.serving.context import get_context
 
         cfg = self.setting_cfg(setting)
         key: tuple[str, str, str] | None = None
@@ -352,7 +352,7 @@ class ServiceLoopEnv:
         The ids are kept in ``<state>/retired_kis.json`` (KI id → ``gate`` or ``credit``) and
         retired again after every extraction: an extraction run re-sights the KIs of unchanged
         documents and refreshes feedback KIs whose evidence documents still exist, which would
-        make them ``active`` again (:func:`kitune.service.stores.refresh_derived`).
+        make them ``active`` again (:func:`kitune.service.serving.stores.refresh_derived`).
 
         Returns:
             How many KIs changed status now (:func:`kitune.optimizers.credit.retire_kis`).
@@ -402,7 +402,7 @@ class ServiceLoopEnv:
 
     def context_ids(self, setting: Setting, size: int | None = None) -> Callable[[str], list[str]]:
         """Query → KI ids ``get_context`` returns on the setting's store (plain plan; ``size`` None: 10)."""
-        from kitune.service.context import context_ids
+        from kitune.service.serving.context import context_ids
 
         store, cfg = self.store_for(setting), self.setting_cfg(setting)
         return (
@@ -420,7 +420,7 @@ class ServiceLoopEnv:
         objective asks many settings of one store).
         """
         from kitune.config import RetrievalConfig
-        from kitune.service.context import get_context
+        from kitune.service.serving.context import get_context
 
         store = self.store_for(setting)
         cfg = with_overrides(self.setting_cfg(setting), knobs)

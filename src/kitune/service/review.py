@@ -584,7 +584,7 @@ def open_review(
 
     The KI table and the registry are opened on first use (listing the queue opens neither).
     """
-    from kitune.service.prompts import open_registry
+    from kitune.service.serving.prompts import open_registry
     from kitune.service.signals import open_serving_store
 
     def kis() -> Store:
@@ -600,7 +600,7 @@ def open_review(
 def production_rewriter(cfg: KituneConfig) -> RewriterPrompt:
     """The rewriter instruction serving now (production version, else the packaged prompt)."""
     from kitune.experiments.prompts import prompt_name
-    from kitune.service.prompts import production_setting
+    from kitune.service.serving.prompts import production_setting
 
     setting = production_setting(cfg, programs=("rewriter",))
     label = setting.versions["rewriter"]
@@ -620,7 +620,7 @@ def default_drafter(cfg: KituneConfig, *, ledger: Any = None) -> tuple[Drafter, 
 
     from kitune.lm import build_lm
     from kitune.programs.fact_extractor import FactExtractor
-    from kitune.service.prompts import production_setting
+    from kitune.service.serving.prompts import production_setting
 
     setting = production_setting(cfg, programs=("extractor",))
     extractor = FactExtractor.from_config(cfg, setting.prompts["extractor"])

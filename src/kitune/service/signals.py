@@ -126,7 +126,7 @@ class StoreFacts:
 
 
 def open_serving_store(cfg: KituneConfig, *, read_only: bool = False) -> Store | None:
-    """The production extractor's KI table (:func:`kitune.service.prompts.production_setting`).
+    """The production extractor's KI table (:func:`kitune.service.serving.prompts.production_setting`).
 
     Args:
         cfg: the configuration.
@@ -137,7 +137,7 @@ def open_serving_store(cfg: KituneConfig, *, read_only: bool = False) -> Store |
         ConfigError, StoreUnavailableError: the store cannot be opened.
     """
     from kitune.retrieval import create_store
-    from kitune.service.prompts import production_setting
+    from kitune.service.serving.prompts import production_setting
 
     store_cfg = production_setting(cfg, programs=("extractor",)).store_cfg
     if read_only and store_cfg.store.type == "lancedb":

@@ -3,7 +3,7 @@
 :mod:`kitune.mcp_server` wires these into the official ``mcp`` SDK; here they are ordinary,
 synchronous, SDK-free functions over the service layer, so they are tested without a transport.
 
-* :func:`context_tool` runs :func:`kitune.service.context.get_context` (same size clamp,
+* :func:`context_tool` runs :func:`kitune.service.serving.context.get_context` (same size clamp,
   confidence floor and rewriter fallback as ``kitune context`` and ``POST /api/_get_context``)
   and returns each KI with its tags, references, evidence doc ids, subtype and confidence, plus
   the aggregations. Optional :class:`ContextFilters` are *values* validated by pydantic (tags
@@ -39,7 +39,7 @@ from kitune.ki import KI
 from kitune.programs.query_rewriter import QueryRewriter
 from kitune.retrieval.base import CorpusStore, SearchResult, Store
 from kitune.schema import Filter, QueryPlan
-from kitune.service.context import get_context
+from kitune.service.serving.context import get_context
 from kitune.usage import TokenLedger
 
 __all__ = [
