@@ -135,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from kitune.evaluation.tools import build_toolbox
     from kitune.retrieval.embedders import HashEmbedder, WordLlamaEmbedder
     from kitune.retrieval.lance_corpus import LanceCorpusStore
-    from kitune.service.evaluation import make_context_fn
+    from kitune.service.pipelines.evaluation import make_context_fn
     from kitune.usage import estimate_tokens
 
     cfg = load_config()

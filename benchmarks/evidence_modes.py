@@ -140,7 +140,7 @@ def main(
     a scripted LM; without a ledger its tokens count as 0).
     """
     from kitune.config import load_config
-    from kitune.service.extraction import load_documents
+    from kitune.service.pipelines.extraction import load_documents
     from kitune.usage import TokenLedger
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])

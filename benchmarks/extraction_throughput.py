@@ -4,7 +4,7 @@ A :class:`kitune.testing.openai_stub.StubServer` runs in a *separate process* on
 answers every chat request after ``--latency`` seconds with realistic extraction output for the
 document in the prompt (ChatAdapter format, 6–10 facts whose evidence spans are verbatim
 sentences of that document, usage ≈ chars/4). The client side is the real pipeline:
-:func:`kitune.service.extraction.extract_corpus` → :class:`FactExtractor` (DSPy, parsing,
+:func:`kitune.service.pipelines.extraction.extract_corpus` → :class:`FactExtractor` (DSPy, parsing,
 guardrails) → :func:`kitune.lm.build_lm` (LiteLLM through the gateway settings, pointed at the stub
 by environment variables) → the default store (LanceDB + WordLlama embeddings) in a temp folder.
 
@@ -113,7 +113,7 @@ def run_level(
     from kitune.lm import build_lm
     from kitune.programs.fact_extractor import FactExtractor
     from kitune.retrieval import create_store
-    from kitune.service.extraction import extract_corpus
+    from kitune.service.pipelines.extraction import extract_corpus
     from kitune.usage import TokenLedger
 
     work = Path(tempfile.mkdtemp(prefix=f"c{concurrency}-", dir=base))

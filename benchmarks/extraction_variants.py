@@ -3,7 +3,7 @@
 For each variant, the fixture documents that hold the answers of the 24 fixture questions
 (``qrel_golds.txt``; a question without one falls back to its ``qrel_evidence.txt`` documents;
 ``--docs evidence`` takes every evidence document) are extracted through the real pipeline —
-:func:`kitune.service.extraction.extract_corpus` at the configured concurrency (the embedded
+:func:`kitune.service.pipelines.extraction.extract_corpus` at the configured concurrency (the embedded
 server's slots), guardrails included, so every KI kept has a verbatim evidence span. Per variant:
 
 * **KIs/document** (mean, and the share of documents with at least 3);
@@ -340,7 +340,7 @@ def run_variant(
     from kitune.config import with_overrides
     from kitune.programs.fact_extractor import FactExtractor
     from kitune.retrieval.memory import MemoryStore
-    from kitune.service.extraction import extract_corpus
+    from kitune.service.pipelines.extraction import extract_corpus
     from kitune.usage import TokenLedger
 
     cfg = with_overrides(base_cfg, variant.overrides)

@@ -63,7 +63,7 @@ def phase_faults(args: argparse.Namespace, work: Path, violations: list[str]) ->
     from kitune.lm import LiteLLMChatModel, build_lm
     from kitune.programs.fact_extractor import FactExtractor
     from kitune.retrieval.memory import MemoryStore
-    from kitune.service.extraction import extract_corpus, read_state
+    from kitune.service.pipelines.extraction import extract_corpus, read_state
     from kitune.testing.faults import FaultPlan, FaultyProvider, dspy_docid
     from kitune.testing.openai_stub import StubServer
     from kitune.usage import TokenLedger

@@ -113,7 +113,7 @@ def test_fallback_description_exits_1(
 def test_extract_uses_the_registered_production_prompt(
     setup: dict[str, Any], prose_corpus: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import kitune.service.extraction as extraction
+    import kitune.service.pipelines.extraction as extraction
 
     seen: dict[str, str] = {}
 

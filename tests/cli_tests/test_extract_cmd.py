@@ -20,7 +20,7 @@ def test_ctrl_c_reports_saved_documents_from_the_resume_file(
     # Issue 16: Ctrl-C exited in silence with the bar at 96 done while 49 were saved.
     import kitune.lm as lm_mod
     import kitune.retrieval as retrieval
-    import kitune.service.extraction as extraction
+    import kitune.service.pipelines.extraction as extraction
 
     monkeypatch.setenv("KITUNE_WORKDIR", str(tmp_path / "w"))
     monkeypatch.setattr(retrieval, "create_store", lambda cfg: MemoryStore(embedder=HashEmbedder(dim=64)))

@@ -31,7 +31,7 @@ from kitune.evaluation.metrics import Trace
 from kitune.evaluation.summary import summarize
 from kitune.evaluation.tools import ContextObservation, closed_book_toolbox
 from kitune.lm import LiteLLMChatModel, build_lm, reset_format_memory
-from kitune.service.evaluation import run_eval
+from kitune.service.pipelines.evaluation import run_eval
 from kitune.testing.chat import ScriptedChatModel
 from kitune.testing.openai_stub import RecordedRequest, Reply, StubServer
 

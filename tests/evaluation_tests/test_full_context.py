@@ -23,7 +23,7 @@ from kitune.evaluation.harness import read_traces
 from kitune.evaluation.judging import judge_pending
 from kitune.evaluation.metrics import Trace, build_trace
 from kitune.schema import Document
-from kitune.service.evaluation import run_eval
+from kitune.service.pipelines.evaluation import run_eval
 from kitune.testing.chat import ScriptedChatModel
 
 LOCOMO = (Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "locomo").resolve()

@@ -7,7 +7,7 @@ import pytest
 from core_tests.test_text import NOT_NUMBER_PAIRS
 from kitune.config import KituneConfig
 from kitune.evaluation.grading import match_answer, match_judge, parse_exact_answer
-from kitune.service.evaluation import make_judge
+from kitune.service.pipelines.evaluation import make_judge
 
 
 @pytest.mark.parametrize(

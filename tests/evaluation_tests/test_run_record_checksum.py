@@ -10,7 +10,7 @@ from eval_fakes import FakeCorpusStore
 from kitune.config import KituneConfig
 from kitune.data.checksum import dataset_checksum
 from kitune.data.loaders import load_corpus
-from kitune.service.evaluation import run_eval
+from kitune.service.pipelines.evaluation import run_eval
 from kitune.testing.chat import ScriptedChatModel
 
 

@@ -1,4 +1,4 @@
-"""Tests for kitune.service.evaluation and the eval/report CLI (injected stand-ins, real fixture data)."""
+"""Tests for kitune.service.pipelines.evaluation and the eval/report CLI (stand-ins, real fixture data)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from kitune.config import KituneConfig
 from kitune.data.loaders import load_corpus
 from kitune.errors import ConfigError
 from kitune.evaluation.tools import ContextObservation
-from kitune.service.evaluation import default_run_name, report_runs, run_eval
+from kitune.service.pipelines.evaluation import default_run_name, report_runs, run_eval
 from kitune.testing.chat import ScriptedChatModel
 
 
@@ -194,7 +194,7 @@ def test_make_context_fn_hides_disambiguation_kis_and_counts_rewrite_tokens() ->
     from kitune.evaluation.agent import Agent
     from kitune.evaluation.tools import in_context_toolbox
     from kitune.retrieval import HashEmbedder, MemoryStore
-    from kitune.service.evaluation import make_context_fn
+    from kitune.service.pipelines.evaluation import make_context_fn
     from kitune.testing.store_contract import make_ki
 
     cfg = KituneConfig()

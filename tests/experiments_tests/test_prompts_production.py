@@ -188,7 +188,7 @@ def cli(cfg: KituneConfig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> d
 def test_context_and_extract_use_the_promoted_versions(
     cfg: KituneConfig, cli: dict[str, Any], fixture_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import kitune.service.extraction as extraction
+    import kitune.service.pipelines.extraction as extraction
 
     packaged_table = f"kis-{_sha('extractor', load_instruction('extractor').text)}"
     promoted_table = f"kis-{_sha('extractor', NEW_EXTRACTOR)}"
@@ -248,7 +248,7 @@ def test_context_and_extract_use_the_promoted_versions(
 def test_eval_in_context_uses_the_promoted_table_and_records_it(
     cfg: KituneConfig, cli: dict[str, Any], fixture_dir: Path
 ) -> None:
-    from kitune.service.evaluation import run_eval
+    from kitune.service.pipelines.evaluation import run_eval
     from kitune.testing.chat import ScriptedChatModel
 
     _promote(cfg, "extractor", NEW_EXTRACTOR)

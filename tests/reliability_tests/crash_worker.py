@@ -5,7 +5,7 @@ Usage::
     python crash_worker.py extract --workdir DIR --corpus PATH --n 12 [--lm stub --base-url URL]
     python crash_worker.py eval    --workdir DIR --n 10 [--lm stub --base-url URL]
 
-``extract`` runs :func:`kitune.service.extraction.extract_corpus` into a LanceStore at
+``extract`` runs :func:`kitune.service.pipelines.extraction.extract_corpus` into a LanceStore at
 ``DIR/lance`` with the resume file ``DIR/state.jsonl``; ``eval`` runs
 :func:`kitune.evaluation.harness.evaluate` (closed-book agent) appending to ``DIR/traces.jsonl``.
 With ``--lm stub`` both talk to the OpenAI-compatible stub at URL through the real LM layer
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.job == "extract":
         from kitune.programs.fact_extractor import FactExtractor
         from kitune.retrieval.lance import LanceStore
-        from kitune.service.extraction import extract_corpus, load_documents
+        from kitune.service.pipelines.extraction import extract_corpus, load_documents
 
         docs = load_documents(args.corpus, limit=args.n)
         store = LanceStore(args.workdir / "lance")

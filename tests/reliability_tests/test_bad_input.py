@@ -25,7 +25,7 @@ from kitune.errors import DataError
 from kitune.programs.fact_extractor import FactExtractor
 from kitune.retrieval.memory import MemoryStore
 from kitune.schema import Document
-from kitune.service.extraction import extract_corpus
+from kitune.service.pipelines.extraction import extract_corpus
 from kitune.service.serving.stores import index_jsonl
 
 GOOD = [

@@ -17,7 +17,7 @@ from pathlib import Path
 from reliability_helpers import run_with_kills, store_snapshot, trace_rows, worker_cmd
 
 from kitune.data.loaders import load_corpus
-from kitune.service.extraction import read_state
+from kitune.service.pipelines.extraction import read_state
 
 N_DOCS = 16
 N_QUESTIONS = 12

@@ -33,7 +33,7 @@ from kitune.lm import LiteLLMChatModel, build_lm, reset_format_memory
 from kitune.programs.fact_extractor import FactExtractor
 from kitune.retrieval.memory import MemoryStore
 from kitune.schema import Document
-from kitune.service.extraction import extract_corpus, read_state
+from kitune.service.pipelines.extraction import extract_corpus, read_state
 from kitune.testing.faults import FaultPlan, FaultyProvider, dspy_docid, fault_reply, scripted
 from kitune.testing.openai_stub import StubServer
 from kitune.usage import TokenLedger

@@ -18,7 +18,7 @@ from kitune.programs.fact_extractor import FactExtractor
 from kitune.retrieval.base import WriteResult
 from kitune.retrieval.memory import MemoryStore
 from kitune.schema import Document, Filter
-from kitune.service.extraction import default_state_path, extract_corpus, load_documents, read_state
+from kitune.service.pipelines.extraction import default_state_path, extract_corpus, load_documents, read_state
 from kitune.usage import TokenLedger
 
 NOW = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
@@ -450,7 +450,7 @@ def test_progress_to_a_file_is_one_plain_line_per_interval(monkeypatch: pytest.M
     import io
     import sys
 
-    from kitune.service.extraction import _Progress
+    from kitune.service.pipelines.extraction import _Progress
 
     out = io.StringIO()  # not a terminal
     monkeypatch.setattr(sys, "stderr", out)

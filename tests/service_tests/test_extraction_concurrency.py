@@ -30,7 +30,7 @@ from kitune.programs.sentences import sentence_spans
 from kitune.recording import reset_recorders
 from kitune.retrieval.memory import MemoryStore
 from kitune.schema import Document
-from kitune.service.extraction import ExtractionReport, extract_corpus
+from kitune.service.pipelines.extraction import ExtractionReport, extract_corpus
 from kitune.testing.faults import dspy_docid, fault_reply
 from kitune.testing.openai_stub import RecordedRequest, Reply, StubServer
 from kitune.usage import TokenLedger

@@ -13,7 +13,7 @@ from kitune.config import load_config
 from kitune.programs.fact_extractor import FactExtractor
 from kitune.retrieval.memory import MemoryStore
 from kitune.schema import Document
-from kitune.service.extraction import extract_corpus, read_state
+from kitune.service.pipelines.extraction import extract_corpus, read_state
 
 NOW = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
 PROSE = "Let me think about this document first. It mentions Acme."

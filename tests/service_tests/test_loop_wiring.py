@@ -24,10 +24,10 @@ from kitune.optimizers.credit import ShownEpisode
 from kitune.optimizers.ledger import FailureLedger
 from kitune.optimizers.loop import Setting, run_loop
 from kitune.schema import Document
-from kitune.service.eval_cache import store_fingerprint
 from kitune.service.loop_env import ServiceLoopEnv
 from kitune.service.optimize import run_optimize
 from kitune.service.options import OptimizeOptions
+from kitune.service.pipelines.eval_cache import store_fingerprint
 from kitune.testing.chat import ScriptedChatModel
 from kitune.testing.tracking import RecordingTracker
 

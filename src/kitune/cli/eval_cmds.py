@@ -1,4 +1,4 @@
-"""``kitune eval`` and ``kitune report``: thin wrappers over :mod:`kitune.service.evaluation`.
+"""``kitune eval`` and ``kitune report``: thin wrappers over :mod:`kitune.service.pipelines.evaluation`.
 
 ``kitune eval`` prints the prompt versions and KI table an in-context run uses, one line per
 finished question (correct / wrong / not graded / failed with its reason), and, after the
@@ -118,7 +118,7 @@ def eval_command(
     LLM calls failed are reported as failed, never graded; exit 2 on an authentication failure.
     """
     from kitune.evaluation.report import ROWS, format_cell
-    from kitune.service.evaluation import run_eval
+    from kitune.service.pipelines.evaluation import run_eval
     from kitune.service.serving.prompts import parse_prompt_selection
 
     skill, split = skill_choice.value, split_choice.value
@@ -237,7 +237,7 @@ def report_command(
     <workdir>/runs/*` wrote next to the runs) are skipped with a note, so the same command can
     be run again.
     """
-    from kitune.service.evaluation import report_runs
+    from kitune.service.pipelines.evaluation import report_runs
 
     missing = [p for p in runs if not p.exists()]
     if missing:

@@ -5,7 +5,7 @@ Thin: load config and documents → resolve the extractor prompt
 ``kitune-<corpus>-extractor``, else the packaged prompt; ``--prompt-version``, ``--prompt-alias``,
 ``--instructions`` or ``--packaged`` choose another) → build the extract-role LM, the KI table
 named after that extractor version (``<store.table>-<sha8>``, the table ``context``/``serve``/``eval``
-and the loop read) and the extractor → :func:`kitune.service.extraction.extract_corpus` → print
+and the loop read) and the extractor → :func:`kitune.service.pipelines.extraction.extract_corpus` → print
 a summary table and the token ledger.
 """
 
@@ -94,7 +94,7 @@ def extract(
     """
     from kitune.programs.fact_extractor import FactExtractor
     from kitune.programs.instructions import instruction_version
-    from kitune.service.extraction import default_state_path, extract_corpus
+    from kitune.service.pipelines.extraction import default_state_path, extract_corpus
     from kitune.service.serving.prompts import versioned_store_cfg
     from kitune.usage import TokenLedger
 
@@ -194,7 +194,7 @@ def extract(
 
 def _interrupted(state_path: Path, n_docs: int) -> NoReturn:
     """Ctrl-C: say what was saved (from the resume file, not the progress bar) and exit 130."""
-    from kitune.service.extraction import read_state
+    from kitune.service.pipelines.extraction import read_state
 
     saved = sum(1 for status in read_state(state_path).values() if status == "ok")
     fail(

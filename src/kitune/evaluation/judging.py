@@ -11,7 +11,7 @@ Resumable: each judged trace is appended to the traces file; readers keep the la
 (skill, query id), so a crash loses at most the verdicts being written.
 
 Concurrency: verdicts are independent, so ``judge_pending`` runs up to ``concurrency`` of them at
-once (``cfg.concurrency_for("judge")`` in :func:`kitune.service.evaluation.run_eval`); each
+once (``cfg.concurrency_for("judge")`` in :func:`kitune.service.pipelines.evaluation.run_eval`); each
 worker runs in a copy of the caller's ``contextvars`` context (ledger stage, ``dspy.context``).
 The result does not depend on ``concurrency``: the same verdicts, in the input order.
 """

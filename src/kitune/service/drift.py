@@ -112,7 +112,7 @@ def _reset_extraction(env: ServiceLoopEnv, setting: Setting, docids: Sequence[st
     """Mark changed documents not-done in the extractor version's resume file."""
     if not docids:
         return
-    from kitune.service.extraction import default_state_path
+    from kitune.service.pipelines.extraction import default_state_path
 
     path = default_state_path(env.setting_cfg(setting), env.extractor(setting).prompt_version)
     if not path.is_file():

@@ -4,13 +4,13 @@ What it does per loop step:
 
 * **extract only what changed** — KIs live in one store table per extractor prompt version
   (``<table>-<sha8>``) with a resume file per version
-  (:func:`kitune.service.extraction.default_state_path`), so a setting's extraction only
+  (:func:`kitune.service.pipelines.extraction.default_state_path`), so a setting's extraction only
   touches documents without KIs for its extractor version; disambiguation KIs are copied into a
   new version's table so feedback is never lost;
 * **evaluate** — the in-context agent (disambiguation KIs visible, the query rewriter with the
   setting's instruction when ``rewriter`` is tuned) on the questions of a split. The cache key
   is the setting *and the KI store's state*
-  (:func:`~kitune.service.eval_cache.store_fingerprint`): traces go to
+  (:func:`~kitune.service.pipelines.eval_cache.store_fingerprint`): traces go to
   ``<state>/evals/<setting eval key>-<store fingerprint>.jsonl`` (the eval key leaves out the
   disambiguator's instruction, which changes what is written, not what is read) and every
   ``get_context`` call the agent made is logged (query, SHA-256 of the observation text, KI ids shown) to
@@ -19,7 +19,7 @@ What it does per loop step:
   observation is identical, the agent (deterministic at temperature 0) would see exactly what it
   saw before, so the trace is reused; otherwise the question is run again. A rerun, or another
   split of the same setting on the same store, reuses finished questions
-  (:class:`~kitune.service.eval_cache.EvalCache`);
+  (:class:`~kitune.service.pipelines.eval_cache.EvalCache`);
 * **extract once per instruction** — the extractor handed to ``extract_corpus`` and to the
   extractor's GEPA task is a :class:`~kitune.optimizers.extraction_cache.CachedFactExtractor` on
   ``<state>/extractions`` (keyed by instruction + limits and document content), so GEPA's seed
@@ -88,8 +88,8 @@ from kitune.optimizers.objective import answer_coverage
 from kitune.optimizers.program_task import eval_key
 from kitune.schema import Document, Filter
 from kitune.service import improve
-from kitune.service.eval_cache import EvalCache, lookup_record, store_fingerprint
 from kitune.service.improve import reflection_context_tokens, reflection_fallback
+from kitune.service.pipelines.eval_cache import EvalCache, lookup_record, store_fingerprint
 from kitune.service.serving.prompts import versioned_store_cfg
 
 if TYPE_CHECKING:
@@ -258,7 +258,7 @@ class ServiceLoopEnv:
 
     def context_fn(self, setting: Setting, rewriter: Any = None, *, disambiguation: bool = True) -> Any:
         """The agent's ``get_context`` tool for ``setting`` (rewriter None: the setting's own)."""
-        from kitune.service.evaluation import make_context_fn
+        from kitune.service.pipelines.evaluation import make_context_fn
 
         rw = rewriter if rewriter is not None else self.rewriter(setting)
         return make_context_fn(
@@ -317,7 +317,7 @@ class ServiceLoopEnv:
     def store_state(self, setting: Setting) -> str:
         """16 hex characters naming what the setting's look-ups read: KI store content and credit penalties.
 
-        Equal to :func:`~kitune.service.eval_cache.store_fingerprint` while no KI is demoted or
+        Equal to :func:`~kitune.service.pipelines.eval_cache.store_fingerprint` while no KI is demoted or
         retired (so earlier evaluation caches stay valid); otherwise the penalties are hashed in,
         since a demotion changes what ``get_context`` returns without changing the store.
         """
@@ -340,7 +340,7 @@ class ServiceLoopEnv:
     ) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
         """KI ids the tuning and validation questions' logged look-ups showed at ``before_state``, and now.
 
-        See :meth:`kitune.service.eval_cache.EvalCache.lookup_changes`; the replay uses the
+        See :meth:`kitune.service.pipelines.eval_cache.EvalCache.lookup_changes`; the replay uses the
         setting's ``get_context`` on the store as it is now.
         """
         ids = [q.query_id for q in self.questions]
@@ -450,7 +450,7 @@ class ServiceLoopEnv:
         """
         import dspy
 
-        from kitune.service.extraction import default_state_path, extract_corpus, read_state
+        from kitune.service.pipelines.extraction import default_state_path, extract_corpus, read_state
 
         extractor = self.extractor(setting)
         wanted = {d for q in questions for d in (*q.evidence_docids, *q.gold_docids)}

@@ -45,7 +45,7 @@ def default_deps(
     """
     from kitune.lm import LiteLLMChatModel, build_lm
     from kitune.retrieval import create_store
-    from kitune.service.evaluation import make_judge
+    from kitune.service.pipelines.evaluation import make_judge
 
     lms = {role: build_lm(cfg, role, ledger=ledger) for role in ("extract", "rewrite", "reflection")}
     return LoopDeps(

@@ -659,7 +659,7 @@ def default_evaluator(cfg: KituneConfig, corpus: Path | str) -> Evaluator:
     written to ``<workdir>/review/effects/<label>.jsonl``. With a rewriter instruction the
     look-ups are rewritten by the rewrite role's LM; without one they use plain plans.
     """
-    from kitune.service.evaluation import make_context_fn, run_eval
+    from kitune.service.pipelines.evaluation import make_context_fn, run_eval
 
     def evaluate(
         questions: Sequence[Question], store: Store, rewriter_text: str | None, label: str
