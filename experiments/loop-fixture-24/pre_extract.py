@@ -14,10 +14,10 @@ from pathlib import Path
 
 from kitune.config import load_config
 from kitune.optimizers.loop import Setting, initial_prompts
-from kitune.service.loop_env import ServiceLoopEnv
-from kitune.service.optimize import default_deps
-from kitune.service.options import OptimizeOptions
-from kitune.service.slicing import load_slice
+from kitune.service.tuning.loop_env import ServiceLoopEnv
+from kitune.service.tuning.optimize import default_deps
+from kitune.service.tuning.options import OptimizeOptions
+from kitune.service.tuning.slicing import load_slice
 from kitune.usage import TokenLedger
 
 workdir = Path(sys.argv[1])

@@ -39,7 +39,7 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[typer.Typer, P
     def fake_optimize(cfg: Any, opts: Any, **kw: Any) -> None:
         calls.append(opts)
 
-    import kitune.service.optimize as optimize
+    import kitune.service.tuning.optimize as optimize
 
     monkeypatch.setattr(optimize, "run_optimize", fake_optimize)
     app = typer.Typer()

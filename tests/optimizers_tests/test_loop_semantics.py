@@ -25,9 +25,9 @@ from kitune.evaluation.report import summarize
 from kitune.optimizers.loop import Proposal, Setting, initial_prompts, run_loop
 from kitune.optimizers.objective import RunStats, loop_score
 from kitune.schema import Filter
-from kitune.service.loop_env import ServiceLoopEnv
-from kitune.service.options import OptimizeOptions
 from kitune.service.pipelines.eval_cache import store_fingerprint
+from kitune.service.tuning.loop_env import ServiceLoopEnv
+from kitune.service.tuning.options import OptimizeOptions
 from kitune.testing.chat import ScriptedChatModel
 from kitune.testing.store_contract import make_ki
 from kitune.testing.tracking import RecordingTracker

@@ -11,7 +11,7 @@ from typing import Any
 from kitune.chat import ChatMessage
 from kitune.config import KituneConfig
 from kitune.retrieval.memory import MemoryStore
-from kitune.service.loop_env import LoopDeps
+from kitune.service.tuning.loop_env import LoopDeps
 from kitune.testing.chat import ScriptedChatModel
 
 DOCS = [

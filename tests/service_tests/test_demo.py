@@ -83,7 +83,7 @@ def test_kitune_demo_cli_prints_the_side_by_side_table(
 ) -> None:
     from typer.testing import CliRunner
 
-    import kitune.service.optimize as optimize_service
+    import kitune.service.tuning.optimize as optimize_service
     from kitune.cli import _register, app
 
     data = write_dataset(tmp_path / "data")

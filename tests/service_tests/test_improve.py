@@ -8,7 +8,11 @@ import httpx
 import pytest
 
 from kitune.config import KituneConfig
-from kitune.service.improve import reflection_context_tokens, reflection_fallback, server_context_window
+from kitune.service.tuning.improve import (
+    reflection_context_tokens,
+    reflection_fallback,
+    server_context_window,
+)
 
 
 def _gateway_cfg(**optimize: object) -> KituneConfig:
@@ -75,7 +79,7 @@ def test_the_loop_budget_reads_options_config_and_optimizer_concurrency() -> Non
     from types import SimpleNamespace
 
     from kitune.optimizers.budget import OptimizerBudget
-    from kitune.service.improve import optimizer_budget
+    from kitune.service.tuning.improve import optimizer_budget
 
     def env(cfg: KituneConfig, max_calls: int | None) -> SimpleNamespace:
         opts = SimpleNamespace(max_metric_calls=max_calls, budget_minutes=3.0)

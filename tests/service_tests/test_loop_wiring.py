@@ -24,10 +24,10 @@ from kitune.optimizers.credit import ShownEpisode
 from kitune.optimizers.ledger import FailureLedger
 from kitune.optimizers.loop import Setting, run_loop
 from kitune.schema import Document
-from kitune.service.loop_env import ServiceLoopEnv
-from kitune.service.optimize import run_optimize
-from kitune.service.options import OptimizeOptions
 from kitune.service.pipelines.eval_cache import store_fingerprint
+from kitune.service.tuning.loop_env import ServiceLoopEnv
+from kitune.service.tuning.optimize import run_optimize
+from kitune.service.tuning.options import OptimizeOptions
 from kitune.testing.chat import ScriptedChatModel
 from kitune.testing.tracking import RecordingTracker
 
@@ -310,7 +310,7 @@ def test_gepa_on_the_rewriter_scores_recall_without_running_the_agent(tmp_path: 
 
 
 def test_a_seeded_sample_is_recorded_with_its_split(tmp_path: Path) -> None:
-    from kitune.service.slicing import sample_questions
+    from kitune.service.tuning.slicing import sample_questions
 
     qs = [Question(f"q{i}", "x", "a") for i in range(10)]
     picked = [q.query_id for q in sample_questions(qs, 4, 7)]
@@ -324,7 +324,7 @@ def test_a_seeded_sample_is_recorded_with_its_split(tmp_path: Path) -> None:
 def test_extract_only_extracts_the_slice_and_writes_the_question_ids(
     tmp_path: Path, sample_seed: int | None
 ) -> None:
-    from kitune.service.optimize import extract_slice
+    from kitune.service.tuning.optimize import extract_slice
 
     data = write_dataset(tmp_path / "data")
     cfg = KituneConfig(workdir=tmp_path / "w", corpus_name="tiny", extraction={"concurrency": 1})
@@ -352,7 +352,7 @@ def test_kitune_optimize_extract_only_with_a_sample_seed(
 ) -> None:
     from typer.testing import CliRunner
 
-    import kitune.service.optimize as optimize_service
+    import kitune.service.tuning.optimize as optimize_service
     from kitune.cli import _register, app
 
     data = write_dataset(tmp_path / "data")
@@ -370,7 +370,7 @@ def test_kitune_optimize_extract_only_with_a_sample_seed(
     assert "2 done, 0 failed, 0 skipped, 2 KIs written" in res.output
     ids = json.loads((tmp_path / "w" / "optimize" / "dev" / "questions.json").read_text(encoding="utf-8"))
     from kitune.data.loaders import load_questions
-    from kitune.service.slicing import sample_questions
+    from kitune.service.tuning.slicing import sample_questions
 
     expected = [q.query_id for q in sample_questions(load_questions(data), 2, 5)]
     assert sorted(ids["tune"] + ids["validation"]) == sorted(expected) and ids["sample_seed"] == 5

@@ -17,9 +17,9 @@ from opt_fakes import RuleLM
 from kitune.config import KituneConfig
 from kitune.experiments.prompts import PromptRegistry, prompt_name
 from kitune.experiments.tracking import MlflowTracker
-from kitune.service.optimize import run_optimize
-from kitune.service.options import OptimizeOptions
-from kitune.service.slicing import select_documents
+from kitune.service.tuning.optimize import run_optimize
+from kitune.service.tuning.options import OptimizeOptions
+from kitune.service.tuning.slicing import select_documents
 
 
 def _task_rule(system: str, user: str) -> dict[str, object]:
@@ -150,7 +150,7 @@ def test_unknown_program_is_a_config_error(tmp_path: Path) -> None:
 def test_kitune_optimize_and_drift_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from typer.testing import CliRunner
 
-    import kitune.service.optimize as optimize_service
+    import kitune.service.tuning.optimize as optimize_service
     from kitune.cli import _register, app
 
     data = write_dataset(tmp_path / "data")
@@ -226,8 +226,8 @@ def test_optimize_rewriter_and_disambiguator_run_their_tasks(tmp_path: Path) -> 
 
 def test_failed_documents_are_tried_once_per_process(tmp_path: Path) -> None:
     from kitune.optimizers.loop import Setting
-    from kitune.service.loop_env import ServiceLoopEnv
-    from kitune.service.slicing import load_slice
+    from kitune.service.tuning.loop_env import ServiceLoopEnv
+    from kitune.service.tuning.slicing import load_slice
 
     data = write_dataset(tmp_path / "data")
     cfg = _cfg(tmp_path)

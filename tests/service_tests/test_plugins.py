@@ -23,8 +23,8 @@ from kitune.errors import ConfigError
 from kitune.optimizers.improver import IMPROVERS, register_improver, unregister_improver
 from kitune.optimizers.program_task import PROGRAM_TASKS, register_program_task, unregister_program_task
 from kitune.optimizers.registry import OPTIMIZERS, register_optimizer, unregister_optimizer
-from kitune.service.optimize import run_optimize
-from kitune.service.options import OptimizeOptions
+from kitune.service.tuning.optimize import run_optimize
+from kitune.service.tuning.options import OptimizeOptions
 from kitune.testing.tracking import RecordingTracker
 from kitune.usage import CallRecord
 
@@ -132,7 +132,7 @@ def test_the_cli_validates_optimizer_names_against_the_registry(
 ) -> None:
     from typer.testing import CliRunner
 
-    import kitune.service.optimize as optimize_service
+    import kitune.service.tuning.optimize as optimize_service
     from kitune.cli import _register, app
 
     seen: list[Any] = []
@@ -167,7 +167,7 @@ def test_the_cli_accepts_a_registered_toy_program(
 ) -> None:
     from typer.testing import CliRunner
 
-    import kitune.service.optimize as optimize_service
+    import kitune.service.tuning.optimize as optimize_service
     from kitune.cli import _register, app
 
     seen: list[Any] = []

@@ -372,8 +372,8 @@ def optimize_cmd(
     Each iteration is an MLflow run; accepted prompts become new versions in the prompt registry
     (aliases candidate, production). Rerunning the same command continues where it stopped.
     """
-    from kitune.service.optimize import extract_slice, run_optimize
-    from kitune.service.options import OptimizeOptions
+    from kitune.service.tuning.optimize import extract_slice, run_optimize
+    from kitune.service.tuning.options import OptimizeOptions
 
     cfg = get_config(config, record_overrides(record, replay) or None)
     choice = _optimizer(optimizer or cfg.optimize.optimizer)

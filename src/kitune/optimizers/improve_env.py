@@ -1,6 +1,6 @@
 """What program tasks and improvers may use: :class:`ImproveEnv` and one iteration's :class:`ImproveInput`.
 
-The loop's environment (:class:`kitune.service.loop_env.ServiceLoopEnv` in the service layer)
+The loop's environment (:class:`kitune.service.tuning.loop_env.ServiceLoopEnv` in the service layer)
 owns every LLM, store and cache; the optimisers' code sees it only through this protocol, so the
 rooms of the improve step (:mod:`kitune.optimizers.programs`, :mod:`kitune.optimizers.improvers`)
 live here, below the service layer, and run in tests against fakes.

@@ -9,10 +9,10 @@ from __future__ import annotations
 from kitune.lazy import lazy_exports
 
 _EXPORTS: dict[str, str] = {
-    "run_optimize": "kitune.service.optimize",
-    "OptimizeOptions": "kitune.service.options",
-    "ServiceLoopEnv": "kitune.service.loop_env",
-    "LoopDeps": "kitune.service.loop_env",
+    "run_optimize": "kitune.service.tuning.optimize",
+    "OptimizeOptions": "kitune.service.tuning.options",
+    "ServiceLoopEnv": "kitune.service.tuning.loop_env",
+    "LoopDeps": "kitune.service.tuning.loop_env",
     "store_fingerprint": "kitune.service.pipelines.eval_cache",
     "run_eval": "kitune.service.pipelines.evaluation",
     "make_judge": "kitune.service.pipelines.evaluation",

@@ -41,9 +41,9 @@ from kitune.optimizers.feedback import (
     count_flips,
 )
 from kitune.optimizers.loop import LoopResult, Setting, start_prompts
-from kitune.service.loop_env import LoopDeps, ServiceLoopEnv
-from kitune.service.options import OptimizeOptions
-from kitune.service.slicing import load_slice
+from kitune.service.tuning.loop_env import LoopDeps, ServiceLoopEnv
+from kitune.service.tuning.options import OptimizeOptions
+from kitune.service.tuning.slicing import load_slice
 
 if TYPE_CHECKING:
     from kitune.evaluation.metrics import Trace
@@ -192,7 +192,7 @@ def run_demo(
     ledger = deps.ledger if deps is not None and deps.ledger is not None else TokenLedger()
     if deps is None:
         from kitune.retrieval import create_corpus_store
-        from kitune.service.optimize import default_deps
+        from kitune.service.tuning.optimize import default_deps
 
         corpus = create_corpus_store(dcfg)
         if corpus.count() < len(documents):
@@ -248,7 +248,7 @@ def run_demo(
         )
     finally:
         env.close()
-    from kitune.service.slice_fingerprint import write_fingerprint
+    from kitune.service.tuning.slice_fingerprint import write_fingerprint
 
     write_fingerprint(state_dir, questions, documents, oopts)
     report = write_report(

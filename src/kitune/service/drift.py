@@ -3,7 +3,7 @@
 What the last optimisation run saw is stored beside its loop state as
 ``<workdir>/optimize/<run name>/fingerprint.json``: one SHA-256 per question (text, answer,
 aliases, evidence ids) and per document (title + text), written by
-:func:`kitune.service.optimize.run_optimize`. :func:`drift_check` compares the data folder with it:
+:func:`kitune.service.tuning.optimize.run_optimize`. :func:`drift_check` compares the data folder with it:
 
 * questions that are new or changed, plus questions whose evidence documents changed, are the
   *affected* questions; changed documents are re-extracted (their resume entries are reset);
@@ -32,14 +32,14 @@ from kitune.evaluation.report import summarize
 from kitune.ki import utcnow
 from kitune.optimizers.loop import Setting
 from kitune.schema import Filter
-from kitune.service.loop_env import LoopDeps, ServiceLoopEnv
-from kitune.service.options import OptimizeOptions
-from kitune.service.slice_fingerprint import (
+from kitune.service.tuning.loop_env import LoopDeps, ServiceLoopEnv
+from kitune.service.tuning.options import OptimizeOptions
+from kitune.service.tuning.slice_fingerprint import (
     _sha,
     fingerprint,
     read_fingerprint,
 )
-from kitune.service.slicing import load_slice
+from kitune.service.tuning.slicing import load_slice
 
 __all__ = ["DriftReport", "drift_check", "drift_run"]
 
@@ -168,7 +168,7 @@ def drift_check(
         if q.query_id in new_q or q.query_id in changed_q or touched & {*q.evidence_docids, *q.gold_docids}
     )
     if deps is None:
-        from kitune.service.optimize import default_deps
+        from kitune.service.tuning.optimize import default_deps
         from kitune.usage import TokenLedger
 
         deps = default_deps(cfg, TokenLedger())
@@ -237,7 +237,7 @@ def drift_run(
     if report.drop <= threshold:
         log(f"drift: drop {report.drop:.3f} ≤ threshold {threshold:.3f}; the loop is not re-run")
         return report, None
-    from kitune.service.optimize import run_optimize
+    from kitune.service.tuning.optimize import run_optimize
 
     state_dir = Path(cfg.workdir) / "optimize" / run_name
     done = len(json.loads((state_dir / "loop_state.json").read_text(encoding="utf-8")).get("history", []))

@@ -3,7 +3,7 @@
 :func:`loop_once` resumes the pending round, or starts a new one when at least ``min_new``
 imported traces are not yet consumed: it snapshots every accumulated question (the newest
 ``max_questions``) with the corpus into ``<workdir>/traces/<name>/rounds/<k>/`` and calls
-:func:`kitune.service.optimize.run_optimize` on it with run name ``loop-<name>-<k>`` — so an
+:func:`kitune.service.tuning.optimize.run_optimize` on it with run name ``loop-<name>-<k>`` — so an
 interrupted round resumes on exactly its questions and from its loop state. Only when
 ``run_optimize`` returns are the round's traces marked consumed.
 
@@ -94,7 +94,7 @@ class RoundResult:
     skipped_reason: str | None = None
     dataset_dir: Path | None = None
     result: Any = None
-    """The :class:`~kitune.service.optimize.OptimizeResult`."""
+    """The :class:`~kitune.service.tuning.optimize.OptimizeResult`."""
 
 
 def corpus_file(path: Path) -> Path:
@@ -169,8 +169,8 @@ def loop_once(
         DataError: no corpus, corrupt state. KituneError: locked, or the optimisation failed
         (the round stays pending; rerun to resume).
     """
-    from kitune.service.optimize import run_optimize
-    from kitune.service.options import OptimizeOptions
+    from kitune.service.tuning.optimize import run_optimize
+    from kitune.service.tuning.options import OptimizeOptions
 
     run = optimize or run_optimize
     corpus_file(opts.corpus)  # a mistyped --corpus fails now, not when traces arrive

@@ -10,7 +10,7 @@ look-ups against the store as it is now: if every observation is identical, the 
 (every earlier state of the question is tried, newest first: after the gate retired a KI, the
 state before it was written matches again). :meth:`EvalCache.lookup_changes` replays the same
 log to tell the feedback gate which questions' KI ids a write changed.
-:class:`~kitune.service.loop_env.ServiceLoopEnv` owns one :class:`EvalCache`.
+:class:`~kitune.service.tuning.loop_env.ServiceLoopEnv` owns one :class:`EvalCache`.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ import httpx
 from kitune.config import KituneConfig
 from kitune.errors import ConfigError
 from kitune.optimizers.budget import OptimizerBudget
-from kitune.service.options import OptimizeOptions
+from kitune.service.tuning.options import OptimizeOptions
 
 __all__ = [
     "BudgetEnv",

@@ -1,10 +1,10 @@
 """``run_optimize``: the function behind ``kitune optimize`` (and the demo's optimisation round).
 
 This module is the wiring: :func:`default_deps` (the real LMs, agent model, judge and store
-factory) and :func:`run_optimize`, which takes :class:`~kitune.service.options.OptimizeOptions`
+factory) and :func:`run_optimize`, which takes :class:`~kitune.service.tuning.options.OptimizeOptions`
 (what the command was asked), loads the
-slice (:mod:`kitune.service.slicing`), builds the loop environment
-(:class:`~kitune.service.loop_env.ServiceLoopEnv`: extraction per extractor version, the
+slice (:mod:`kitune.service.tuning.slicing`), builds the loop environment
+(:class:`~kitune.service.tuning.loop_env.ServiceLoopEnv`: extraction per extractor version, the
 store-state-aware evaluation cache, feedback routing) and runs the loop through
 :func:`kitune.experiments.runner.run_experiment`. Knob overrides of a setting are applied with
 :func:`kitune.config.with_overrides`.
@@ -22,9 +22,9 @@ from kitune.data.checksum import dataset_checksum
 from kitune.optimizers.loop import LoopResult
 from kitune.optimizers.program_task import PROGRAM_TASKS
 from kitune.optimizers.registry import check_optimizer
-from kitune.service.loop_env import LoopDeps, ServiceLoopEnv
-from kitune.service.options import OptimizeOptions
-from kitune.service.slicing import load_slice, write_question_ids
+from kitune.service.tuning.loop_env import LoopDeps, ServiceLoopEnv
+from kitune.service.tuning.options import OptimizeOptions
+from kitune.service.tuning.slicing import load_slice, write_question_ids
 
 if TYPE_CHECKING:
     from kitune.experiments.prompts import PromptRegistry
@@ -130,7 +130,7 @@ def run_optimize(
         )
     finally:
         env.close()
-    from kitune.service.slice_fingerprint import write_fingerprint
+    from kitune.service.tuning.slice_fingerprint import write_fingerprint
 
     write_fingerprint(state_dir, questions, documents, opts)
     usage = {f"{r}/{s}": t for (r, s), t in ledger.by_role_stage().items()}

@@ -47,7 +47,7 @@ What it does per loop step:
 
 Every dependency (LMs, agent model, judge, store factory, corpus store) can be injected through
 :class:`LoopDeps`, so the whole loop runs in tests with scripted models
-(:func:`kitune.service.optimize.default_deps` builds the real ones).
+(:func:`kitune.service.tuning.optimize.default_deps` builds the real ones).
 """
 
 from __future__ import annotations
@@ -87,10 +87,10 @@ from kitune.optimizers.loop import Evaluation, Proposal, Setting
 from kitune.optimizers.objective import answer_coverage
 from kitune.optimizers.program_task import eval_key
 from kitune.schema import Document, Filter
-from kitune.service import improve
-from kitune.service.improve import reflection_context_tokens, reflection_fallback
 from kitune.service.pipelines.eval_cache import EvalCache, lookup_record, store_fingerprint
 from kitune.service.serving.prompts import versioned_store_cfg
+from kitune.service.tuning import improve
+from kitune.service.tuning.improve import reflection_context_tokens, reflection_fallback
 
 if TYPE_CHECKING:
     from kitune.chat import ChatModel
@@ -98,7 +98,7 @@ if TYPE_CHECKING:
     from kitune.evaluation.trace import Trace
     from kitune.ki import KI
     from kitune.retrieval.base import CorpusStore, Store
-    from kitune.service.options import OptimizeOptions
+    from kitune.service.tuning.options import OptimizeOptions
     from kitune.usage import TokenLedger
 
 __all__ = ["LoopDeps", "ServiceLoopEnv"]
@@ -436,7 +436,7 @@ class ServiceLoopEnv:
                     store.retrieval = old  # type: ignore[attr-defined]
 
     def optimizer_budget(self) -> OptimizerBudget:
-        """The optimisers' budget (see :func:`kitune.service.improve.optimizer_budget`)."""
+        """The optimisers' budget (see :func:`kitune.service.tuning.improve.optimizer_budget`)."""
         return improve.optimizer_budget(self)
 
     def ensure_extracted(self, setting: Setting, questions: Sequence[Question]) -> dict[str, float]:

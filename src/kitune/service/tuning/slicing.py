@@ -20,7 +20,7 @@ from kitune.schema import Document
 
 if TYPE_CHECKING:
     from kitune.config import KituneConfig
-    from kitune.service.options import OptimizeOptions
+    from kitune.service.tuning.options import OptimizeOptions
 
 __all__ = ["load_slice", "sample_questions", "select_documents", "write_question_ids"]
 

@@ -19,7 +19,7 @@ from kitune.ki import utcnow
 from kitune.schema import Document
 
 if TYPE_CHECKING:
-    from kitune.service.options import OptimizeOptions
+    from kitune.service.tuning.options import OptimizeOptions
 
 __all__ = ["FINGERPRINT", "fingerprint", "read_fingerprint", "write_fingerprint"]
 

@@ -1,6 +1,6 @@
 """``OptimizeOptions``: what ``kitune optimize`` (and the demo, drift and watch rounds) asks the loop to do.
 
-A leaf of the service layer: the loop's wiring (:mod:`kitune.service.optimize`), its environment,
+A leaf of the service layer: the loop's wiring (:mod:`kitune.service.tuning.optimize`), its environment,
 the slice reader and the fingerprint all read the options, so the type lives apart from every
 one of them and none imports another for it.
 """
