@@ -14,9 +14,9 @@ from kitune.config import KituneConfig
 from kitune.retrieval.embedders import HashEmbedder
 from kitune.retrieval.memory import MemoryStore
 from kitune.server import create_app
-from kitune.service.proposals import ProposalStore
-from kitune.service.review import ReviewService, file_proposals
-from kitune.service.signals import load_signal_traces, signal_report, store_facts
+from kitune.service.workflows.proposals import ProposalStore
+from kitune.service.workflows.review import ReviewService, file_proposals
+from kitune.service.workflows.signals import load_signal_traces, signal_report, store_facts
 from kitune.testing.review import TableDrafter, scenario
 from kitune.testing.tracking import RecordingTracker
 

@@ -5,18 +5,18 @@ signals → proposals → one approved change → its measured effect, all throu
 1. ``--episodes``: a ``kitune eval`` run (its ``traces.jsonl``: the embedded model's in-context
    episodes, with the tool output each step showed). Each episode is written to
    ``<out>/inbox/episodes.jsonl`` as an OpenAI-style chat record with no gold answer, no
-   verdict and no evidence ids (:func:`kitune.service.signals.to_chat_record`) — what an
+   verdict and no evidence ids (:func:`kitune.service.workflows.signals.to_chat_record`) — what an
    unlabelled production log holds. The gold answers are kept aside in
    ``<out>/labelled/questions.jsonl``, used only to measure the approved change.
-2. :func:`kitune.service.watch.watch` polls the inbox once (``kitune loop --watch`` with
+2. :func:`kitune.service.workflows.watch.watch` polls the inbox once (``kitune loop --watch`` with
    ``max_polls=1``, trace source ``unlabelled``): import, signals, proposals in the review queue
    (drafting with the production extractor on the embedded model). No optimisation round runs:
    nothing is labelled. ``review.auto_approve`` is empty: nothing is applied by the loop.
 3. The script then plays the reviewer: it takes one pending proposal (``--approve ID``, else the
    first of add_ki, re_extract, retire_ki, rewriter_feedback), measures its effect on the
-   labelled questions (:func:`kitune.service.review.measure_effect`: the in-context agent on the
+   labelled questions (:func:`kitune.service.workflows.review.measure_effect`: the in-context agent on the
    current KIs and on a copy with the change, same questions, paired acceptance rule) and
-   approves it through :class:`kitune.service.review.ReviewService` (the store upsert / status /
+   approves it through :class:`kitune.service.workflows.review.ReviewService` (the store upsert / status /
    prompt registry, logged to MLflow).
 4. ``<out>/signals.json``, ``mined.json`` (what the poll mined), ``proposals.json``,
    ``approved.json``, ``results.md``, ``watch.log`` and ``timings.tsv``.
@@ -40,9 +40,9 @@ from kitune.config import load_config
 from kitune.data.loaders import Question
 from kitune.evaluation.signals import signals_markdown
 from kitune.experiments.tracking import create_tracker
-from kitune.service.review import default_evaluator, measure_effect, open_review
-from kitune.service.signals import load_signal_traces, signal_report, store_facts, to_chat_record
-from kitune.service.watch import LoopOptions, WatchOptions, watch
+from kitune.service.workflows.review import default_evaluator, measure_effect, open_review
+from kitune.service.workflows.signals import load_signal_traces, signal_report, store_facts, to_chat_record
+from kitune.service.workflows.watch import LoopOptions, WatchOptions, watch
 
 PREFERENCE = ("add_ki", "re_extract", "retire_ki", "rewriter_feedback")
 HERE = Path(__file__).resolve().parent

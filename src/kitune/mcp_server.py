@@ -66,7 +66,7 @@ if TYPE_CHECKING:
 
     from kitune.programs.query_rewriter import QueryRewriter
     from kitune.retrieval.base import CorpusStore, Store
-    from kitune.service.review import ReviewService
+    from kitune.service.workflows.review import ReviewService
     from kitune.usage import TokenLedger
 
 __all__ = ["SOURCE_DESCRIPTION_URI", "BearerAuth", "check_bind", "create_mcp_server", "run_mcp"]
@@ -401,7 +401,7 @@ def _review_tools(cfg: KituneConfig, review: ReviewService | None) -> list[Tool]
         with lock:
             if "review" not in held:
                 from kitune.experiments.tracking import create_tracker
-                from kitune.service.review import open_review
+                from kitune.service.workflows.review import open_review
 
                 held["review"] = open_review(cfg, tracker=create_tracker(cfg))
             return held["review"]  # type: ignore[no-any-return]

@@ -16,7 +16,7 @@ Other rules: the request body is capped (:data:`MAX_BODY_BYTES`, 413 beyond); th
 is served at ``/openapi.json`` and documents every error status with the ``{"error": …}`` body;
 ``/docs`` is Swagger UI served from local assets (no CDN; a plain endpoint list when none are
 installed); ``GET /healthz`` answers without touching the store. ``/api/proposals`` serves the
-review queue (:mod:`kitune.service.review`): list, show, approve, reject (a reason is required),
+review queue (:mod:`kitune.service.workflows.review`): list, show, approve, reject (a reason is required),
 revert; an unknown id is 404, an action that does not fit the proposal's status 409.
 A rewrite that fell back is logged with its full reason; the response carries only its reason
 code (never provider text). When a bearer token is configured (``KITUNE_API_TOKEN``), ``/api/*``
@@ -62,7 +62,7 @@ from kitune.service.serving.context import ContextResponse, get_context
 from kitune.usage import TokenLedger
 
 if TYPE_CHECKING:
-    from kitune.service.review import ReviewService
+    from kitune.service.workflows.review import ReviewService
 
 __all__ = [
     "API_TOKEN_ENV",
@@ -473,7 +473,7 @@ def _review_routes(
         with lock:
             if "review" not in held:
                 from kitune.experiments.tracking import create_tracker
-                from kitune.service.review import open_review
+                from kitune.service.workflows.review import open_review
 
                 held["review"] = open_review(cfg, tracker=create_tracker(cfg))
             return held["review"]  # type: ignore[no-any-return]

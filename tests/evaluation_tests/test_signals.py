@@ -23,7 +23,7 @@ from kitune.evaluation.signals import (
 )
 from kitune.evaluation.tools import ContextObservation, in_context_toolbox
 from kitune.service.trace_formats import parse_openai_record
-from kitune.service.traces import read_trace_file, to_trace
+from kitune.service.workflows.traces import read_trace_file, to_trace
 from kitune.testing.chat import ScriptedChatModel
 from kitune.testing.store_contract import make_ki
 
@@ -298,7 +298,7 @@ def test_every_kind_is_reported_even_at_zero() -> None:
 
 
 def test_a_kitune_episode_exported_as_chat_keeps_its_signals() -> None:
-    from kitune.service.signals import to_chat_record
+    from kitune.service.workflows.signals import to_chat_record
 
     trace = episode(
         [

@@ -18,7 +18,7 @@ from opt_fakes import RuleLM
 from kitune.config import KituneConfig
 from kitune.experiments.tracking import MlflowTracker
 from kitune.schema import Document
-from kitune.service.demo import DemoOptions, default_demo_config, default_fixture, run_demo
+from kitune.service.workflows.demo import DemoOptions, default_demo_config, default_fixture, run_demo
 
 
 def _task_rule(system: str, user: str) -> dict[str, object]:

@@ -16,9 +16,9 @@ from opt_fakes import RuleLM
 
 from kitune.config import KituneConfig
 from kitune.errors import DataError
-from kitune.service.drift import drift_check, drift_run
 from kitune.service.tuning.optimize import run_optimize
 from kitune.service.tuning.options import OptimizeOptions
+from kitune.service.workflows.drift import drift_check, drift_run
 from kitune.testing.tracking import RecordingTracker
 
 

@@ -18,8 +18,8 @@ from opt_fakes import RuleLM
 from kitune.config import KituneConfig
 from kitune.data.loaders import load_dataset
 from kitune.errors import KituneError
-from kitune.service.traces import TraceFolder, import_traces
-from kitune.service.watch import LoopOptions, WatchOptions, loop_once, watch
+from kitune.service.workflows.traces import TraceFolder, import_traces
+from kitune.service.workflows.watch import LoopOptions, WatchOptions, loop_once, watch
 from kitune.testing.tracking import RecordingTracker
 
 

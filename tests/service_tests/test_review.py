@@ -13,9 +13,9 @@ from kitune.errors import ProposalNotFoundError, ProposalStateError, StoreError
 from kitune.retrieval.base import Store
 from kitune.retrieval.embedders import HashEmbedder
 from kitune.retrieval.memory import MemoryStore
-from kitune.service.proposals import ProposalStore, RewriterPrompt, proposal_id, propose
-from kitune.service.review import ReviewService, file_proposals
-from kitune.service.signals import load_signal_traces, signal_report, store_facts
+from kitune.service.workflows.proposals import ProposalStore, RewriterPrompt, proposal_id, propose
+from kitune.service.workflows.review import ReviewService, file_proposals
+from kitune.service.workflows.signals import load_signal_traces, signal_report, store_facts
 from kitune.testing.review import TableDrafter, gold_evaluator, scenario
 from kitune.testing.tracking import RecordingTracker
 

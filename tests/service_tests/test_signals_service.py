@@ -14,8 +14,8 @@ from kitune.evaluation.metrics import Trace
 from kitune.evaluation.report import write_report
 from kitune.retrieval.embedders import HashEmbedder
 from kitune.retrieval.memory import MemoryStore
-from kitune.service.signals import load_signal_traces, log_signals, signal_report, store_facts
-from kitune.service.traces import read_trace_file, to_trace
+from kitune.service.workflows.signals import load_signal_traces, log_signals, signal_report, store_facts
+from kitune.service.workflows.traces import read_trace_file, to_trace
 from kitune.testing.review import scenario
 from kitune.testing.tracking import RecordingTracker
 

@@ -14,7 +14,7 @@ from kitune.evaluation.harness import read_traces
 from kitune.evaluation.metrics import Trace
 from kitune.experiments.tracking import MlflowTracker
 from kitune.service.trace_formats import parse_label, parse_openai_record
-from kitune.service.traces import TraceFolder, changed_files, import_traces, read_trace_file
+from kitune.service.workflows.traces import TraceFolder, changed_files, import_traces, read_trace_file
 
 
 def conversation(i: int, question: str, final: str, **extra: object) -> dict:

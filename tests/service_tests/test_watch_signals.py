@@ -9,10 +9,10 @@ from typing import Any
 from kitune.config import KituneConfig
 from kitune.retrieval.embedders import HashEmbedder
 from kitune.retrieval.memory import MemoryStore
-from kitune.service.proposals import ProposalStore, RewriterPrompt
-from kitune.service.review import ReviewService
-from kitune.service.traces import TraceFolder
-from kitune.service.watch import LoopOptions, ReviewHooks, WatchOptions, watch
+from kitune.service.workflows.proposals import ProposalStore, RewriterPrompt
+from kitune.service.workflows.review import ReviewService
+from kitune.service.workflows.traces import TraceFolder
+from kitune.service.workflows.watch import LoopOptions, ReviewHooks, WatchOptions, watch
 from kitune.testing.review import TableDrafter, chat_record, gold_evaluator, scenario
 from kitune.testing.tracking import RecordingTracker
 
@@ -91,7 +91,7 @@ def test_watch_mines_unlabelled_traces_and_applies_only_what_the_gate_accepts(tm
 
 
 def test_traces_without_actionable_signals_open_no_store(tmp_path: Path, monkeypatch: Any) -> None:
-    import kitune.service.watch as watch_mod
+    import kitune.service.workflows.watch as watch_mod
 
     def no_wiring(*args: Any) -> ReviewHooks:
         raise AssertionError("no store or LM should be opened for traces without actionable signals")

@@ -1,7 +1,7 @@
 """``kitune bootstrap``: describe a new corpus, draft its extractor, write source-description KIs.
 
 Thin: load config → build the extract-role LM, the embedder and the store →
-:func:`kitune.service.bootstrap.bootstrap_corpus` → print the sample, the draft's registry
+:func:`kitune.service.workflows.bootstrap.bootstrap_corpus` → print the sample, the draft's registry
 version, the KIs written and the token ledger.
 """
 
@@ -89,7 +89,7 @@ def bootstrap(
     """
     from kitune.experiments.tracking import create_tracker
     from kitune.lm import build_lm
-    from kitune.service.bootstrap import bootstrap_corpus
+    from kitune.service.workflows.bootstrap import bootstrap_corpus
     from kitune.usage import TokenLedger
 
     overrides: dict[str, object] = record_overrides(record, replay)

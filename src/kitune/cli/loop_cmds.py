@@ -449,7 +449,7 @@ def drift_check_cmd(
     progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
 ) -> None:
     """Compare the data with what the last optimisation run saw and re-evaluate what changed."""
-    from kitune.service.drift import drift_check
+    from kitune.service.workflows.drift import drift_check
 
     cfg = get_config(config)
     report = _or_exit_1(drift_check, cfg, data, run_name=run_name, progress=progress, log=_log)
@@ -467,7 +467,7 @@ def drift_run_cmd(
     progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
 ) -> None:
     """Check drift and re-run one loop iteration when the drop passes --threshold."""
-    from kitune.service.drift import drift_run
+    from kitune.service.workflows.drift import drift_run
 
     cfg = get_config(config)
     report, result = _or_exit_1(
@@ -543,7 +543,7 @@ def demo_cmd(
     """
     import time
 
-    from kitune.service.demo import DemoOptions, default_demo_config, run_demo
+    from kitune.service.workflows.demo import DemoOptions, default_demo_config, run_demo
 
     started = time.monotonic()
     path = config if config is not None else default_demo_config()

@@ -16,8 +16,8 @@ from kitune.errors import KituneError, ReviewError
 
 if TYPE_CHECKING:
     from kitune.config import KituneConfig
-    from kitune.service.proposals import Proposal
-    from kitune.service.review import ReviewService
+    from kitune.service.workflows.proposals import Proposal
+    from kitune.service.workflows.review import ReviewService
 
 __all__ = ["register", "review_app", "summary"]
 
@@ -52,7 +52,7 @@ def summary(p: Proposal) -> dict[str, Any]:
 
 def _service(cfg: KituneConfig, track: bool) -> ReviewService:
     from kitune.experiments.tracking import create_tracker
-    from kitune.service.review import open_review
+    from kitune.service.workflows.review import open_review
 
     return open_review(cfg, tracker=create_tracker(cfg) if track else None)
 
@@ -212,15 +212,15 @@ def propose_cmd(
     without --questions no effect is measured and nothing is auto-approved.
     """
     from kitune.data.loaders import load_questions
-    from kitune.service.review import (
+    from kitune.service.workflows.review import (
         corpus_documents,
         default_drafter,
         default_evaluator,
         file_proposals,
         production_rewriter,
     )
-    from kitune.service.signals import load_signal_traces, signal_report, store_facts
-    from kitune.service.traces import TraceFolder
+    from kitune.service.workflows.signals import load_signal_traces, signal_report, store_facts
+    from kitune.service.workflows.traces import TraceFolder
 
     cfg = get_config(config)
     paths = list(sources or [])

@@ -50,14 +50,14 @@ def signals_cmd(
     Example: kitune signals kitune-work/runs/in-context-fixture-all --json
     """
     from kitune.experiments.tracking import create_tracker
-    from kitune.service.signals import (
+    from kitune.service.workflows.signals import (
         load_signal_traces,
         log_signals,
         open_serving_store,
         signal_report,
         store_facts,
     )
-    from kitune.service.traces import TraceFolder
+    from kitune.service.workflows.traces import TraceFolder
 
     cfg = get_config(config)
     paths = list(sources or [])

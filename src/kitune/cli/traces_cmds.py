@@ -1,6 +1,6 @@
 """``kitune traces import|status``: a production agent's traces as tuning material.
 
-Thin over :mod:`kitune.service.traces`.
+Thin over :mod:`kitune.service.workflows.traces`.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def import_cmd(
     trace records, for `kitune report`) and state.json. Importing the same trace twice is a
     no-op. Then run `kitune loop --corpus …` to tune on them.
     """
-    from kitune.service.traces import TraceFolder, import_traces
+    from kitune.service.workflows.traces import TraceFolder, import_traces
 
     cfg = get_config(config)
     try:
@@ -85,7 +85,7 @@ def import_cmd(
 def status_cmd(name: NameOption = "default", config: ConfigOption = None) -> None:
     """Show what was imported and what the loop consumed."""
     from kitune.data.loaders import load_questions
-    from kitune.service.traces import TraceFolder
+    from kitune.service.workflows.traces import TraceFolder
 
     cfg = get_config(config)
     try:

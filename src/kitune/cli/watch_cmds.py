@@ -1,6 +1,6 @@
 """``kitune loop``: the resumable self-improvement loop over imported production traces.
 
-Thin over :mod:`kitune.service.watch`; the cron / systemd recipe is in the README.
+Thin over :mod:`kitune.service.workflows.watch`; the cron / systemd recipe is in the README.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def loop_cmd(
     DIR every --interval seconds. Rerun after an interruption to resume; exits 1 on failure.
     """
     from kitune.optimizers.program_task import program_names
-    from kitune.service.watch import LoopOptions, WatchOptions, corpus_file, loop_once, watch
+    from kitune.service.workflows.watch import LoopOptions, WatchOptions, corpus_file, loop_once, watch
 
     cfg = get_config(config)
     from kitune.optimizers.registry import check_optimizer

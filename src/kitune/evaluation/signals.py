@@ -2,7 +2,7 @@
 
 Pure and deterministic: the same trace (and the same store facts passed in) always gives the
 same signals. A trace is a :class:`~kitune.evaluation.metrics.Trace` — kitune's own episodes or an
-imported production trace (:func:`kitune.service.traces.to_trace`); each step is a
+imported production trace (:func:`kitune.service.workflows.traces.to_trace`); each step is a
 ``Step.to_dict`` record. The signals and their exact rules:
 
 ``empty_retrieval``

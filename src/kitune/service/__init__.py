@@ -22,9 +22,9 @@ _EXPORTS: dict[str, str] = {
     "ProductionSetting": "kitune.service.serving.prompts",
     "versioned_store_cfg": "kitune.service.serving.prompts",
     "extract_corpus": "kitune.service.pipelines.extraction",
-    "drift_check": "kitune.service.drift",
-    "drift_run": "kitune.service.drift",
-    "import_traces": "kitune.service.traces",
+    "drift_check": "kitune.service.workflows.drift",
+    "drift_run": "kitune.service.workflows.drift",
+    "import_traces": "kitune.service.workflows.traces",
 }
 """Public name → the module that defines it."""
 

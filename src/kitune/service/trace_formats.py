@@ -2,7 +2,7 @@ r"""Read a production agent's traces: OpenAI-style chat-message JSONL and MLflow
 
 Each input record becomes one :class:`ProductionTrace`: the question, the agent's final
 answer, the gold answer and/or a correct/incorrect label, the agent's steps and tokens.
-:mod:`kitune.service.traces` turns them into tuning questions and kitune trace records.
+:mod:`kitune.service.workflows.traces` turns them into tuning questions and kitune trace records.
 
 **OpenAI chat-message JSONL** — one conversation per line::
 

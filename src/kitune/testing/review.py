@@ -175,7 +175,7 @@ class TableDrafter:
 
 
 def gold_evaluator(calls: list[str] | None = None) -> Any:
-    """An :data:`kitune.service.review.Evaluator`: correct iff an active KI's title contains the gold answer.
+    """An :data:`~kitune.service.workflows.review.Evaluator`: right iff an active KI's title holds the gold.
 
     Args:
         calls: when given, each call's label is appended (to check which arms ran).

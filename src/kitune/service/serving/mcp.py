@@ -13,7 +13,7 @@ synchronous, SDK-free functions over the service layer, so they are tested witho
 * :func:`search_documents_tool` / :func:`get_document_tool` are the baseline's raw corpus
   search and fetch (the LanceDB corpus tables ``kitune eval`` fills).
 * :func:`review_list_tool`, :func:`review_show_tool`, :func:`review_action_tool` — the review
-  queue (:mod:`kitune.service.review`), served only with ``review.mcp_tools: true`` (they write);
+  queue (:mod:`kitune.service.workflows.review`), served only with ``review.mcp_tools: true`` (they write);
   a review error (unknown id, wrong status, missing reason) is raised as :class:`ValueError`
   with the queue's message.
 * :func:`source_description_kis` lists the ``source_description`` KIs ``kitune bootstrap``
@@ -342,7 +342,7 @@ def review_action_tool(review: Any, action: str, proposal_id: str, *, reason: st
     """The ``approve_proposal`` / ``reject_proposal`` / ``revert_proposal`` MCP tools.
 
     Args:
-        review: a :class:`kitune.service.review.ReviewService`.
+        review: a :class:`kitune.service.workflows.review.ReviewService`.
         action: ``approve``, ``reject`` or ``revert``.
         proposal_id: the proposal.
         reason: why (required to reject).

@@ -18,7 +18,7 @@ from kitune.data.sampling import SampledDoc
 from kitune.ki import KI
 from kitune.programs.domain_describer import DescriptionResult
 from kitune.programs.extractor_drafter import DraftedInstruction
-from kitune.service.bootstrap_kis import cut_text
+from kitune.service.workflows.bootstrap_kis import cut_text
 from kitune.usage import TokenLedger
 
 if TYPE_CHECKING:

@@ -5,8 +5,8 @@ Sources (:func:`load_signal_traces`), any mix of:
 * a run folder of ``kitune eval`` (its ``traces.jsonl``; the latest trace per question);
 * a kitune traces JSONL file (``traces.jsonl`` of a run or of an imported trace source);
 * a production trace file, OpenAI-style chat JSONL or MLflow traces (``.jsonl`` / ``.json``),
-  read with :func:`kitune.service.traces.read_trace_file` and converted with
-  :func:`~kitune.service.traces.to_trace` — no gold answer or label needed;
+  read with :func:`kitune.service.workflows.traces.read_trace_file` and converted with
+  :func:`~kitune.service.workflows.traces.to_trace` — no gold answer or label needed;
 * a folder of such files (every ``*.jsonl`` / ``*.json`` in it, sorted by name).
 
 A file is a kitune traces file when its first record has ``query_id``, ``skill`` and ``steps``.
@@ -32,7 +32,7 @@ from kitune.evaluation.harness import read_traces
 from kitune.evaluation.metrics import Trace
 from kitune.evaluation.signals import SignalReport, SignalRules, aggregate_signals, compute_signals
 from kitune.schema import Filter
-from kitune.service.traces import read_trace_file, to_trace
+from kitune.service.workflows.traces import read_trace_file, to_trace
 
 if TYPE_CHECKING:
     from kitune.data.loaders import SkippedLine

@@ -1,8 +1,9 @@
 """Source-description KIs: what a bootstrapped corpus holds, as KIs built from its description.
 
 :func:`source_description_kis` turns a :class:`~kitune.programs.domain_describer.DomainDescription`
-into a few KIs (no LM call, deterministic ids) that :func:`kitune.service.bootstrap.bootstrap_corpus`
-upserts into the store, tagged :data:`SOURCE_DESCRIPTION_TAG`.
+into a few KIs (no LM call, deterministic ids) that
+:func:`kitune.service.workflows.bootstrap.bootstrap_corpus` upserts into the store, tagged
+:data:`SOURCE_DESCRIPTION_TAG`.
 """
 
 from __future__ import annotations

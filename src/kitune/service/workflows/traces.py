@@ -22,7 +22,7 @@ the source's ``query_id`` when it names one, else ``q-`` + 12 hex of the SHA-256
 whitespace-normalised, lower-cased question. Evidence documents: those the trace names, else
 (``seen_as_evidence``) the corpus documents the production agent retrieved.
 
-The loop that consumes them is :mod:`kitune.service.watch`.
+The loop that consumes them is :mod:`kitune.service.workflows.watch`.
 """
 
 from __future__ import annotations

@@ -22,8 +22,9 @@ write or registry failure) are recorded in :class:`BootstrapResult` and the repo
 configuration errors and LM errors raise.
 
 This module is the orchestration; the steps' policies live next to it:
-:mod:`kitune.service.bootstrap_kis` (source-description KIs), :mod:`kitune.service.bootstrap_registry`
-(how the draft enters the prompt registry) and :mod:`kitune.service.bootstrap_report`
+:mod:`~kitune.service.workflows.bootstrap_kis` (source-description KIs),
+:mod:`~kitune.service.workflows.bootstrap_registry` (how the draft enters the prompt registry) and
+:mod:`~kitune.service.workflows.bootstrap_report`
 (:class:`BootstrapResult`, the report files and what is logged to the tracking run). Their public
 names are re-exported here.
 """
@@ -44,9 +45,9 @@ from kitune.errors import KituneError
 from kitune.ki import slugify
 from kitune.programs.domain_describer import DomainDescriber
 from kitune.programs.extractor_drafter import draft_extractor
-from kitune.service.bootstrap_kis import SOURCE_DESCRIPTION_TAG, source_description_kis
-from kitune.service.bootstrap_registry import draft_tags, register_draft
-from kitune.service.bootstrap_report import (
+from kitune.service.workflows.bootstrap_kis import SOURCE_DESCRIPTION_TAG, source_description_kis
+from kitune.service.workflows.bootstrap_registry import draft_tags, register_draft
+from kitune.service.workflows.bootstrap_report import (
     BootstrapResult,
     ledger_rows,
     ledger_totals,

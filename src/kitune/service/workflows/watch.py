@@ -19,7 +19,7 @@ traces of the fresh files — labelled or not — for failure signals
 (:mod:`kitune.evaluation.signals`). When any new trace fell back to raw search, found nothing,
 looped or answered without support, the signals are computed again with the KI store's facts,
 logged to MLflow (run ``signals-<name>-poll<k>``) and turned into proposals in the review queue
-(:func:`kitune.service.review.file_proposals`, actor ``watch``): nothing is applied, except the
+(:func:`kitune.service.workflows.review.file_proposals`, actor ``watch``): nothing is applied, except the
 kinds in ``review.auto_approve`` whose labelled validation gate accepts them (measured on the
 trace source's labelled questions; without any, nothing is auto-approved). Approved proposals
 are applied when a person approves them (``kitune review approve``, ``/api/proposals``). Mined
@@ -42,7 +42,13 @@ from kitune.errors import DataError
 from kitune.evaluation.metrics import Trace
 from kitune.experiments.tracking import create_tracker
 from kitune.ki import utcnow
-from kitune.service.traces import ImportReport, TraceFolder, changed_files, import_traces, write_atomic
+from kitune.service.workflows.traces import (
+    ImportReport,
+    TraceFolder,
+    changed_files,
+    import_traces,
+    write_atomic,
+)
 
 __all__ = [
     "LoopOptions",
@@ -295,13 +301,13 @@ class ReviewHooks:
     """What mining needs: the review service and the proposer's inputs (see :func:`production_hooks`)."""
 
     service: Any
-    """A :class:`kitune.service.review.ReviewService`."""
+    """A :class:`kitune.service.workflows.review.ReviewService`."""
     documents: Callable[[str], Any] | None = None
     draft: Callable[[Any], list[Any]] | None = None
     extractor_version: str = ""
     rewriter: Any = None
     evaluate: Any = None
-    """An :data:`kitune.service.review.Evaluator` (None: no effect measured, nothing auto-approved)."""
+    """An ``Evaluator`` (:mod:`kitune.service.workflows.review`) (None: no effect measured, none approved)."""
     tracker: Any = None
     """Where the signals are logged (None: not logged)."""
 
@@ -313,7 +319,7 @@ def production_hooks(cfg: KituneConfig, opts: LoopOptions, wopts: WatchOptions) 
     rewriter, the in-context agent as evaluator (only when ``review.auto_approve`` is set: effects
     cost agent runs) and the MLflow tracker.
     """
-    from kitune.service.review import (
+    from kitune.service.workflows.review import (
         corpus_documents,
         default_drafter,
         default_evaluator,
@@ -361,7 +367,7 @@ def mine_signals(
         ``{"traces", "signals": by-kind counts, "filed", "auto_approved", "gate_refused", "errors"}``.
     """
     from kitune.evaluation.signals import aggregate_signals, compute_signals
-    from kitune.service.traces import read_trace_file, to_trace
+    from kitune.service.workflows.traces import read_trace_file, to_trace
 
     with folder.lock("state"):
         done = set(folder.read_state().get("signalled", []))
@@ -381,8 +387,8 @@ def mine_signals(
         quick = aggregate_signals([compute_signals(t, trace_id=tid) for tid, t in new])
         out["signals"] = dict(quick.by_kind)
         if any(quick.by_kind.get(k, 0) for k in _MINED_KINDS):
-            from kitune.service.review import file_proposals
-            from kitune.service.signals import log_signals, signal_report, store_facts
+            from kitune.service.workflows.review import file_proposals
+            from kitune.service.workflows.signals import log_signals, signal_report, store_facts
 
             h = hooks()
             report = signal_report(cfg, new, facts=store_facts(h.service.kis()))

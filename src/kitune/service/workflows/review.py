@@ -1,7 +1,7 @@
 """The review queue's actions, shared by ``kitune review``, ``/api/proposals`` and the MCP tools.
 
 * :class:`ReviewService` — list / show / approve / reject / revert over a
-  :class:`~kitune.service.proposals.ProposalStore`. Approving applies the change through the
+  :class:`~kitune.service.workflows.proposals.ProposalStore`. Approving applies the change through the
   normal paths (:func:`apply_change`): KIs by ``Store.upsert``; a retirement by writing the KI
   back with status ``expired`` (soft, not served, nothing deleted); rewriter feedback as a new
   version of the rewriter prompt in the registry, promoted to ``production``. Reverting undoes it
@@ -39,7 +39,7 @@ from kitune.ki import KI, utcnow
 from kitune.optimizers.acceptance import check_instruction, compare_paired, decide
 from kitune.optimizers.objective import LoopWeights
 from kitune.schema import Document
-from kitune.service.proposals import (
+from kitune.service.workflows.proposals import (
     Drafter,
     Proposal,
     ProposalStore,
@@ -516,7 +516,7 @@ def file_proposals(
     Args:
         service: the review service (queue, KI table, registry, tracker).
         report: the signals.
-        documents: docid → document (see :func:`kitune.service.proposals.propose`).
+        documents: docid → document (see :func:`kitune.service.workflows.proposals.propose`).
         draft: the production extractor (None: no KI drafting).
         extractor_version: the extractor's version (part of the re-extract key).
         rewriter: the production rewriter instruction (None: no rewriter feedback).
@@ -585,7 +585,7 @@ def open_review(
     The KI table and the registry are opened on first use (listing the queue opens neither).
     """
     from kitune.service.serving.prompts import open_registry
-    from kitune.service.signals import open_serving_store
+    from kitune.service.workflows.signals import open_serving_store
 
     def kis() -> Store:
         opened = open_serving_store(cfg)
@@ -611,7 +611,7 @@ def production_rewriter(cfg: KituneConfig) -> RewriterPrompt:
 
 
 def default_drafter(cfg: KituneConfig, *, ledger: Any = None) -> tuple[Drafter, str]:
-    """The production extractor as a :data:`~kitune.service.proposals.Drafter`, and its version.
+    """The production extractor as a :data:`~kitune.service.workflows.proposals.Drafter`, and its version.
 
     Each call extracts one document with the extract role's LM (``lm.extract``); a document
     whose extraction failed raises, which the proposer counts.
