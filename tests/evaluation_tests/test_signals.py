@@ -9,6 +9,7 @@ import pytest
 from eval_fakes import DOCS, FakeCorpusStore
 
 from kitune.data.loaders import Question
+from kitune.data.trace_formats import parse_openai_record
 from kitune.evaluation.agent import Agent
 from kitune.evaluation.budget import Budget
 from kitune.evaluation.metrics import Trace, build_trace
@@ -22,7 +23,6 @@ from kitune.evaluation.signals import (
     signals_markdown,
 )
 from kitune.evaluation.tools import ContextObservation, in_context_toolbox
-from kitune.service.trace_formats import parse_openai_record
 from kitune.service.workflows.traces import read_trace_file, to_trace
 from kitune.testing.chat import ScriptedChatModel
 from kitune.testing.store_contract import make_ki

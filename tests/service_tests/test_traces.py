@@ -9,11 +9,11 @@ import pytest
 
 from kitune.config import KituneConfig
 from kitune.data.loaders import load_questions
+from kitune.data.trace_formats import parse_label, parse_openai_record
 from kitune.evaluation.agent import Step
 from kitune.evaluation.harness import read_traces
 from kitune.evaluation.metrics import Trace
 from kitune.experiments.tracking import MlflowTracker
-from kitune.service.trace_formats import parse_label, parse_openai_record
 from kitune.service.workflows.traces import TraceFolder, changed_files, import_traces, read_trace_file
 
 

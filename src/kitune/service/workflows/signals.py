@@ -194,7 +194,7 @@ def to_chat_record(trace: Trace, *, trace_id: str, labelled: bool = False) -> di
     ``Exact Answer: <answer>`` when there is one. ``doc_ids_seen`` is kept; tokens go on the
     assistant messages as ``usage``. Without ``labelled`` no gold answer, aliases, evidence ids
     or verdict are written: the record is what an unlabelled production log holds.
-    :func:`kitune.service.trace_formats.parse_openai_record` reads it back with the same tool
+    :func:`kitune.data.trace_formats.parse_openai_record` reads it back with the same tool
     steps, arguments and observations, so its signals are the episode's.
 
     Args:

@@ -40,15 +40,15 @@ from typing import Any
 
 from kitune.config import KituneConfig
 from kitune.data.loaders import Question, SkippedLine, load_questions
-from kitune.errors import DataError, KituneError
-from kitune.evaluation.metrics import Trace, evidence_recall
-from kitune.ki import utcnow
-from kitune.service.trace_formats import (
+from kitune.data.trace_formats import (
     ProductionTrace,
     detect_format,
     parse_mlflow_trace,
     parse_openai_record,
 )
+from kitune.errors import DataError, KituneError
+from kitune.evaluation.metrics import Trace, evidence_recall
+from kitune.ki import utcnow
 from kitune.text import exact_match, token_f1
 
 __all__ = [
@@ -206,7 +206,7 @@ def read_trace_file(
         path: ``.jsonl`` (one conversation / trace / search_traces row per line) or ``.json``
             (one MLflow trace, a list of them, or ``{"traces": [...]}``).
         label_name: MLflow feedback name holding the correct/incorrect label (default: see
-            :data:`~kitune.service.trace_formats.LABEL_NAMES`).
+            :data:`~kitune.data.trace_formats.LABEL_NAMES`).
 
     Returns:
         ``(traces, skipped)``: records that are not JSON, of no known format or without a
