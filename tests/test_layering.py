@@ -5,7 +5,8 @@ function-level and ``if TYPE_CHECKING:`` imports alike (a type-only import is st
 the protocol it names belongs at the layer of its users), plus the lazy ``_EXPORTS`` maps of the
 packages' ``__init__`` (:mod:`kitune.lazy`). Two rules:
 
-* nothing imports a higher layer (:data:`LAYERS`, lower number = lower layer);
+* nothing imports a higher layer (:data:`LAYERS`, lower number = lower layer; the four tiers of
+  ``service/`` are layers of their own, serving → pipelines → tuning → workflows upward);
 * no import cycle between modules (:func:`find_cycle`, a depth-first search over module edges).
 
 Violations that exist today and are being removed are listed in :data:`KNOWN_UPWARD` and
@@ -42,20 +43,30 @@ LAYERS = {
     "evaluation": 3,
     "optimizers": 4,
     "experiments": 5,
-    "service": 6,
-    "cli": 7,
-    "server": 7,
-    "mcp_server": 7,
-    "__main__": 8,
-    "testing": 9,
+    # service/ is four tiers, each importing only the tiers below it (AGENTS.md); the package's
+    # own __init__ (its curated lazy exports) sits above them all.
+    "service.serving": 6,
+    "service.pipelines": 7,
+    "service.tuning": 8,
+    "service.workflows": 9,
+    "service": 10,
+    "cli": 11,
+    "server": 11,
+    "mcp_server": 11,
+    "__main__": 12,
+    "testing": 13,
 }
+
+SERVICE_TIERS = tuple(a.split(".", 1)[1] for a in LAYERS if a.startswith("service."))
 
 
 def _area(module: str) -> str | None:
+    """The layer a module belongs to: ``service.<tier>`` inside a service tier, else its top package."""
     parts = module.split(".")
     if parts[0] != "kitune" or len(parts) < 2:
         return None
-    return parts[1]
+    tier = ".".join(parts[1:3])
+    return tier if tier in LAYERS else parts[1]
 
 
 def _module_name(path: Path, root: Path) -> str:
@@ -280,6 +291,35 @@ def test_the_checker_catches_a_planted_cycle_through_type_checking_and_function_
         find_cycle(import_edges(_plant(tmp_path / "b", {"a/x.py": "import kitune.a.y\n", "a/y.py": ""})))
         is None
     )
+
+
+def test_the_checker_orders_the_service_tiers(tmp_path: Path):
+    root = _plant(
+        tmp_path,
+        {
+            "service/serving/context.py": "from kitune.service.tuning.optimize import run\n",
+            "service/tuning/optimize.py": "from kitune.service.serving.context import get\n"
+            "from kitune.service.workflows.demo import d\n",
+            "service/workflows/demo.py": "from kitune.service.tuning import optimize\n",
+            "cli/cmds.py": "from kitune.service.workflows.demo import d\n",
+        },
+    )
+    assert layer_problems(import_edges(root)) == [
+        "kitune.service.serving.context:1 imports kitune.service.tuning.optimize"
+        " (layer service.tuning above service.serving)",
+        "kitune.service.tuning.optimize:2 imports kitune.service.workflows.demo"
+        " (layer service.workflows above service.tuning)",
+        "import cycle: kitune.service.tuning.optimize -> kitune.service.serving.context"
+        " -> kitune.service.tuning.optimize",
+    ]
+
+
+def test_every_service_module_sits_in_a_tier():
+    service = SRC / "service"
+    rel = [p.relative_to(service) for p in service.rglob("*.py")]
+    in_tier = [r for r in rel if len(r.parts) > 1 and r.parts[0] in SERVICE_TIERS]
+    loose = [str(r) for r in rel if r != Path("__init__.py") and r not in in_tier]
+    assert loose == [], "put each service module in one tier: " + ", ".join(SERVICE_TIERS)
 
 
 def test_no_package_named_like_a_dependency():
