@@ -46,7 +46,7 @@ from pydantic import Field, ValidationError
 
 from kitune.config import KituneConfig
 from kitune.errors import DocumentNotFoundError, KituneError, StoreUnavailableError
-from kitune.server import API_TOKEN_ENV, MAX_BODY_BYTES, ServedSetting, is_loopback_host
+from kitune.server import API_TOKEN_ENV, MAX_BODY_BYTES, is_loopback_host
 from kitune.service.serving.mcp import (
     MAX_QUERY_CHARS,
     ContextFilters,
@@ -58,6 +58,7 @@ from kitune.service.serving.mcp import (
     search_documents_tool,
     source_description_kis,
 )
+from kitune.service.serving.setting import ServedSetting
 
 if TYPE_CHECKING:
     from mcp.server.mcpserver import MCPServer

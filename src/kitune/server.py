@@ -34,7 +34,6 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -59,6 +58,7 @@ from kitune.errors import (
 from kitune.programs.query_rewriter import QueryRewriter
 from kitune.retrieval.base import Store
 from kitune.service.serving.context import ContextResponse, get_context
+from kitune.service.serving.setting import ServedSetting
 from kitune.usage import TokenLedger
 
 if TYPE_CHECKING:
@@ -68,7 +68,6 @@ __all__ = [
     "API_TOKEN_ENV",
     "ERROR_STATUS",
     "MAX_BODY_BYTES",
-    "ServedSetting",
     "create_app",
     "is_loopback_host",
 ]
@@ -162,16 +161,6 @@ def _endpoint_list_page(schema: dict[str, Any]) -> str:
         + "".join(rows)
         + "</table></body></html>"
     )
-
-
-@dataclass(frozen=True)
-class ServedSetting:
-    """The store, rewriter and prompt versions a server answers with."""
-
-    store: Store
-    rewriter: QueryRewriter | None
-    versions: Mapping[str, str] = field(default_factory=dict)
-    """Program → prompt version label, plus ``"store"`` → KI table/index (shown in /healthz)."""
 
 
 def is_loopback_host(host: str) -> bool:
@@ -278,8 +267,8 @@ def create_app(
         versions: what ``store``/``rewriter`` are (program → prompt version label, ``"store"`` →
             table); shown in ``GET /healthz`` under ``serving``.
         setting_source: called with the served ``versions`` at most every ``refresh_s`` seconds
-            (on a request); returns a new :class:`ServedSetting` when production changed, else
-            None. A failing source keeps the current setting (logged).
+            (on a request); returns a new :class:`~kitune.service.serving.setting.ServedSetting`
+            when production changed, else None. A failing source keeps the current setting (logged).
         refresh_s: seconds between ``setting_source`` calls (> 0).
         clock: monotonic clock in seconds (tests).
         review: the review queue behind ``/api/proposals`` (None: ``open_review(cfg)`` on the

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from kitune.cli import export_cmds, store_cmds
 from kitune.config import load_config
 from kitune.retrieval.ai_index import ai_document_to_ki, ai_index_mapping, check_document_types
-from kitune.service.workflows.signals import open_serving_store
+from kitune.service.serving.setting import open_serving_store
 from kitune.testing.store_contract import make_ki
 
 

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from kitune.cli import review_cmds, signals_cmds
 from kitune.config import load_config
-from kitune.service.workflows.signals import open_serving_store
+from kitune.service.serving.setting import open_serving_store
 from kitune.testing.review import scenario
 
 

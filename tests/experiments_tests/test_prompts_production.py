@@ -291,8 +291,9 @@ def test_eval_in_context_uses_the_promoted_table_and_records_it(
 def test_server_follows_a_promotion_without_restart(cfg: KituneConfig) -> None:
     from fastapi.testclient import TestClient
 
-    from kitune.server import ServedSetting, create_app
+    from kitune.server import create_app
     from kitune.service.serving.prompts import setting_summary
+    from kitune.service.serving.setting import ServedSetting
 
     stores = {
         "old": MemoryStore(embedder=HashEmbedder(dim=64)),

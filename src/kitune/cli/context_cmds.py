@@ -4,8 +4,9 @@ Both call :func:`kitune.service.serving.context.get_context` with what
 :func:`kitune.service.serving.prompts.production_setting` resolves: the rewriter prompt under the
 ``production`` alias (``--prompt-version`` picks another, ``--packaged`` the packaged one) and
 the KI table built with the production extractor. The versions used are printed on stderr.
-The rewriter's LM comes from ``kitune.lm.build_lm(cfg, "rewrite")`` (``--no-rewrite`` skips the
-LM and uses plain plans).
+The store and the rewriter with its LM (``kitune.lm.build_lm(cfg, "rewrite")``; ``--no-rewrite``
+skips the LM and uses plain plans) are built by :func:`kitune.service.serving.setting.build_served`,
+as for ``kitune mcp`` (:func:`start_serving`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -27,12 +29,20 @@ if TYPE_CHECKING:
     from kitune.config import KituneConfig
     from kitune.programs.query_rewriter import QueryRewriter
     from kitune.retrieval.base import Store
-    from kitune.server import ServedSetting
     from kitune.service.serving.context import ContextResponse
     from kitune.service.serving.prompts import ProductionSetting
+    from kitune.service.serving.setting import ServedSetting
     from kitune.usage import TokenLedger
 
-__all__ = ["PackagedOption", "PromptVersionOption", "print_context", "register", "resolve_setting"]
+__all__ = [
+    "PackagedOption",
+    "PromptVersionOption",
+    "Serving",
+    "print_context",
+    "register",
+    "resolve_setting",
+    "start_serving",
+]
 
 NoRewriteOption = Annotated[
     bool, typer.Option("--no-rewrite", help="Skip the LLM rewrite; search with the question as typed.")
@@ -80,52 +90,28 @@ def _build(
     cfg: KituneConfig,
     setting: ProductionSetting,
     *,
+    programs: tuple[str, ...],
     use_rewriter: bool,
     on_empty: Callable[[str], None] | None = None,
-) -> tuple[Store, QueryRewriter | None, TokenLedger]:
-    """Create the setting's store and (unless disabled) its rewriter with its LM; exits 2 on KituneError.
+) -> tuple[ServedSetting, TokenLedger]:
+    """The setting's store and (unless disabled) its rewriter with its LM; exits 2 on KituneError.
 
-    ``on_empty`` is called with a message when the store holds no KI, before any LM is built
-    (so a refusal costs neither tokens nor the local model's start-up).
+    :func:`kitune.service.serving.setting.build_served`; ``on_empty`` is called with a message
+    when the store holds no KI, before any LM is built.
     """
-    from kitune.programs.query_rewriter import QueryRewriter
-    from kitune.retrieval import create_store
+    from kitune.service.serving.setting import build_served
     from kitune.usage import TokenLedger
 
     ledger = TokenLedger()
     try:
-        store = create_store(setting.store_cfg)
-        empty = _empty_store_message(store, setting) if on_empty is not None else None
-        if empty and on_empty is not None:
-            on_empty(empty)
-        rewriter: QueryRewriter | None = None
-        if use_rewriter:
-            from kitune.lm import adapter_for, build_lm
-
-            lm = build_lm(cfg, "rewrite", ledger=ledger)
-            rewriter = QueryRewriter(setting.prompts["rewriter"], adapter=adapter_for(lm))
-            rewriter.set_lm(lm)
+        served = build_served(
+            cfg, setting, programs=programs, use_rewriter=use_rewriter, ledger=ledger, on_empty=on_empty
+        )
+        if served.rewriter is not None:
             preload_litellm()  # the import must not count as the first rewrite's latency
     except KituneError as e:
         fail(f"{e}" + ("" if not use_rewriter else " (or pass --no-rewrite to search without the LLM)"))
-    return store, rewriter, ledger
-
-
-def _empty_store_message(store: Store, setting: ProductionSetting) -> str | None:
-    """A message when the setting's KI table holds no KI (None otherwise or when it cannot count)."""
-    from kitune.service.serving.prompts import setting_summary
-
-    try:
-        n = store.count()
-    except KituneError:
-        return None  # an unreachable store is reported by the first search, with its own message
-    if n:
-        return None
-    table = setting_summary(setting)["store"]
-    return (
-        f"the KI store {table} holds no KIs: run `kitune extract --data DIR` first (with the same "
-        "--config), or pick another table with --prompt-version / --packaged"
-    )
+    return served, ledger
 
 
 def _warn_empty(message: str) -> None:
@@ -223,12 +209,13 @@ def context(
         fail("the question is blank: pass the question text")
     shown = ("extractor",) if no_rewrite else ("extractor", "rewriter")
     setting = resolve_setting(cfg, prompt_version, packaged, programs=shown)
-    store, rewriter, ledger = _build(cfg, setting, use_rewriter=not no_rewrite, on_empty=fail)
+    served, ledger = _build(cfg, setting, programs=shown, use_rewriter=not no_rewrite, on_empty=fail)
+    store = served.store
     try:
         resp = get_context(
             question,
             store=store,
-            rewriter=rewriter,
+            rewriter=served.rewriter,
             size=size,
             execute=not no_execute,
             cfg=cfg,
@@ -280,22 +267,19 @@ def serve(
     except ImportError:
         fail("kitune serve needs uvicorn: pip install 'kitune[server]'")
     cfg = get_config(config)
-    shown = ("extractor",) if no_rewrite else ("extractor", "rewriter")
-    setting = resolve_setting(cfg, prompt_version, packaged, programs=shown)
-    # A server may be started before the first extraction: warn, do not refuse.
-    store, rewriter, ledger = _build(cfg, setting, use_rewriter=not no_rewrite, on_empty=_warn_empty)
+    serving = start_serving(
+        cfg, prompt_version=prompt_version, packaged=packaged, no_rewrite=no_rewrite, refresh_s=refresh_s
+    )
+    store, rewriter = serving.served.store, serving.served.rewriter
     if rewriter is not None:
         _check_rewriter(rewriter, store)
-    follow = not packaged and not prompt_version and refresh_s > 0
     app = create_app(
         cfg,
         store=store,
         rewriter=rewriter,
-        ledger=ledger,
-        versions=_served_versions(setting, shown),
-        setting_source=_follow_production(cfg, shown, use_rewriter=not no_rewrite, ledger=ledger)
-        if follow
-        else None,
+        ledger=serving.ledger,
+        versions=serving.served.versions,
+        setting_source=serving.source,
         refresh_s=refresh_s,
     )
     try:
@@ -304,44 +288,40 @@ def serve(
         store.close()
 
 
-def _served_versions(setting: ProductionSetting, programs: tuple[str, ...]) -> dict[str, str]:
-    from kitune.service.serving.prompts import setting_summary
+@dataclass(frozen=True)
+class Serving:
+    """What ``kitune serve`` and ``kitune mcp`` start with (:func:`start_serving`)."""
 
-    summary = setting_summary(setting)
-    out = {p: v for p, v in summary["prompts"].items() if p in programs}
-    out["store"] = summary["store"]
-    return out
+    served: ServedSetting
+    """The store, the rewriter (None with ``--no-rewrite``) and the version labels."""
+    ledger: TokenLedger
+    """The token ledger the rewrite LM records into."""
+    source: Callable[[Mapping[str, str]], ServedSetting | None] | None
+    """:func:`kitune.service.serving.setting.follow_production` when production is followed (no
+    ``--prompt-version``, no ``--packaged``, ``--refresh-s`` > 0), else None (fixed)."""
 
 
-def _follow_production(
-    cfg: KituneConfig, programs: tuple[str, ...], *, use_rewriter: bool, ledger: TokenLedger
-) -> Callable[[Mapping[str, str]], ServedSetting | None]:
-    """The server's ``setting_source``: re-resolve production, rebuild only when it changed.
+def start_serving(
+    cfg: KituneConfig,
+    *,
+    prompt_version: list[str] | None,
+    packaged: bool,
+    no_rewrite: bool,
+    refresh_s: float,
+) -> Serving:
+    """Resolve and build what a server serves (versions printed on stderr); exits 2 on a bad choice.
 
-    A new store and rewriter are built only when the served versions differ (a promote or
-    rollback happened); otherwise the source returns None.
+    An empty KI table is a warning, not a refusal: a server may be started before the first
+    extraction.
     """
+    from kitune.service.serving.setting import follow_production
 
-    def source(current: Mapping[str, str]) -> ServedSetting | None:
-        from kitune.programs.query_rewriter import QueryRewriter
-        from kitune.retrieval import create_store
-        from kitune.server import ServedSetting
-        from kitune.service.serving.prompts import production_setting
-
-        setting = production_setting(cfg)
-        versions = _served_versions(setting, programs)
-        if versions == dict(current):
-            return None
-        rewriter = None
-        if use_rewriter:
-            from kitune.lm import adapter_for, build_lm
-
-            lm = build_lm(cfg, "rewrite", ledger=ledger)
-            rewriter = QueryRewriter(setting.prompts["rewriter"], adapter=adapter_for(lm))
-            rewriter.set_lm(lm)
-        return ServedSetting(store=create_store(setting.store_cfg), rewriter=rewriter, versions=versions)
-
-    return source
+    shown = ("extractor",) if no_rewrite else ("extractor", "rewriter")
+    setting = resolve_setting(cfg, prompt_version, packaged, programs=shown)
+    served, ledger = _build(cfg, setting, programs=shown, use_rewriter=not no_rewrite, on_empty=_warn_empty)
+    follow = not packaged and not prompt_version and refresh_s > 0
+    source = follow_production(cfg, shown, use_rewriter=not no_rewrite, ledger=ledger) if follow else None
+    return Serving(served=served, ledger=ledger, source=source)
 
 
 def register(app: typer.Typer) -> None:

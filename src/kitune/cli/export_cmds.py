@@ -44,7 +44,7 @@ def export_cmd(
     Example: kitune export --format elastic-ai-index --out kis.ndjson --bulk-index ai-index-idx-kis
     """
     from kitune.service.serving.export import export_ai_index
-    from kitune.service.workflows.signals import open_serving_store
+    from kitune.service.serving.setting import open_serving_store
 
     if fmt not in FORMATS:
         fail(f"--format {fmt!r}: use {', '.join(FORMATS)}")

@@ -26,7 +26,7 @@ from typing import Annotated, Literal
 import typer
 
 from kitune.cli.common import ConfigOption, fail, get_config
-from kitune.cli.context_cmds import PackagedOption, PromptVersionOption
+from kitune.cli.context_cmds import PackagedOption, PromptVersionOption, start_serving
 from kitune.errors import KituneError
 
 __all__ = ["StdoutForTheWire", "mcp_command", "register"]
@@ -137,28 +137,18 @@ def _serve(
         except KituneError as e:
             fail(str(e))
     cfg = get_config(config)
-    from kitune.cli.context_cmds import (
-        _build,
-        _follow_production,
-        _served_versions,
-        _warn_empty,
-        resolve_setting,
+    serving = start_serving(
+        cfg, prompt_version=prompt_version, packaged=packaged, no_rewrite=no_rewrite, refresh_s=refresh_s
     )
-
-    shown = ("extractor",) if no_rewrite else ("extractor", "rewriter")
-    setting = resolve_setting(cfg, prompt_version, packaged, programs=shown)
-    store, rewriter, ledger = _build(cfg, setting, use_rewriter=not no_rewrite, on_empty=_warn_empty)
-    follow = not packaged and not prompt_version and refresh_s > 0
+    store = serving.served.store
     server = create_mcp_server(
         cfg,
         store=store,
-        rewriter=rewriter,
-        ledger=ledger,
-        versions=_served_versions(setting, shown),
-        setting_source=_follow_production(cfg, shown, use_rewriter=not no_rewrite, ledger=ledger)
-        if follow
-        else None,
-        refresh_s=refresh_s if follow else 30.0,
+        rewriter=serving.served.rewriter,
+        ledger=serving.ledger,
+        versions=serving.served.versions,
+        setting_source=serving.source,
+        refresh_s=refresh_s if serving.source is not None else 30.0,
     )
     try:
         with wire.handed_to_transport() if wire is not None else nullcontext():

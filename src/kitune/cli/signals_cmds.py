@@ -50,10 +50,10 @@ def signals_cmd(
     Example: kitune signals kitune-work/runs/in-context-fixture-all --json
     """
     from kitune.experiments.tracking import create_tracker
+    from kitune.service.serving.setting import open_serving_store
     from kitune.service.workflows.signals import (
         load_signal_traces,
         log_signals,
-        open_serving_store,
         signal_report,
         store_facts,
     )

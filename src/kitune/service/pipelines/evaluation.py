@@ -40,6 +40,7 @@ from kitune.evaluation.harness import AgentFactory, evaluate
 from kitune.evaluation.metrics import JudgeFn, Trace
 from kitune.evaluation.report import ReportFiles, RunSummary, load_run, summarize, write_report
 from kitune.evaluation.tools import ContextObservation, Skill, build_toolbox
+from kitune.service.serving.setting import rewriter_for
 from kitune.usage import TokenLedger
 
 if TYPE_CHECKING:
@@ -278,10 +279,8 @@ def run_eval(
         rewriter = None
         if rewrite:
             from kitune.lm import build_lm
-            from kitune.programs.query_rewriter import QueryRewriter
 
-            rewriter = QueryRewriter(setting.prompts["rewriter"])
-            rewriter.set_lm(build_lm(cfg, "rewrite", ledger=ledger))
+            rewriter = rewriter_for(setting.prompts["rewriter"], build_lm(cfg, "rewrite", ledger=ledger))
         context_fn = make_context_fn(
             setting.store_cfg,
             create_store(setting.store_cfg),

@@ -89,6 +89,7 @@ from kitune.optimizers.program_task import eval_key
 from kitune.schema import Document, Filter
 from kitune.service.pipelines.eval_cache import EvalCache, lookup_record, store_fingerprint
 from kitune.service.serving.prompts import versioned_store_cfg
+from kitune.service.serving.setting import rewriter_for
 from kitune.service.tuning import improve
 from kitune.service.tuning.improve import reflection_context_tokens, reflection_fallback
 
@@ -247,14 +248,7 @@ class ServiceLoopEnv:
         """The query rewriter with the setting's instruction, or None when ``rewriter`` is not tuned."""
         if "rewriter" not in self.opts.programs or "rewriter" not in setting.prompts:
             return None
-        from kitune.lm import KituneLM, adapter_for
-        from kitune.programs.query_rewriter import QueryRewriter
-
-        lm = self.deps.lms["rewrite"]
-        adapter = adapter_for(lm) if isinstance(lm, KituneLM) else None
-        rw = QueryRewriter(setting.prompts["rewriter"], adapter=adapter)
-        rw.set_lm(lm)
-        return rw
+        return rewriter_for(setting.prompts["rewriter"], self.deps.lms["rewrite"])
 
     def context_fn(self, setting: Setting, rewriter: Any = None, *, disambiguation: bool = True) -> Any:
         """The agent's ``get_context`` tool for ``setting`` (rewriter None: the setting's own)."""

@@ -39,6 +39,7 @@ from kitune.ki import KI, utcnow
 from kitune.optimizers.acceptance import check_instruction, compare_paired, decide
 from kitune.optimizers.objective import LoopWeights
 from kitune.schema import Document
+from kitune.service.serving.setting import open_serving_store, rewriter_for
 from kitune.service.workflows.proposals import (
     Drafter,
     Proposal,
@@ -585,7 +586,6 @@ def open_review(
     The KI table and the registry are opened on first use (listing the queue opens neither).
     """
     from kitune.service.serving.prompts import open_registry
-    from kitune.service.workflows.signals import open_serving_store
 
     def kis() -> Store:
         opened = open_serving_store(cfg)
@@ -672,10 +672,8 @@ def default_evaluator(cfg: KituneConfig, corpus: Path | str) -> Evaluator:
         rewriter = None
         if rewriter_text is not None:
             from kitune.lm import build_lm
-            from kitune.programs.query_rewriter import QueryRewriter
 
-            rewriter = QueryRewriter(rewriter_text)
-            rewriter.set_lm(build_lm(cfg, "rewrite"))
+            rewriter = rewriter_for(rewriter_text, build_lm(cfg, "rewrite"))
         context = make_context_fn(cfg, store, disambiguation=True, rewriter=rewriter)
         result = run_eval(
             cfg,

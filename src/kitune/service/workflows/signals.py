@@ -44,7 +44,6 @@ __all__ = [
     "StoreFacts",
     "load_signal_traces",
     "log_signals",
-    "open_serving_store",
     "signal_report",
     "store_facts",
     "to_chat_record",
@@ -123,28 +122,6 @@ class StoreFacts:
     """Entity slugs some KI carries (``entity:<slug>`` tags)."""
     confidence: dict[str, int]
     """KI id → confidence (0–100)."""
-
-
-def open_serving_store(cfg: KituneConfig, *, read_only: bool = False) -> Store | None:
-    """The production extractor's KI table (:func:`kitune.service.serving.prompts.production_setting`).
-
-    Args:
-        cfg: the configuration.
-        read_only: return None instead of creating an embedded table that does not exist yet
-            (a read must not create an empty table).
-
-    Raises:
-        ConfigError, StoreUnavailableError: the store cannot be opened.
-    """
-    from kitune.retrieval import create_store
-    from kitune.service.serving.prompts import production_setting
-
-    store_cfg = production_setting(cfg, programs=("extractor",)).store_cfg
-    if read_only and store_cfg.store.type == "lancedb":
-        folder = Path(store_cfg.store.path or Path(store_cfg.workdir) / "lancedb")
-        if not (folder / f"{store_cfg.store.table}.lance").exists():
-            return None
-    return create_store(store_cfg)
 
 
 def store_facts(store: Store) -> StoreFacts:

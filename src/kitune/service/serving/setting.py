@@ -1,0 +1,190 @@
+"""The serving setting: the KI store and the query rewriter (with its LM) that prompt versions run.
+
+One place wires them, for every path that serves or measures a prompt version:
+
+* :func:`rewriter_for` — a :class:`~kitune.programs.query_rewriter.QueryRewriter` with an
+  instruction and its LM (kitune's adapter for a :class:`~kitune.lm.KituneLM`, else the DSPy
+  context's); the loop (:mod:`kitune.service.tuning.loop_env`), ``kitune eval`` and the review
+  queue's effect runs build their rewriter with it;
+* :func:`open_store` / :func:`open_serving_store` — the KI table a setting names (the production
+  extractor's for the latter), optionally without creating a missing embedded table;
+* :func:`build_served` — store + rewriter + version labels of a resolved
+  :class:`~kitune.service.serving.prompts.ProductionSetting`, as a :class:`ServedSetting`, for
+  ``kitune context``, ``kitune serve`` (:mod:`kitune.server`) and ``kitune mcp``
+  (:mod:`kitune.mcp_server`); :func:`follow_production` rebuilds it when a promote or rollback
+  changed production, which is how a running server or MCP server follows the registry.
+
+``kitune.lm.build_lm``, ``kitune.lm.adapter_for`` and ``kitune.retrieval.create_store`` are
+looked up on their packages at call time (``kitune.lm.build_lm(...)``), so a replacement patched
+there (tests, AGENTS.md) is the one used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import kitune.lm
+import kitune.retrieval
+from kitune.config import KituneConfig
+from kitune.errors import KituneError
+from kitune.programs.query_rewriter import QueryRewriter
+from kitune.retrieval.base import Store
+from kitune.service.serving.prompts import ProductionSetting, production_setting, setting_summary
+from kitune.usage import TokenLedger
+
+__all__ = [
+    "ServedSetting",
+    "build_served",
+    "empty_store_message",
+    "follow_production",
+    "open_serving_store",
+    "open_store",
+    "rewriter_for",
+    "served_versions",
+]
+
+
+@dataclass(frozen=True)
+class ServedSetting:
+    """The store, rewriter and prompt versions a server answers with."""
+
+    store: Store
+    rewriter: QueryRewriter | None
+    versions: Mapping[str, str] = field(default_factory=dict)
+    """Program → prompt version label, plus ``"store"`` → KI table/index (shown in /healthz)."""
+
+
+def rewriter_for(instruction: str, lm: Any) -> QueryRewriter:
+    """A query rewriter with ``instruction`` whose LM is ``lm``.
+
+    Args:
+        instruction: the rewriter's instruction text (a prompt version's).
+        lm: the rewrite role's LM (``kitune.lm.build_lm(cfg, "rewrite")`` or a stand-in).
+
+    Returns:
+        The rewriter; for a :class:`~kitune.lm.KituneLM` it scopes kitune's adapter for that LM
+        (:func:`kitune.lm.adapter_for`) around each rewrite, for any other LM the DSPy
+        context's adapter (else the program's default).
+    """
+    adapter = kitune.lm.adapter_for(lm) if isinstance(lm, kitune.lm.KituneLM) else None
+    rewriter = QueryRewriter(instruction, adapter=adapter)
+    rewriter.set_lm(lm)
+    return rewriter
+
+
+def open_store(store_cfg: KituneConfig, *, read_only: bool = False) -> Store | None:
+    """The KI store ``store_cfg.store`` names (``kitune.retrieval.create_store``).
+
+    Args:
+        store_cfg: a setting's configuration (its table named after the extractor version,
+            :func:`~kitune.service.serving.prompts.versioned_store_cfg`).
+        read_only: return None instead of creating an embedded table that does not exist yet
+            (a read must not create an empty table).
+
+    Raises:
+        ConfigError, StoreUnavailableError: the store cannot be opened.
+    """
+    if read_only and store_cfg.store.type == "lancedb":
+        folder = Path(store_cfg.store.path or Path(store_cfg.workdir) / "lancedb")
+        if not (folder / f"{store_cfg.store.table}.lance").exists():
+            return None
+    return kitune.retrieval.create_store(store_cfg)
+
+
+def open_serving_store(cfg: KituneConfig, *, read_only: bool = False) -> Store | None:
+    """The production extractor's KI table (:func:`~kitune.service.serving.prompts.production_setting`).
+
+    Args:
+        cfg: the configuration.
+        read_only: return None instead of creating an embedded table that does not exist yet.
+
+    Raises:
+        ConfigError, StoreUnavailableError: the store cannot be opened.
+    """
+    return open_store(production_setting(cfg, programs=("extractor",)).store_cfg, read_only=read_only)
+
+
+def served_versions(setting: ProductionSetting, programs: Sequence[str]) -> dict[str, str]:
+    """Program → version label for ``programs``, plus ``"store"`` → the KI table or index."""
+    summary = setting_summary(setting)
+    out = {p: v for p, v in summary["prompts"].items() if p in programs}
+    out["store"] = summary["store"]
+    return out
+
+
+def empty_store_message(store: Store, setting: ProductionSetting) -> str | None:
+    """A message when the setting's KI table holds no KI (None otherwise or when it cannot count)."""
+    try:
+        n = store.count()
+    except KituneError:
+        return None  # an unreachable store is reported by the first search, with its own message
+    if n:
+        return None
+    table = setting_summary(setting)["store"]
+    return (
+        f"the KI store {table} holds no KIs: run `kitune extract --data DIR` first (with the same "
+        "--config), or pick another table with --prompt-version / --packaged"
+    )
+
+
+def build_served(
+    cfg: KituneConfig,
+    setting: ProductionSetting,
+    *,
+    programs: Sequence[str],
+    use_rewriter: bool,
+    ledger: TokenLedger,
+    on_empty: Callable[[str], None] | None = None,
+) -> ServedSetting:
+    """The store and (unless ``use_rewriter`` is false) the rewriter with its LM that ``setting`` serves.
+
+    Args:
+        cfg: configuration (the rewrite role's LM).
+        setting: from :func:`~kitune.service.serving.prompts.production_setting`.
+        programs: the programs whose versions are labelled (:func:`served_versions`).
+        use_rewriter: build the rewriter with the rewrite role's LM (False: plain plans, no LM).
+        ledger: the token ledger the rewrite LM records into.
+        on_empty: called with :func:`empty_store_message` when the store holds no KI, before
+            any LM is built (so a refusal costs neither tokens nor the local model's start-up).
+
+    Raises:
+        KituneError: the store or the LM cannot be built (``ConfigError``,
+            ``StoreUnavailableError``, …).
+    """
+    store = open_store(setting.store_cfg)
+    assert store is not None  # not read-only: created when missing
+    if on_empty is not None:
+        empty = empty_store_message(store, setting)
+        if empty:
+            on_empty(empty)
+    rewriter = None
+    if use_rewriter:
+        try:
+            lm = kitune.lm.build_lm(cfg, "rewrite", ledger=ledger)
+        except BaseException:
+            store.close()  # the caller never gets the store: do not leave it open
+            raise
+        rewriter = rewriter_for(setting.prompts["rewriter"], lm)
+    return ServedSetting(store=store, rewriter=rewriter, versions=served_versions(setting, programs))
+
+
+def follow_production(
+    cfg: KituneConfig, programs: Sequence[str], *, use_rewriter: bool, ledger: TokenLedger
+) -> Callable[[Mapping[str, str]], ServedSetting | None]:
+    """A server's ``setting_source``: re-resolve production, rebuild only when it changed.
+
+    The source is called with the served versions; it resolves production again and returns a
+    new :class:`ServedSetting` (:func:`build_served`) only when the versions differ (a promote
+    or rollback happened), else None.
+    """
+
+    def source(current: Mapping[str, str]) -> ServedSetting | None:
+        setting = production_setting(cfg)
+        if served_versions(setting, programs) == dict(current):
+            return None
+        return build_served(cfg, setting, programs=programs, use_rewriter=use_rewriter, ledger=ledger)
+
+    return source

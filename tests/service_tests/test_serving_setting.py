@@ -1,0 +1,115 @@
+"""service/serving/setting: the one wiring of a served setting (store + rewriter with its LM)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dspy.utils import DummyLM
+
+from kitune.config import KituneConfig
+from kitune.errors import ConfigError
+from kitune.lm import KituneJSONAdapter, KituneLM, build_lm
+from kitune.retrieval.memory import MemoryStore
+from kitune.service.serving.prompts import production_setting
+from kitune.service.serving.setting import (
+    build_served,
+    follow_production,
+    open_store,
+    rewriter_for,
+    served_versions,
+)
+from kitune.testing.embedders import HashEmbedder
+
+
+class _ClosingStore(MemoryStore):
+    closed = 0
+
+    def close(self) -> None:
+        _ClosingStore.closed += 1
+        super().close()
+
+
+def _cfg(tmp_path: Path) -> KituneConfig:
+    return KituneConfig(
+        workdir=tmp_path / "w",
+        corpus_name="tiny",
+        lm={"gateway": {"base_url_env": "KI_TEST_GW", "default_model": "my-own-model"}},
+    )
+
+
+def test_rewriter_for_scopes_kitunes_adapter_around_a_kitune_lm_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KI_TEST_GW", "http://127.0.0.1:9/v1")
+    lm = build_lm(_cfg(tmp_path), "rewrite")
+    assert isinstance(lm, KituneLM)
+    served = rewriter_for("Rewrite the question.", lm)
+    assert type(served.adapter) is KituneJSONAdapter  # a gateway model: the JSON adapter
+    assert served.get_lm() is lm
+    stand_in = DummyLM([{"plan": "{}"}])
+    plain = rewriter_for("Rewrite the question.", stand_in)
+    assert plain.adapter is None and plain.get_lm() is stand_in  # the DSPy context's adapter decides
+
+
+def test_build_served_warns_before_building_an_lm_and_closes_the_store_when_it_cannot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import kitune.lm
+    import kitune.retrieval
+    from kitune.usage import TokenLedger
+
+    events: list[str] = []
+    monkeypatch.setattr(
+        kitune.retrieval, "create_store", lambda cfg: _ClosingStore(embedder=HashEmbedder(dim=8))
+    )
+
+    def no_lm(cfg: KituneConfig, role: str, **kw: Any) -> Any:
+        events.append(f"build_lm {role}")
+        raise ConfigError("lm.rewrite: no model")
+
+    monkeypatch.setattr(kitune.lm, "build_lm", no_lm)
+    cfg = _cfg(tmp_path)
+    setting = production_setting(cfg)
+    table = setting.store_cfg.store.table
+    _ClosingStore.closed = 0
+    with pytest.raises(ConfigError, match="no model"):
+        build_served(
+            cfg,
+            setting,
+            programs=("extractor", "rewriter"),
+            use_rewriter=True,
+            ledger=TokenLedger(),
+            on_empty=lambda message: events.append(message.split(":", 1)[0]),
+        )
+    assert events == [f"the KI store {table} holds no KIs", "build_lm rewrite"]
+    assert _ClosingStore.closed == 1
+
+
+def test_follow_production_rebuilds_only_when_the_served_versions_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import kitune.retrieval
+    from kitune.usage import TokenLedger
+
+    opened: list[str] = []
+
+    def create_store(cfg: KituneConfig) -> MemoryStore:
+        opened.append(cfg.store.table)
+        return MemoryStore(embedder=HashEmbedder(dim=8))
+
+    monkeypatch.setattr(kitune.retrieval, "create_store", create_store)
+    cfg = _cfg(tmp_path)
+    now = served_versions(production_setting(cfg), ("extractor",))
+    source = follow_production(cfg, ("extractor",), use_rewriter=False, ledger=TokenLedger())
+    assert source(now) is None and opened == []
+    new = source({**now, "extractor": "kitune-tiny-extractor v1 (production)"})
+    assert new is not None and dict(new.versions) == now and new.rewriter is None
+    assert opened == [now["store"]]
+
+
+def test_open_store_read_only_does_not_create_a_missing_embedded_table(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path)
+    assert open_store(cfg, read_only=True) is None
+    assert not (tmp_path / "w" / "lancedb").exists()
