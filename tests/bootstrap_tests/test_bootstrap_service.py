@@ -15,7 +15,9 @@ from kitune.programs.domain_describer import DomainDescription
 from kitune.retrieval.embedders import HashEmbedder
 from kitune.retrieval.memory import MemoryStore
 from kitune.schema import Filter, QueryPlan
-from kitune.service.workflows.bootstrap import BootstrapResult, bootstrap_corpus, source_description_kis
+from kitune.service.workflows.bootstrap import bootstrap_corpus
+from kitune.service.workflows.bootstrap_kis import source_description_kis
+from kitune.service.workflows.bootstrap_report import BootstrapResult
 from kitune.testing.lm import mock_usage_lm
 from kitune.testing.tracking import RecordingTracker
 from kitune.usage import TokenLedger

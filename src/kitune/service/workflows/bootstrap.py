@@ -25,8 +25,8 @@ This module is the orchestration; the steps' policies live next to it:
 :mod:`~kitune.service.workflows.bootstrap_kis` (source-description KIs),
 :mod:`~kitune.service.workflows.bootstrap_registry` (how the draft enters the prompt registry) and
 :mod:`~kitune.service.workflows.bootstrap_report`
-(:class:`BootstrapResult`, the report files and what is logged to the tracking run). Their public
-names are re-exported here.
+(:class:`~kitune.service.workflows.bootstrap_report.BootstrapResult`, the report files and what is
+logged to the tracking run); import their names from them.
 """
 
 from __future__ import annotations
@@ -45,14 +45,12 @@ from kitune.errors import KituneError
 from kitune.ki import slugify
 from kitune.programs.domain_describer import DomainDescriber
 from kitune.programs.extractor_drafter import draft_extractor
-from kitune.service.workflows.bootstrap_kis import SOURCE_DESCRIPTION_TAG, source_description_kis
+from kitune.service.workflows.bootstrap_kis import source_description_kis
 from kitune.service.workflows.bootstrap_registry import draft_tags, register_draft
 from kitune.service.workflows.bootstrap_report import (
     BootstrapResult,
     ledger_rows,
-    ledger_totals,
     log_report,
-    render_markdown,
     write_report,
 )
 from kitune.usage import TokenLedger
@@ -64,17 +62,7 @@ if TYPE_CHECKING:
     from kitune.retrieval.base import Store
     from kitune.retrieval.embedders import Embedder
 
-__all__ = [
-    "SOURCE_DESCRIPTION_TAG",
-    "BootstrapResult",
-    "bootstrap_corpus",
-    "default_out_dir",
-    "ledger_totals",
-    "register_draft",
-    "render_markdown",
-    "source_description_kis",
-    "write_report",
-]
+__all__ = ["bootstrap_corpus", "default_out_dir"]
 
 _QUESTION_FILES = ("ground_truth.jsonl", "queries.tsv", "questions.jsonl")
 
