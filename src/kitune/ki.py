@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import unicodedata
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 
@@ -69,8 +70,6 @@ def slugify(text: str, *, max_chars: int = 64) -> str:
 
     Accents are stripped via NFKD, so ``"Zürich"`` → ``"zurich"``.
     """
-    import unicodedata
-
     ascii_text = unicodedata.normalize("NFKD", fold_text(text)).encode("ascii", "ignore").decode()
     slug = re.sub(r"[^a-z0-9]+", "-", ascii_text.lower()).strip("-")
     return slug[:max_chars].rstrip("-")

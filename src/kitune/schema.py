@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from kitune.ki import entity_tag
+
 if TYPE_CHECKING:
     from kitune.ki import KI, KIStatus, KISubtype
 
@@ -150,8 +152,6 @@ class QueryPlan(BaseModel):
 
         Entity tags are guessed from capitalised word runs. Deterministic.
         """
-        from kitune.ki import entity_tag
-
         q = " ".join(question.split())
         runs = re.findall(r"(?:[A-Z][\w'’.-]*)(?:\s+(?:of|the|de|von|van|[A-Z][\w'’.-]*))*", q)
         tags = []

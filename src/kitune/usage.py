@@ -18,6 +18,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import tiktoken
+
 __all__ = ["CallRecord", "TokenLedger", "current_stage", "estimate_tokens"]
 
 _STAGE: contextvars.ContextVar[str] = contextvars.ContextVar("kitune_stage", default="default")
@@ -31,10 +33,8 @@ def current_stage() -> str:
 def estimate_tokens(text: str) -> int:
     """Estimate the token count of ``text`` (tiktoken cl100k_base; chars/4 if unavailable)."""
     try:
-        import tiktoken
-
         return len(tiktoken.get_encoding("cl100k_base").encode(text, disallowed_special=()))
-    except Exception:  # tiktoken missing or its vocabulary not cached offline
+    except Exception:  # tiktoken's vocabulary not cached offline
         return max(1, len(text) // 4) if text else 0
 
 

@@ -6,6 +6,8 @@ import random
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Literal
 
+import dspy
+
 from kitune.data.loaders import Question
 
 if TYPE_CHECKING:
@@ -91,8 +93,6 @@ def to_dspy_examples(questions: Sequence[Question]) -> list[dspy.Example]:
     ``evidence_turns`` (list of turn ids such as ``"D3:5"``, empty for non-dialogue data).
     ``len(result) == len(questions)``.
     """
-    import dspy
-
     return [
         dspy.Example(
             question=q.query,

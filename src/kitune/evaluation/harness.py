@@ -34,6 +34,9 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Protocol
 
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
 from kitune.data.loaders import Question
 from kitune.errors import DataError, LMAuthError
 from kitune.evaluation.agent import Episode
@@ -203,9 +206,6 @@ def evaluate(
     plain = progress and not sys.stderr.isatty()
     started = time.monotonic()
     if progress and not plain:
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
         bar = Progress(
             TextColumn(f"eval {skill}"),
             BarColumn(),

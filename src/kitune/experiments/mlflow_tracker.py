@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import requests
+
 from kitune.errors import TrackingError
 from kitune.experiments.episodes import EpisodeRecord
 from kitune.experiments.tracker_base import BaseTracker, sanitize_name
@@ -95,8 +97,6 @@ def unreachable_cause(error: BaseException) -> BaseException | None:
     timeout is in the exception's ``__cause__``/``__context__`` chain. HTTP error answers (4xx,
     5xx, rate limits) are not "unreachable": the server answered.
     """
-    import requests
-
     seen: set[int] = set()
     current: BaseException | None = error
     while current is not None and id(current) not in seen:

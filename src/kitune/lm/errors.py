@@ -13,6 +13,8 @@ import email.utils
 import re
 import time
 
+import httpx
+
 from kitune.errors import (
     LMAuthError,
     LMConnectionError,
@@ -73,7 +75,6 @@ def _status(exc: BaseException) -> int | None:
 
 def _is_connection_failure(exc: BaseException) -> bool:
     """True when the chain holds a refused/dropped connection (LiteLLM reports some as a 500)."""
-    import httpx
     import openai
 
     seen: set[int] = set()

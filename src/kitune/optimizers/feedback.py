@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from kitune.evaluation.failures import is_correct
 from kitune.programs.disambiguator import accept_if_retrieved, contains_folded
+from kitune.schema import QueryPlan
 
 if TYPE_CHECKING:
     from kitune.data.loaders import Question
@@ -94,8 +95,6 @@ def with_lookup_tags(ki: KI, texts: Sequence[str], *, limit: int = MAX_LOOKUP_TA
         texts: the failing question, then the agent's look-ups.
         limit: at most this many tags are added, first texts first.
     """
-    from kitune.schema import QueryPlan
-
     extra: list[str] = []
     for text in texts:
         for tag in QueryPlan.plain(text).entity_tags:

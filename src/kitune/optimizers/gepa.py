@@ -44,6 +44,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import dspy
+from dspy.teleprompt.gepa.instruction_proposal import InstructionProposer
+
 from kitune.errors import ConfigError
 from kitune.optimizers.base import (
     CandidateScore,
@@ -220,13 +223,7 @@ def fit_examples(examples: Sequence[Mapping[str, Any]], budget_chars: int) -> li
     return out
 
 
-def _proposer_base() -> type:
-    from dspy.teleprompt.gepa.instruction_proposal import InstructionProposer
-
-    return InstructionProposer  # type: ignore[no-any-return]
-
-
-class SizedInstructionProposer(_proposer_base()):  # type: ignore[misc]
+class SizedInstructionProposer(InstructionProposer):  # type: ignore[misc]
     """DSPy's ``InstructionProposer`` sized to the reflection model's window, counting failures.
 
     Args:
@@ -372,8 +369,6 @@ class GepaOptimizer:
             OptimizationError: empty ``trainset``/``valset`` or GEPA failed to run.
             ConfigError: the budget cannot start ``min_proposals`` proposals on these sets.
         """
-        import dspy
-
         require_sets("GEPA", trainset, valset)
         budget = self.budget_for(len(valset))
         baseline = get_candidate(program)

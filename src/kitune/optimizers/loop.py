@@ -58,13 +58,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kitune.errors import PromptNotFoundError, TrackingError
+from kitune.evaluation.report import wilson_interval
 from kitune.optimizers.acceptance import Decision, PairedComparison, check_instruction, compare_paired, decide
+from kitune.optimizers.artifacts import log_candidate, log_program_state
 from kitune.optimizers.curves import write_curves, write_proposal
 from kitune.optimizers.ledger import FailureLedger
 from kitune.optimizers.loop_state import IterationRecord, read_state, write_state
 from kitune.optimizers.objective import LoopWeights, RunStats, loop_score, run_stats
 from kitune.optimizers.program_task import eval_key, get_program_task, program_names
 from kitune.optimizers.setting import Evaluation, LoopSplit, Proposal, Setting
+from kitune.programs.instructions import prompt_name
 
 if TYPE_CHECKING:
     from kitune.evaluation.report import RunSummary
@@ -141,8 +144,6 @@ def initial_prompts(
     Raises:
         ConfigError: a program has no packaged instruction.
     """
-    from kitune.programs.instructions import prompt_name
-
     out: dict[str, str] = {}
     for program in programs:
         text: str | None = None
@@ -209,8 +210,6 @@ def _register(
     programs: Sequence[str],
     tags: Mapping[str, str],
 ) -> dict[str, int]:
-    from kitune.programs.instructions import prompt_name
-
     versions: dict[str, int] = {}
     for program in programs:
         name = prompt_name(corpus, program)
@@ -450,8 +449,6 @@ def _decide(m: _Measured, p: _Proposed, rule: _Rule) -> tuple[PairedComparison, 
 
 def _log_measured(tracker: Tracker, rid: str | None, i: int, current: Setting, m: _Measured) -> None:
     """Log the measurement before improving (so a failed improve step still leaves it)."""
-    from kitune.optimizers.artifacts import log_candidate
-
     metrics = {
         **_summary_metrics("tune", m.tune.summary, m.tune_score),
         **_summary_metrics("val", m.validation.summary, m.val_score),
@@ -484,9 +481,6 @@ def _log_outcome(
     spent: int | None,
 ) -> IterationRecord:
     """Log the proposal, the comparison and the decision; return the iteration's record."""
-    from kitune.evaluation.report import wilson_interval
-    from kitune.optimizers.artifacts import log_candidate, log_program_state
-
     after_score = loop_score(p.after.summary, reference["validation"], rule.weights)
     cand_score = loop_score(p.candidate.summary, reference["validation"], rule.weights)
     tracker.log_metrics(

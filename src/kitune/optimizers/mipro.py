@@ -15,6 +15,8 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import dspy
+
 from kitune.optimizers.base import (
     CandidateScore,
     OptimizationResult,
@@ -84,8 +86,6 @@ class MiproOptimizer:
         Raises:
             OptimizationError: empty ``trainset``/``valset`` or MIPROv2 failed to run.
         """
-        import dspy
-
         require_sets("MIPROv2", trainset, valset)
         baseline = get_candidate(program)
         seed = self.rng.randrange(2**31)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from kitune.optimizers.registry import Registry
+from kitune.programs.instructions import available_instructions, load_instruction
 
 if TYPE_CHECKING:
     from kitune.optimizers.improve_env import ImproveEnv, ImproveInput
@@ -94,8 +95,6 @@ class ProgramTask:
         Raises:
             ConfigError: neither exists.
         """
-        from kitune.programs.instructions import available_instructions, load_instruction
-
         if self.instruction is not None and self.name not in available_instructions():
             return self.instruction
         return load_instruction(self.name).text

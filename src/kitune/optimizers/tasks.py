@@ -35,13 +35,18 @@ from typing import TYPE_CHECKING, Any
 
 import dspy
 
+from kitune.data.examples import to_dspy_examples
+from kitune.data.loaders import Question
 from kitune.errors import DocumentNotFoundError
+from kitune.evaluation.agent import Agent
+from kitune.evaluation.budget import Budget
 from kitune.evaluation.failures import is_correct
+from kitune.evaluation.metrics import build_trace, failed_trace
+from kitune.evaluation.tools import build_toolbox
 from kitune.optimizers.objective import LoopWeights, ki_contains_answer, question_score, trace_feedback
 
 if TYPE_CHECKING:
     from kitune.chat import ChatModel
-    from kitune.data.loaders import Question
     from kitune.evaluation.metrics import JudgeFn
     from kitune.evaluation.tools import ContextObservation
     from kitune.evaluation.trace import Trace
@@ -115,11 +120,6 @@ class InContextQA(dspy.Module):  # type: ignore[misc]
 
     def run_question(self, question: Question) -> Trace:
         """Answer one question with the agent; never raises (a failure is a ``failed`` trace)."""
-        from kitune.evaluation.agent import Agent
-        from kitune.evaluation.budget import Budget
-        from kitune.evaluation.metrics import build_trace, failed_trace
-        from kitune.evaluation.tools import build_toolbox
-
         d = self.deps
         try:
             box = build_toolbox(
@@ -141,8 +141,6 @@ class InContextQA(dspy.Module):  # type: ignore[misc]
         Returns:
             ``dspy.Prediction(answer=str, trace=Trace)``.
         """
-        from kitune.data.loaders import Question
-
         q = Question(
             query_id=str(gold.get("query_id") or "q"),
             query=question,
@@ -157,8 +155,6 @@ class InContextQA(dspy.Module):  # type: ignore[misc]
 
 def qa_examples(questions: Sequence[Question]) -> list[dspy.Example]:
     """One example per question; every field is an input so :class:`InContextQA` can grade."""
-    from kitune.data.examples import to_dspy_examples
-
     keys = ("question", "answer", "aliases", "query_id", "evidence_docids", "gold_docids")
     return [ex.with_inputs(*keys) for ex in to_dspy_examples(questions)]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kitune.config import ElasticsearchStoreConfig, LanceStoreConfig
 from kitune.errors import ConfigError
 from kitune.retrieval.base import (
     Aggregations,
@@ -22,8 +23,11 @@ from kitune.retrieval.base import (
     WriteFailure,
     WriteResult,
 )
+from kitune.retrieval.elasticsearch import ElasticsearchStore
 from kitune.retrieval.embedders import Embedder, HashEmbedder, WordLlamaEmbedder, create_embedder
 from kitune.retrieval.fusion import aggregate, rrf_fuse
+from kitune.retrieval.lance import LanceStore
+from kitune.retrieval.lance_corpus import LanceCorpusStore
 from kitune.retrieval.memory import MemoryCorpusStore, MemoryStore
 
 if TYPE_CHECKING:
@@ -74,13 +78,9 @@ def create_store(cfg: KituneConfig, *, embedder: Embedder | None = None) -> Stor
         ConfigError: unknown store type, or the ``elasticsearch`` extra is not installed.
         StoreUnavailableError: the backend cannot be opened or reached.
     """
-    from kitune.config import ElasticsearchStoreConfig, LanceStoreConfig
-
     store_cfg = cfg.store
     store_type = store_cfg.type
     if isinstance(store_cfg, LanceStoreConfig):
-        from kitune.retrieval.lance import LanceStore
-
         return LanceStore(
             lance_path(cfg),
             embedder or create_embedder(cfg.embedder),
@@ -94,7 +94,6 @@ def create_store(cfg: KituneConfig, *, embedder: Embedder | None = None) -> Stor
             raise ConfigError(
                 "store.type=elasticsearch needs the Elasticsearch client: pip install 'kitune[elasticsearch]'"
             ) from e
-        from kitune.retrieval.elasticsearch import ElasticsearchStore
 
         return ElasticsearchStore.from_config(store_cfg, retrieval=cfg.retrieval)
     raise ConfigError(f"unknown store.type {store_type!r}: use lancedb or elasticsearch")
@@ -109,8 +108,6 @@ def create_corpus_store(cfg: KituneConfig, *, embedder: Embedder | None = None) 
     Raises:
         StoreUnavailableError: the folder cannot be opened.
     """
-    from kitune.retrieval.lance_corpus import LanceCorpusStore
-
     return LanceCorpusStore(
         lance_path(cfg),
         embedder or create_embedder(cfg.embedder),

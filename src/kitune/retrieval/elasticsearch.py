@@ -42,6 +42,7 @@ from pydantic import ValidationError
 from kitune.config import ElasticsearchStoreConfig, RetrievalConfig
 from kitune.errors import ConfigError, DataError, DocumentNotFoundError
 from kitune.ki import KI, KIStatus
+from kitune.retrieval.ai_index import AI_INDEX_FIELDS, ai_document_to_ki, ai_index_mapping, ki_to_ai_document
 from kitune.retrieval.base import Hit, SearchResult, SweepResult, WriteFailure, WriteResult
 from kitune.retrieval.es_client import (
     ElasticsearchRequestError,
@@ -152,7 +153,6 @@ class ElasticsearchStore:
         if mapping not in ("kitune", "ai-index"):
             raise ConfigError(f"store.mapping {mapping!r}: use kitune or ai-index")
         self.mapping = mapping
-        from kitune.retrieval.ai_index import AI_INDEX_FIELDS
 
         self.fields: EsFields = AI_INDEX_FIELDS if mapping == "ai-index" else KITUNE_FIELDS
         """Where each KI field lives in the index."""
@@ -248,24 +248,18 @@ class ElasticsearchStore:
     def index_mapping(self) -> dict[str, Any]:
         """The mapping this store creates its index with (its layout's)."""
         if self.mapping == "ai-index":
-            from kitune.retrieval.ai_index import ai_index_mapping
-
             return ai_index_mapping(self.inference_id)
         return es_mapping(self.inference_id)
 
     def to_source(self, ki: KI) -> dict[str, Any]:
         """The document body of one KI in this store's layout."""
         if self.mapping == "ai-index":
-            from kitune.retrieval.ai_index import ki_to_ai_document
-
             return ki_to_ai_document(ki)
         return ki_to_source(ki)
 
     def from_source(self, source: Mapping[str, Any]) -> KI:
         """The KI of one stored document in this store's layout."""
         if self.mapping == "ai-index":
-            from kitune.retrieval.ai_index import ai_document_to_ki
-
             return ai_document_to_ki(source)
         return source_to_ki(source)
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from importlib.metadata import version
 from typing import Any
 
 from kitune.errors import ConfigError, StoreError, StoreUnavailableError
@@ -90,8 +91,6 @@ _COMPAT_ACCEPT = "application/vnd.elasticsearch+json; compatible-with={major}"
 
 
 def _client_version() -> str:
-    from importlib.metadata import version
-
     return version("elasticsearch")
 
 

@@ -21,6 +21,7 @@ import dspy
 from dspy.utils.dummies import DummyLM
 
 from kitune.errors import ConfigError, DataError, KituneError
+from kitune.lm import KituneLM, ResolvedLM
 from kitune.usage import CallRecord, TokenLedger, current_stage
 
 __all__ = ["DummyLM", "ReplayLM", "ReplayMissError", "mock_usage_lm", "replay_key"]
@@ -242,8 +243,6 @@ def mock_usage_lm(
     Every call returns ``content`` and reports LiteLLM's fixed mock usage (10 prompt, 20
     completion tokens), recorded in ``ledger`` under ``role`` like a real call.
     """
-    from kitune.lm import KituneLM, ResolvedLM
-
     resolved = ResolvedLM(
         role=role,
         model=model,

@@ -30,6 +30,7 @@ from kitune.optimizers.improve_env import ImproveEnv, ImproveInput
 from kitune.optimizers.improver import Improvement, register_improver
 from kitune.optimizers.ledger import FailureLedger
 from kitune.optimizers.setting import Setting
+from kitune.programs.disambiguator import Disambiguator
 
 if TYPE_CHECKING:
     from kitune.evaluation.trace import Trace
@@ -102,8 +103,6 @@ def write_setting_kis(
     Returns:
         What :func:`~kitune.optimizers.feedback.write_disambiguation_kis` did.
     """
-    from kitune.programs.disambiguator import Disambiguator
-
     store = env.store_for(setting)
     cfg = env.setting_cfg(setting)
     env.log(f"feedback: {len(failures)} {what} → disambiguation KIs")

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from kitune.optimizers.improve_env import ImproveEnv, ImproveInput
 from kitune.optimizers.improver import Improvement, register_improver
+from kitune.optimizers.knobs import DEFAULT_KNOBS, KnobSpace, KnobStudy
 from kitune.optimizers.objective import text_contains_answer
 from kitune.optimizers.setting import Setting
 
@@ -54,8 +55,6 @@ class KnobTuning:
 
     def improve(self, env: ImproveEnv, inp: ImproveInput) -> Improvement:
         """Run the study (resuming it) and propose the best knob values if they beat the current ones."""
-        from kitune.optimizers.knobs import DEFAULT_KNOBS, KnobSpace, KnobStudy
-
         out = Improvement()
         if env.opts.knob_trials <= 0:
             return out

@@ -23,6 +23,8 @@ import random
 from collections.abc import Callable
 from typing import Any
 
+import dspy
+
 from kitune.errors import OptimizationError
 from kitune.optimizers.base import OptimizationResult, Optimizer
 from kitune.optimizers.gepa import pareto_size
@@ -62,8 +64,6 @@ def optimize_program(
         ConfigError: unknown program, or the optimiser refused its metric, LM or budget.
         OptimizationError: the optimiser failed.
     """
-    import dspy
-
     task = get_program_task(program)
     env.log(f"optimise {program} with {env.opts.optimizer} (iteration {inp.iteration})")
     setup = task.setup(env, inp)

@@ -9,17 +9,16 @@ proposal is judged by this metric, not by a validation run that cannot see it.
 
 from __future__ import annotations
 
+from kitune.optimizers import tasks
 from kitune.optimizers.improve_env import ImproveEnv, ImproveInput
 from kitune.optimizers.program_task import ProgramTask, TaskSetup, register_program_task
+from kitune.programs.disambiguator import Disambiguator
 
 __all__ = ["DISAMBIGUATOR", "disambiguator_setup"]
 
 
 def disambiguator_setup(env: ImproveEnv, inp: ImproveInput) -> TaskSetup:
     """The checked disambiguator with the setting's instruction, the failures, the retrieval metric."""
-    from kitune.optimizers import tasks
-    from kitune.programs.disambiguator import Disambiguator
-
     setting = inp.setting
     examples = tasks.disambiguator_examples(inp.failures, env.get_document)
     module = tasks.CheckedDisambiguator(

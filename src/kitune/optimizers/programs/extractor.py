@@ -25,8 +25,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from kitune.errors import DocumentNotFoundError
+from kitune.evaluation.stage_feedback import document_coverage
+from kitune.optimizers import stage_tasks, tasks
 from kitune.optimizers.improve_env import ImproveEnv, ImproveInput
 from kitune.optimizers.program_task import ProgramTask, TaskSetup, register_program_task
+from kitune.optimizers.routes import route_out_of_budget
 
 if TYPE_CHECKING:
     from kitune.schema import Document
@@ -36,11 +40,6 @@ __all__ = ["EXTRACTOR", "extractor_setup"]
 
 def extractor_setup(env: ImproveEnv, inp: ImproveInput) -> TaskSetup:
     """The cached extractor (the setting's instruction and limits), coverable gold documents, coverage."""
-    from kitune.errors import DocumentNotFoundError
-    from kitune.evaluation.stage_feedback import document_coverage
-    from kitune.optimizers import stage_tasks, tasks
-    from kitune.optimizers.routes import route_out_of_budget
-
     kis_by_doc = env.kis_by_doc(inp.setting)
     outcomes = tasks.extraction_outcomes(env.tune, inp.tune.traces, kis_by_doc, kinds=inp.kinds)
     gold = {q.query_id: tuple(q.gold_docids or q.evidence_docids) for q in env.tune}

@@ -21,8 +21,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from kitune.errors import DocumentNotFoundError
+from kitune.evaluation.stage_metrics import gold_documents, reciprocal_rank
+from kitune.optimizers import stage_tasks
 from kitune.optimizers.improve_env import ImproveEnv, ImproveInput
 from kitune.optimizers.program_task import ProgramTask, TaskSetup, register_program_task
+from kitune.optimizers.routes import describe_document, route_out_of_budget
+from kitune.programs.query_rewriter import QueryRewriter
 
 if TYPE_CHECKING:
     from kitune.schema import Document
@@ -32,12 +37,6 @@ __all__ = ["REWRITER", "rewriter_setup"]
 
 def rewriter_setup(env: ImproveEnv, inp: ImproveInput) -> TaskSetup:
     """:class:`~kitune.optimizers.stage_tasks.RewriterRecall` on the setting's rewriter, the recall metric."""
-    from kitune.errors import DocumentNotFoundError
-    from kitune.evaluation.stage_metrics import gold_documents, reciprocal_rank
-    from kitune.optimizers import stage_tasks
-    from kitune.optimizers.routes import describe_document, route_out_of_budget
-    from kitune.programs.query_rewriter import QueryRewriter
-
     setting = inp.setting
     k = env.setting_cfg(setting).retrieval.default_size
     kis_by_doc = env.kis_by_doc(setting)

@@ -50,6 +50,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
 from kitune.errors import ConfigError, LMAuthError, StoreUnavailableError
 from kitune.ki import KI, utcnow
 from kitune.programs.fact_extractor import DocExtraction, FactExtractor
@@ -283,9 +286,6 @@ class _Progress:
         self._bar: Any = None
         self.plain = self.enabled and not sys.stderr.isatty()
         if self.enabled and not self.plain:
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
             self._bar = Progress(
                 TextColumn("[bold]extract"),
                 BarColumn(),
