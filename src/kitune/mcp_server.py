@@ -42,10 +42,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
+import anyio
 from pydantic import Field, ValidationError
 
+import kitune.retrieval
 from kitune.config import KituneConfig
-from kitune.errors import DocumentNotFoundError, KituneError, StoreUnavailableError
+from kitune.errors import ConfigError, DocumentNotFoundError, KituneError, StoreUnavailableError
 from kitune.server import API_TOKEN_ENV, MAX_BODY_BYTES, is_loopback_host
 from kitune.service.serving.mcp import (
     MAX_QUERY_CHARS,
@@ -59,6 +61,7 @@ from kitune.service.serving.mcp import (
     source_description_kis,
 )
 from kitune.service.serving.setting import ServedSetting
+from kitune.service.workflows.review import ReviewService, review_opener
 
 if TYPE_CHECKING:
     from mcp.server.mcpserver import MCPServer
@@ -67,7 +70,6 @@ if TYPE_CHECKING:
 
     from kitune.programs.query_rewriter import QueryRewriter
     from kitune.retrieval.base import CorpusStore, Store
-    from kitune.service.workflows.review import ReviewService
     from kitune.usage import TokenLedger
 
 __all__ = ["SOURCE_DESCRIPTION_URI", "BearerAuth", "check_bind", "create_mcp_server", "run_mcp"]
@@ -95,8 +97,6 @@ def check_bind(host: str, token: str | None) -> None:
     Raises:
         ConfigError: ``host`` is not loopback and ``token`` is empty.
     """
-    from kitune.errors import ConfigError
-
     if not is_loopback_host(host) and not token:
         raise ConfigError(
             f"binding to {host} exposes the MCP endpoint beyond this machine: set {API_TOKEN_ENV} to a "
@@ -248,9 +248,7 @@ class _Served:
         with self.lock:
             self._refresh()
             if self.store is None:
-                from kitune.retrieval import create_store
-
-                self.store = create_store(self.cfg)
+                self.store = kitune.retrieval.create_store(self.cfg)
             return self.store, self.rewriter
 
 
@@ -306,9 +304,7 @@ def create_mcp_server(
     def corpus() -> CorpusStore:
         with lock:
             if "corpus" not in held:
-                from kitune.retrieval import create_corpus_store
-
-                held["corpus"] = create_corpus_store(cfg)
+                held["corpus"] = kitune.retrieval.create_corpus_store(cfg)
             return held["corpus"]  # type: ignore[no-any-return]
 
     max_size = cfg.retrieval.max_size
@@ -395,17 +391,7 @@ def create_mcp_server(
 
 def _review_tools(cfg: KituneConfig, review: ReviewService | None) -> list[Tool]:
     """The review queue as strict MCP tools (``review.mcp_tools``): list, show, approve, reject, revert."""
-    lock = threading.Lock()
-    held: dict[str, Any] = {} if review is None else {"review": review}
-
-    def service() -> ReviewService:
-        with lock:
-            if "review" not in held:
-                from kitune.experiments.tracking import create_tracker
-                from kitune.service.workflows.review import open_review
-
-                held["review"] = open_review(cfg, tracker=create_tracker(cfg))
-            return held["review"]  # type: ignore[no-any-return]
+    service = review_opener(cfg, review)
 
     id_t = Annotated[
         str, Field(pattern=r"^p-[0-9a-f]{12}$", description="A proposal id from list_proposals.")
@@ -490,7 +476,6 @@ def run_mcp(
         return
     token = token if token is not None else (os.environ.get(API_TOKEN_ENV) or None)
     check_bind(host, token)
-    import anyio
     import uvicorn
 
     app: Any = server.streamable_http_app(max_request_body_size=MAX_BODY_BYTES, host=host)

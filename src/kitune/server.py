@@ -35,7 +35,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -46,6 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+import kitune.retrieval
 from kitune.config import KituneConfig
 from kitune.errors import (
     ConfigError,
@@ -59,10 +60,8 @@ from kitune.programs.query_rewriter import QueryRewriter
 from kitune.retrieval.base import Store
 from kitune.service.serving.context import ContextResponse, get_context
 from kitune.service.serving.setting import ServedSetting
+from kitune.service.workflows.review import ReviewService, review_opener
 from kitune.usage import TokenLedger
-
-if TYPE_CHECKING:
-    from kitune.service.workflows.review import ReviewService
 
 __all__ = [
     "API_TOKEN_ENV",
@@ -306,11 +305,7 @@ def create_app(
         with store_lock:
             refresh()
             if "store" not in holder:
-                try:
-                    from kitune.retrieval import create_store
-                except ImportError as e:
-                    raise StoreUnavailableError("no store factory is installed") from e
-                holder["store"] = create_store(cfg)
+                holder["store"] = kitune.retrieval.create_store(cfg)
             return holder["store"], holder["rewriter"]
 
     class ContextRequest(BaseModel):
@@ -455,30 +450,7 @@ def _review_routes(
     app: FastAPI, cfg: KituneConfig, review: ReviewService | None, check_token: Callable[..., None]
 ) -> None:
     """``/api/proposals``: the review queue over HTTP (same service as ``kitune review``)."""
-    lock = threading.Lock()
-    held: dict[str, Any] = {} if review is None else {"review": review}
-
-    def service() -> ReviewService:
-        with lock:
-            if "review" not in held:
-                from kitune.experiments.tracking import create_tracker
-                from kitune.service.workflows.review import open_review
-
-                held["review"] = open_review(cfg, tracker=create_tracker(cfg))
-            return held["review"]  # type: ignore[no-any-return]
-
-    def summary(p: Any) -> dict[str, Any]:
-        decision = (p.effect or {}).get("decision") or {}
-        return {
-            "id": p.id,
-            "kind": p.kind,
-            "status": p.status,
-            "title": p.title,
-            "evidence_traces": len(p.evidence),
-            "effect": decision.get("outcome"),
-            "created_at": p.created_at,
-            "updated_at": p.updated_at,
-        }
+    service = review_opener(cfg, review)
 
     deps = [Depends(check_token)]
     errors = {k: v for k, v in _ERROR_RESPONSES.items() if k != 413} | {
@@ -489,7 +461,7 @@ def _review_routes(
     kind_t = Literal["re_extract", "add_ki", "retire_ki", "rewriter_feedback"]
 
     def list_proposals(status: Any = None, kind: Any = None) -> dict[str, Any]:
-        return {"proposals": [summary(p) for p in service().list(status=status, kind=kind)]}
+        return {"proposals": [p.summary() for p in service().list(status=status, kind=kind)]}
 
     # local Literal types: the annotations are set as objects (PEP 563 strings cannot name them)
     list_proposals.__annotations__ = {
@@ -529,7 +501,7 @@ def _review_routes(
                 p = svc.reject(pid, reason=body.reason, actor="http")
             else:
                 p = svc.revert(pid, reason=body.reason, actor="http")
-            return {"proposal": summary(p), "reason": p.reason}
+            return {"proposal": p.summary(), "reason": p.reason}
 
         endpoint.__annotations__ = {"pid": str, "body": ReviewAction, "return": dict[str, Any]}
         return endpoint

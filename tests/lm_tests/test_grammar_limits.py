@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import sys
 import types
 from typing import Any
 
 import dspy
 import pytest
 
+import kitune.localmodel
 from kitune.config import load_config
 from kitune.ki import DESCRIPTION_MAX_CHARS, TITLE_MAX_CHARS
 from kitune.lm import build_lm
@@ -49,9 +49,7 @@ def test_local_extractor_sends_the_guardrail_limits_in_its_grammar_only_when_on(
     stub: StubServer, monkeypatch: pytest.MonkeyPatch, limits: bool
 ) -> None:
     server = types.SimpleNamespace(api_base=stub.base_url, model_alias="qwen-local")
-    fake = types.ModuleType("kitune.localmodel")
-    fake.get_local_server = lambda local_cfg: server  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "kitune.localmodel", fake)
+    monkeypatch.setattr(kitune.localmodel, "get_local_server", lambda local_cfg: server)
     stub.push(Reply.ok(REPLY))
     cfg = load_config(
         overrides={"extraction.evidence_mode": "sentences", "extraction.grammar_limits": limits}

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import sys
 import time
 import types
 from collections.abc import Callable
@@ -15,6 +14,7 @@ import dspy
 import litellm
 import pytest
 
+import kitune.localmodel
 from kitune.config import KituneConfig, load_config
 from kitune.errors import (
     ConfigError,
@@ -565,9 +565,7 @@ def test_chat_model_needs_cfg_or_lm() -> None:
 
 def test_local_model_uses_json_object_with_schema(stub: StubServer, monkeypatch: pytest.MonkeyPatch) -> None:
     server = types.SimpleNamespace(api_base=stub.base_url, model_alias="qwen-local")
-    fake = types.ModuleType("kitune.localmodel")
-    fake.get_local_server = lambda local_cfg: server  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "kitune.localmodel", fake)
+    monkeypatch.setattr(kitune.localmodel, "get_local_server", lambda local_cfg: server)
     stub.push(Reply.ok('{"answer": "Springfield"}'), Reply.ok('{"answer": "Paris"}'))
     lm, _ = _lm(load_config())
     assert lm.resolved.is_local and lm.model == "openai/qwen-local" and lm.resolved.api_key == "sk-local"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from rich.console import Console
@@ -16,10 +16,9 @@ from kitune.errors import KituneError, ReviewError
 
 if TYPE_CHECKING:
     from kitune.config import KituneConfig
-    from kitune.service.workflows.proposals import Proposal
     from kitune.service.workflows.review import ReviewService
 
-__all__ = ["register", "review_app", "summary"]
+__all__ = ["register", "review_app"]
 
 review_app = typer.Typer(
     help="Review proposals made from failure signals: list, show (diff + evidence), approve, reject, revert.",
@@ -33,21 +32,6 @@ IdArg = Annotated[
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 TrackOption = Annotated[bool, typer.Option("--track/--no-track", help="Log the action to MLflow.")]
-
-
-def summary(p: Proposal) -> dict[str, Any]:
-    """The list view of a proposal (same keys as ``GET /api/proposals``)."""
-    decision = (p.effect or {}).get("decision") or {}
-    return {
-        "id": p.id,
-        "kind": p.kind,
-        "status": p.status,
-        "title": p.title,
-        "evidence_traces": len(p.evidence),
-        "effect": decision.get("outcome"),
-        "created_at": p.created_at,
-        "updated_at": p.updated_at,
-    }
 
 
 def _service(cfg: KituneConfig, track: bool) -> ReviewService:
@@ -81,7 +65,7 @@ def list_cmd(
     except (KituneError, ValueError) as e:
         _fail(e)
     if as_json:
-        typer.echo(json.dumps([summary(p) for p in items], indent=2, ensure_ascii=False))
+        typer.echo(json.dumps([p.summary() for p in items], indent=2, ensure_ascii=False))
         return
     if not items:
         _out.print("no proposals" + (f" with status {status}" if status else ""))
@@ -90,7 +74,7 @@ def list_cmd(
     for col in ("id", "kind", "status", "effect", "title"):
         table.add_column(col)
     for p in items:
-        s = summary(p)
+        s = p.summary()
         table.add_row(p.id, p.kind, p.status, str(s["effect"] or "–"), escape(p.title))
     _out.print(table)
 

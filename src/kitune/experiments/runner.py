@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kitune.errors import TrackingError
+from kitune.experiments.prompts import PromptRegistry, register_packaged
+from kitune.experiments.tracking import create_tracker
 from kitune.optimizers.base import Optimizer
 from kitune.optimizers.budget import OptimizerBudget
 from kitune.optimizers.loop import LoopEnv, LoopResult, Setting, run_loop, start_prompts
@@ -27,7 +29,6 @@ from kitune.programs.instructions import available_instructions, instruction_ver
 
 if TYPE_CHECKING:
     from kitune.config import KituneConfig
-    from kitune.experiments.prompts import PromptRegistry
     from kitune.optimizers.protocols import Tracker
 
 __all__ = ["make_optimizer", "run_experiment"]
@@ -85,20 +86,14 @@ def run_experiment(
     Raises:
         TrackingError: an accepted prompt could not be registered.
     """
-    from kitune.experiments.tracking import create_tracker
-
     if tracker is None:
         tracker = create_tracker(cfg)
     if registry is None:
-        from kitune.experiments.prompts import PromptRegistry
-
         try:
             registry = PromptRegistry(cfg.mlflow_uri)
         except TrackingError as e:
             log(f"[yellow]prompt registry unavailable ({e}); accepted prompts are not registered[/]")
     if registry is not None:
-        from kitune.experiments.prompts import register_packaged
-
         packaged = set(available_instructions())
         try:  # the packaged prompts are version 1, so a rollback always has a version to go back to
             # (a plug-in program without a packaged prompt starts from its task's own instruction)

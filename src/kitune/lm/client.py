@@ -35,6 +35,7 @@ from typing import Any
 import dspy
 import tenacity
 
+import kitune.localmodel
 from kitune.config import KituneConfig, Role
 from kitune.errors import EmptyCompletionError, LMError, LMRateLimitError, ResponseFormatError
 from kitune.lm.calls import generated_text, messages_text, note_finish
@@ -539,9 +540,7 @@ def build_lm(
     resolved = resolve_role(cfg, role)
     identity = resolved.model
     if resolved.is_local:
-        from kitune.localmodel import get_local_server
-
-        server = get_local_server(cfg.lm.local)
+        server = kitune.localmodel.get_local_server(cfg.lm.local)
         resolved = replace(
             resolved, model=f"openai/{server.model_alias}", api_base=server.api_base, api_key=LOCAL_KEY
         )

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import kitune.lm
+import kitune.retrieval
 from kitune.config import KituneConfig
 from kitune.data.checksum import dataset_checksum
 from kitune.data.examples import Split, select_split, slice_questions
@@ -36,10 +38,17 @@ from kitune.errors import ConfigError, DataError, HarnessError
 from kitune.evaluation.agent import Agent
 from kitune.evaluation.budget import Budget
 from kitune.evaluation.full_context import EVAL_SKILLS, FULL_CONTEXT, full_context_factory
+from kitune.evaluation.grading import match_judge
 from kitune.evaluation.harness import AgentFactory, evaluate
+from kitune.evaluation.judging import judge_pending
 from kitune.evaluation.metrics import JudgeFn, Trace
 from kitune.evaluation.report import ReportFiles, RunSummary, load_run, summarize, write_report
 from kitune.evaluation.tools import ContextObservation, Skill, build_toolbox
+from kitune.programs.instructions import instruction_version
+from kitune.programs.judge import Judge
+from kitune.schema import Filter
+from kitune.service.serving import context as serving_context
+from kitune.service.serving.prompts import production_setting, setting_summary
 from kitune.service.serving.setting import rewriter_for
 from kitune.usage import TokenLedger
 
@@ -95,13 +104,9 @@ def default_run_name(
 def make_judge(cfg: KituneConfig, ledger: TokenLedger | None) -> JudgeFn:
     """The judge ``grading.grader`` selects: the judge role's LM (``llm``) or answer matching (``match``)."""
     if cfg.grading.grader == "match":
-        from kitune.evaluation.grading import match_judge
-
         return match_judge
-    from kitune.lm import build_lm
-    from kitune.programs.judge import Judge
 
-    lm = build_lm(cfg, "judge", ledger=ledger)
+    lm = kitune.lm.build_lm(cfg, "judge", ledger=ledger)
     grader = Judge()
 
     def judge(*, question: str, response: str, gold: str, aliases: Sequence[str]) -> Any:
@@ -127,9 +132,6 @@ def make_context_fn(
     reported on the observation so the run's token totals include them. ``rerank`` is passed to
     ``get_context`` (the loop's KI credit demotion).
     """
-    from kitune.schema import Filter
-    from kitune.service.serving.context import get_context, render_context
-
     hidden: set[str] = set()
     if not disambiguation:
         hidden = {ki.id for ki in store.iter_kis(Filter(statuses=(), subtypes=("disambiguation",)))}
@@ -137,14 +139,14 @@ def make_context_fn(
 
     def context_fn(query: str) -> ContextObservation:
         ask = min(size + len(hidden), cfg.retrieval.max_size)
-        resp = get_context(
+        resp = serving_context.get_context(
             query, store=store, rewriter=rewriter, size=ask, cfg=cfg, ledger=ledger, rerank=rerank
         )
         if hidden or len(resp.kis) > size:
             resp = resp.model_copy(update={"kis": [k for k in resp.kis if k.id not in hidden][:size]})
         docs = tuple(dict.fromkeys(d for k in resp.kis for d in k.evidence_doc_ids))
         return ContextObservation(
-            text=render_context(resp),
+            text=serving_context.render_context(resp),
             doc_ids=docs,
             n_results=len(resp.kis),
             input_tokens=resp.rewrite_tokens.input,
@@ -254,9 +256,6 @@ def run_eval(
     versions: dict[str, str] = {}
     setting_id = None
     if skill == "in-context" and context_fn is None:
-        from kitune.programs.instructions import instruction_version
-        from kitune.service.serving.prompts import production_setting, setting_summary
-
         setting = production_setting(cfg, select=prompt_select, packaged=packaged)
         shown = ("extractor", "rewriter") if rewrite else ("extractor",)
         versions = {p: v for p, v in setting.versions.items() if p in shown}
@@ -269,29 +268,23 @@ def run_eval(
     run_dir.mkdir(parents=True, exist_ok=True)
 
     if skill in ("baseline", "in-context") and corpus_store is None:
-        from kitune.retrieval import create_corpus_store
-
-        corpus_store = create_corpus_store(cfg)
+        corpus_store = kitune.retrieval.create_corpus_store(cfg)
         _ensure_corpus(corpus_store, data)
     if setting is not None:
-        from kitune.retrieval import create_store
-
         rewriter = None
         if rewrite:
-            from kitune.lm import build_lm
-
-            rewriter = rewriter_for(setting.prompts["rewriter"], build_lm(cfg, "rewrite", ledger=ledger))
+            rewriter = rewriter_for(
+                setting.prompts["rewriter"], kitune.lm.build_lm(cfg, "rewrite", ledger=ledger)
+            )
         context_fn = make_context_fn(
             setting.store_cfg,
-            create_store(setting.store_cfg),
+            kitune.retrieval.create_store(setting.store_cfg),
             disambiguation=disambiguation,
             ledger=ledger,
             rewriter=rewriter,
         )
     if chat_model is None:
-        from kitune.lm import LiteLLMChatModel
-
-        chat_model = LiteLLMChatModel(cfg, "agent", ledger=ledger)
+        chat_model = kitune.lm.LiteLLMChatModel(cfg, "agent", ledger=ledger)
     if use_judge and judge is None:
         judge = make_judge(cfg, ledger)
     budget = Budget.from_config(cfg.agent)
@@ -345,8 +338,6 @@ def run_eval(
             on_trace=on_trace,
         )
         if judge_after and judge is not None:
-            from kitune.evaluation.judging import judge_pending
-
             traces = judge_pending(
                 questions, traces, judge, traces_path=traces_path, concurrency=cfg.concurrency_for("judge")
             )

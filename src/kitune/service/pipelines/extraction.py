@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from kitune.data.loaders import load_corpus
 from kitune.errors import ConfigError, LMAuthError, StoreUnavailableError
 from kitune.ki import KI, utcnow
 from kitune.programs.fact_extractor import DocExtraction, FactExtractor
@@ -222,8 +223,6 @@ def load_documents(path: Path | str, *, limit: int | None = None) -> list[Docume
     Raises:
         DataError: the corpus is missing or malformed (from the loader).
     """
-    from kitune.data.loaders import load_corpus
-
     docs = load_corpus(path)
     return docs[:limit] if limit is not None else docs
 

@@ -20,9 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from kitune.config import KituneConfig
+from kitune.config import ElasticsearchStoreConfig, KituneConfig
 from kitune.errors import ConfigError, DataError
 from kitune.retrieval.ai_index import ki_to_ai_document
+from kitune.retrieval.elasticsearch import ElasticsearchStore
 from kitune.schema import Filter
 
 if TYPE_CHECKING:
@@ -104,14 +105,11 @@ def create_index(
         ConfigError: the store is not Elasticsearch, the cluster or endpoint is unusable, or the
             existing index has another layout. StoreUnavailableError: the cluster is unreachable.
     """
-    from kitune.config import ElasticsearchStoreConfig
-
     if not isinstance(cfg.store, ElasticsearchStoreConfig):
         raise ConfigError(
             "kitune index create needs store.type: elasticsearch (and KITUNE_ES_URL); "
             "use `kitune export --format elastic-ai-index` to write AI-index documents without a cluster"
         )
-    from kitune.retrieval.elasticsearch import ElasticsearchStore
 
     store_cfg = cfg.store.model_copy(update={"mapping": mapping, **({"index": index} if index else {})})
     store = ElasticsearchStore.from_config(store_cfg, retrieval=cfg.retrieval)  # creates it when missing

@@ -304,25 +304,13 @@ def source_description_kis(store: Store, *, limit: int = 50) -> SourceDescriptio
     return SourceDescription(out)
 
 
-def _proposal_summary(p: Any) -> dict[str, Any]:
-    decision = (p.effect or {}).get("decision") or {}
-    return {
-        "id": p.id,
-        "kind": p.kind,
-        "status": p.status,
-        "title": p.title,
-        "evidence_traces": len(p.evidence),
-        "effect": decision.get("outcome"),
-    }
-
-
 def review_list_tool(review: Any, *, status: str | None = None, kind: str | None = None) -> dict[str, Any]:
     """The ``list_proposals`` MCP tool: ``{"proposals": [{"id", "kind", "status", "title", …}]}``.
 
     Raises:
         ValueError: an unknown status or kind.
     """
-    return {"proposals": [_proposal_summary(p) for p in review.list(status=status, kind=kind)]}
+    return {"proposals": [p.summary(times=False) for p in review.list(status=status, kind=kind)]}
 
 
 def review_show_tool(review: Any, proposal_id: str) -> dict[str, Any]:
@@ -364,4 +352,4 @@ def review_action_tool(review: Any, action: str, proposal_id: str, *, reason: st
             raise ValueError(f"action {action!r}: use approve, reject or revert")
     except ReviewError as e:
         raise ValueError(str(e)) from e
-    return {"proposal": _proposal_summary(p), "reason": p.reason}
+    return {"proposal": p.summary(times=False), "reason": p.reason}

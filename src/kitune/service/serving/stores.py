@@ -22,10 +22,12 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
+from kitune.config import ElasticsearchStoreConfig
 from kitune.data.loaders import json_error_text
-from kitune.errors import DataError
+from kitune.errors import ConfigError, DataError
 from kitune.ki import DERIVED_SUBTYPES, KI, utcnow
 from kitune.retrieval.base import Store, SweepResult, WriteFailure, WriteResult
+from kitune.retrieval.elasticsearch import ElasticsearchStore
 from kitune.retrieval.fusion import aggregate
 from kitune.schema import Filter
 
@@ -306,15 +308,11 @@ def reindex_elasticsearch(cfg: KituneConfig, source_index: str) -> WriteResult:
             :class:`kitune.retrieval.elasticsearch.ElasticsearchStore`.
         StoreError: a request failed (with the HTTP status and Elasticsearch's reason).
     """
-    from kitune.config import ElasticsearchStoreConfig
-    from kitune.errors import ConfigError
-
     if not isinstance(cfg.store, ElasticsearchStoreConfig):
         raise ConfigError(
             f"reindex needs store.type=elasticsearch (the config has {cfg.store.type}): the embedded store "
             "has no mapping to migrate"
         )
-    from kitune.retrieval.elasticsearch import ElasticsearchStore
 
     target = ElasticsearchStore.from_config(cfg.store, retrieval=cfg.retrieval)
     try:

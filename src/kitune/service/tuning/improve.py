@@ -19,6 +19,7 @@ import httpx
 
 from kitune.config import KituneConfig
 from kitune.errors import ConfigError
+from kitune.lm import resolve_role
 from kitune.optimizers.budget import OptimizerBudget
 from kitune.service.tuning.options import OptimizeOptions
 
@@ -106,7 +107,6 @@ def reflection_context_tokens(cfg: KituneConfig, *, client: httpx.Client | None 
         pass
     if cfg.lm.replay_dir is not None:
         return None
-    from kitune.lm import resolve_role
 
     try:
         base = resolve_role(cfg, "reflection").api_base

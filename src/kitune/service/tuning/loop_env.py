@@ -63,11 +63,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kitune.config import KituneConfig, with_overrides
+import dspy
+
+from kitune.config import KituneConfig, RetrievalConfig, with_overrides
 from kitune.data.examples import split_questions
 from kitune.data.loaders import Question
 from kitune.errors import DocumentNotFoundError
+from kitune.evaluation.agent import Agent
+from kitune.evaluation.budget import Budget
 from kitune.evaluation.failures import classify_failure
+from kitune.evaluation.harness import evaluate
 from kitune.evaluation.report import summarize
 from kitune.evaluation.stage_metrics import (
     ExtractionCounts,
@@ -76,6 +81,7 @@ from kitune.evaluation.stage_metrics import (
     extractor_metrics,
     rewriter_metrics,
 )
+from kitune.evaluation.tools import build_toolbox
 from kitune.optimizers.budget import OptimizerBudget
 from kitune.optimizers.credit import CreditLedger, demote_ranked, episodes_from_traces, retire_kis
 from kitune.optimizers.extraction_cache import CachedFactExtractor, ExtractionCache, extractor_key
@@ -86,8 +92,13 @@ from kitune.optimizers.ledger import FailureLedger
 from kitune.optimizers.loop import Evaluation, Proposal, Setting
 from kitune.optimizers.objective import answer_coverage
 from kitune.optimizers.program_task import eval_key
+from kitune.programs.fact_extractor import FactExtractor
 from kitune.schema import Document, Filter
+from kitune.service.pipelines import extraction
 from kitune.service.pipelines.eval_cache import EvalCache, lookup_record, store_fingerprint
+from kitune.service.pipelines.evaluation import make_context_fn
+from kitune.service.pipelines.extraction import default_state_path, read_state
+from kitune.service.serving import context as serving_context
 from kitune.service.serving.prompts import versioned_store_cfg
 from kitune.service.serving.setting import rewriter_for
 from kitune.service.tuning import improve
@@ -215,8 +226,6 @@ class ServiceLoopEnv:
         return with_overrides(self.cfg, setting.knobs)
 
     def _plain_extractor(self, setting: Setting) -> Any:
-        from kitune.programs.fact_extractor import FactExtractor
-
         return FactExtractor.from_config(self.setting_cfg(setting), setting.prompts.get("extractor"))
 
     def extractor(self, setting: Setting) -> Any:
@@ -252,8 +261,6 @@ class ServiceLoopEnv:
 
     def context_fn(self, setting: Setting, rewriter: Any = None, *, disambiguation: bool = True) -> Any:
         """The agent's ``get_context`` tool for ``setting`` (rewriter None: the setting's own)."""
-        from kitune.service.pipelines.evaluation import make_context_fn
-
         rw = rewriter if rewriter is not None else self.rewriter(setting)
         return make_context_fn(
             self.setting_cfg(setting),
@@ -284,8 +291,6 @@ class ServiceLoopEnv:
         rewriter's stage metric and its task reuse one rewrite per question); feedback KIs
         visible; credit demotion applied.
         """
-        from kitune.service.serving.context import get_context
-
         cfg = self.setting_cfg(setting)
         key: tuple[str, str, str] | None = None
         if rewriter is None:
@@ -294,7 +299,7 @@ class ServiceLoopEnv:
                 if key in self._lookups:
                     return self._lookups[key]
         rw = rewriter if rewriter is not None else self.rewriter(setting)
-        resp = get_context(
+        resp = serving_context.get_context(
             query,
             store=self.store_for(setting),
             rewriter=rw,
@@ -396,13 +401,11 @@ class ServiceLoopEnv:
 
     def context_ids(self, setting: Setting, size: int | None = None) -> Callable[[str], list[str]]:
         """Query → KI ids ``get_context`` returns on the setting's store (plain plan; ``size`` None: 10)."""
-        from kitune.service.serving.context import context_ids
-
         store, cfg = self.store_for(setting), self.setting_cfg(setting)
         return (
-            context_ids(store=store, cfg=cfg)
+            serving_context.context_ids(store=store, cfg=cfg)
             if size is None
-            else context_ids(store=store, cfg=cfg, size=size)
+            else serving_context.context_ids(store=store, cfg=cfg, size=size)
         )
 
     def lookup_texts(self, setting: Setting, query: str, knobs: Mapping[str, int | float]) -> list[str]:
@@ -413,9 +416,6 @@ class ServiceLoopEnv:
         The store's own retrieval knobs are swapped for the call under :attr:`lock` (the knob
         objective asks many settings of one store).
         """
-        from kitune.config import RetrievalConfig
-        from kitune.service.serving.context import get_context
-
         store = self.store_for(setting)
         cfg = with_overrides(self.setting_cfg(setting), knobs)
         with self.lock:
@@ -423,7 +423,9 @@ class ServiceLoopEnv:
             if old is not None:
                 store.retrieval = RetrievalConfig.model_validate(cfg.retrieval.model_dump())  # type: ignore[attr-defined]
             try:
-                resp = get_context(query, store=store, size=cfg.retrieval.default_size, cfg=cfg)
+                resp = serving_context.get_context(
+                    query, store=store, size=cfg.retrieval.default_size, cfg=cfg
+                )
                 return [f"{k.title} {k.description}" for k in resp.kis]
             finally:
                 if old is not None:
@@ -442,10 +444,6 @@ class ServiceLoopEnv:
         Returns:
             Extraction metrics (``extract_*``) of this call; ``{}`` when nothing was extracted.
         """
-        import dspy
-
-        from kitune.service.pipelines.extraction import default_state_path, extract_corpus, read_state
-
         extractor = self.extractor(setting)
         wanted = {d for q in questions for d in (*q.evidence_docids, *q.gold_docids)}
         evidence = {d for q in self.questions for d in (*q.evidence_docids, *q.gold_docids)}
@@ -467,7 +465,7 @@ class ServiceLoopEnv:
         if todo:
             self.log(f"extract {todo} of {len(docs)} documents with {extractor.prompt_version}")
         with dspy.context(lm=self.deps.lms["extract"]):
-            report = extract_corpus(
+            report = extraction.extract_corpus(
                 docs,
                 store,
                 extractor,
@@ -517,11 +515,6 @@ class ServiceLoopEnv:
         Every ``get_context`` call is logged to ``evals/observations.jsonl`` with the setting
         key and ``store_state`` (see the module docstring).
         """
-        from kitune.evaluation.agent import Agent
-        from kitune.evaluation.budget import Budget
-        from kitune.evaluation.harness import evaluate
-        from kitune.evaluation.tools import build_toolbox
-
         cfg = self.setting_cfg(setting)
         context_fn = self.context_fn(setting, disambiguation=disambiguation)
         budget = Budget.from_config(cfg.agent)

@@ -17,20 +17,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import kitune.lm
+import kitune.retrieval
 from kitune.config import KituneConfig
 from kitune.data.checksum import dataset_checksum
-from kitune.optimizers.loop import LoopResult
+from kitune.data.loaders import load_questions
+from kitune.errors import TrackingError
+from kitune.experiments.prompts import PromptRegistry
+from kitune.experiments.runner import run_experiment
+from kitune.optimizers.loop import LoopResult, Setting, start_prompts
+from kitune.optimizers.loop_state import read_state
 from kitune.optimizers.program_task import PROGRAM_TASKS
 from kitune.optimizers.registry import check_optimizer
+from kitune.service.pipelines.evaluation import make_judge
 from kitune.service.tuning.loop_env import LoopDeps, ServiceLoopEnv
 from kitune.service.tuning.options import OptimizeOptions
+from kitune.service.tuning.slice_fingerprint import write_fingerprint
 from kitune.service.tuning.slicing import load_slice, write_question_ids
+from kitune.usage import TokenLedger
 
 if TYPE_CHECKING:
-    from kitune.experiments.prompts import PromptRegistry
     from kitune.optimizers.protocols import Tracker
     from kitune.retrieval.base import CorpusStore
-    from kitune.usage import TokenLedger
 
 __all__ = ["ExtractResult", "OptimizeResult", "default_deps", "extract_slice", "run_optimize"]
 
@@ -43,16 +51,14 @@ def default_deps(
     Raises:
         ConfigError: an LM role cannot be resolved.
     """
-    from kitune.lm import LiteLLMChatModel, build_lm
-    from kitune.retrieval import create_store
-    from kitune.service.pipelines.evaluation import make_judge
-
-    lms = {role: build_lm(cfg, role, ledger=ledger) for role in ("extract", "rewrite", "reflection")}
+    lms = {
+        role: kitune.lm.build_lm(cfg, role, ledger=ledger) for role in ("extract", "rewrite", "reflection")
+    }
     return LoopDeps(
         lms=lms,
-        chat_model=LiteLLMChatModel(cfg, "agent", ledger=ledger),
+        chat_model=kitune.lm.LiteLLMChatModel(cfg, "agent", ledger=ledger),
         judge=make_judge(cfg, ledger),
-        store_factory=lambda c: create_store(c),
+        store_factory=lambda c: kitune.retrieval.create_store(c),
         corpus_store=corpus_store,
         ledger=ledger,
     )
@@ -85,17 +91,12 @@ def run_optimize(
         ConfigError: unknown programs/optimizer. DataError: bad data. TrackingError: the registry
         cannot be written.
     """
-    from kitune.experiments.runner import run_experiment
-    from kitune.usage import TokenLedger
-
     PROGRAM_TASKS.check(opts.programs)
     check_optimizer(opts.optimizer)
     questions, documents = load_slice(cfg, opts)
     ledger = deps.ledger if deps is not None and deps.ledger is not None else TokenLedger()
     if deps is None:
-        from kitune.retrieval import create_corpus_store
-
-        corpus = create_corpus_store(cfg)
+        corpus = kitune.retrieval.create_corpus_store(cfg)
         if corpus.count() < len(documents):
             corpus.add_documents(documents)
         deps = default_deps(cfg, ledger, corpus_store=corpus)
@@ -130,7 +131,6 @@ def run_optimize(
         )
     finally:
         env.close()
-    from kitune.service.tuning.slice_fingerprint import write_fingerprint
 
     write_fingerprint(state_dir, questions, documents, opts)
     usage = {f"{r}/{s}": t for (r, s), t in ledger.by_role_stage().items()}
@@ -146,8 +146,6 @@ def run_optimize(
 
 def _record_questions(cfg: KituneConfig, opts: OptimizeOptions, env: ServiceLoopEnv) -> Path:
     """``<state>/questions.json``: the run's questions (sample seed, tune and validation ids)."""
-    from kitune.data.loaders import load_questions
-
     return write_question_ids(
         env.state_dir,
         data_dir=opts.data_dir,
@@ -194,10 +192,6 @@ def extract_slice(
     Raises:
         ConfigError: unknown programs. DataError: bad data.
     """
-    from kitune.optimizers.loop import Setting, start_prompts
-    from kitune.optimizers.loop_state import read_state
-    from kitune.usage import TokenLedger
-
     PROGRAM_TASKS.check(opts.programs)
     questions, documents = load_slice(cfg, opts)
     ledger = deps.ledger if deps is not None and deps.ledger is not None else TokenLedger()
@@ -210,9 +204,6 @@ def extract_slice(
     _record_questions(cfg, opts, env)
     _, saved, _ = read_state(state_dir / "loop_state.json")
     if saved is None and registry is None:
-        from kitune.errors import TrackingError
-        from kitune.experiments.prompts import PromptRegistry
-
         try:
             registry = PromptRegistry(cfg.mlflow_uri)
         except TrackingError as e:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kitune.data.loaders import Question
+from kitune.data.loaders import Question, load_corpus, load_questions
 from kitune.errors import DataError
 from kitune.schema import Document
 
@@ -104,8 +104,6 @@ def load_slice(cfg: KituneConfig, opts: OptimizeOptions) -> tuple[list[Question]
     Raises:
         DataError: the data folder is missing or has no questions.
     """
-    from kitune.data.loaders import load_corpus, load_questions
-
     data = Path(opts.data_dir)
     if not data.exists():
         raise DataError(f"data path {data} does not exist: pass --data DIR", path=str(data))

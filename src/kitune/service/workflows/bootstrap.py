@@ -39,12 +39,16 @@ from typing import TYPE_CHECKING
 
 import dspy
 
+import kitune.retrieval
 from kitune.data.loaders import Question, load_questions
 from kitune.data.sampling import LoadedCorpus, load_bootstrap_corpus, sample_documents
-from kitune.errors import KituneError
+from kitune.errors import DataError, KituneError
+from kitune.experiments.prompts import PromptRegistry, prompt_name
+from kitune.experiments.tracking import create_tracker
 from kitune.ki import slugify
 from kitune.programs.domain_describer import DomainDescriber
 from kitune.programs.extractor_drafter import draft_extractor
+from kitune.retrieval import MemoryCorpusStore
 from kitune.service.workflows.bootstrap_kis import source_description_kis
 from kitune.service.workflows.bootstrap_registry import draft_tags, register_draft
 from kitune.service.workflows.bootstrap_report import (
@@ -57,7 +61,6 @@ from kitune.usage import TokenLedger
 
 if TYPE_CHECKING:
     from kitune.config import KituneConfig
-    from kitune.experiments.prompts import PromptRegistry
     from kitune.optimizers.protocols import Tracker
     from kitune.retrieval.base import Store
     from kitune.retrieval.embedders import Embedder
@@ -137,11 +140,6 @@ def bootstrap_corpus(
         kitune.errors.LMError: the description call failed.
         ConfigError / StoreUnavailableError: the store or embedder cannot be built.
     """
-    from kitune.errors import DataError
-    from kitune.experiments.prompts import PromptRegistry, prompt_name
-    from kitune.experiments.tracking import create_tracker
-    from kitune.retrieval import MemoryCorpusStore, create_embedder, create_store
-
     if sample_size < 1:
         raise ValueError(f"sample_size must be >= 1, got {sample_size}")
     ledger = ledger if ledger is not None else TokenLedger()
@@ -156,7 +154,7 @@ def bootstrap_corpus(
     questions, q_source = _find_questions(
         corpus_path, Path(questions_path) if questions_path else None, set(by_id)
     )
-    embedder = embedder or create_embedder(cfg.embedder)
+    embedder = embedder or kitune.retrieval.create_embedder(cfg.embedder)
     corpus_store = None
     if questions:
         corpus_store = MemoryCorpusStore(
@@ -225,7 +223,7 @@ def bootstrap_corpus(
             except KituneError as e:
                 errors["registry"] = f"{type(e).__name__}: {e}"
         if store is None:
-            store = create_store(cfg, embedder=embedder)
+            store = kitune.retrieval.create_store(cfg, embedder=embedder)
             stack.callback(store.close)
         result = store.upsert(kis)
         written = result.indexed

@@ -32,22 +32,32 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import kitune
+import kitune.retrieval
 from kitune.config import KituneConfig, with_overrides
+from kitune.evaluation.agent import Agent
+from kitune.evaluation.budget import Budget
+from kitune.evaluation.harness import evaluate
 from kitune.evaluation.report import ReportFiles, RunSummary, write_report
+from kitune.evaluation.tools import build_toolbox
+from kitune.experiments.prompts import PromptRegistry
+from kitune.experiments.runner import run_experiment
 from kitune.optimizers.feedback import (
     FeedbackReport,
     Flips,
     collect_failures,
     count_flips,
 )
+from kitune.optimizers.improvers.disambiguation import write_setting_kis
 from kitune.optimizers.loop import LoopResult, Setting, start_prompts
+from kitune.service.tuning import optimize as optimize_service
 from kitune.service.tuning.loop_env import LoopDeps, ServiceLoopEnv
 from kitune.service.tuning.options import OptimizeOptions
+from kitune.service.tuning.slice_fingerprint import write_fingerprint
 from kitune.service.tuning.slicing import load_slice
+from kitune.usage import TokenLedger
 
 if TYPE_CHECKING:
     from kitune.evaluation.metrics import Trace
-    from kitune.experiments.prompts import PromptRegistry
     from kitune.optimizers.protocols import Tracker
 
 __all__ = ["DemoOptions", "DemoResult", "default_demo_config", "default_fixture", "run_demo"]
@@ -108,11 +118,6 @@ def demo_workdir_config(cfg: KituneConfig) -> KituneConfig:
 
 
 def _baseline(env: ServiceLoopEnv, questions: Sequence[Any], path: Path) -> list[Trace]:
-    from kitune.evaluation.agent import Agent
-    from kitune.evaluation.budget import Budget
-    from kitune.evaluation.harness import evaluate
-    from kitune.evaluation.tools import build_toolbox
-
     cfg, deps = env.cfg, env.deps
     budget = Budget.from_config(cfg.agent)
 
@@ -135,7 +140,6 @@ def _feedback(env: ServiceLoopEnv, setting: Setting, traces: Sequence[Trace], pa
     if path.is_file():  # resumable: feedback KIs of an earlier run are in the store already
         data = json.loads(path.read_text(encoding="utf-8"))
         return FeedbackReport(**{**data, "ki_ids": tuple(data.get("ki_ids", ()))})
-    from kitune.optimizers.improvers.disambiguation import write_setting_kis
 
     failures = collect_failures(traces, env.questions)
     report = write_setting_kis(env, setting, failures, what="in-context failure(s)")
@@ -168,9 +172,6 @@ def run_demo(
     Raises:
         DataError: the data folder is missing or too small. ConfigError: bad options.
     """
-    from kitune.experiments.runner import run_experiment
-    from kitune.usage import TokenLedger
-
     dcfg = demo_workdir_config(cfg)
     data = Path(opts.data_dir) if opts.data_dir is not None else default_fixture()
     oopts = OptimizeOptions(
@@ -191,16 +192,11 @@ def run_demo(
     log(f"slice: {len(questions)} questions, {len(documents)} documents from {data}")
     ledger = deps.ledger if deps is not None and deps.ledger is not None else TokenLedger()
     if deps is None:
-        from kitune.retrieval import create_corpus_store
-        from kitune.service.tuning.optimize import default_deps
-
-        corpus = create_corpus_store(dcfg)
+        corpus = kitune.retrieval.create_corpus_store(dcfg)
         if corpus.count() < len(documents):
             corpus.add_documents(documents)
-        deps = default_deps(dcfg, ledger, corpus_store=corpus)
+        deps = optimize_service.default_deps(dcfg, ledger, corpus_store=corpus)
     if registry is None:
-        from kitune.experiments.prompts import PromptRegistry
-
         registry = PromptRegistry(dcfg.mlflow_uri)
     demo_dir = Path(dcfg.workdir)
     state_dir = demo_dir / "optimize" / "demo"
@@ -248,7 +244,6 @@ def run_demo(
         )
     finally:
         env.close()
-    from kitune.service.tuning.slice_fingerprint import write_fingerprint
 
     write_fingerprint(state_dir, questions, documents, oopts)
     report = write_report(

@@ -32,6 +32,9 @@ from kitune.evaluation.report import summarize
 from kitune.ki import utcnow
 from kitune.optimizers.loop import Setting
 from kitune.schema import Filter
+from kitune.service.pipelines.extraction import default_state_path
+from kitune.service.serving.stores import expire_kis, retention_from, stale_after_from
+from kitune.service.tuning import optimize as optimize_service
 from kitune.service.tuning.loop_env import LoopDeps, ServiceLoopEnv
 from kitune.service.tuning.options import OptimizeOptions
 from kitune.service.tuning.slice_fingerprint import (
@@ -40,6 +43,7 @@ from kitune.service.tuning.slice_fingerprint import (
     read_fingerprint,
 )
 from kitune.service.tuning.slicing import load_slice
+from kitune.usage import TokenLedger
 
 __all__ = ["DriftReport", "drift_check", "drift_run"]
 
@@ -112,7 +116,6 @@ def _reset_extraction(env: ServiceLoopEnv, setting: Setting, docids: Sequence[st
     """Mark changed documents not-done in the extractor version's resume file."""
     if not docids:
         return
-    from kitune.service.pipelines.extraction import default_state_path
 
     path = default_state_path(env.setting_cfg(setting), env.extractor(setting).prompt_version)
     if not path.is_file():
@@ -168,10 +171,7 @@ def drift_check(
         if q.query_id in new_q or q.query_id in changed_q or touched & {*q.evidence_docids, *q.gold_docids}
     )
     if deps is None:
-        from kitune.service.tuning.optimize import default_deps
-        from kitune.usage import TokenLedger
-
-        deps = default_deps(cfg, TokenLedger())
+        deps = optimize_service.default_deps(cfg, TokenLedger())
     env = ServiceLoopEnv(
         cfg, opts, deps, questions=questions, documents=documents, state_dir=state_dir, log=log
     )
@@ -188,8 +188,6 @@ def drift_check(
             summary = summarize(traces, "drift")
             score, accuracy = summary.accuracy, summary.accuracy
         store = env.store_for(setting)
-
-        from kitune.service.serving.stores import expire_kis, retention_from, stale_after_from
 
         # derived KIs (disambiguation, source descriptions) keep their own window
         swept = expire_kis(store, stale_after=stale_after_from(cfg), retention=retention_from(cfg))
@@ -237,7 +235,6 @@ def drift_run(
     if report.drop <= threshold:
         log(f"drift: drop {report.drop:.3f} ≤ threshold {threshold:.3f}; the loop is not re-run")
         return report, None
-    from kitune.service.tuning.optimize import run_optimize
 
     state_dir = Path(cfg.workdir) / "optimize" / run_name
     done = len(json.loads((state_dir / "loop_state.json").read_text(encoding="utf-8")).get("history", []))
@@ -254,4 +251,4 @@ def drift_run(
         **optimize_kwargs,
     )
     log(f"drift: drop {report.drop:.3f} > threshold {threshold:.3f}; running iteration {done}")
-    return report, run_optimize(cfg, opts, deps=deps, log=log)
+    return report, optimize_service.run_optimize(cfg, opts, deps=deps, log=log)

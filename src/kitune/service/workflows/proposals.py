@@ -130,6 +130,26 @@ class Proposal:
         names = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in data.items() if k in names})
 
+    def summary(self, *, times: bool = True) -> dict[str, Any]:
+        """The list view of the proposal (``kitune review list``, ``GET /api/proposals``, MCP).
+
+        Keys: ``id``, ``kind``, ``status``, ``title``, ``evidence_traces`` (a count), ``effect``
+        (the measured decision's outcome, or None) and, with ``times``, ``created_at`` and
+        ``updated_at`` (the MCP tool leaves the times out).
+        """
+        decision = (self.effect or {}).get("decision") or {}
+        out = {
+            "id": self.id,
+            "kind": self.kind,
+            "status": self.status,
+            "title": self.title,
+            "evidence_traces": len(self.evidence),
+            "effect": decision.get("outcome"),
+        }
+        if times:
+            out.update(created_at=self.created_at, updated_at=self.updated_at)
+        return out
+
     def kis(self) -> builtins.list[KI]:
         """The KIs this proposal writes (``re_extract`` / ``add_ki``), validated."""
         return [KI.model_validate(k) for k in self.change.get("kis", [])]

@@ -26,19 +26,37 @@ from __future__ import annotations
 
 import builtins
 import json
+import threading
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import dspy
+
+import kitune.lm
+import kitune.retrieval
 from kitune.config import KituneConfig
-from kitune.errors import DocumentNotFoundError, ProposalStateError, StoreError
+from kitune.data.loaders import load_corpus
+from kitune.errors import (
+    ConfigError,
+    DocumentNotFoundError,
+    PromptNotFoundError,
+    ProposalStateError,
+    StoreError,
+)
 from kitune.evaluation.metrics import Trace
 from kitune.evaluation.signals import SignalReport
+from kitune.experiments.prompts import prompt_name, register_packaged
+from kitune.experiments.tracking import create_tracker
 from kitune.ki import KI, utcnow
 from kitune.optimizers.acceptance import check_instruction, compare_paired, decide
 from kitune.optimizers.objective import LoopWeights
-from kitune.schema import Document
+from kitune.programs.fact_extractor import FactExtractor
+from kitune.retrieval.memory import MemoryStore
+from kitune.schema import Document, Filter
+from kitune.service.pipelines.evaluation import make_context_fn, run_eval
+from kitune.service.serving.prompts import open_registry, production_setting
 from kitune.service.serving.setting import open_serving_store, rewriter_for
 from kitune.service.workflows.proposals import (
     Drafter,
@@ -68,6 +86,7 @@ __all__ = [
     "open_review",
     "production_rewriter",
     "revert_change",
+    "review_opener",
     "scratch_copy",
     "snapshot",
 ]
@@ -149,9 +168,6 @@ def _dump(ki: KI | None) -> dict[str, Any] | None:
 
 
 def _apply_prompt(p: Proposal, registry: PromptRegistry | None) -> dict[str, Any]:
-    from kitune.errors import ConfigError, PromptNotFoundError
-    from kitune.experiments.prompts import register_packaged
-
     if registry is None:
         raise ConfigError(
             "rewriter feedback needs the prompt registry: set tracking.tracking_uri to sqlite:///…"
@@ -214,8 +230,6 @@ def revert_change(p: Proposal, *, store: Store, registry: PromptRegistry | None 
         _write(store, back, f"reverting {p.id}")
         return {"restored_status": {k.id: k.payload.status for k in back}}
     if p.kind == "rewriter_feedback":
-        from kitune.errors import ConfigError
-
         if registry is None:
             raise ConfigError("reverting rewriter feedback needs the prompt registry")
         registry.promote(str(applied["prompt"]), int(applied["from_version"]))
@@ -228,11 +242,7 @@ def revert_change(p: Proposal, *, store: Store, registry: PromptRegistry | None 
 
 def scratch_copy(store: Store, cfg: KituneConfig) -> Store:
     """An in-memory copy of every KI (all statuses) with the configured embedder and retrieval knobs."""
-    from kitune.retrieval import create_embedder
-    from kitune.retrieval.memory import MemoryStore
-    from kitune.schema import Filter
-
-    copy = MemoryStore(create_embedder(cfg.embedder), cfg.retrieval)
+    copy = MemoryStore(kitune.retrieval.create_embedder(cfg.embedder), cfg.retrieval)
     kis = list(store.iter_kis(Filter(statuses=("active", "stale", "expired"))))
     _write(copy, kis, "copying the KI table")
     return copy
@@ -585,7 +595,6 @@ def open_review(
 
     The KI table and the registry are opened on first use (listing the queue opens neither).
     """
-    from kitune.service.serving.prompts import open_registry
 
     def kis() -> Store:
         opened = open_serving_store(cfg)
@@ -597,11 +606,31 @@ def open_review(
     )
 
 
+def review_opener(cfg: KituneConfig, review: ReviewService | None = None) -> Callable[[], ReviewService]:
+    """The review service a server's routes or tools share, opened on first use (thread-safe).
+
+    Args:
+        cfg: the configuration.
+        review: the service to hand out (None: ``open_review(cfg, tracker=create_tracker(cfg))``
+            on the first call, the same one after).
+
+    Returns:
+        A function returning the one review service (``/api/proposals``, the MCP review tools).
+    """
+    lock = threading.Lock()
+    held: dict[str, ReviewService] = {} if review is None else {"review": review}
+
+    def get() -> ReviewService:
+        with lock:
+            if "review" not in held:
+                held["review"] = open_review(cfg, tracker=create_tracker(cfg))
+            return held["review"]
+
+    return get
+
+
 def production_rewriter(cfg: KituneConfig) -> RewriterPrompt:
     """The rewriter instruction serving now (production version, else the packaged prompt)."""
-    from kitune.experiments.prompts import prompt_name
-    from kitune.service.serving.prompts import production_setting
-
     setting = production_setting(cfg, programs=("rewriter",))
     label = setting.versions["rewriter"]
     version: int | None = None
@@ -616,19 +645,13 @@ def default_drafter(cfg: KituneConfig, *, ledger: Any = None) -> tuple[Drafter, 
     Each call extracts one document with the extract role's LM (``lm.extract``); a document
     whose extraction failed raises, which the proposer counts.
     """
-    import dspy
-
-    from kitune.lm import build_lm
-    from kitune.programs.fact_extractor import FactExtractor
-    from kitune.service.serving.prompts import production_setting
-
     setting = production_setting(cfg, programs=("extractor",))
     extractor = FactExtractor.from_config(cfg, setting.prompts["extractor"])
     held: dict[str, Any] = {}
 
     def draft(doc: Document) -> list[KI]:
         if "lm" not in held:
-            held["lm"] = build_lm(cfg, "extract", ledger=ledger)
+            held["lm"] = kitune.lm.build_lm(cfg, "extract", ledger=ledger)
         with dspy.context(lm=held["lm"]):
             result = extractor.extract_document(doc)
         if result.status == "failed":
@@ -640,8 +663,6 @@ def default_drafter(cfg: KituneConfig, *, ledger: Any = None) -> tuple[Drafter, 
 
 def corpus_documents(corpus: Path | str) -> Callable[[str], Document | None]:
     """Doc id → document, from a corpus file or folder (read once, on first use)."""
-    from kitune.data.loaders import load_corpus
-
     held: dict[str, dict[str, Document]] = {}
 
     def get(docid: str) -> Document | None:
@@ -659,7 +680,6 @@ def default_evaluator(cfg: KituneConfig, corpus: Path | str) -> Evaluator:
     written to ``<workdir>/review/effects/<label>.jsonl``. With a rewriter instruction the
     look-ups are rewritten by the rewrite role's LM; without one they use plain plans.
     """
-    from kitune.service.pipelines.evaluation import make_context_fn, run_eval
 
     def evaluate(
         questions: Sequence[Question], store: Store, rewriter_text: str | None, label: str
@@ -671,9 +691,7 @@ def default_evaluator(cfg: KituneConfig, corpus: Path | str) -> Evaluator:
         )
         rewriter = None
         if rewriter_text is not None:
-            from kitune.lm import build_lm
-
-            rewriter = rewriter_for(rewriter_text, build_lm(cfg, "rewrite"))
+            rewriter = rewriter_for(rewriter_text, kitune.lm.build_lm(cfg, "rewrite"))
         context = make_context_fn(cfg, store, disambiguation=True, rewriter=rewriter)
         result = run_eval(
             cfg,

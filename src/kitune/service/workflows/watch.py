@@ -40,13 +40,27 @@ from kitune.config import KituneConfig
 from kitune.data.loaders import CORPUS_FILE, load_corpus, load_questions
 from kitune.errors import DataError
 from kitune.evaluation.metrics import Trace
+from kitune.evaluation.signals import aggregate_signals, compute_signals
 from kitune.experiments.tracking import create_tracker
 from kitune.ki import utcnow
+from kitune.service.tuning import optimize as optimize_service
+from kitune.service.tuning.options import OptimizeOptions
+from kitune.service.workflows.review import (
+    corpus_documents,
+    default_drafter,
+    default_evaluator,
+    file_proposals,
+    open_review,
+    production_rewriter,
+)
+from kitune.service.workflows.signals import log_signals, signal_report, store_facts
 from kitune.service.workflows.traces import (
     ImportReport,
     TraceFolder,
     changed_files,
     import_traces,
+    read_trace_file,
+    to_trace,
     write_atomic,
 )
 
@@ -175,10 +189,7 @@ def loop_once(
         DataError: no corpus, corrupt state. KituneError: locked, or the optimisation failed
         (the round stays pending; rerun to resume).
     """
-    from kitune.service.tuning.optimize import run_optimize
-    from kitune.service.tuning.options import OptimizeOptions
-
-    run = optimize or run_optimize
+    run = optimize or optimize_service.run_optimize
     corpus_file(opts.corpus)  # a mistyped --corpus fails now, not when traces arrive
     folder = TraceFolder.of(cfg, opts.name)
     with folder.lock("loop"):
@@ -319,14 +330,6 @@ def production_hooks(cfg: KituneConfig, opts: LoopOptions, wopts: WatchOptions) 
     rewriter, the in-context agent as evaluator (only when ``review.auto_approve`` is set: effects
     cost agent runs) and the MLflow tracker.
     """
-    from kitune.service.workflows.review import (
-        corpus_documents,
-        default_drafter,
-        default_evaluator,
-        open_review,
-        production_rewriter,
-    )
-
     tracker = create_tracker(cfg)
     draft, version = default_drafter(cfg) if wopts.draft and cfg.review.draft_kis else (None, "")
     return ReviewHooks(
@@ -366,9 +369,6 @@ def mine_signals(
     Returns:
         ``{"traces", "signals": by-kind counts, "filed", "auto_approved", "gate_refused", "errors"}``.
     """
-    from kitune.evaluation.signals import aggregate_signals, compute_signals
-    from kitune.service.workflows.traces import read_trace_file, to_trace
-
     with folder.lock("state"):
         done = set(folder.read_state().get("signalled", []))
     new: list[tuple[str, Trace]] = []
@@ -387,9 +387,6 @@ def mine_signals(
         quick = aggregate_signals([compute_signals(t, trace_id=tid) for tid, t in new])
         out["signals"] = dict(quick.by_kind)
         if any(quick.by_kind.get(k, 0) for k in _MINED_KINDS):
-            from kitune.service.workflows.review import file_proposals
-            from kitune.service.workflows.signals import log_signals, signal_report, store_facts
-
             h = hooks()
             report = signal_report(cfg, new, facts=store_facts(h.service.kis()))
             out["signals"] = dict(report.by_kind)
@@ -397,8 +394,6 @@ def mine_signals(
                 log_signals(h.tracker, report, name=label, params={"signals.traces": len(new)})
             questions = []
             if folder.questions.is_file():
-                from kitune.data.loaders import load_questions
-
                 questions = load_questions(folder.questions)
             rep = file_proposals(
                 h.service,
