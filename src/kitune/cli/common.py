@@ -13,7 +13,17 @@ from rich.markup import escape
 from kitune.config import KituneConfig, load_config
 from kitune.errors import KituneError
 
-__all__ = ["ConfigOption", "console", "exit_code_for", "fail", "fail_with", "get_config", "preload_litellm"]
+__all__ = [
+    "ConfigOption",
+    "TraceSourceNameOption",
+    "TraceSourcesArgument",
+    "console",
+    "exit_code_for",
+    "fail",
+    "fail_with",
+    "get_config",
+    "preload_litellm",
+]
 
 console = Console(stderr=True)
 
@@ -25,6 +35,20 @@ ConfigOption = Annotated[
         help="YAML/TOML config file (default: $KITUNE_CONFIG, else built-in defaults).",
         show_default=False,
     ),
+]
+
+
+TraceSourcesArgument = Annotated[
+    list[Path] | None,
+    typer.Argument(
+        help="Run folders, traces JSONL, chat/MLflow trace files, or folders of them.", show_default=False
+    ),
+]
+"""Trace sources of ``kitune signals`` and ``kitune review propose``."""
+
+TraceSourceNameOption = Annotated[
+    str | None,
+    typer.Option("--name", help="Also read the imported trace source <workdir>/traces/<name>."),
 ]
 
 

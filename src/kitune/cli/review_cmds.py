@@ -11,7 +11,14 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from kitune.cli.common import ConfigOption, fail, fail_with, get_config
+from kitune.cli.common import (
+    ConfigOption,
+    TraceSourceNameOption,
+    TraceSourcesArgument,
+    fail,
+    fail_with,
+    get_config,
+)
 from kitune.errors import KituneError, ReviewError
 
 if TYPE_CHECKING:
@@ -167,16 +174,8 @@ def revert_cmd(
 
 @review_app.command("propose")
 def propose_cmd(
-    sources: Annotated[
-        list[Path] | None,
-        typer.Argument(
-            help="Run folders, traces JSONL, chat/MLflow trace files, or folders.", show_default=False
-        ),
-    ] = None,
-    name: Annotated[
-        str | None,
-        typer.Option("--name", help="Also read the imported trace source <workdir>/traces/<name>."),
-    ] = None,
+    sources: TraceSourcesArgument = None,
+    name: TraceSourceNameOption = None,
     corpus: Annotated[
         Path | None,
         typer.Option(
@@ -203,18 +202,12 @@ def propose_cmd(
         file_proposals,
         production_rewriter,
     )
-    from kitune.service.workflows.signals import load_signal_traces, signal_report, store_facts
-    from kitune.service.workflows.traces import TraceFolder
+    from kitune.service.workflows.signals import load_signal_traces, signal_report, store_facts, trace_sources
 
     cfg = get_config(config)
-    paths = list(sources or [])
     svc = _service(cfg, track)
     try:
-        if name is not None:
-            paths.append(TraceFolder.of(cfg, name).traces)
-        if not paths:
-            raise ValueError("no traces given: pass run folders or trace files, or --name SOURCE")
-        loaded = load_signal_traces(paths)
+        loaded = load_signal_traces(trace_sources(cfg, sources, name))
         report = signal_report(cfg, loaded.traces, facts=store_facts(svc.kis()))
         draft, version = default_drafter(cfg) if corpus is not None else (None, "")
         labelled = load_questions(questions) if questions is not None else []

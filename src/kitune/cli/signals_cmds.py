@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from kitune.cli.common import ConfigOption, fail_with, get_config
+from kitune.cli.common import ConfigOption, TraceSourceNameOption, TraceSourcesArgument, fail_with, get_config
 from kitune.errors import KituneError
 
 __all__ = ["register", "signals_cmd"]
@@ -19,16 +19,8 @@ _out = Console()
 
 
 def signals_cmd(
-    sources: Annotated[
-        list[Path] | None,
-        typer.Argument(
-            help="Run folders, traces JSONL, chat/MLflow trace files, or folders of them.", show_default=False
-        ),
-    ] = None,
-    name: Annotated[
-        str | None,
-        typer.Option("--name", help="Also read the imported trace source <workdir>/traces/<name>."),
-    ] = None,
+    sources: TraceSourcesArgument = None,
+    name: TraceSourceNameOption = None,
     use_store: Annotated[
         bool,
         typer.Option(
@@ -56,16 +48,13 @@ def signals_cmd(
         log_signals,
         signal_report,
         store_facts,
+        trace_sources,
     )
-    from kitune.service.workflows.traces import TraceFolder
 
     cfg = get_config(config)
-    paths = list(sources or [])
+    paths: list[Path] = []
     try:
-        if name is not None:
-            paths.append(TraceFolder.of(cfg, name).traces)
-        if not paths:
-            raise ValueError("no traces given: pass run folders or trace files, or --name SOURCE")
+        paths = trace_sources(cfg, sources, name)
         loaded = load_signal_traces(paths)
         facts = None
         if use_store:

@@ -32,7 +32,7 @@ from kitune.evaluation.harness import read_traces
 from kitune.evaluation.metrics import Trace
 from kitune.evaluation.signals import SignalReport, SignalRules, aggregate_signals, compute_signals
 from kitune.schema import Filter
-from kitune.service.workflows.traces import read_trace_file, to_trace
+from kitune.service.workflows.traces import TraceFolder, read_trace_file, to_trace
 
 if TYPE_CHECKING:
     from kitune.data.loaders import SkippedLine
@@ -47,6 +47,7 @@ __all__ = [
     "signal_report",
     "store_facts",
     "to_chat_record",
+    "trace_sources",
 ]
 
 
@@ -85,6 +86,29 @@ def _files(path: Path) -> list[Path]:
         f"no traces at {path}: pass a run folder, a traces JSONL, a chat/MLflow trace file or a folder",
         path=str(path),
     )
+
+
+def trace_sources(cfg: KituneConfig, paths: Sequence[Path] | None, name: str | None) -> list[Path]:
+    """The sources a command names: ``paths`` plus, with ``name``, the imported source's traces.
+
+    Args:
+        cfg: the configuration (``workdir`` holds ``traces/<name>``).
+        paths: run folders, trace files or folders, as given.
+        name: an imported trace source (``kitune traces import --name``), or None.
+
+    Returns:
+        ``paths`` in order, then ``<workdir>/traces/<name>/traces.jsonl``.
+
+    Raises:
+        ValueError: no path and no name.
+        DataError: ``name`` has characters other than letters, digits, ``._-``.
+    """
+    out = list(paths or [])
+    if name is not None:
+        out.append(TraceFolder.of(cfg, name).traces)
+    if not out:
+        raise ValueError("no traces given: pass run folders or trace files, or --name SOURCE")
+    return out
 
 
 def load_signal_traces(paths: Sequence[Path | str]) -> LoadedTraces:
