@@ -15,11 +15,12 @@ from test_loop import FakeEnv, _p
 from kitune.config import KituneConfig
 from kitune.errors import ConfigError
 from kitune.experiments.prompts import PromptRegistry, prompt_name
-from kitune.experiments.runner import make_optimizer, run_experiment
+from kitune.experiments.runner import run_experiment
 from kitune.optimizers.budget import OptimizerBudget
 from kitune.optimizers.gepa import GepaOptimizer
 from kitune.optimizers.loop import start_prompts
 from kitune.optimizers.mipro import MiproOptimizer
+from kitune.optimizers.registry import make_optimizer
 from kitune.optimizers.stopping import TimeoutStopCondition
 from kitune.programs.instructions import load_instruction
 from kitune.testing.tracking import RecordingTracker

@@ -10,7 +10,6 @@ from kitune.lazy import lazy_exports
 
 _EXPORTS: dict[str, str] = {
     "run_experiment": "kitune.experiments.runner",
-    "make_optimizer": "kitune.experiments.runner",
     "MlflowTracker": "kitune.experiments.tracking",
     "NullTracker": "kitune.experiments.tracking",
     "create_tracker": "kitune.experiments.tracking",

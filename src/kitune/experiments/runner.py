@@ -1,8 +1,7 @@
 """``run_experiment``: wire a loop environment to the tracker, the prompt registry and the optimiser choice.
 
-:func:`make_optimizer` builds the optimiser a name selects from the registry
-(:mod:`kitune.optimizers.registry`: ``gepa`` by default, ``mipro``, plug-ins) with its
-:class:`~kitune.optimizers.budget.OptimizerBudget`; :func:`run_experiment` resolves the tracker
+The optimiser a name selects is built by :func:`kitune.optimizers.registry.make_optimizer`
+(``gepa`` by default, ``mipro``, plug-ins); :func:`run_experiment` resolves the tracker
 (``create_tracker(cfg)``: MLflow at ``cfg.mlflow_uri``), the prompt registry
 (``PromptRegistry(cfg.mlflow_uri)``), the starting setting (the registry's ``production``
 prompts, else the packaged instructions; a saved loop state wins over both) and runs
@@ -12,7 +11,6 @@ prompts, else the packaged instructions; a saved loop state wins over both) and 
 from __future__ import annotations
 
 import contextlib
-import random
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,42 +18,15 @@ from typing import TYPE_CHECKING, Any
 from kitune.errors import TrackingError
 from kitune.experiments.prompts import PromptRegistry, register_packaged
 from kitune.experiments.tracking import create_tracker
-from kitune.optimizers.base import Optimizer
-from kitune.optimizers.budget import OptimizerBudget
 from kitune.optimizers.loop import LoopEnv, LoopResult, Setting, run_loop, start_prompts
 from kitune.optimizers.objective import LoopWeights
-from kitune.optimizers.registry import make_optimizer as registry_make_optimizer
 from kitune.programs.instructions import available_instructions, instruction_version
 
 if TYPE_CHECKING:
     from kitune.config import KituneConfig
     from kitune.optimizers.protocols import Tracker
 
-__all__ = ["make_optimizer", "run_experiment"]
-
-
-def make_optimizer(
-    name: str,
-    metric: Callable[..., Any],
-    *,
-    reflection_lm: Any,
-    budget: OptimizerBudget,
-    rng: random.Random,
-    input_tokens: Callable[[], int] | None = None,
-) -> Optimizer:
-    """Build the optimiser registered as ``name`` from the one budget object.
-
-    Reads :mod:`kitune.optimizers.registry` (``gepa``, ``mipro`` and any plug-in registered by
-    importing its module); see :class:`~kitune.optimizers.registry.OptimizerFactory` for the
-    arguments.
-
-    Raises:
-        ConfigError: ``name`` is not registered (the message lists the registered names), or
-            the factory refused the metric, the reflection model or the budget.
-    """
-    return registry_make_optimizer(
-        name, metric, reflection_lm=reflection_lm, budget=budget, rng=rng, input_tokens=input_tokens
-    )
+__all__ = ["run_experiment"]
 
 
 def run_experiment(
