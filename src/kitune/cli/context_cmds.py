@@ -35,8 +35,10 @@ if TYPE_CHECKING:
     from kitune.usage import TokenLedger
 
 __all__ = [
+    "NoRewriteOption",
     "PackagedOption",
     "PromptVersionOption",
+    "RefreshOption",
     "Serving",
     "print_context",
     "register",
@@ -55,6 +57,15 @@ PromptVersionOption = Annotated[
         help="Use this registered version instead of production: PROGRAM=VERSION (extractor=3, "
         "rewriter=candidate) or an alias for every program (candidate). Repeatable.",
         show_default=False,
+    ),
+]
+RefreshOption = Annotated[
+    float,
+    typer.Option(
+        "--refresh-s",
+        min=0,
+        help="Re-read the production prompt versions at most this often (seconds); a promote or "
+        "rollback is served from then on. 0: resolve once at start.",
     ),
 ]
 PackagedOption = Annotated[
@@ -239,15 +250,7 @@ def serve(
     no_rewrite: NoRewriteOption = False,
     prompt_version: PromptVersionOption = None,
     packaged: PackagedOption = False,
-    refresh_s: Annotated[
-        float,
-        typer.Option(
-            "--refresh-s",
-            min=0,
-            help="Re-read the production prompt versions at most this often (seconds); a promote or "
-            "rollback is served from then on. 0: resolve once at start.",
-        ),
-    ] = 30.0,
+    refresh_s: RefreshOption = 30.0,
     config: ConfigOption = None,
 ) -> None:
     """Serve POST /api/_get_context (OpenAPI at /docs and /openapi.json, liveness at /healthz).

@@ -26,7 +26,13 @@ from typing import Annotated, Literal
 import typer
 
 from kitune.cli.common import ConfigOption, fail, get_config
-from kitune.cli.context_cmds import PackagedOption, PromptVersionOption, start_serving
+from kitune.cli.context_cmds import (
+    NoRewriteOption,
+    PackagedOption,
+    PromptVersionOption,
+    RefreshOption,
+    start_serving,
+)
 from kitune.errors import KituneError
 
 __all__ = ["StdoutForTheWire", "mcp_command", "register"]
@@ -85,20 +91,10 @@ def mcp_command(
         str, typer.Option(help="http: interface to bind; non-loopback needs KITUNE_API_TOKEN.")
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535, help="http: TCP port (endpoint /mcp).")] = 8765,
-    no_rewrite: Annotated[
-        bool, typer.Option("--no-rewrite", help="Skip the LLM rewrite; search with the question as typed.")
-    ] = False,
+    no_rewrite: NoRewriteOption = False,
     prompt_version: PromptVersionOption = None,
     packaged: PackagedOption = False,
-    refresh_s: Annotated[
-        float,
-        typer.Option(
-            "--refresh-s",
-            min=0,
-            help="Re-read the production prompt versions at most this often (seconds); a promote or "
-            "rollback is served from then on. 0: resolve once at start.",
-        ),
-    ] = 30.0,
+    refresh_s: RefreshOption = 30.0,
     config: ConfigOption = None,
 ) -> None:
     """Serve kitune's context tools over the Model Context Protocol (stdio or streamable HTTP).
