@@ -60,7 +60,7 @@ from kitune.service.serving.mcp import (
     search_documents_tool,
     source_description_kis,
 )
-from kitune.service.serving.setting import ServedSetting
+from kitune.service.serving.setting import LiveSetting, ServedSetting
 from kitune.service.workflows.review import ReviewService, review_opener
 
 if TYPE_CHECKING:
@@ -200,58 +200,6 @@ def _strict_tools(fns: Sequence[Callable[..., Any]], annotations: Mapping[str, A
     return tools
 
 
-class _Served:
-    """The KI store and rewriter the tools answer with, re-resolved like ``kitune serve``'s.
-
-    ``current()`` asks ``source`` (with the served versions) at most every ``refresh_s`` seconds
-    and swaps in what it returns; None means unchanged, and a failing source keeps the current
-    setting (logged). Thread-safe.
-    """
-
-    def __init__(
-        self,
-        cfg: KituneConfig,
-        store: Store | None,
-        rewriter: QueryRewriter | None,
-        versions: Mapping[str, str] | None,
-        source: Callable[[Mapping[str, str]], ServedSetting | None] | None,
-        refresh_s: float,
-        clock: Callable[[], float],
-    ) -> None:
-        if refresh_s <= 0:
-            raise ValueError(f"refresh_s must be > 0, got {refresh_s}")
-        self.cfg = cfg
-        self.store = store
-        self.rewriter = rewriter
-        self.versions = dict(versions or {})
-        self.source = source
-        self.refresh_s = refresh_s
-        self.clock = clock
-        self.checked = clock()
-        self.lock = threading.Lock()
-
-    def _refresh(self) -> None:
-        if self.source is None or self.clock() - self.checked < self.refresh_s:
-            return
-        self.checked = self.clock()
-        try:
-            new = self.source(dict(self.versions))
-        except Exception:  # a registry hiccup must not take the tools down: keep serving
-            logger.exception("could not re-resolve the production setting; serving %s", self.versions)
-            return
-        if new is not None:
-            logger.info("now serving %s (was %s)", dict(new.versions), self.versions)
-            self.store, self.rewriter, self.versions = new.store, new.rewriter, dict(new.versions)
-
-    def current(self) -> tuple[Store, QueryRewriter | None]:
-        """The store (created from the config on first use when none was given) and the rewriter."""
-        with self.lock:
-            self._refresh()
-            if self.store is None:
-                self.store = kitune.retrieval.create_store(self.cfg)
-            return self.store, self.rewriter
-
-
 def create_mcp_server(
     cfg: KituneConfig,
     *,
@@ -292,7 +240,17 @@ def create_mcp_server(
     """
     from mcp.server.mcpserver import MCPServer
 
-    served = _Served(cfg, store, rewriter, versions, setting_source, refresh_s, clock)
+    if refresh_s <= 0:
+        raise ValueError(f"refresh_s must be > 0, got {refresh_s}")
+    served = LiveSetting(
+        cfg,
+        store=store,
+        rewriter=rewriter,
+        versions=versions,
+        source=setting_source,
+        refresh_s=refresh_s,
+        clock=clock,
+    )
     lock = threading.Lock()
     held: dict[str, Any] = {}
     if corpus_store is not None:

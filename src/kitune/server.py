@@ -31,7 +31,6 @@ import importlib.util
 import ipaddress
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -46,7 +45,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-import kitune.retrieval
 from kitune.config import KituneConfig
 from kitune.errors import (
     ConfigError,
@@ -59,7 +57,7 @@ from kitune.errors import (
 from kitune.programs.query_rewriter import QueryRewriter
 from kitune.retrieval.base import Store
 from kitune.service.serving.context import ContextResponse, get_context
-from kitune.service.serving.setting import ServedSetting
+from kitune.service.serving.setting import LiveSetting, ServedSetting
 from kitune.service.workflows.review import ReviewService, review_opener
 from kitune.usage import TokenLedger
 
@@ -281,32 +279,15 @@ def create_app(
     token = api_token if api_token is not None else (os.environ.get(API_TOKEN_ENV) or None)
     max_size = cfg.retrieval.max_size
     default_size = min(cfg.retrieval.default_size, max_size)
-    store_lock = threading.Lock()
-    holder: dict[str, Any] = {} if store is None else {"store": store}
-    holder["rewriter"] = rewriter
-    holder["versions"] = dict(versions or {})
-    holder["checked"] = clock()
-
-    def refresh() -> None:
-        """Swap in a new setting when the source reports one (caller holds ``store_lock``)."""
-        if setting_source is None or clock() - holder["checked"] < refresh_s:
-            return
-        holder["checked"] = clock()
-        try:
-            new = setting_source(dict(holder["versions"]))
-        except Exception:  # a registry hiccup must not take the API down: keep serving
-            logger.exception("could not re-resolve the production setting; serving %s", holder["versions"])
-            return
-        if new is not None:
-            logger.info("now serving %s (was %s)", dict(new.versions), holder["versions"])
-            holder.update(store=new.store, rewriter=new.rewriter, versions=dict(new.versions))
-
-    def current() -> tuple[Store, QueryRewriter | None]:
-        with store_lock:
-            refresh()
-            if "store" not in holder:
-                holder["store"] = kitune.retrieval.create_store(cfg)
-            return holder["store"], holder["rewriter"]
+    served = LiveSetting(
+        cfg,
+        store=store,
+        rewriter=rewriter,
+        versions=versions,
+        source=setting_source,
+        refresh_s=refresh_s,
+        clock=clock,
+    )
 
     class ContextRequest(BaseModel):
         """Body of ``POST /api/_get_context``."""
@@ -381,7 +362,7 @@ def create_app(
         app.add_exception_handler(cls, _any)
 
     def context_endpoint(body: Any) -> ContextResponse:
-        served_store, served_rewriter = current()
+        served_store, served_rewriter = served.current()
         resp = get_context(
             body.query,
             store=served_store,
@@ -429,9 +410,8 @@ def create_app(
 
     @app.get("/healthz", summary="Liveness check (does not touch the store); names the served versions.")
     def healthz() -> dict[str, Any]:
-        with store_lock:
-            served = dict(holder["versions"])
-        return {"status": "ok", "serving": served} if served else {"status": "ok"}
+        now = served.versions()
+        return {"status": "ok", "serving": now} if now else {"status": "ok"}
 
     return app
 

@@ -21,6 +21,8 @@ there (tests, AGENTS.md) is the one used.
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +37,10 @@ from kitune.retrieval.base import Store
 from kitune.service.serving.prompts import ProductionSetting, production_setting, setting_summary
 from kitune.usage import TokenLedger
 
+logger = logging.getLogger(__name__)
+
 __all__ = [
+    "LiveSetting",
     "ServedSetting",
     "build_served",
     "empty_store_message",
@@ -55,6 +60,74 @@ class ServedSetting:
     rewriter: QueryRewriter | None
     versions: Mapping[str, str] = field(default_factory=dict)
     """Program → prompt version label, plus ``"store"`` → KI table/index (shown in /healthz)."""
+
+
+class LiveSetting:
+    """The store and rewriter a running server answers with, following a setting source (thread-safe).
+
+    :meth:`current` asks ``source`` (with the served versions) at most every ``refresh_s``
+    seconds, on a request or tool call, and swaps in what it returns; None means unchanged, and
+    a failing source keeps the current setting (logged, so a registry hiccup never takes the
+    server down). Without a store, one is created from ``cfg`` on first use
+    (``kitune.retrieval.create_store``). Shared by the HTTP API (:mod:`kitune.server`) and the
+    MCP server (:mod:`kitune.mcp_server`).
+
+    Args:
+        cfg: configuration (the store created when none is given).
+        store: the KI store served first (None: created on first use).
+        rewriter: the query rewriter with its LM, or None (plain plans).
+        versions: what ``store``/``rewriter`` are (program → label, ``"store"`` → table).
+        source: e.g. :func:`follow_production`; None serves what was given until exit.
+        refresh_s: seconds between ``source`` calls.
+        clock: monotonic clock in seconds.
+    """
+
+    def __init__(
+        self,
+        cfg: KituneConfig,
+        *,
+        store: Store | None,
+        rewriter: QueryRewriter | None,
+        versions: Mapping[str, str] | None,
+        source: Callable[[Mapping[str, str]], ServedSetting | None] | None,
+        refresh_s: float,
+        clock: Callable[[], float],
+    ) -> None:
+        self.cfg = cfg
+        self.store = store
+        self.rewriter = rewriter
+        self._versions = dict(versions or {})
+        self.source = source
+        self.refresh_s = refresh_s
+        self.clock = clock
+        self.checked = clock()
+        self.lock = threading.Lock()
+
+    def _refresh(self) -> None:
+        if self.source is None or self.clock() - self.checked < self.refresh_s:
+            return
+        self.checked = self.clock()
+        try:
+            new = self.source(dict(self._versions))
+        except Exception:  # a registry hiccup must not take the server down: keep serving
+            logger.exception("could not re-resolve the production setting; serving %s", self._versions)
+            return
+        if new is not None:
+            logger.info("now serving %s (was %s)", dict(new.versions), self._versions)
+            self.store, self.rewriter, self._versions = new.store, new.rewriter, dict(new.versions)
+
+    def current(self) -> tuple[Store, QueryRewriter | None]:
+        """The store (created from the config on first use when none was given) and the rewriter."""
+        with self.lock:
+            self._refresh()
+            if self.store is None:
+                self.store = kitune.retrieval.create_store(self.cfg)
+            return self.store, self.rewriter
+
+    def versions(self) -> dict[str, str]:
+        """What is served now (program → label, ``"store"`` → table); no refresh."""
+        with self.lock:
+            return dict(self._versions)
 
 
 def rewriter_for(instruction: str, lm: Any) -> QueryRewriter:
