@@ -1,4 +1,4 @@
-"""service/improve: the reflection window (config, LiteLLM, the server's report) and the fallback note."""
+"""service/tuning/improve: the reflection window (config, LiteLLM, the server's report), the fallback note."""
 
 from __future__ import annotations
 
