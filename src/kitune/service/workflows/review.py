@@ -343,6 +343,23 @@ class ReviewService:
             self._opened["registry"] = reg() if callable(reg) else reg
         return self._opened["registry"]  # type: ignore[no-any-return]
 
+    def _settle(
+        self, pid: str, current: str, status: str, *, actor: str, reason: str, **more: Any
+    ) -> Proposal:
+        """Move a proposal from ``current`` to its decided ``status`` and log it (approve, reject, revert).
+
+        The event is named after the new status, ``reason`` becomes the proposal's reason, and
+        ``more`` goes to :meth:`ProposalStore.transition` as is (``detail``, ``applied``).
+
+        Raises:
+            ProposalNotFoundError: unknown id. ProposalStateError: the status is not ``current``.
+        """
+        p = self.queue.transition(
+            pid, (current,), action=status, actor=actor, reason=reason, set_reason=True, status=status, **more
+        )
+        self._log(p, status, actor)
+        return p
+
     def _log(self, p: Proposal, action: str, actor: str) -> None:
         if self.tracker is None:
             return
@@ -426,18 +443,7 @@ class ReviewService:
                 pid, ("applying",), action="apply_failed", actor=actor, reason=f"{type(e).__name__}: {e}"
             )
             raise
-        p = self.queue.transition(
-            pid,
-            ("applying",),
-            action="approved",
-            actor=actor,
-            reason=reason,
-            set_reason=True,
-            status="approved",
-            applied=applied,
-        )
-        self._log(p, "approved", actor)
-        return p
+        return self._settle(pid, "applying", "approved", actor=actor, reason=reason, applied=applied)
 
     def reject(self, pid: str, *, reason: str, actor: str = "cli") -> Proposal:
         """Reject a pending proposal; it stays in the history so the change is not proposed again.
@@ -447,17 +453,7 @@ class ReviewService:
         """
         if not reason.strip():
             raise ValueError("a rejection needs a reason (--reason TEXT): it is kept in the history")
-        p = self.queue.transition(
-            pid,
-            ("pending",),
-            action="rejected",
-            actor=actor,
-            reason=reason,
-            set_reason=True,
-            status="rejected",
-        )
-        self._log(p, "rejected", actor)
-        return p
+        return self._settle(pid, "pending", "rejected", actor=actor, reason=reason)
 
     def revert(self, pid: str, *, reason: str = "", actor: str = "cli") -> Proposal:
         """Undo an approved proposal, softly; it is remembered like a rejection.
@@ -471,18 +467,7 @@ class ReviewService:
                 f"proposal {pid} is {p.status}: only an approved proposal can be reverted", proposal_id=pid
             )
         done = revert_change(p, store=self.kis(), registry=self.prompts())
-        p = self.queue.transition(
-            pid,
-            ("approved",),
-            action="reverted",
-            actor=actor,
-            reason=reason,
-            detail=done,
-            set_reason=True,
-            status="reverted",
-        )
-        self._log(p, "reverted", actor)
-        return p
+        return self._settle(pid, "approved", "reverted", actor=actor, reason=reason, detail=done)
 
     def close(self) -> None:
         """Close the KI table if this service opened it."""
