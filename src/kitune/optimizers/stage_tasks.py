@@ -50,6 +50,7 @@ __all__ = [
     "coverable_documents",
     "coverage_examples",
     "coverage_metric",
+    "gold_document_map",
     "imperfect",
     "order_ids",
     "recall_examples",
@@ -76,6 +77,32 @@ def order_ids(ids: Iterable[str], first: Iterable[str], seed: str | int) -> list
     rest = [i for i in pool if i not in set(head)]
     random.Random(seed).shuffle(rest)
     return head + rest
+
+
+def gold_document_map(
+    questions: Sequence[Question], get_document: Callable[[str], Document]
+) -> tuple[dict[str, tuple[str, ...]], dict[str, Document]]:
+    """Each question's gold document ids and the gold documents that exist, for the program tasks.
+
+    Args:
+        questions: the tuning questions.
+        get_document: docid → document; a missing one (``DocumentNotFoundError``, ``KeyError``)
+            is left out of the documents, not an error.
+
+    Returns:
+        ``(gold, documents)``: query id → its gold document ids
+        (:func:`~kitune.evaluation.stage_metrics.gold_documents`), and docid → document for every
+        gold document found.
+    """
+    gold = {q.query_id: gold_documents(q) for q in questions}
+    documents: dict[str, Document] = {}
+    for docids in gold.values():
+        for d in docids:
+            try:
+                documents[d] = get_document(d)
+            except (DocumentNotFoundError, KeyError):
+                continue
+    return gold, documents
 
 
 def coverable_documents(questions: Sequence[Question], get_document: Callable[[str], Document]) -> list[str]:

@@ -23,17 +23,13 @@ KIs miss an answer), ``route_oob_questions``, ``route_oob_extractor_items``,
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from kitune.errors import DocumentNotFoundError
 from kitune.evaluation.stage_feedback import document_coverage
 from kitune.optimizers import stage_tasks, tasks
 from kitune.optimizers.improve_env import ImproveEnv, ImproveInput
 from kitune.optimizers.program_task import ProgramTask, TaskSetup, register_program_task
 from kitune.optimizers.routes import route_out_of_budget
-
-if TYPE_CHECKING:
-    from kitune.schema import Document
 
 __all__ = ["EXTRACTOR", "extractor_setup"]
 
@@ -42,14 +38,7 @@ def extractor_setup(env: ImproveEnv, inp: ImproveInput) -> TaskSetup:
     """The cached extractor (the setting's instruction and limits), coverable gold documents, coverage."""
     kis_by_doc = env.kis_by_doc(inp.setting)
     outcomes = tasks.extraction_outcomes(env.tune, inp.tune.traces, kis_by_doc, kinds=inp.kinds)
-    gold = {q.query_id: tuple(q.gold_docids or q.evidence_docids) for q in env.tune}
-    documents: dict[str, Document] = {}
-    for docids in gold.values():
-        for d in docids:
-            try:
-                documents[d] = env.get_document(d)
-            except (DocumentNotFoundError, KeyError):
-                continue
+    gold, documents = stage_tasks.gold_document_map(env.tune, env.get_document)
     route = route_out_of_budget(inp.tune.traces, documents=documents, gold_docids=gold, kis_by_doc=kis_by_doc)
     for item in route.extractor:
         outcomes[item.docid] = f"{outcomes.get(item.docid, '')} {item.text()}".strip()

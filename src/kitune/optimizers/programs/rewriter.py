@@ -19,18 +19,14 @@ Setup measures (``improve_rewriter_<key>``): ``examples``, ``imperfect``, ``rout
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from kitune.errors import DocumentNotFoundError
-from kitune.evaluation.stage_metrics import gold_documents, reciprocal_rank
+from kitune.evaluation.stage_metrics import reciprocal_rank
 from kitune.optimizers import stage_tasks
 from kitune.optimizers.improve_env import ImproveEnv, ImproveInput
 from kitune.optimizers.program_task import ProgramTask, TaskSetup, register_program_task
 from kitune.optimizers.routes import describe_document, route_out_of_budget
 from kitune.programs.query_rewriter import QueryRewriter
-
-if TYPE_CHECKING:
-    from kitune.schema import Document
 
 __all__ = ["REWRITER", "rewriter_setup"]
 
@@ -40,14 +36,7 @@ def rewriter_setup(env: ImproveEnv, inp: ImproveInput) -> TaskSetup:
     setting = inp.setting
     k = env.setting_cfg(setting).retrieval.default_size
     kis_by_doc = env.kis_by_doc(setting)
-    gold = {q.query_id: gold_documents(q) for q in env.tune}
-    documents: dict[str, Document] = {}
-    for docids in gold.values():
-        for d in docids:
-            try:
-                documents[d] = env.get_document(d)
-            except (DocumentNotFoundError, KeyError):
-                continue
+    gold, documents = stage_tasks.gold_document_map(env.tune, env.get_document)
     route = route_out_of_budget(inp.tune.traces, documents=documents, gold_docids=gold, kis_by_doc=kis_by_doc)
     first = [q.query_id for q in env.tune if inp.kinds.get(q.query_id) in ("no_candidate", "out_of_budget")]
     examples = stage_tasks.recall_examples(
