@@ -31,7 +31,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, get_args
 
 if TYPE_CHECKING:
     from kitune.evaluation.metrics import Trace
@@ -56,16 +56,8 @@ FailureKind = Literal[
 ]
 """Why a question failed (see the module docstring for the rules)."""
 
-FAILURE_KINDS: tuple[FailureKind, ...] = (
-    "wrong_entity",
-    "wrong_number",
-    "no_candidate",
-    "out_of_budget",
-    "malformed_calls",
-    "grader_error",
-    "failed",
-)
-"""Every kind, in report order."""
+FAILURE_KINDS: tuple[FailureKind, ...] = get_args(FailureKind)
+"""Every kind, in report order (the order :data:`FailureKind` lists them)."""
 
 _MONTHS = (
     "january|february|march|april|may|june|july|august|september|october|november|december|"

@@ -61,7 +61,7 @@ import re
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from kitune.evaluation.metrics import Trace
 from kitune.ki import slugify
@@ -96,16 +96,8 @@ SignalKind = Literal[
     "coverage_gap",
     "query_error",
 ]
-SIGNAL_KINDS: tuple[SignalKind, ...] = (
-    "empty_retrieval",
-    "fell_back_to_raw",
-    "looped",
-    "budget_exhausted",
-    "answer_unsupported",
-    "coverage_gap",
-    "query_error",
-)
-"""Every signal, in report order."""
+SIGNAL_KINDS: tuple[SignalKind, ...] = get_args(SignalKind)
+"""Every signal, in report order (the order :data:`SignalKind` lists them)."""
 
 LOOKUP_TOOLS = frozenset({"get_context"})
 """Tools that look up KIs (kitune's agent tool and MCP tool)."""
