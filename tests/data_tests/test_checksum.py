@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from kitune.data.checksum import dataset_checksum, dataset_files
+from kitune.data.checksum import dataset_checksum, dataset_files, document_hash
 from kitune.errors import DataError
+from kitune.schema import Document
 
 
 def _sha(data: bytes) -> str:
@@ -77,3 +78,11 @@ def test_checksum_of_the_shared_fixture_is_stable() -> None:
     ]
     listing = "".join(f"{_sha((fixture / n).read_bytes())}  {n}\n" for n in sorted(got.files))
     assert got.sha256 == _sha(listing.encode())
+
+
+def test_document_hash_is_title_separator_text_and_changes_with_either() -> None:
+    doc = Document(docid="d1", title="Acme", text="Acme was founded in 1999.")
+    assert document_hash(doc) == _sha(b"Acme\x1fAcme was founded in 1999.")[:32]
+    assert document_hash(Document(docid="other", title="Acme", text=doc.text)) == document_hash(doc)
+    assert document_hash(Document(docid="d1", title="Acme Corp", text=doc.text)) != document_hash(doc)
+    assert document_hash(Document(docid="d1", text="x")) == _sha(b"\x1fx")[:32]

@@ -22,8 +22,16 @@ from pathlib import Path
 from kitune.data.errata import ERRATA_FILE, errata_path_for
 from kitune.data.locomo import is_locomo_path, locomo_files
 from kitune.errors import DataError
+from kitune.schema import Document
 
-__all__ = ["DATASET_FILES", "DatasetChecksum", "dataset_checksum", "dataset_files", "file_sha256"]
+__all__ = [
+    "DATASET_FILES",
+    "DatasetChecksum",
+    "dataset_checksum",
+    "dataset_files",
+    "document_hash",
+    "file_sha256",
+]
 
 DATASET_FILES: tuple[str, ...] = (
     "corpus.jsonl",
@@ -59,6 +67,20 @@ def file_sha256(path: Path) -> str:
         for block in iter(lambda: fh.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def document_hash(doc: Document) -> str:
+    """32 hex characters of SHA-256 over the title, a ``0x1f`` separator and the text.
+
+    What "unchanged" means for one document: the extraction resume file
+    (:mod:`kitune.service.pipelines.extraction`) and the extraction cache
+    (:mod:`kitune.optimizers.extraction_cache`) both key on it, so they agree on an edit.
+    """
+    h = hashlib.sha256()
+    h.update((doc.title or "").encode("utf-8"))
+    h.update(b"\x1f")
+    h.update(doc.text.encode("utf-8"))
+    return h.hexdigest()[:32]
 
 
 def _read_files(p: Path) -> list[Path]:

@@ -9,8 +9,8 @@ every document of the slice with the current instruction. :class:`ExtractionCach
   the result (``max_facts``, ``chunk_chars``, ``evidence_mode``, ``corpus``, ``retries``,
   ``max_retry_tokens``, ``split_cut_chunks``), so the same instruction with other limits is a
   different entry;
-* the document id and :func:`document_hash` (SHA-256 of title and text, the same rule as the
-  extraction resume file), so an edited document is extracted again.
+* the document id and :func:`~kitune.data.checksum.document_hash` (SHA-256 of title and text,
+  the same function as the extraction resume file), so an edited document is extracted again.
 
 One JSONL file per extractor key (``<dir>/<key>.jsonl``, appended and fsynced per document), read
 once per key. :class:`CachedFactExtractor` is a :class:`~kitune.programs.fact_extractor.FactExtractor`
@@ -40,11 +40,12 @@ from typing import Any
 
 import dspy
 
+from kitune.data.checksum import document_hash
 from kitune.ki import KI
 from kitune.programs.fact_extractor import DocExtraction, FactExtractor
 from kitune.schema import Document
 
-__all__ = ["CachedFactExtractor", "ExtractionCache", "TraceStep", "document_hash", "extractor_key"]
+__all__ = ["CachedFactExtractor", "ExtractionCache", "TraceStep", "extractor_key"]
 
 _LIMITS = (
     "max_facts",
@@ -57,15 +58,6 @@ _LIMITS = (
     "call_unit",
     "grammar_limits",
 )
-
-
-def document_hash(doc: Document) -> str:
-    """32 hex characters of SHA-256 over the title, a separator and the text (what "unchanged" means)."""
-    h = hashlib.sha256()
-    h.update((doc.title or "").encode("utf-8"))
-    h.update(b"\x1f")
-    h.update(doc.text.encode("utf-8"))
-    return h.hexdigest()[:32]
 
 
 def extractor_key(extractor: FactExtractor) -> str:
@@ -132,7 +124,9 @@ class CacheStats:
 
 
 class ExtractionCache:
-    """Document extractions on disk, keyed by :func:`extractor_key`, document id and :func:`document_hash`.
+    """Document extractions on disk, keyed by :func:`extractor_key`, document id and document hash.
+
+    The hash is :func:`~kitune.data.checksum.document_hash`, the one the extraction resume file keeps.
 
     Thread-safe (GEPA's metric threads and the extraction workers share one instance). A line
     that does not parse (a crash mid-write) is skipped.

@@ -12,7 +12,8 @@
   model reply could not be used also carries that reply, whole, as ``raw``). A rerun skips documents
   whose last status is ``ok`` and retries ``failed`` ones. A truncated last line (a crash while
   writing) is ignored.
-* **Lifecycle** — ``hash`` is the document's content hash (:func:`content_hash`). A rerun
+* **Lifecycle** — ``hash`` is the document's content hash
+  (:func:`~kitune.data.checksum.document_hash`, the extraction cache's too). A rerun
   re-extracts an ``ok`` document whose hash changed; one whose hash is unchanged (or was never
   recorded) is skipped with no LLM call and its KIs get ``last_seen = now``
   (:func:`kitune.service.serving.stores.refresh_documents`), so a stable corpus never goes stale. With
@@ -37,7 +38,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import hashlib
 import json
 import os
 import sys
@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from kitune.data.checksum import document_hash
 from kitune.data.loaders import load_corpus
 from kitune.errors import ConfigError, LMAuthError, StoreUnavailableError
 from kitune.ki import KI, utcnow
@@ -67,7 +68,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ExtractionReport",
-    "content_hash",
     "default_state_path",
     "extract_corpus",
     "load_documents",
@@ -163,15 +163,6 @@ def default_state_path(cfg: KituneConfig, prompt_version: str) -> Path:
     """``<workdir>/extraction/<corpus>.<prompt version>.state.jsonl`` (one resume file per prompt)."""
     safe = prompt_version.replace("@", "-").replace("/", "-")
     return cfg.workdir / "extraction" / f"{cfg.corpus_name}.{safe}.state.jsonl"
-
-
-def content_hash(doc: Document) -> str:
-    """SHA-256 (first 32 hex chars) of a document's title and text: what decides "unchanged"."""
-    h = hashlib.sha256()
-    h.update((doc.title or "").encode("utf-8"))
-    h.update(b"\x1f")
-    h.update(doc.text.encode("utf-8"))
-    return h.hexdigest()[:32]
 
 
 def _state_records(path: Path | None) -> Iterator[dict[str, Any]]:
@@ -423,7 +414,7 @@ def extract_corpus(
         first.setdefault(d.docid, d)
     unique = list(first.values())
     state = read_state(state_path)
-    hashes = {d.docid: content_hash(d) for d in unique}
+    hashes = {d.docid: document_hash(d) for d in unique}
     unchanged, changed = _unchanged_docs(unique, state, read_state_hashes(state_path), hashes)
     todo = [d for d in unique if d.docid not in unchanged]
     limit = cfg.extraction.max_doc_chars
