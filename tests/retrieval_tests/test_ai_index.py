@@ -114,6 +114,37 @@ def test_limits_are_validated_with_clear_errors() -> None:
         validate_ai_document({**base, "attributes": {**base["attributes"], "evidence": ["e"] * 101}})
 
 
+def test_each_length_limit_names_the_item_its_size_the_limit_and_the_fix() -> None:
+    base = ki_to_ai_document(make_ki("A", "B"))
+    attrs = base["attributes"]
+    cases = [
+        (
+            {"tags": ["ok", "z" * 257, "w" * 300]},
+            "tag 'zzzz.*… length is 257, over the AI-index limit of 256: shorten it",
+        ),
+        (
+            {"attributes": {**attrs, "k" * 257: 1}},
+            "an attribute key length is 257, over the AI-index limit of 256",
+        ),
+        (
+            {"attributes": {**attrs, "note": "v" * 10_001}},
+            "attribute 'note' length is 10001, over .* of 10000",
+        ),
+        (
+            {"attributes": {**attrs, "evidence": ["a", "b" * 10_001, "c" * 20_000]}},
+            "a value of attribute 'evidence' length is 10001, over the AI-index limit of 10000: shorten it",
+        ),
+        (
+            {"content": "c" * 65_537},
+            "content length is 65537, over the AI-index limit of 65536: shorten the content",
+        ),
+    ]
+    for change, message in cases:
+        with pytest.raises(DataError, match=message):
+            validate_ai_document({**base, **change})
+    validate_ai_document({**base, "tags": ["z" * 256], "attributes": {**attrs, "note": "v" * 10_000}})
+
+
 def test_queries_use_the_ai_index_fields_and_parse_with_both_grammars() -> None:
     plan = QueryPlan(
         entity_tags=("entity:marie-curie",),

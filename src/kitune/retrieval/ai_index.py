@@ -185,8 +185,12 @@ def ki_to_ai_document(ki: KI) -> dict[str, Any]:
     return doc
 
 
-def _limit_error(doc: Mapping[str, Any], what: str, size: int, limit: int, fix: str) -> DataError:
-    return DataError(f"KI {doc.get('id', '?')}: {what} is {size}, over the AI-index limit of {limit}: {fix}")
+def _at_most(doc: Mapping[str, Any], what: str, size: int, limit: str, fix: str) -> None:
+    """Raise when ``size`` is over ``LIMITS[limit]``: the KI id, ``what``, its size, the limit, ``fix``."""
+    if size > LIMITS[limit]:
+        raise DataError(
+            f"KI {doc.get('id', '?')}: {what} is {size}, over the AI-index limit of {LIMITS[limit]}: {fix}"
+        )
 
 
 def validate_ai_document(doc: Mapping[str, Any]) -> None:
@@ -195,64 +199,29 @@ def validate_ai_document(doc: Mapping[str, Any]) -> None:
     Raises:
         DataError: the first limit broken, naming the KI id, the field, its size, the limit and the fix.
     """
-    lim = LIMITS
     title = str(doc.get("title") or "")
     if not title:
         raise DataError(f"KI {doc.get('id', '?')}: title is empty; an AI-index document needs a title")
-    for field, key in (
-        ("title", "title_chars"),
-        ("description", "description_chars"),
-        ("content", "content_chars"),
-    ):
-        n = len(str(doc.get(field) or ""))
-        if n > lim[key]:
-            raise _limit_error(doc, f"{field} length", n, lim[key], f"shorten the {field}")
+    for field in ("title", "description", "content"):
+        size = len(str(doc.get(field) or ""))
+        _at_most(doc, f"{field} length", size, f"{field}_chars", f"shorten the {field}")
     tags = list(doc.get("tags") or [])
-    if len(tags) > lim["tags"]:
-        raise _limit_error(
-            doc, "the number of tags", len(tags), lim["tags"], "drop tags (entity:/doc: tags count)"
-        )
-    long_tags = [t for t in tags if len(str(t)) > lim["tag_chars"]]
-    if long_tags:
-        raise _limit_error(
-            doc,
-            f"tag {str(long_tags[0])[:40]!r}… length",
-            len(str(long_tags[0])),
-            lim["tag_chars"],
-            "shorten it",
-        )
+    _at_most(doc, "the number of tags", len(tags), "tags", "drop tags (entity:/doc: tags count)")
+    for tag in tags:
+        _at_most(doc, f"tag {str(tag)[:40]!r}… length", len(str(tag)), "tag_chars", "shorten it")
     attrs = doc.get("attributes") or {}
-    if len(attrs) > lim["attributes"]:
-        raise _limit_error(
-            doc, "the number of attributes", len(attrs), lim["attributes"], "store fewer attributes"
-        )
+    _at_most(doc, "the number of attributes", len(attrs), "attributes", "store fewer attributes")
     for key, value in attrs.items():
-        if len(str(key)) > lim["attribute_key_chars"]:
-            raise _limit_error(
-                doc, "an attribute key length", len(str(key)), lim["attribute_key_chars"], "shorten it"
-            )
-        if isinstance(value, str) and len(value) > lim["attribute_value_chars"]:
-            raise _limit_error(
-                doc, f"attribute {key!r} length", len(value), lim["attribute_value_chars"], "shorten it"
-            )
+        _at_most(doc, "an attribute key length", len(str(key)), "attribute_key_chars", "shorten it")
+        if isinstance(value, str):
+            _at_most(doc, f"attribute {key!r} length", len(value), "attribute_value_chars", "shorten it")
         if isinstance(value, list):
-            if len(value) > lim["attribute_list_values"]:
-                raise _limit_error(
-                    doc,
-                    f"attribute {key!r} list size",
-                    len(value),
-                    lim["attribute_list_values"],
-                    "keep fewer values",
-                )
-            long = [v for v in value if len(str(v)) > lim["attribute_value_chars"]]
-            if long:
-                raise _limit_error(
-                    doc,
-                    f"a value of attribute {key!r} length",
-                    len(str(long[0])),
-                    lim["attribute_value_chars"],
-                    "shorten it",
-                )
+            _at_most(
+                doc, f"attribute {key!r} list size", len(value), "attribute_list_values", "keep fewer values"
+            )
+            for v in value:
+                what = f"a value of attribute {key!r} length"
+                _at_most(doc, what, len(str(v)), "attribute_value_chars", "shorten it")
             if any(not isinstance(v, str) for v in value):
                 raise DataError(f"KI {doc.get('id', '?')}: attribute {key!r} must be a list of strings")
         elif value is not None and not isinstance(value, str | int | float | bool):
