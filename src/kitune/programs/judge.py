@@ -182,6 +182,22 @@ def _answer(value: Any) -> str | None:
     return str(value)
 
 
+def _verdict(correct: bool | None, confidence: int | None, extracted: str | None, raw: str) -> JudgeVerdict:
+    """``graded`` with ``correct``, or ``grader_error`` ("no parsable verdict") when it is None."""
+    if correct is None:
+        return JudgeVerdict(
+            correct=None,
+            confidence=confidence,
+            extracted_answer=extracted,
+            status="grader_error",
+            error="no parsable verdict in the grader output",
+            raw=raw,
+        )
+    return JudgeVerdict(
+        correct=correct, confidence=confidence, extracted_answer=extracted, status="graded", raw=raw
+    )
+
+
 def parse_grading(raw: str) -> JudgeVerdict:
     """Parse a grader report into a verdict (never raises).
 
@@ -215,18 +231,7 @@ def parse_grading(raw: str) -> JudgeVerdict:
             extracted = None if value.casefold() in ("", "none", "n/a") else value
         c = list(_FIELD_RE["confidence"].finditer(text))
         confidence = _confidence(c[-1].group(1)) if c else None
-    if verdict is None:
-        return JudgeVerdict(
-            correct=None,
-            confidence=confidence,
-            extracted_answer=extracted,
-            status="grader_error",
-            error="no parsable verdict in the grader output",
-            raw=raw or "",
-        )
-    return JudgeVerdict(
-        correct=verdict == "yes", confidence=confidence, extracted_answer=extracted, status="graded", raw=raw
-    )
+    return _verdict(None if verdict is None else verdict == "yes", confidence, extracted, raw or "")
 
 
 class GradeResponse(dspy.Signature):  # type: ignore[misc]
@@ -261,18 +266,7 @@ def verdict_from_fields(pred: Any, *, raw: str = "") -> JudgeVerdict:
     correct = getattr(pred, "correct", None)
     confidence = _confidence(getattr(pred, "confidence", None))
     extracted = _answer(getattr(pred, "extracted_final_answer", None))
-    if not isinstance(correct, bool):
-        return JudgeVerdict(
-            correct=None,
-            confidence=confidence,
-            extracted_answer=extracted,
-            status="grader_error",
-            error="no parsable verdict in the grader output",
-            raw=raw,
-        )
-    return JudgeVerdict(
-        correct=correct, confidence=confidence, extracted_answer=extracted, status="graded", raw=raw
-    )
+    return _verdict(correct if isinstance(correct, bool) else None, confidence, extracted, raw)
 
 
 def _is_retryable(e: Exception) -> bool:
