@@ -8,8 +8,9 @@ from pathlib import Path
 
 from evidence_modes import main
 
-from kitune.lm import KituneLM, ResolvedLM, reset_format_memory
+from kitune.lm import reset_format_memory
 from kitune.testing.faults import request_text
+from kitune.testing.lm import stub_server_lm
 from kitune.testing.openai_stub import RecordedRequest, Reply, StubServer
 from kitune.usage import TokenLedger
 
@@ -53,20 +54,7 @@ def test_both_modes_are_measured_and_written(tmp_path: Path) -> None:
     reset_format_memory()
     ledger = TokenLedger()
     with StubServer(responder=responder) as stub:
-        resolved = ResolvedLM(
-            role="extract",
-            model="openai/stub",
-            api_base=stub.base_url,
-            api_key="sk-test",
-            key_env=None,
-            base_env=None,
-            is_local=False,
-            temperature=0.0,
-            max_tokens=512,
-            timeout_s=5.0,
-            num_retries=0,
-        )
-        lm = KituneLM(resolved, ledger=ledger)
+        lm = stub_server_lm(stub.base_url, ledger=ledger)
         argv = ["--data", str(corpus), "--docs", "2", "--out-dir", str(tmp_path)]
         results = main(argv, lm=lm, ledger=ledger)
     quote, sentences = results["quote"], results["sentences"]

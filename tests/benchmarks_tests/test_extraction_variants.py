@@ -19,10 +19,11 @@ import extraction_variants
 import pytest
 from extraction_variants import main
 
-from kitune.lm import KituneLM, ResolvedLM, reset_format_memory
+from kitune.lm import KituneLM, reset_format_memory
 from kitune.programs.sentences import sentence_spans
 from kitune.recording import get_recorder, reset_recorders
 from kitune.testing.faults import request_text
+from kitune.testing.lm import stub_server_lm
 from kitune.testing.openai_stub import RecordedRequest, Reply, StubServer
 
 DOCS = {
@@ -112,20 +113,14 @@ class Stub:
 
 def _make_lm(url: str):  # type: ignore[no-untyped-def]
     def make(cfg: Any, ledger: Any) -> KituneLM:
-        resolved = ResolvedLM(
-            role="extract",
-            model="openai/local-stub",
-            api_base=url,
-            api_key="sk-local",
-            key_env=None,
-            base_env=None,
+        lm = stub_server_lm(
+            url,
             is_local=True,  # LocalJSONAdapter: the schema as {"type": "json_object", "schema": ...}
-            temperature=0.0,
+            model="openai/local-stub",
+            api_key="sk-local",
             max_tokens=cfg.lm.extract.max_tokens,
-            timeout_s=5.0,
-            num_retries=0,
+            ledger=ledger,
         )
-        lm = KituneLM(resolved, ledger=ledger)
         # as build_lm does: the calls recorded, or answered from a recording (no stub reached)
         if cfg.lm.replay_dir is not None:
             lm.recorder = get_recorder(cfg.lm.replay_dir, "replay")

@@ -213,26 +213,14 @@ def test_blank_document_makes_no_call() -> None:
 
 # --- finish_reason read on every call; a cut reply retried with more room (issue 13 item 4) ---
 
-from kitune.lm import KituneLM, ResolvedLM, reset_format_memory  # noqa: E402
+from kitune.lm import KituneLM, reset_format_memory  # noqa: E402
+from kitune.testing.lm import stub_server_lm  # noqa: E402
 from kitune.testing.openai_stub import Reply, StubServer  # noqa: E402
 
 
 def _stub_lm(stub: StubServer, max_tokens: int = 512) -> KituneLM:
     reset_format_memory()
-    resolved = ResolvedLM(
-        role="extract",
-        model="openai/stub",
-        api_base=stub.base_url,
-        api_key="sk-test",
-        key_env=None,
-        base_env=None,
-        is_local=False,
-        temperature=0.0,
-        max_tokens=max_tokens,
-        timeout_s=5.0,
-        num_retries=0,
-    )
-    return KituneLM(resolved)
+    return stub_server_lm(stub.base_url, max_tokens=max_tokens)
 
 
 CUT = json.dumps([FOUNDED, HQ])[: len(json.dumps([FOUNDED])) + 40]  # first record whole, second cut
@@ -446,21 +434,10 @@ def test_sentence_calls_need_sentence_evidence_and_a_malformed_sentence_reply_fa
 def test_format_comes_from_the_types_json_object_schema_for_the_local_server() -> None:
     with StubServer() as stub:
         stub.push(Reply.ok(json.dumps({"facts": [FOUNDED, HQ]})))
-        resolved = ResolvedLM(
-            role="extract",
-            model="openai/local",
-            api_base=stub.base_url,
-            api_key="sk-local",
-            key_env=None,
-            base_env=None,
-            is_local=True,
-            temperature=0.0,
-            max_tokens=512,
-            timeout_s=5.0,
-            num_retries=0,
-        )
         reset_format_memory()
-        with dspy.context(lm=KituneLM(resolved)):
+        with dspy.context(
+            lm=stub_server_lm(stub.base_url, is_local=True, model="openai/local", api_key="sk-local")
+        ):
             result = FactExtractor("Extract the facts.").extract_document(DOC, now=NOW)
         body = stub.chat_requests[0].body
     rf = body["response_format"]

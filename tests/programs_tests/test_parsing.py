@@ -8,11 +8,12 @@ import dspy
 import pytest
 
 from kitune.errors import ParseError
-from kitune.lm import REPLY_FAILURES, KituneLM, ResolvedLM, extract_json, reply_failure, reset_format_memory
+from kitune.lm import REPLY_FAILURES, extract_json, reply_failure, reset_format_memory
 from kitune.programs.fact_extractor import DocExtraction, FactExtractor
 from kitune.programs.parsing import coerce_record, parse_facts
 from kitune.programs.records import DEFAULT_CONFIDENCE, FIELD_ALIASES, FactRecord, coerce_confidence
 from kitune.schema import Document
+from kitune.testing.lm import stub_server_lm
 from kitune.testing.openai_stub import Reply, StubServer
 
 P1_A = """<think>
@@ -397,21 +398,8 @@ def _extract_with_replies(*replies: Reply) -> DocExtraction:
     reset_format_memory()
     with StubServer() as stub:
         stub.push(*replies)
-        resolved = ResolvedLM(
-            role="extract",
-            model="openai/stub",
-            api_base=stub.base_url,
-            api_key="sk-test",
-            key_env=None,
-            base_env=None,
-            is_local=False,
-            temperature=0.0,
-            max_tokens=512,
-            timeout_s=5.0,
-            num_retries=0,
-        )
         doc = Document(docid="d1", text="Acme Corp was founded in 1999 by Jane Roe.")
-        with dspy.context(lm=KituneLM(resolved)):
+        with dspy.context(lm=stub_server_lm(stub.base_url)):
             return FactExtractor(max_retry_tokens=1024).extract_document(doc)
 
 

@@ -9,9 +9,10 @@ import pytest
 from dspy.utils import DummyLM
 
 from kitune.errors import LMRateLimitError
-from kitune.lm import KituneChatAdapter, KituneJSONAdapter, KituneLM, Records, ResolvedLM, reset_format_memory
+from kitune.lm import KituneChatAdapter, KituneJSONAdapter, Records, reset_format_memory
 from kitune.programs.predict import predict_typed
 from kitune.programs.records import FactRecord, PlanDraft
+from kitune.testing.lm import stub_server_lm
 from kitune.testing.openai_stub import Reply, StubServer
 
 
@@ -102,20 +103,7 @@ def test_finish_reason_and_raw_text_of_a_kitune_lm_call() -> None:
     cut = '{"facts": [' + json.dumps(FACT) + ', {"title": "cut'
     with StubServer() as stub:
         stub.push(Reply.ok(cut, finish_reason="length"))
-        resolved = ResolvedLM(
-            role="extract",
-            model="openai/stub",
-            api_base=stub.base_url,
-            api_key="sk-test",
-            key_env=None,
-            base_env=None,
-            is_local=False,
-            temperature=0.0,
-            max_tokens=64,
-            timeout_s=5.0,
-            num_retries=0,
-        )
-        with dspy.context(lm=KituneLM(resolved)):
+        with dspy.context(lm=stub_server_lm(stub.base_url, max_tokens=64)):
             got = predict_typed(dspy.Predict(Facts), config={"max_tokens": 64}, text="t")
         assert stub.chat_requests[0].body["max_tokens"] == 64
     assert got.finish_reason == "length" and got.raw == cut and len(got.calls) == 1

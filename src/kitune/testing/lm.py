@@ -24,7 +24,7 @@ from kitune.errors import ConfigError, DataError, KituneError
 from kitune.lm import KituneLM, ResolvedLM
 from kitune.usage import CallRecord, TokenLedger, current_stage
 
-__all__ = ["DummyLM", "ReplayLM", "ReplayMissError", "mock_usage_lm", "replay_key"]
+__all__ = ["DummyLM", "ReplayLM", "ReplayMissError", "mock_usage_lm", "replay_key", "stub_server_lm"]
 
 # ReplayLM overrides forward() (dspy 3.4 warns that interface goes away in 3.5); see kitune.lm.
 warnings.filterwarnings(
@@ -257,3 +257,43 @@ def mock_usage_lm(
         num_retries=0,
     )
     return KituneLM(resolved, ledger=ledger, mock_response=content)
+
+
+def stub_server_lm(
+    base_url: str,
+    *,
+    role: str = "extract",
+    max_tokens: int = 512,
+    is_local: bool = False,
+    model: str = "openai/stub",
+    api_key: str = "sk-test",
+    ledger: TokenLedger | None = None,
+) -> KituneLM:
+    """A :class:`kitune.lm.KituneLM` that calls a :class:`~kitune.testing.openai_stub.StubServer`.
+
+    The whole real transport (adapters, response_format ladder, finish reasons, ledger) runs
+    against the stub: temperature 0, a 5 s timeout, no retries (a test scripts every reply).
+
+    Args:
+        base_url: the stub's ``base_url`` (``http://127.0.0.1:<port>/v1``).
+        role: the LM role the calls are recorded under.
+        max_tokens: the completion cap sent with each request.
+        is_local: True to be treated as the embedded local server (its JSON-object schema format).
+        model: the LiteLLM model name (``openai/…`` routes to the stub).
+        api_key: the bearer token sent.
+        ledger: token ledger the calls are recorded in (None: none).
+    """
+    resolved = ResolvedLM(
+        role=role,
+        model=model,
+        api_base=base_url,
+        api_key=api_key,
+        key_env=None,
+        base_env=None,
+        is_local=is_local,
+        temperature=0.0,
+        max_tokens=max_tokens,
+        timeout_s=5.0,
+        num_retries=0,
+    )
+    return KituneLM(resolved, ledger=ledger)
