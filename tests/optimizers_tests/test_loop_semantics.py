@@ -16,7 +16,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parents[1] / "service_tests"))
 sys.path.insert(0, str(Path(__file__).parent))
 
-from loop_fakes import QUESTIONS, disambiguator_rule, extractor_rule, make_deps, write_dataset
+from loop_fakes import QUESTIONS, make_deps, task_rule, write_dataset
 from opt_fakes import RuleLM
 
 from kitune.config import KituneConfig
@@ -33,12 +33,6 @@ from kitune.testing.store_contract import make_ki
 from kitune.testing.tracking import RecordingTracker
 
 
-def _task_rule(system: str, user: str) -> dict[str, object]:
-    if "[[ ## correct_answer ## ]]" in user:
-        return disambiguator_rule(system, user)
-    return extractor_rule(system, user)
-
-
 def _env(
     tmp_path: Path, *, chat: Any = None, env_cls: type[ServiceLoopEnv] = ServiceLoopEnv
 ) -> ServiceLoopEnv:
@@ -50,7 +44,7 @@ def _env(
         optimize={"validation_fraction": 0.5, "seed": 0},
         extraction={"concurrency": 1},
     )
-    task_lm = RuleLM(_task_rule)
+    task_lm = RuleLM(task_rule)
     deps = make_deps(task_lm, RuleLM(lambda s, u: {"new_instruction": "unused"}, json=True))
     if chat is not None:
         deps.chat_model = chat

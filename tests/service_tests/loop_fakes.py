@@ -102,6 +102,24 @@ def disambiguator_rule(system: str, user: str) -> dict[str, Any]:
     }
 
 
+def task_rule(system: str, user: str) -> dict[str, Any]:
+    """The task model: :func:`disambiguator_rule` on a disambiguator request, else :func:`extractor_rule`."""
+    if "[[ ## correct_answer ## ]]" in user:
+        return disambiguator_rule(system, user)
+    return extractor_rule(system, user)
+
+
+def tiny_config(tmp_path: Path, **optimize: Any) -> KituneConfig:
+    """The loop tests' config: workdir in ``tmp_path``, 4 agent steps, 1 worker, half the slice validates."""
+    return KituneConfig(
+        workdir=tmp_path / "w",
+        corpus_name="tiny",
+        agent={"max_steps": 4, "concurrency": 1},
+        optimize={"validation_fraction": 0.5, "seed": 0, **optimize},
+        extraction={"concurrency": 1},
+    )
+
+
 def agent_turn(messages: list[ChatMessage]) -> str:
     """get_context on the question first; then answer the gold answer if the context shows it, else 'Lyon'."""
     question = messages[1]["content"]

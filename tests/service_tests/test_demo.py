@@ -12,19 +12,12 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "optimizers_tests"))
 sys.path.insert(0, str(Path(__file__).parents[1] / "evaluation_tests"))
 
 from eval_fakes import FakeCorpusStore
-from loop_fakes import DOCS, disambiguator_rule, extractor_rule, make_deps, reflection_rule, write_dataset
+from loop_fakes import DOCS, make_deps, reflection_rule, task_rule, tiny_config, write_dataset
 from opt_fakes import RuleLM
 
-from kitune.config import KituneConfig
 from kitune.experiments.tracking import MlflowTracker
 from kitune.schema import Document
 from kitune.service.workflows.demo import DemoOptions, default_demo_config, default_fixture, run_demo
-
-
-def _task_rule(system: str, user: str) -> dict[str, object]:
-    if "[[ ## correct_answer ## ]]" in user:
-        return disambiguator_rule(system, user)
-    return extractor_rule(system, user)
 
 
 @pytest.mark.slow
@@ -34,15 +27,9 @@ def test_demo_end_to_end_on_two_questions(tmp_path: Path) -> None:
     (data / "questions.jsonl").write_text(
         "\n".join((data / "questions.jsonl").read_text().splitlines()[:2]) + "\n"
     )
-    cfg = KituneConfig(
-        workdir=tmp_path / "w",
-        corpus_name="tiny",
-        agent={"max_steps": 4, "concurrency": 1},
-        optimize={"validation_fraction": 0.5, "seed": 0},
-        extraction={"concurrency": 1},
-    )
+    cfg = tiny_config(tmp_path)
     corpus = FakeCorpusStore([Document(docid=d, title=t, text=x) for d, t, x in DOCS])
-    task_lm = RuleLM(_task_rule)
+    task_lm = RuleLM(task_rule)
     deps = make_deps(task_lm, RuleLM(reflection_rule, json=True), corpus_store=corpus)
     dcfg_uri = f"sqlite:///{tmp_path / 'w' / 'demo' / 'mlflow.db'}"
     tracker = MlflowTracker(dcfg_uri, experiment="demo")
@@ -99,7 +86,7 @@ def test_kitune_demo_cli_prints_the_side_by_side_table(
         optimize_service,
         "default_deps",
         lambda cfg, ledger, corpus_store=None: make_deps(
-            RuleLM(_task_rule), RuleLM(reflection_rule, json=True), corpus_store=corpus_store
+            RuleLM(task_rule), RuleLM(reflection_rule, json=True), corpus_store=corpus_store
         ),
     )
     _register()

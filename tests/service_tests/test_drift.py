@@ -11,10 +11,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[1] / "optimizers_tests"))
 
-from loop_fakes import QUESTIONS, extractor_rule, make_deps, reflection_rule, write_dataset
+from loop_fakes import QUESTIONS, extractor_rule, make_deps, reflection_rule, tiny_config, write_dataset
 from opt_fakes import RuleLM
 
-from kitune.config import KituneConfig
 from kitune.errors import DataError
 from kitune.service.tuning.optimize import run_optimize
 from kitune.service.tuning.options import OptimizeOptions
@@ -22,18 +21,8 @@ from kitune.service.workflows.drift import drift_check, drift_run
 from kitune.testing.tracking import RecordingTracker
 
 
-def _cfg(tmp_path: Path) -> KituneConfig:
-    return KituneConfig(
-        workdir=tmp_path / "w",
-        corpus_name="tiny",
-        agent={"max_steps": 4, "concurrency": 1},
-        optimize={"validation_fraction": 0.5, "seed": 0},
-        extraction={"concurrency": 1},
-    )
-
-
 def test_drift_check_detects_changed_question_set_and_reruns(tmp_path: Path) -> None:
-    cfg = _cfg(tmp_path)
+    cfg = tiny_config(tmp_path)
     data = write_dataset(tmp_path / "data")
     deps = make_deps(RuleLM(extractor_rule), RuleLM(reflection_rule, json=True))
     opts = OptimizeOptions(
@@ -76,4 +65,4 @@ def test_drift_check_detects_changed_question_set_and_reruns(tmp_path: Path) -> 
 
 def test_drift_without_a_run_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="kitune optimize"):
-        drift_check(_cfg(tmp_path), write_dataset(tmp_path / "data"), deps=None)
+        drift_check(tiny_config(tmp_path), write_dataset(tmp_path / "data"), deps=None)

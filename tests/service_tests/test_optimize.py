@@ -11,10 +11,17 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[1] / "optimizers_tests"))
 
-from loop_fakes import disambiguator_rule, extractor_rule, make_deps, reflection_rule, write_dataset
+from loop_fakes import (
+    disambiguator_rule,
+    extractor_rule,
+    make_deps,
+    reflection_rule,
+    task_rule,
+    tiny_config,
+    write_dataset,
+)
 from opt_fakes import RuleLM
 
-from kitune.config import KituneConfig
 from kitune.experiments.prompts import PromptRegistry, prompt_name
 from kitune.experiments.tracking import MlflowTracker
 from kitune.service.tuning.optimize import run_optimize
@@ -22,31 +29,15 @@ from kitune.service.tuning.options import OptimizeOptions
 from kitune.service.tuning.slicing import select_documents
 
 
-def _task_rule(system: str, user: str) -> dict[str, object]:
-    if "[[ ## correct_answer ## ]]" in user:
-        return disambiguator_rule(system, user)
-    return extractor_rule(system, user)
-
-
-def _cfg(tmp_path: Path) -> KituneConfig:
-    return KituneConfig(
-        workdir=tmp_path / "w",
-        corpus_name="tiny",
-        agent={"max_steps": 4, "concurrency": 1},
-        optimize={"validation_fraction": 0.5, "seed": 0, "iterations": 2},
-        extraction={"concurrency": 1},
-    )
-
-
 def test_optimize_extractor_accepts_a_better_prompt_and_registers_it(tmp_path: Path) -> None:
     data = write_dataset(tmp_path / "data")
-    cfg = _cfg(tmp_path)
+    cfg = tiny_config(tmp_path, iterations=2)
     extractions: list[str] = []
 
     def counting_rule(system: str, user: str) -> dict[str, object]:
         if "[[ ## text ## ]]" in user:
             extractions.append(user)
-        return _task_rule(system, user)
+        return task_rule(system, user)
 
     deps = make_deps(RuleLM(counting_rule), RuleLM(reflection_rule, json=True))
     tracker = MlflowTracker(cfg.mlflow_uri, experiment="opt")
@@ -144,7 +135,9 @@ def test_unknown_program_is_a_config_error(tmp_path: Path) -> None:
     from kitune.errors import ConfigError
 
     with pytest.raises(ConfigError, match="unknown program"):
-        run_optimize(_cfg(tmp_path), OptimizeOptions(data_dir=tmp_path, programs=("nope",)))
+        run_optimize(
+            tiny_config(tmp_path, iterations=2), OptimizeOptions(data_dir=tmp_path, programs=("nope",))
+        )
 
 
 def test_kitune_optimize_and_drift_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -159,7 +152,7 @@ def test_kitune_optimize_and_drift_cli(tmp_path: Path, monkeypatch: pytest.Monke
         f"workdir: {tmp_path / 'w'}\ncorpus_name: tiny\nembedder: {{type: hash}}\n"
         "agent: {max_steps: 4, concurrency: 1}\nextraction: {concurrency: 1}\noptimize: {seed: 0}\n"
     )
-    deps = make_deps(RuleLM(_task_rule), RuleLM(reflection_rule, json=True))
+    deps = make_deps(RuleLM(task_rule), RuleLM(reflection_rule, json=True))
     monkeypatch.setattr(optimize_service, "default_deps", lambda cfg, ledger, corpus_store=None: deps)
     _register()
     runner = CliRunner()
@@ -200,7 +193,7 @@ def test_optimize_rewriter_and_disambiguator_run_their_tasks(tmp_path: Path) -> 
         return extractor_rule(system, user)
 
     data = write_dataset(tmp_path / "data")
-    cfg = _cfg(tmp_path)
+    cfg = tiny_config(tmp_path, iterations=2)
     task_lm = RuleLM(rule)
     deps = make_deps(task_lm, RuleLM(reflection_rule, json=True))
     opts = OptimizeOptions(
@@ -230,7 +223,7 @@ def test_failed_documents_are_tried_once_per_process(tmp_path: Path) -> None:
     from kitune.service.tuning.slicing import load_slice
 
     data = write_dataset(tmp_path / "data")
-    cfg = _cfg(tmp_path)
+    cfg = tiny_config(tmp_path, iterations=2)
     broken = RuleLM(lambda system, user: {"facts_json": "not json at all"})
     deps = make_deps(broken, RuleLM(reflection_rule, json=True))
     opts = OptimizeOptions(data_dir=data, programs=("extractor",), distractors=0, progress=False)

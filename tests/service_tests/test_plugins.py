@@ -15,10 +15,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[1] / "optimizers_tests"))
 
-from loop_fakes import disambiguator_rule, extractor_rule, make_deps, reflection_rule, write_dataset
+from loop_fakes import make_deps, reflection_rule, task_rule, tiny_config, write_dataset
 from opt_fakes import RuleLM
 
-from kitune.config import KituneConfig
 from kitune.errors import ConfigError
 from kitune.optimizers.improver import IMPROVERS, register_improver, unregister_improver
 from kitune.optimizers.program_task import PROGRAM_TASKS, register_program_task, unregister_program_task
@@ -33,19 +32,7 @@ def _task_rule(system: str, user: str) -> dict[str, object]:
     toy = importlib.import_module("toy_program").toy_rule(system, user)
     if toy is not None:
         return toy  # type: ignore[no-any-return]
-    if "[[ ## correct_answer ## ]]" in user:
-        return disambiguator_rule(system, user)
-    return extractor_rule(system, user)
-
-
-def _cfg(tmp_path: Path) -> KituneConfig:
-    return KituneConfig(
-        workdir=tmp_path / "w",
-        corpus_name="tiny",
-        agent={"max_steps": 4, "concurrency": 1},
-        optimize={"validation_fraction": 0.5, "seed": 0, "iterations": 1},
-        extraction={"concurrency": 1},
-    )
+    return task_rule(system, user)
 
 
 @pytest.fixture
@@ -78,7 +65,7 @@ def test_a_toy_program_task_in_one_file_is_tuned_by_gepa_and_accepted(
         data_dir=data, iterations=1, programs=("toy",), feedback=False, distractors=1, progress=False
     )
     tracker = RecordingTracker()
-    res = run_optimize(_cfg(tmp_path), opts, deps=deps, tracker=tracker)
+    res = run_optimize(tiny_config(tmp_path, iterations=1), opts, deps=deps, tracker=tracker)
     rec = res.loop.history[0]
     # write-only: judged by its own stage metric (validation cannot see it), then registered
     assert rec.accepted and rec.changed == ("toy",) and rec.registered == {"toy": 1}
@@ -104,7 +91,7 @@ def test_a_toy_optimizer_in_one_file_runs_in_the_loop(tmp_path: Path, toy: Modul
         progress=False,
     )
     tracker = RecordingTracker()
-    res = run_optimize(_cfg(tmp_path), opts, deps=deps, tracker=tracker)
+    res = run_optimize(tiny_config(tmp_path, iterations=1), opts, deps=deps, tracker=tracker)
     rec = res.loop.history[0]
     assert rec.accepted and rec.changed == ("extractor",)
     assert res.loop.setting.prompts["extractor"] == toy.TOY_INSTRUCTION
@@ -127,13 +114,11 @@ def test_a_toy_optimizer_in_one_file_runs_in_the_loop(tmp_path: Path, toy: Modul
     )
 
 
-def test_the_cli_validates_optimizer_names_against_the_registry(
-    tmp_path: Path, toy: ModuleType, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from typer.testing import CliRunner
-
+@pytest.fixture
+def cli_runs(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """``kitune optimize`` stopped before the loop: each run's options are appended to the list."""
     import kitune.service.tuning.optimize as optimize_service
-    from kitune.cli import _register, app
+    from kitune.cli import _register
 
     seen: list[Any] = []
 
@@ -143,16 +128,26 @@ def test_the_cli_validates_optimizer_names_against_the_registry(
 
     monkeypatch.setattr(optimize_service, "run_optimize", fake_run)
     _register()
+    return seen
+
+
+def test_the_cli_validates_optimizer_names_against_the_registry(
+    tmp_path: Path, toy: ModuleType, cli_runs: list[Any]
+) -> None:
+    from typer.testing import CliRunner
+
+    from kitune.cli import app
+
     runner = CliRunner()
     args = ["optimize", "--data", str(tmp_path), "--programs", "extractor"]
     bad = runner.invoke(app, [*args, "--optimizer", "adam"])
     assert bad.exit_code == 2
     out = " ".join(bad.output.split())
     assert "unknown optimizer 'adam'" in out and "registered optimizers are gepa, mipro, toy" in out
-    assert seen == []
+    assert cli_runs == []
     ok = runner.invoke(app, [*args, "--optimizer", "toy"])
     assert "stop here" in " ".join(ok.output.split())
-    assert [o.optimizer for o in seen] == ["toy"]
+    assert [o.optimizer for o in cli_runs] == ["toy"]
     bad_program = runner.invoke(app, ["optimize", "--data", str(tmp_path), "--programs", "extractor,toy"])
     assert bad_program.exit_code == 2
     assert "choose a comma-separated subset of extractor, rewriter, disambiguator" in bad_program.output
@@ -163,24 +158,15 @@ def test_the_cli_validates_optimizer_names_against_the_registry(
 
 
 def test_the_cli_accepts_a_registered_toy_program(
-    tmp_path: Path, toy_program: ModuleType, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, toy_program: ModuleType, cli_runs: list[Any]
 ) -> None:
     from typer.testing import CliRunner
 
-    import kitune.service.tuning.optimize as optimize_service
-    from kitune.cli import _register, app
+    from kitune.cli import app
 
-    seen: list[Any] = []
-
-    def fake_run(cfg: Any, opts: Any, **_: Any) -> Any:
-        seen.append(opts)
-        raise ConfigError("stop here")
-
-    monkeypatch.setattr(optimize_service, "run_optimize", fake_run)
-    _register()
     CliRunner().invoke(app, ["optimize", "--data", str(tmp_path), "--programs", "extractor,toy"])
     CliRunner().invoke(app, ["optimize", "--data", str(tmp_path)])
-    assert [o.programs for o in seen] == [
+    assert [o.programs for o in cli_runs] == [
         ("extractor", "toy"),
         ("extractor", "rewriter", "disambiguator", "toy"),  # the default: every registered program
     ]
@@ -201,7 +187,7 @@ def test_a_toy_improver_in_one_file_is_folded_into_the_improve_step(
 ) -> None:
     data = write_dataset(tmp_path / "data")
     deps = make_deps(RuleLM(_task_rule), RuleLM(reflection_rule, json=True))
-    cfg = _cfg(tmp_path).model_copy(deep=True)
+    cfg = tiny_config(tmp_path, iterations=1).model_copy(deep=True)
     cfg.optimize.improvers = ["prompts", "knobs", "disambiguation", "toy-knob"]
     opts = OptimizeOptions(
         data_dir=data, iterations=1, programs=("extractor",), feedback=False, distractors=1, progress=False
@@ -220,7 +206,7 @@ def test_a_toy_improver_in_one_file_is_folded_into_the_improve_step(
 
 def test_an_unknown_improver_in_the_config_stops_the_loop_before_any_work(tmp_path: Path) -> None:
     data = write_dataset(tmp_path / "data")
-    cfg = _cfg(tmp_path).model_copy(deep=True)
+    cfg = tiny_config(tmp_path, iterations=1).model_copy(deep=True)
     cfg.optimize.improvers = ["prompts", "signals"]
     deps = make_deps(RuleLM(_task_rule), RuleLM(reflection_rule, json=True))
     with pytest.raises(ConfigError, match=r"unknown improver\(s\) \['signals'\] \(optimize.improvers\)"):
