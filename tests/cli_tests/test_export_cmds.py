@@ -81,3 +81,40 @@ def test_index_create_prints_the_mapping_and_needs_elasticsearch(tmp_path: Path)
     assert wrong.exit_code == 2 and "use kitune or ai-index" in wrong.output
     stray = run.invoke(app, ["index", str(tmp_path / "kis.jsonl"), "--mapping", "ai-index", "-c", str(cfg)])
     assert stray.exit_code == 2 and "belong to `kitune index create" in stray.output
+
+
+def test_index_help_teaches_both_forms_and_create_is_a_real_sub_command(tmp_path: Path) -> None:
+    app, cfg = _env(tmp_path)
+    run = CliRunner()
+    env = {"COLUMNS": "200"}
+    group = run.invoke(app, ["index", "--help"], env=env)
+    assert group.exit_code == 0, group.output
+    for said in (
+        "Usage: root index [OPTIONS] FILE | COMMAND [ARGS]...",
+        "kitune index FILE (the same as kitune index load FILE) loads the KIs of a JSONL file",
+        "kitune index create --mapping ai-index creates the configured Elasticsearch index",
+        "--mapping kitune: kitune's own layout",
+        "--print: print the mapping, no cluster needed",
+    ):
+        assert said in group.output, said
+    assert [
+        line.split()[1] for line in group.output.splitlines() if line.startswith(("│ load", "│ create"))
+    ] == [
+        "load",
+        "create",
+    ]
+    create = run.invoke(app, ["index", "create", "--help"], env=env)
+    assert create.exit_code == 0 and "--mapping" in create.output and "--print" in create.output
+    assert "Example: kitune index create --mapping ai-index --index ai-index-idx-kis" in create.output
+    load = run.invoke(app, ["index", "load", "--help"], env=env)
+    assert load.exit_code == 0 and "--batch-size" in load.output and "--mapping" not in load.output
+    # a first argument that names no sub-command is the FILE of `load`, options first or last
+    for args in (
+        ["index", "-c", str(cfg), str(tmp_path / "nope.jsonl")],
+        ["index", "load", str(tmp_path / "nope.jsonl")],
+    ):
+        missing = run.invoke(app, args)
+        assert missing.exit_code == 2 and "not found" in missing.output, missing.output
+    no_mapping = run.invoke(app, ["index", "create", "-c", str(cfg)])
+    assert no_mapping.exit_code == 2
+    assert "kitune index create needs --mapping: ai-index or kitune" in no_mapping.output

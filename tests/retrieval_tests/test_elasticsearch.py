@@ -742,21 +742,23 @@ def test_a_9x_client_against_8x_names_both_versions_and_the_fix(fake_cluster: di
     assert __versionstr__ == "9.5.1"  # the pinned client (pyproject's elasticsearch extra)
     assert str(info.value) == (
         "the elasticsearch Python client 9.5.1 sends 9.x media types (compatible-with=9) and Elasticsearch "
-        "8.19.3 refuses them (HTTP 400 media_type_header_exception): install the client of the cluster's "
-        "major version, pip install 'elasticsearch>=8.18.0,<9', or upgrade the cluster to 9.x"
+        "8.19.3 refuses them (HTTP 400 media_type_header_exception): kitune requires the 9.x client "
+        "(elasticsearch>=9.5.1, its elasticsearch extra), which works with Elasticsearch 9.x clusters only: "
+        "upgrade the cluster to Elasticsearch 9.x, or use the embedded store (store.type: lancedb)"
     )
+    assert "<9" not in str(info.value)  # never a client pyproject's elasticsearch>=9.5.1 rules out
     # asked as the 9.x client does, then once more in the cluster's own dialect to read its version
     assert fake_cluster["accepts"] == [
         "application/vnd.elasticsearch+json; compatible-with=9",
         "application/vnd.elasticsearch+json; compatible-with=8",
     ]
-    fake_cluster["es8"] = "8.15.1"  # older than kitune's minimum as well
+    fake_cluster["es8"] = "8.15.1"  # older than 8.18 as well: the same fix (9.x) covers it
     with pytest.raises(ConfigError) as old:
         cluster_info(client)
     assert str(old.value).endswith(
-        "Elasticsearch 8.15.1 refuses them (HTTP 400 media_type_header_exception): Elasticsearch 8.15.1 is "
-        "also older than kitune's minimum 8.18.0: upgrade the cluster to 8.18.0+ and install the client of "
-        "its major version (pip install 'elasticsearch>=8.18.0,<9' for 8.x)"
+        "Elasticsearch 8.15.1 refuses them (HTTP 400 media_type_header_exception): kitune requires the 9.x "
+        "client (elasticsearch>=9.5.1, its elasticsearch extra), which works with Elasticsearch 9.x clusters "
+        "only: upgrade the cluster to Elasticsearch 9.x, or use the embedded store (store.type: lancedb)"
     )
 
 
@@ -769,8 +771,9 @@ def test_the_refusal_mid_run_is_wrapped_with_the_same_explanation() -> None:
         "Elasticsearch ES|QL query on index kitune-kis failed: HTTP 400 media_type_header_exception: Invalid "
         "media-type value on headers [Accept] — the elasticsearch Python client 9.5.1 sends 9.x media types "
         "(compatible-with=9) and an Elasticsearch 8.x cluster refuses them (HTTP 400 "
-        "media_type_header_exception): install the client of the cluster's major version, pip install "
-        "'elasticsearch>=8.18.0,<9', or upgrade the cluster to 9.x"
+        "media_type_header_exception): kitune requires the 9.x client (elasticsearch>=9.5.1, its "
+        "elasticsearch extra), which works with Elasticsearch 9.x clusters only: upgrade the cluster to "
+        "Elasticsearch 9.x, or use the embedded store (store.type: lancedb)"
     )
     other = ApiError("verification_exception", meta=_meta(400), body={"error": {"type": "x", "reason": "y"}})
     assert version_mismatch(other) is None

@@ -69,14 +69,40 @@ def export_cmd(
         raise typer.Exit(1)
 
 
-def index_create(mapping: str | None, index: str | None, print_only: bool, config: Path | None) -> None:
-    """``kitune index create --mapping {kitune,ai-index}``: create the configured Elasticsearch index.
+def index_create(
+    mapping: Annotated[
+        str | None,
+        typer.Option(
+            "--mapping",
+            help="ai-index: Elastic's published ai-index@mappings shape; kitune: kitune's own layout.",
+            show_default=False,
+        ),
+    ] = None,
+    index: Annotated[
+        str | None,
+        typer.Option("--index", help="Index name (default: store.index of the config).", show_default=False),
+    ] = None,
+    print_only: Annotated[
+        bool,
+        typer.Option("--print", help="Print the mapping as JSON and create nothing (no cluster needed)."),
+    ] = False,
+    config: ConfigOption = None,
+) -> None:
+    """Create the configured Elasticsearch index with the chosen mapping.
 
-    With ``print_only`` the mapping is printed (no cluster needed).
+    --mapping ai-index gives Elastic's published ai-index@mappings shape (what `kitune export
+    --format elastic-ai-index` writes); --mapping kitune gives kitune's own layout. The config's
+    store must be Elasticsearch (store.type: elasticsearch); --print needs no cluster.
+
+    Example: kitune index create --mapping ai-index --index ai-index-idx-kis
     """
     from kitune.retrieval.ai_index import ai_index_mapping
     from kitune.retrieval.es_query import es_mapping
 
+    if mapping is None:
+        fail(
+            "kitune index create needs --mapping: ai-index or kitune (kitune index create --mapping ai-index)"
+        )
     if mapping not in MAPPINGS:
         fail(f"--mapping {mapping!r}: use kitune or ai-index (kitune index create --mapping ai-index)")
     cfg = get_config(config)
@@ -98,5 +124,5 @@ def index_create(mapping: str | None, index: str | None, print_only: bool, confi
 
 
 def register(app: typer.Typer) -> None:
-    """Add ``kitune export`` to ``app`` (``index create`` is reached through ``kitune index``)."""
+    """Add ``kitune export`` to ``app`` (``kitune index create`` is registered by store_cmds)."""
     app.command("export")(export_cmd)

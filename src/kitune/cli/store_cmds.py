@@ -2,6 +2,9 @@
 
 Load KIs into the configured store, run the lifecycle sweep, count what the store holds, and
 move an Elasticsearch store to the current mapping.
+
+``kitune index`` is a command group with two sub-commands, ``load`` and ``create``; ``load`` is
+the default, so ``kitune index FILE`` is ``kitune index load FILE`` (:class:`_IndexGroup`).
 """
 
 from __future__ import annotations
@@ -9,11 +12,13 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from typer.core import TyperGroup
 
 from kitune.cli.common import ConfigOption, console, fail, get_config
+from kitune.cli.export_cmds import index_create
 from kitune.errors import KituneError
 
 if TYPE_CHECKING:
@@ -61,36 +66,25 @@ def index(
     config: ConfigOption = None,
     batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="KIs per store write.")] = 512,
     show_bad: Annotated[int, typer.Option("--show-bad", min=0, help="How many bad lines to list.")] = 20,
-    mapping: Annotated[
-        str | None,
-        typer.Option("--mapping", help="`index create` only: kitune or ai-index.", show_default=False),
-    ] = None,
-    index_name: Annotated[
-        str | None, typer.Option("--index", help="`index create` only: index name (default store.index).")
-    ] = None,
-    print_mapping: Annotated[
-        bool, typer.Option("--print", help="`index create` only: print the mapping, create nothing.")
-    ] = False,
+    # `kitune index create`'s options, hidden: given with a FILE they get an error naming the fix
+    mapping: Annotated[str | None, typer.Option("--mapping", hidden=True)] = None,
+    index_name: Annotated[str | None, typer.Option("--index", hidden=True)] = None,
+    print_mapping: Annotated[bool, typer.Option("--print", hidden=True)] = False,
 ) -> None:
     """Load KIs from a JSONL file into the configured store (upsert by KI id).
 
     Re-indexing the same file is safe: a KI with an existing id replaces the stored one and
     refreshes its last_seen. Lines that are not valid KIs are skipped and listed with their line
-    numbers; the exit code is 1 when any line or KI failed, 0 otherwise.
+    numbers; the exit code is 1 when any line or KI failed, 0 otherwise. `kitune index FILE` is
+    the same command.
 
     Example: kitune index kis.jsonl --config kitune.yaml
-
-    `kitune index create --mapping ai-index` instead creates the configured Elasticsearch index
-    with Elastic's published ai-index@mappings shape (or kitune's with --mapping kitune); --print
-    shows the mapping without a cluster.
     """
-    if str(file) == "create":
-        from kitune.cli.export_cmds import index_create
-
-        index_create(mapping, index_name, print_mapping, config)
-        return
     if mapping is not None or index_name is not None or print_mapping:
-        fail("--mapping, --index and --print belong to `kitune index create --mapping ai-index`")
+        fail(
+            "--mapping, --index and --print belong to `kitune index create --mapping ai-index` (create an "
+            "Elasticsearch index); `kitune index FILE` loads KIs from FILE"
+        )
     from kitune.service.serving.stores import check_ki_file, index_jsonl
 
     try:
@@ -320,9 +314,47 @@ def _help(func: object) -> str:
     return "\n\n".join(" ".join(p.split()) for p in doc.split("\n\n"))
 
 
+_INDEX_DEFAULT = "load"
+"""The ``kitune index`` sub-command that runs when the first argument names none (a FILE, an option)."""
+
+
+class _IndexGroup(TyperGroup):
+    """``kitune index``: a group whose default sub-command is ``load``, so ``kitune index FILE`` works.
+
+    A first argument that is not a sub-command name (``create``, ``load``) nor ``--help`` starts
+    ``load`` with all the arguments: ``kitune index kis.jsonl -c k.yaml`` is ``kitune index load
+    kis.jsonl -c k.yaml``. A file literally named ``create`` is loaded with ``kitune index load
+    create`` (or ``./create``).
+    """
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:  # ctx: typer's vendored click Context
+        """Route arguments that name no sub-command to ``load``."""
+        if args and args[0] not in self.commands and args[0] not in ctx.help_option_names:
+            args = [_INDEX_DEFAULT, *args]
+        return super().parse_args(ctx, args)
+
+
+INDEX_HELP = (
+    "Load KIs into the store, or create an Elasticsearch index with a chosen mapping.\n\n"
+    "kitune index FILE (the same as kitune index load FILE) loads the KIs of a JSONL file into the "
+    "configured store.\n\n"
+    "kitune index create --mapping ai-index creates the configured Elasticsearch index with Elastic's "
+    "published ai-index@mappings shape (--mapping kitune: kitune's own layout; --index NAME: another "
+    "index name; --print: print the mapping, no cluster needed)."
+)
+
+
 def register(app: typer.Typer) -> None:
-    """Add ``kitune index``, ``kitune expire`` and ``kitune stats`` to ``app``."""
-    app.command("index", help=_help(index))(index)
+    """Add ``kitune index`` (``load``, the default, and ``create``), ``expire``, ``stats``, ``reindex``."""
+    index_app = typer.Typer(
+        cls=_IndexGroup,
+        help=INDEX_HELP,
+        no_args_is_help=True,
+        subcommand_metavar="FILE | COMMAND [ARGS]...",
+    )
+    index_app.command(_INDEX_DEFAULT, help=_help(index))(index)
+    index_app.command("create", help=_help(index_create))(index_create)
+    app.add_typer(index_app, name="index")
     app.command("expire", help=_help(expire))(expire)
     app.command("stats", help=_help(stats))(stats)
     app.command("reindex", help=_help(reindex))(reindex)

@@ -34,6 +34,7 @@ from kitune.chat import ChatResponse, ToolCall
 from kitune.errors import ParseError
 from kitune.evaluation.protocol import _SKILL_RULES, AnswerAction, ToolAction, parse_action
 from kitune.evaluation.tools import Toolbox
+from kitune.lm import repair_surrogates
 
 __all__ = [
     "ANSWER_TOOL",
@@ -156,7 +157,9 @@ def _arguments(call: ToolCall, finish_reason: str | None) -> dict[str, Any]:
     """The call's arguments, parsed strictly: a JSON object, or empty text for no arguments.
 
     Never repaired: a cut or invalid string raises with the raw text kept, so the call is not run
-    with arguments the model did not write (``'{"city": "Par'`` is not ``{"city": "Par"}``).
+    with arguments the model did not write (``'{"city": "Par'`` is not ``{"city": "Par"}``). Only
+    a string's lone UTF-16 surrogate (an escape of half an emoji pair) is read as U+FFFD
+    (:func:`kitune.lm.repair_surrogates`), since no store, file or request can carry it.
 
     Raises:
         ParseError: the text is not JSON (``truncated_arguments`` when the reply was cut at the
@@ -166,7 +169,7 @@ def _arguments(call: ToolCall, finish_reason: str | None) -> dict[str, Any]:
     if not raw.strip():
         return {}
     try:
-        args = json.loads(raw)
+        args = repair_surrogates(json.loads(raw))
     except json.JSONDecodeError as e:
         cut = finish_reason == "length"
         name = "truncated_arguments" if cut else "invalid_arguments"

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kitune.errors import ParseError
+from kitune.lm import repair_surrogates
 from kitune.programs.records import coerce_confidence
 
 __all__ = [
@@ -111,7 +112,7 @@ def _json_objects(text: str) -> list[dict[str, Any]]:
             i = text.find("{", i + 1)
             continue
         if isinstance(obj, dict):
-            found.append(obj)
+            found.append(repair_surrogates(obj))  # half an emoji pair ("\\ud83d") → U+FFFD
         i = text.find("{", end)
     return found
 
@@ -157,7 +158,7 @@ def _as_action(obj: dict[str, Any]) -> ToolAction | AnswerAction | None:
     args: Any = obj.get("args", obj.get("arguments", obj.get("parameters", obj.get("input", {}))))
     if isinstance(args, str):
         try:
-            args = json.loads(args)
+            args = repair_surrogates(json.loads(args))
         except json.JSONDecodeError:
             args = {"query": args}
     if not isinstance(args, dict):

@@ -10,12 +10,14 @@ Modules, one job each:
 * :mod:`kitune.lm.roles` — role resolution (config + env vars → :class:`ResolvedLM`; offline/replay);
 * :mod:`kitune.lm.errors` — :func:`classify_error`, :func:`parse_retry_after`;
 * :mod:`kitune.lm.formats` — the response_format ladder and :func:`reset_format_memory`;
-* :mod:`kitune.lm.calls` — :func:`track_calls`, :func:`track_replies`, :func:`finish_reason_of`;
+* :mod:`kitune.lm.calls` — :func:`track_calls`, :func:`track_replies`, :func:`track_parse_counts`,
+  :func:`finish_reason_of`;
 * :mod:`kitune.lm.client` — :class:`KituneLM` and :func:`build_lm`;
 * :mod:`kitune.lm.adapters` — the adapters, whose ``parse`` is lenient (a record list read per
   record, typed values such as ``int[90]`` read, the first JSON object anywhere), :func:`adapter_for`,
   :func:`default_adapter`;
-* :mod:`kitune.lm.replies` — reading JSON out of real replies (:func:`extract_json`, :func:`read_records`);
+* :mod:`kitune.lm.replies` — reading JSON out of real replies (:func:`extract_json`, :func:`read_records`,
+  :func:`repair_surrogates`);
 * :mod:`kitune.lm.chat_model` — :class:`LiteLLMChatModel`, the agent's tool-calling chat model.
 
 Import from ``kitune.lm`` (this package); callers and tests patch names here
@@ -37,7 +39,7 @@ from kitune.lm.adapters import (
     typed_value,
     unwrap_typed,
 )
-from kitune.lm.calls import CallOutcome, finish_reason_of, track_calls, track_replies
+from kitune.lm.calls import CallOutcome, finish_reason_of, track_calls, track_parse_counts, track_replies
 from kitune.lm.chat_model import LiteLLMChatModel
 from kitune.lm.client import KituneLM, build_lm
 from kitune.lm.errors import classify_error, parse_retry_after
@@ -51,6 +53,7 @@ from kitune.lm.replies import (
     read_json_object,
     read_records,
     record_error,
+    repair_surrogates,
     reply_failure,
     strip_reasoning,
 )
@@ -82,11 +85,13 @@ __all__ = [
     "read_records",
     "record_error",
     "record_list_field",
+    "repair_surrogates",
     "reply_failure",
     "reset_format_memory",
     "resolve_role",
     "strip_reasoning",
     "track_calls",
+    "track_parse_counts",
     "track_replies",
     "typed_value",
     "unwrap_typed",

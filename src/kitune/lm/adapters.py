@@ -24,8 +24,10 @@ says why: ``reason`` is ``no_json``, ``cut_off`` or ``malformed_json`` (no usabl
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any, get_args, get_origin
 
@@ -36,9 +38,9 @@ from dspy.utils.exceptions import AdapterParseError
 from pydantic import BaseModel
 
 from kitune.errors import ParseError
-from kitune.lm.calls import note_reply
+from kitune.lm.calls import note_parse_counts, note_reply
 from kitune.lm.client import KituneLM
-from kitune.lm.replies import find_json_object, read_records, reply_failure
+from kitune.lm.replies import find_json_object, read_records, repair_surrogates, reply_failure
 
 __all__ = [
     "KituneChatAdapter",
@@ -158,14 +160,14 @@ def _is_model(annotation: Any) -> bool:
     return isinstance(annotation, type) and issubclass(annotation, BaseModel)
 
 
-def _fields_from_object(signature: Any, completion: str) -> dict[str, Any]:
+def _fields_from_object(signature: Any, completion: str, counts: Counter[str]) -> dict[str, Any]:
     """The output fields read from the first JSON object in the reply (validated by their types).
 
     Raises:
         ParseError: no JSON object (``no_json`` / ``cut_off`` / ``malformed_json``), or an output
             field missing or invalid (the message names it).
     """
-    obj = find_json_object(completion)
+    obj = find_json_object(completion, counts)
     lowered = {str(k).strip().lower(): v for k, v in obj.items()}
     fields = signature.output_fields
     found: dict[str, Any] = {}
@@ -180,9 +182,9 @@ def _fields_from_object(signature: Any, completion: str) -> dict[str, Any]:
     for name, value in found.items():
         annotation = fields[name].annotation
         if _is_model(annotation) and isinstance(value, str):
-            value = find_json_object(value)  # a stringified object
+            value = find_json_object(value, counts)  # a stringified object
         try:
-            values[name] = parse_value(value, annotation)
+            values[name] = repair_surrogates(parse_value(value, annotation), counts)
         except ValueError as e:  # pydantic's ValidationError is a ValueError
             raise ParseError(f"output field {name!r} is invalid: {e}", raw=completion) from None
     values = apply_output_field_defaults(signature, values)
@@ -197,7 +199,7 @@ def _fields_from_object(signature: Any, completion: str) -> dict[str, Any]:
 def parse_leniently(
     parse: Callable[[Any, str], dict[str, Any]], signature: Any, completion: str, *, adapter_name: str
 ) -> dict[str, Any]:
-    """Read ``completion`` into the signature's output fields, as leniently as the types allow.
+    r"""Read ``completion`` into the signature's output fields, as leniently as the types allow.
 
     Args:
         parse: the parent adapter's strict ``parse(signature, completion)``.
@@ -205,7 +207,12 @@ def parse_leniently(
         completion: the reply text.
         adapter_name: named in a :class:`ReplyParseError`.
 
-    The reply is reported to :func:`kitune.lm.track_replies` first.
+    The reply is reported to :func:`kitune.lm.track_replies` first, and the counters of its read
+    to :func:`kitune.lm.track_parse_counts` (a record list's ``counters``; for other signatures
+    ``surrogates_replaced``).
+
+    Every string value is encodable as UTF-8 (:func:`kitune.lm.repair_surrogates`: a JSON escape
+    of half an emoji pair, ``"\ud83d"``, is read as U+FFFD and counted as ``surrogates_replaced``).
 
     Returns:
         ``{field name: value}`` for every output field. A record-list output (see
@@ -222,22 +229,28 @@ def parse_leniently(
     if records is not None:
         name, model = records
         try:
-            return {name: read_records(completion, model, keys=(name.lower(),))}
+            read = read_records(completion, model, keys=(name.lower(),))
         except ParseError as e:
             raise ReplyParseError(adapter_name, signature, completion, e) from None
+        note_parse_counts(read.counters)
+        return {name: read}
+    counts: Counter[str] = Counter()
+    values: dict[str, Any] | None = None
     try:
-        return parse(signature, completion)
+        values = parse(signature, completion)
     except AdapterParseError as first:
         fixed = unwrap_typed(completion)
         if fixed != completion:
+            with contextlib.suppress(AdapterParseError):
+                values = parse(signature, fixed)
+        if values is None:
             try:
-                return parse(signature, fixed)
-            except AdapterParseError:
-                pass
-        try:
-            return _fields_from_object(signature, fixed)
-        except ParseError as e:
-            raise ReplyParseError(adapter_name, signature, completion, e) from first
+                values = _fields_from_object(signature, fixed, counts)
+            except ParseError as e:
+                raise ReplyParseError(adapter_name, signature, completion, e) from first
+    values = {name: repair_surrogates(value, counts) for name, value in values.items()}
+    note_parse_counts(counts)
+    return values
 
 
 class KituneChatAdapter(dspy.ChatAdapter):  # type: ignore[misc]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,9 +16,11 @@ __all__ = [
     "generated_text",
     "messages_text",
     "note_finish",
+    "note_parse_counts",
     "note_reply",
     "reasoning_of",
     "track_calls",
+    "track_parse_counts",
     "track_replies",
 ]
 
@@ -142,3 +144,31 @@ def note_reply(text: str) -> None:
     """Report a reply a kitune adapter is about to read to every :func:`track_replies` block open here."""
     for sink in _REPLY_SINKS.get():
         sink.append(text)
+
+
+_PARSE_SINKS: contextvars.ContextVar[tuple[list[dict[str, int]], ...]] = contextvars.ContextVar(
+    "kitune_parse_sinks", default=()
+)
+
+
+@contextlib.contextmanager
+def track_parse_counts() -> Iterator[list[dict[str, int]]]:
+    """Collect the parse counters of every reply a kitune adapter read inside the block.
+
+    Yields a list that gets one ``{counter: n}`` dict per reply read (``surrogates_replaced``,
+    ``think_stripped``, ``fence_stripped``, ``records_rejected`` …; empty when nothing was
+    repaired), in read order. Blocks nest; worker threads started with a copy of the context
+    report into the same list.
+    """
+    sink: list[dict[str, int]] = []
+    token = _PARSE_SINKS.set((*_PARSE_SINKS.get(), sink))
+    try:
+        yield sink
+    finally:
+        _PARSE_SINKS.reset(token)
+
+
+def note_parse_counts(counts: Mapping[str, int]) -> None:
+    """Report the parse counters of one reply to every :func:`track_parse_counts` block open here."""
+    for sink in _PARSE_SINKS.get():
+        sink.append({k: int(v) for k, v in counts.items() if v})

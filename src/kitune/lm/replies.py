@@ -1,4 +1,4 @@
-"""Read JSON out of real model replies: the reader behind kitune's lenient adapters (pure, no I/O).
+r"""Read JSON out of real model replies: the reader behind kitune's lenient adapters (pure, no I/O).
 
 Models rarely return exactly the JSON they were asked for. The functions here survive the shapes
 catalogued in ``shared/cases/failure-cases.md`` and never guess a value:
@@ -22,6 +22,12 @@ catalogued in ``shared/cases/failure-cases.md`` and never guess a value:
   (``LIST_KEYS``) and say when an object is one whole record (``is_whole_record``).
 * **One object** — :func:`read_json_object` finds the first JSON object in a reply (a Python-literal
   dict such as ``str(dict)`` writes is read with :func:`ast.literal_eval`, literals only).
+* **Lone surrogates** — a model may write a JSON escape for half of an emoji's UTF-16 pair
+  (``"\ud83d"``, as a small model does when its token budget or grammar splits the pair); JSON
+  decodes it to a lone surrogate, a ``str`` that cannot be encoded as UTF-8, so hashing a KI id,
+  writing a state file or sending the next request fails on it far from the reply. Every value
+  decoded here goes through :func:`repair_surrogates`: a split pair is joined into its character
+  and a lone surrogate becomes U+FFFD, counted as ``surrogates_replaced``.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ __all__ = [
     "read_json_object",
     "read_records",
     "record_error",
+    "repair_surrogates",
     "reply_failure",
     "strip_reasoning",
 ]
@@ -68,6 +75,9 @@ _DSPY_MARKER_RE = re.compile(r"\[\[ ## \w+ ## \]\]")
 # Where a JSON value plausibly starts: an object opening on a key (or closing at once), or an
 # array opening on an object/array/string; prose like "[1]" or "{see above}" is not JSON.
 _JSON_START_RE = re.compile(r"\{\s*(?:[\"'}]|$)|\[\s*(?:[\[{\"\]]|$)")
+_SURROGATE_RE = re.compile("[\ud800-\udfff]")
+# A high surrogate not followed by a low one, or a low one not preceded by a high one.
+_LONE_SURROGATE_RE = re.compile("[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]")
 
 
 @dataclass(frozen=True)
@@ -128,6 +138,57 @@ def strip_reasoning(raw: str) -> tuple[str, bool]:
     return text, n > 0
 
 
+def _repair_text(text: str, counts: Counter[str] | None) -> str:
+    if _SURROGATE_RE.search(text) is None:
+        return text
+    fixed, lone = _LONE_SURROGATE_RE.subn("\ufffd", text)
+    if lone and counts is not None:
+        counts["surrogates_replaced"] += lone
+    # every surrogate left is half of a pair: UTF-16 joins each pair into its character
+    return fixed.encode("utf-16-le", "surrogatepass").decode("utf-16-le")
+
+
+def repair_surrogates(value: Any, counts: Counter[str] | None = None) -> Any:
+    r"""``value`` with every string made encodable as UTF-8: split pairs joined, lone surrogates → U+FFFD.
+
+    JSON (and ``json_repair``, ``ast.literal_eval``) decode ``"\ud83d\ude00"`` escapes to two
+    UTF-16 surrogates (``json`` joins them itself, ``json_repair`` and ``ast`` do not) and a lone
+    ``"\ud83d"`` to one surrogate, which no UTF-8 writer, hasher or HTTP client accepts. A pair is
+    joined into its character (``"😀"``); a lone one becomes ``"\ufffd"``.
+
+    Args:
+        value: a decoded reply value: ``str``, ``list``/``tuple``/``dict`` of them (keys too), a
+            pydantic model (its fields, copied when one changes); anything else is returned as is.
+        counts: when given, ``surrogates_replaced`` is increased by the number of lone surrogates.
+
+    Returns:
+        The value, unchanged (the same object) when it held no surrogate.
+    """
+    if isinstance(value, str):
+        return _repair_text(value, counts)
+    if isinstance(value, Records):
+        return value  # read by read_records, which repaired it already
+    if isinstance(value, list | tuple):
+        items = [repair_surrogates(v, counts) for v in value]
+        if all(a is b for a, b in zip(items, value, strict=True)):
+            return value
+        return items if isinstance(value, list) else tuple(items)
+    if isinstance(value, dict):
+        pairs = [(repair_surrogates(k, counts), repair_surrogates(v, counts)) for k, v in value.items()]
+        if all(k is k0 and v is v0 for (k, v), (k0, v0) in zip(pairs, value.items(), strict=True)):
+            return value
+        return dict(pairs)
+    if isinstance(value, BaseModel):
+        changes = {}
+        for name in type(value).model_fields:
+            old = getattr(value, name, None)
+            new = repair_surrogates(old, counts)
+            if new is not old:
+                changes[name] = new
+        return value.model_copy(update=changes) if changes else value
+    return value
+
+
 def _is_json_shape(value: Any) -> bool:
     if isinstance(value, dict):
         return True
@@ -166,7 +227,8 @@ def _decode_at(text: str, pos: int, expected: Any) -> int | None:
         value, end = json.JSONDecoder().raw_decode(text, pos)
     except json.JSONDecodeError:
         return None
-    return end if value == expected else None
+    # json joins an escaped surrogate pair, json_repair does not: compare them repaired
+    return end if repair_surrogates(value) == repair_surrogates(expected) else None
 
 
 def _find_from(text: str, pos: int, expected: Any) -> int | None:
@@ -307,11 +369,11 @@ def extract_json(raw: str, counters: Counter[str] | None = None) -> Any:
 
     Args:
         raw: the raw completion text.
-        counters: optional counter updated with ``think_stripped``/``fence_stripped`` and the
-            repair counts above.
+        counters: optional counter updated with ``think_stripped``/``fence_stripped``, the
+            repair counts above and ``surrogates_replaced`` (see :func:`repair_surrogates`).
 
     Returns:
-        A ``dict`` or a ``list`` of dicts (possibly empty).
+        A ``dict`` or a ``list`` of dicts (possibly empty), every string encodable as UTF-8.
 
     Raises:
         ParseError: when nothing decodes, ``raw`` kept, the message starting with one of
@@ -336,9 +398,9 @@ def extract_json(raw: str, counters: Counter[str] | None = None) -> Any:
         except LookupError:
             continue
         counts["fence_stripped"] += 1
-        return value
+        return repair_surrogates(value, counts)
     try:
-        return _scan_json(text, counts)
+        return repair_surrogates(_scan_json(text, counts), counts)
     except LookupError:
         raise _no_json_error(text, raw) from None
 
@@ -471,6 +533,7 @@ def read_records(raw: str, model: type[R], *, keys: Sequence[str] = ()) -> Recor
                 )
             )
             continue
+        item = repair_surrogates(item, counts)  # a list decoded from a JSON string (_as_object)
         try:
             records.append(model.model_validate(item, context={"counts": counts}))
         except ValidationError as e:
@@ -480,15 +543,21 @@ def read_records(raw: str, model: type[R], *, keys: Sequence[str] = ()) -> Recor
     return Records(records, errors=errors, counters=dict(counts))
 
 
-def find_json_object(text: str) -> dict[str, Any]:
+def find_json_object(text: str, counters: Counter[str] | None = None) -> dict[str, Any]:
     """The first JSON object in ``text``, found as :func:`read_json_object` finds it.
+
+    Args:
+        text: the reply text.
+        counters: optional counter updated as :func:`extract_json` updates it
+            (``surrogates_replaced`` among them).
 
     Raises:
         ParseError: no object, with the reason of :func:`extract_json` (``no_json``, ``cut_off``,
             ``malformed_json``).
     """
+    counts: Counter[str] = counters if counters is not None else Counter()
     try:
-        value = extract_json(text)
+        value = extract_json(text, counts)
     except ParseError as err:
         cleaned = strip_reasoning(text)[0]
         start, end = cleaned.find("{"), cleaned.rfind("}")
@@ -498,7 +567,7 @@ def find_json_object(text: str) -> dict[str, Any]:
             except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
                 raise err from None
             if isinstance(lit, dict) and all(isinstance(k, str) for k in lit):
-                return lit
+                return dict(repair_surrogates(lit, counts))
         raise
     if isinstance(value, list):
         value = next((v for v in value if isinstance(v, dict)), None)
@@ -506,7 +575,7 @@ def find_json_object(text: str) -> dict[str, Any]:
             raise ParseError(f"{REPLY_FAILURES['no_json']}: the reply holds an empty JSON array", raw=text)
     if set(value) == {"json"} and isinstance(value["json"], str):
         try:
-            return find_json_object(value["json"])
+            return find_json_object(value["json"], counts)
         except ParseError:
             return dict(value)
     return dict(value)

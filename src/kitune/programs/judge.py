@@ -31,7 +31,7 @@ from typing import Any, Literal
 import dspy
 
 from kitune.errors import LMError
-from kitune.lm import unwrap_typed
+from kitune.lm import repair_surrogates, unwrap_typed
 from kitune.programs.instructions import resolve_instruction
 from kitune.programs.predict import predict_typed
 from kitune.programs.records import coerce_confidence
@@ -156,7 +156,7 @@ def _json_report(raw: str) -> tuple[str | None, str | None, int | None] | None:
     if start < 0 or end <= start:
         return None
     try:
-        obj = json.loads(raw[start : end + 1])
+        obj = repair_surrogates(json.loads(raw[start : end + 1]))
     except json.JSONDecodeError:
         return None
     if not isinstance(obj, dict):

@@ -12,13 +12,17 @@ one place:
   lenient reading is applied to the model's text, so a program sees either typed fields or a
   :class:`kitune.lm.ReplyParseError` that says why there are none;
 * how the call ended (``finish_reason``) and the model's own text are read from the LM layer
-  (:func:`kitune.lm.track_calls`, :func:`kitune.lm.track_replies`), never from an error message.
+  (:func:`kitune.lm.track_calls`, :func:`kitune.lm.track_replies`), never from an error message;
+* every string a program sees is encodable as UTF-8: a lone UTF-16 surrogate (a JSON escape of
+  half an emoji pair) is read as U+FFFD (:func:`kitune.lm.repair_surrogates`) and counted in
+  :attr:`TypedReply.counters` (``surrogates_replaced``).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import dspy
@@ -29,7 +33,9 @@ from kitune.lm import (
     KituneChatAdapter,
     ReplyParseError,
     default_adapter,
+    repair_surrogates,
     track_calls,
+    track_parse_counts,
     track_replies,
 )
 
@@ -46,12 +52,17 @@ class TypedReply:
     """Why the reply could not be read (``reason``: ``no_json``, ``cut_off``, ``malformed_json``,
     ``invalid_fields``); None when it was."""
     raw: str
-    """The model's own text of the last reply ("" when no reply was seen)."""
+    """The model's own text of the last reply ("" when no reply was seen); a lone UTF-16 surrogate
+    in it (a provider that sent half an emoji pair) is kept as U+FFFD, so it can be written."""
     finish_reason: str | None
     """How the last :class:`kitune.lm.KituneLM` call ended (``"stop"``, ``"length"`` …); None when
     the LM is another class (not tracked) or gave none."""
     calls: tuple[CallOutcome, ...] = ()
     """Every :class:`kitune.lm.KituneLM` call made (cache hits included), in order."""
+    counters: Mapping[str, int] = field(default_factory=dict)
+    """What reading the replies repaired, summed over every reply read (:func:`kitune.lm.track_parse_counts`):
+    ``surrogates_replaced`` (lone UTF-16 surrogates read as U+FFFD), ``think_stripped``,
+    ``fence_stripped`` … (empty when the reply was read as written)."""
 
 
 def predict_typed(
@@ -82,7 +93,12 @@ def predict_typed(
         overrides["adapter"] = adapter(lm)
     prediction: dspy.Prediction | None = None
     failure: AdapterParseError | None = None
-    with dspy.context(**overrides), track_calls() as calls, track_replies() as replies:
+    with (
+        dspy.context(**overrides),
+        track_calls() as calls,
+        track_replies() as replies,
+        track_parse_counts() as parses,
+    ):
         try:
             prediction = predictor(**inputs, config=dict(config or {}))
         except AdapterParseError as e:
@@ -97,9 +113,19 @@ def predict_typed(
     if isinstance(failure, ReplyParseError):
         error = failure
     elif failure is not None:  # a caller's own adapter failed: read the model's text leniently
-        try:
-            prediction = dspy.Prediction(**KituneChatAdapter().parse(predictor.signature, raw))
-        except ReplyParseError as e:
-            error = e
+        with track_parse_counts() as again:
+            try:
+                prediction = dspy.Prediction(**KituneChatAdapter().parse(predictor.signature, raw))
+            except ReplyParseError as e:
+                error = e
+        parses.extend(again)
     finish = calls[-1].finish_reason if calls else None
-    return TypedReply(prediction, error, raw, finish, tuple(calls))
+    counters: Counter[str] = Counter()
+    for read in parses:
+        counters.update(read)
+    if prediction is not None:  # a caller's own adapter's values are repaired here (kitune's are already)
+        for name, value in list(prediction.items()):
+            fixed = repair_surrogates(value, counters)
+            if fixed is not value:
+                prediction[name] = fixed
+    return TypedReply(prediction, error, repair_surrogates(raw), finish, tuple(calls), dict(counters))

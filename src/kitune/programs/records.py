@@ -48,7 +48,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from kitune.lm import typed_value
+from kitune.lm import repair_surrogates, typed_value
 
 __all__ = [
     "CITATION_KEYS",
@@ -238,7 +238,7 @@ def _unwrap_envelope(
     inner = [v for v in (_as_object(v) for v in record.values()) if isinstance(v, dict)]
     if len(inner) == 1 and _offers(inner[0], required):
         counts["envelope_unwrapped"] += 1
-        return dict(inner[0])
+        return dict(repair_surrogates(inner[0], counts))  # decoded from a JSON string here
     return record
 
 

@@ -28,9 +28,10 @@ from typing import Any
 
 from kitune.errors import ConfigError, StoreError, StoreUnavailableError
 from kitune.retrieval.base import WriteFailure, WriteResult
-from kitune.retrieval.es_query import BACKEND, MIN_VERSION, not_elasticsearch
+from kitune.retrieval.es_query import BACKEND, not_elasticsearch
 
 __all__ = [
+    "CLIENT_REQUIREMENT",
     "ElasticsearchRequestError",
     "bulk_operations",
     "bulk_write",
@@ -86,8 +87,14 @@ def es_error_details(e: Exception) -> tuple[int | None, str, str]:
 
 
 _ACCEPTS = re.compile(r"Accept version must be either version (\d+) or (\d+), but found (\d+)")
-_MIN = ".".join(map(str, MIN_VERSION))
 _COMPAT_ACCEPT = "application/vnd.elasticsearch+json; compatible-with={major}"
+
+CLIENT_REQUIREMENT = "elasticsearch>=9.5.1"
+"""The client kitune's ``elasticsearch`` extra requires (``pyproject.toml``; a test keeps them equal).
+
+Its major version is the only one whose clusters accept its media types: the 9.x client sends
+``compatible-with=9`` and Elasticsearch 8.x refuses it, so an 8.x cluster cannot be served by
+this install, and installing an 8.x client would break kitune's own requirement."""
 
 
 def _client_version() -> str:
@@ -117,8 +124,9 @@ def version_mismatch(e: Exception, server_version: str | None = None) -> str | N
             version is taken from the refusal.
 
     Returns:
-        A message naming the client version, the cluster version and the fix, or None when ``e``
-        is not such a refusal.
+        A message naming the client version, the cluster version and the fix (a cluster of the
+        client's major version: kitune requires :data:`CLIENT_REQUIREMENT`, so an 8.x cluster is
+        upgraded, never served by downgrading the client), or None when ``e`` is not such a refusal.
     """
     status, etype, reason = es_error_details(e)
     text = f"{etype} {reason} {_caused_by(getattr(e, 'body', None))}"
@@ -126,25 +134,20 @@ def version_mismatch(e: Exception, server_version: str | None = None) -> str | N
     if m is None and not (status in (400, 406) and "compatible-with" in text):
         return None
     client = _client_version()
+    client_major = client.split(".")[0]
     major = m[1] if m else None
     if server_version:
         cluster = f"Elasticsearch {server_version}"
     else:
         cluster = f"an Elasticsearch {major}.x cluster" if major else "the cluster"
-    parts = tuple(int(x) for x in re.findall(r"\d+", server_version or "")[:3]) or (
-        (int(major), 99, 99) if major else ()
+    fix = (
+        f"kitune requires the {client_major}.x client ({CLIENT_REQUIREMENT}, its elasticsearch extra), "
+        f"which works with Elasticsearch {client_major}.x clusters only: upgrade the cluster to "
+        f"Elasticsearch {client_major}.x, or use the embedded store (store.type: lancedb)"
     )
-    install = f"pip install 'elasticsearch>={_MIN},<9'"
-    if parts and parts < MIN_VERSION:
-        fix = (
-            f"{cluster} is also older than kitune's minimum {_MIN}: upgrade the cluster to {_MIN}+ "
-            f"and install the client of its major version ({install} for 8.x)"
-        )
-    else:
-        fix = f"install the client of the cluster's major version, {install}, or upgrade the cluster to 9.x"
     return (
-        f"the elasticsearch Python client {client} sends {client.split('.')[0]}.x media types "
-        f"(compatible-with={client.split('.')[0]}) and {cluster} refuses them (HTTP {status} {etype}): {fix}"
+        f"the elasticsearch Python client {client} sends {client_major}.x media types "
+        f"(compatible-with={client_major}) and {cluster} refuses them (HTTP {status} {etype}): {fix}"
     )
 
 
@@ -202,7 +205,7 @@ def _product_message(body: Any) -> str:
     return (
         f"the server at the store URL is not Elasticsearch{shown}: its answers lack the X-Elastic-Product "
         "header the elasticsearch client requires. Point store.url_env (KITUNE_ES_URL) at an Elasticsearch "
-        f"{_MIN}+ cluster, or use the embedded store (store.type: lancedb)"
+        f"{_client_version().split('.')[0]}.x cluster, or use the embedded store (store.type: lancedb)"
     )
 
 
