@@ -354,3 +354,24 @@ def test_prompts_promote_and_rollback_say_what_now_runs(cfg: KituneConfig, cli: 
     r = CliRunner().invoke(app, ["prompts", "promote", "kitune-fixture-extractor", "1", *args])
     sha = _sha("extractor", load_instruction("extractor").text)
     assert f"KI store: lancedb table kis-{sha}" in r.output and "`kitune extract` fills it" in r.output
+
+
+def test_versioned_store_cfg_keeps_an_explicit_workdir_over_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `KITUNE_WORKDIR=/tmp/a kitune demo --workdir /tmp/b`: the KI table must follow /tmp/b
+    # like the corpus store, runs and MLflow do (newcomer check, issue 25).
+    from kitune.config import load_config
+    from kitune.retrieval import lance_path
+
+    monkeypatch.setenv("KITUNE_WORKDIR", str(tmp_path / "a"))
+    explicit = load_config(overrides={"workdir": str(tmp_path / "b")})
+    assert explicit.workdir == tmp_path / "b"
+    out = versioned_store_cfg(explicit, "extractor@0a1b2c3d")
+    assert out.workdir == tmp_path / "b"
+    assert out.store.table == "kis-0a1b2c3d"
+    assert lance_path(out) == tmp_path / "b" / "lancedb"
+    assert out.mlflow_uri == explicit.mlflow_uri
+    # with no explicit workdir, the environment still decides
+    from_env = versioned_store_cfg(load_config(), "extractor@0a1b2c3d")
+    assert from_env.workdir == tmp_path / "a"

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from kitune.config import KituneConfig
+from kitune.config import KituneConfig, with_overrides
 from kitune.errors import ConfigError, PromptNotFoundError, TrackingError
 from kitune.experiments.prompts import PromptRegistry, PromptSummary, PromptVersion, prompt_name
 from kitune.programs.instructions import instruction_version, load_instruction
@@ -70,15 +70,14 @@ def versioned_store_cfg(cfg: KituneConfig, extractor_version: str) -> KituneConf
         extractor_version: ``extractor@<sha8>`` (:func:`kitune.programs.instructions.instruction_version`).
 
     Returns:
-        A re-validated copy; ``cfg`` itself is not changed.
+        A re-validated copy through :func:`kitune.config.with_overrides`, so the environment is
+        not read again: a setting given explicitly (``--workdir`` over ``KITUNE_WORKDIR``, a
+        ``store.path``) stays as ``cfg`` has it. ``cfg`` itself is not changed.
     """
     suffix = extractor_version.split("@", 1)[-1]
-    data = cfg.model_dump(mode="python")
     if cfg.store.type == "lancedb":
-        data["store"]["table"] = f"{cfg.store.table}-{suffix}"
-    else:
-        data["store"]["index"] = f"{cfg.store.index}-{suffix}"
-    return KituneConfig.model_validate(data)
+        return with_overrides(cfg, {"store.table": f"{cfg.store.table}-{suffix}"})
+    return with_overrides(cfg, {"store.index": f"{cfg.store.index}-{suffix}"})
 
 
 def parse_prompt_selection(specs: Sequence[str]) -> dict[str, str]:
