@@ -219,11 +219,23 @@ class CallRecorder:
                 f"replay of {self.directory}: {what} for the {role} call to {model} in stage "
                 f"{current_stage()!r} (request {digest[:12]}, {len(messages)} message(s), last: "
                 f"{_last_text(messages)[:120]!r}). The recording holds {same_role} {role} call(s): the "
-                "config, prompts or data differ from the recorded run. Re-record with --record DIR."
+                f"config, prompts or data differ from the recorded run. {self._miss_hint()}"
             )
             self.misses.append(message)
-        logger.error("%s", message)
+        # debug, not error: the raised error (or the command's end-of-run report) shows it once
+        logger.debug("%s", message)
         raise RecordingMissError(message, hash=digest, role=role)
+
+    def _miss_hint(self) -> str:
+        """What to do about a miss: the config stored with the recording, if its folder has one."""
+        for folder in (self.directory, self.directory.parent):
+            configs = sorted(p for p in folder.glob("*.*") if p.suffix.lower() in {".yaml", ".yml", ".toml"})
+            if configs:
+                return (
+                    f"Replay with the config stored next to the recording (--config {configs[0]}) and the "
+                    "same data, or re-record with --record DIR."
+                )
+        return "Replay with the recorded run's --config and data, or re-record with --record DIR."
 
     def append(self, entry: dict[str, Any]) -> None:
         """Write one call (record mode): one JSON line, flushed."""

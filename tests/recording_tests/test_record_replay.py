@@ -135,12 +135,22 @@ def test_replay_fails_clearly_on_an_unrecorded_call(
     monkeypatch.delenv("KI_GW_URL")
     monkeypatch.delenv("KI_GW_KEY")
     r2 = CliRunner().invoke(
-        app, [*base, "--limit", "2", "--config", str(_config(tmp_path, "b")), "--replay", str(rec_dir)]
+        app, [*base, "--limit", "3", "--config", str(_config(tmp_path, "b")), "--replay", str(rec_dir)]
     )
     assert r2.exit_code == 1
     out = " ".join(r2.output.split())
     assert "no recording for the agent call to openai/stub-small in stage 'eval:closed-book'" in out
-    assert "Re-record with --record DIR" in out and "The recording holds 2 agent call(s)" in out
+    assert "The recording holds 2 agent call(s)" in out
+    # the hint names the config stored next to the recording (newcomer check, issue 25)
+    assert f"Replay with the config stored next to the recording (--config {tmp_path / 'a.yaml'})" in out
+    assert "or re-record with --record DIR" in out
+    # the miss stops the run: said once, no traceback, not a "failed question" to rerun
+    assert out.count("no recording for the agent call") == 1
+    assert "Traceback" not in r2.output and "RecordingMissError" not in r2.output
+    assert "failed" not in out and "Rerun the same command" not in out
+    # question 1 was replayed and kept; question 2 missed; question 3 was never started
+    traces = (_run_dir(tmp_path, "b") / "traces.jsonl").read_text(encoding="utf-8").splitlines()
+    assert len(traces) == 1 and json.loads(traces[0])["status"] != "failed"
 
 
 def test_record_and_replay_together_or_missing_dir_exit_2(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ __all__ = [
     "ConfigOption",
     "TraceSourceNameOption",
     "TraceSourcesArgument",
+    "already_reported",
     "console",
     "exit_code_for",
     "fail",
@@ -56,8 +57,19 @@ def fail(message: str, code: int = 2) -> NoReturn:
     """Print ``message`` in red on stderr and exit with ``code``."""
     # soft_wrap: a path or a command in the message is never broken at the 80th column.
     # escape: a message quoting "[...]" (a JSON list, a choice) is shown as written, not as markup.
+    global _last_failure
+    _last_failure = message
     console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
     raise typer.Exit(code)
+
+
+_last_failure: str | None = None
+"""The message :func:`fail` printed last (``--replay`` reports a miss once, not twice)."""
+
+
+def already_reported(text: str) -> bool:
+    """True when :func:`fail` already printed a message containing ``text``."""
+    return _last_failure is not None and text in _last_failure
 
 
 def exit_code_for(error: Exception) -> int:
@@ -65,9 +77,13 @@ def exit_code_for(error: Exception) -> int:
 
     Bad input: a config or data error, an unknown prompt version, a refused API key, a ValueError
     from argument checks. Everything else (an LLM call that failed after retries, a store that is
-    down, a tracking failure) is 1.
+    down, a tracking failure, a ``--replay`` call the recording does not hold) is 1.
     """
     from kitune.errors import ConfigError, DataError, LMAuthError, PromptNotFoundError
+    from kitune.recording import RecordingMissError
+
+    if isinstance(error, RecordingMissError):
+        return 1  # README: a missed call stops the command with exit 1
 
     bad_input = (ConfigError, DataError, LMAuthError, PromptNotFoundError, ValueError)
     return 2 if isinstance(error, bad_input) else 1

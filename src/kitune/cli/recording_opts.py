@@ -23,7 +23,7 @@ from typing import Annotated, Any
 
 import typer
 
-from kitune.cli.common import console, fail
+from kitune.cli.common import already_reported, console, fail
 
 __all__ = ["RecordOption", "ReplayOption", "record_overrides", "with_recording"]
 
@@ -90,6 +90,8 @@ def _report(record: Path | None, replay: Path | None) -> None:
     if replay is not None:
         rec = find_recorder(replay, "replay")
         if rec is not None and rec.misses:
+            if already_reported(rec.misses[0]):  # the command stopped on this miss and said so
+                raise typer.Exit(1)
             more = f" (and {len(rec.misses) - 1} more)" if len(rec.misses) > 1 else ""
             fail(f"{rec.misses[0]}{more}", code=1)
         if rec is not None:

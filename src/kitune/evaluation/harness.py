@@ -12,6 +12,11 @@ raises :class:`kitune.errors.LMAuthError` naming the question and the key variab
 LM layer's message). The traces finished so far, the refused one included (``failed``), are
 in ``traces_path``; rerunning after fixing the key resumes.
 
+Likewise a **recording miss** (``--replay``: a call the recording does not hold,
+:class:`kitune.recording.RecordingMissError`, from the agent or the judge) fails the same way on
+every rerun, so it is not a ``failed`` question: the run stops (questions not yet started are not
+run, running ones finish and are kept) and ``evaluate`` re-raises the first miss.
+
 Resume: with ``traces_path``, questions whose ``query_id`` (for the same skill) is already in
 the file are skipped and their stored traces returned, except ``status="failed"`` ones (a
 provider outage, a harness error): those are run again (``retry_failed``) and the new trace is
@@ -41,6 +46,7 @@ from kitune.data.loaders import Question
 from kitune.errors import DataError, LMAuthError
 from kitune.evaluation.agent import Episode
 from kitune.evaluation.metrics import JudgeFn, Trace, build_trace, failed_trace, is_auth_failure
+from kitune.recording import RecordingMissError
 
 __all__ = ["AgentFactory", "Runner", "TraceWriter", "evaluate", "read_traces"]
 
@@ -137,6 +143,9 @@ def _run_one(
     try:
         episode = factory(question).run(question.query)
         trace = build_trace(question, skill, episode, judge=judge)
+    except RecordingMissError:
+        stop.set()  # a replay miss repeats on every question and every rerun: stop, re-raised by evaluate
+        raise
     except Exception as e:  # one question must never sink the run
         logger.exception("question %s failed", question.query_id)
         trace = failed_trace(question, skill, f"{type(e).__name__}: {e}", wall_time_s=time.monotonic() - t0)
@@ -179,6 +188,8 @@ def evaluate(
         DataError: the traces file has a corrupt line other than the last.
         LMAuthError: an LLM call was refused for authentication; the run stopped (see the
             module docstring); finished traces are written.
+        RecordingMissError: a replayed run made a call its recording does not hold; the run
+            stopped; finished traces are written.
     """
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
@@ -199,6 +210,7 @@ def evaluate(
     results: dict[str, Trace] = dict(done)
     stop = threading.Event()
     refused: Trace | None = None
+    miss: RecordingMissError | None = None
 
     bar = None
     task = None
@@ -226,7 +238,13 @@ def evaluate(
             for fut in as_completed(futures):
                 if fut.cancelled():
                     continue
-                trace = fut.result()
+                try:
+                    trace = fut.result()
+                except RecordingMissError as e:
+                    miss = miss or e
+                    for other in futures:
+                        other.cancel()  # queued ones never start; running ones finish
+                    continue
                 if trace is None:  # not started: the run was stopped
                     continue
                 results[trace.query_id] = trace
@@ -251,6 +269,8 @@ def evaluate(
     finally:
         if bar is not None:
             bar.stop()
+    if miss is not None:
+        raise miss
     if refused is not None:
         raise _auth_stop(refused, questions, results)
     return [results[q.query_id] for q in questions]

@@ -28,6 +28,7 @@ from kitune.data.loaders import Question
 from kitune.evaluation.agent import Episode
 from kitune.evaluation.harness import TraceWriter
 from kitune.evaluation.metrics import JudgeFn, Trace, format_response
+from kitune.recording import RecordingMissError
 
 __all__ = ["judge_pending", "judge_trace"]
 
@@ -54,6 +55,8 @@ def judge_trace(trace: Trace, question: Question, judge: JudgeFn) -> Trace:
             gold=question.answer,
             aliases=list(question.aliases),
         )
+    except RecordingMissError:
+        raise  # a replay miss is no grader error: the run stops
     except Exception as e:  # recorded, never "incorrect" (case J3)
         return replace(
             trace, judge_correct=None, judge_status="grader_error", judge_error=f"{type(e).__name__}: {e}"

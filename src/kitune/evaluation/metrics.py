@@ -25,6 +25,7 @@ from kitune.data.loaders import Question
 from kitune.errors import LMAuthError, LMContextWindowError, LMError
 from kitune.evaluation.agent import Episode
 from kitune.evaluation.trace import Trace
+from kitune.recording import RecordingMissError
 from kitune.text import exact_match, token_f1
 
 __all__ = [
@@ -132,6 +133,8 @@ def _judge(
             gold=question.answer,
             aliases=list(question.aliases),
         )
+    except RecordingMissError:
+        raise  # a replay miss is no grader error: it stops the run (see kitune.evaluation.harness)
     except Exception as e:  # the judge must not sink the trace (J3: record, never "incorrect")
         return None, "grader_error", f"{type(e).__name__}: {e}"
     status = str(getattr(verdict, "status", "graded"))

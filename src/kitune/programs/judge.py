@@ -35,6 +35,7 @@ from kitune.lm import repair_surrogates, unwrap_typed
 from kitune.programs.instructions import resolve_instruction
 from kitune.programs.predict import predict_typed
 from kitune.programs.records import coerce_confidence
+from kitune.recording import RecordingMissError
 
 __all__ = [
     "GradeResponse",
@@ -331,6 +332,8 @@ class Judge(dspy.Module):  # type: ignore[misc]
                         pred = self(question=question, response=response, correct_answer=correct_answer)
                 else:
                     pred = self(question=question, response=response, correct_answer=correct_answer)
+            except RecordingMissError:
+                raise  # a replay miss is not a grader failure: the caller stops the run
             except Exception as e:  # classified below; a grader failure is data, not "incorrect"
                 error = f"{type(e).__name__}: {e}"[:1000]
                 if not _is_retryable(e):
