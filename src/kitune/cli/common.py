@@ -23,6 +23,7 @@ __all__ = [
     "fail",
     "fail_with",
     "get_config",
+    "positive",
     "preload_litellm",
 ]
 
@@ -70,6 +71,17 @@ _last_failure: str | None = None
 def already_reported(text: str) -> bool:
     """True when :func:`fail` already printed a message containing ``text``."""
     return _last_failure is not None and text in _last_failure
+
+
+def positive(value: float | None) -> float | None:
+    """Typer callback for an option that must be > 0 (a budget in minutes): refused at start, exit 2.
+
+    ``min=`` cannot say "strictly greater" in Typer; this names the option and the value instead
+    (``Invalid value for '--budget-minutes': must be greater than 0, got -5``). None passes.
+    """
+    if value is not None and not value > 0:  # `not >` also refuses nan
+        raise typer.BadParameter(f"must be greater than 0, got {value:g}")
+    return value
 
 
 def exit_code_for(error: Exception) -> int:

@@ -210,9 +210,9 @@ def bench(
     corpus: Annotated[Path, typer.Option(help="corpus.jsonl (docid, title, text per line).")],
     model: Annotated[str, typer.Option(help="Packaged local model to measure.")] = "qwen2.5-coder-1.5b",
     docs: Annotated[int, typer.Option(min=1, help="Documents to extract from.")] = 3,
-    min_chars: Annotated[int, typer.Option(help="Skip documents shorter than this.")] = 600,
-    n_threads: Annotated[int | None, typer.Option(help="CPU threads (default: all cores).")] = None,
-    max_tokens: Annotated[int, typer.Option(help="Max output tokens per document.")] = 1024,
+    min_chars: Annotated[int, typer.Option(min=1, help="Skip shorter documents (characters).")] = 600,
+    n_threads: Annotated[int | None, typer.Option(min=1, help="CPU threads (default: all cores).")] = None,
+    max_tokens: Annotated[int, typer.Option(min=1, help="Max output tokens per document.")] = 1024,
     grammar: Annotated[
         bool,
         typer.Option(help="Constrain output with response_format json_object + schema (a JSON grammar)."),

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from kitune.cli.common import ConfigOption, fail, fail_with, get_config
+from kitune.cli.common import ConfigOption, fail, fail_with, get_config, positive
 from kitune.cli.recording_opts import RecordOption, ReplayOption, record_overrides, with_recording
 from kitune.errors import KituneError
 
@@ -349,7 +349,8 @@ def optimize_cmd(
     ] = None,
     distractors: Annotated[int, typer.Option(min=0, help="Extra non-evidence documents indexed.")] = 4,
     budget_minutes: Annotated[
-        float | None, typer.Option(help="Wall-clock cap per program optimisation.")
+        float | None,
+        typer.Option(callback=positive, help="Wall-clock cap per program optimisation, in minutes (> 0)."),
     ] = None,
     feedback: Annotated[
         bool, typer.Option("--feedback/--no-feedback", help="Disambiguation KIs from failures.")
@@ -529,7 +530,8 @@ def demo_cmd(
     ] = None,
     knob_trials: Annotated[int, typer.Option(min=0, help="Optuna trials (LLM-free objective).")] = 5,
     budget_minutes: Annotated[
-        float | None, typer.Option(help="Wall-clock cap of the prompt optimisation.")
+        float | None,
+        typer.Option(callback=positive, help="Wall-clock cap of the prompt optimisation, in minutes (> 0)."),
     ] = None,
     workdir: Annotated[Path | None, typer.Option(help="Work folder (the demo uses <workdir>/demo).")] = None,
     progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,

@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from kitune.cli.common import ConfigOption, fail, fail_with, get_config
+from kitune.cli.common import ConfigOption, fail, fail_with, get_config, positive
 from kitune.errors import KituneError
 
 __all__ = ["loop_cmd", "register"]
@@ -64,7 +64,8 @@ def loop_cmd(
     knob_trials: Annotated[int, typer.Option(min=0, help="Optuna trials per iteration.")] = 0,
     distractors: Annotated[int, typer.Option(min=0, help="Extra non-evidence documents indexed.")] = 4,
     budget_minutes: Annotated[
-        float | None, typer.Option(help="Wall-clock cap per program optimisation.")
+        float | None,
+        typer.Option(callback=positive, help="Wall-clock cap per program optimisation, in minutes (> 0)."),
     ] = None,
     interval: Annotated[
         float, typer.Option("--interval", min=0, help="--watch: seconds between polls.")

@@ -1,0 +1,37 @@
+"""What a newcomer following the README on a clean clone tripped over (newcomer check, issue 25)."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from kitune.cli import _register, app
+
+
+def _invoke(args: list[str]) -> tuple[int, str]:
+    _register()
+    r = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+    return r.exit_code, " ".join(r.output.split())
+
+
+# -- numbers that make no sense are refused at start (exit 2), not after the work ----------------
+@pytest.mark.parametrize(
+    ("args", "option", "value"),
+    [
+        (["demo", "--budget-minutes", "-5"], "--budget-minutes", "must be greater than 0, got -5"),
+        (["demo", "--budget-minutes", "0"], "--budget-minutes", "must be greater than 0, got 0"),
+        (
+            ["optimize", "--data", "nowhere", "--budget-minutes", "-0.5"],
+            "--budget-minutes",
+            "must be greater than 0, got -0.5",
+        ),
+        (["loop", "--budget-minutes", "-5"], "--budget-minutes", "must be greater than 0, got -5"),
+        (["lm", "bench", "--min-chars", "0"], "--min-chars", "Input should be greater than or equal to 1"),
+        (["lm", "bench", "--n-threads", "-2"], "--n-threads", "Input should be greater than or equal to 1"),
+        (["lm", "bench", "--max-tokens", "0"], "--max-tokens", "Input should be greater than or equal to 1"),
+    ],
+)
+def test_a_nonsense_number_is_refused_at_start(args: list[str], option: str, value: str) -> None:
+    code, out = _invoke(args)
+    assert code == 2, out
+    assert f"Invalid value for '{option}': {value}" in out
