@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from typer.testing import CliRunner
 
@@ -35,3 +37,19 @@ def test_a_nonsense_number_is_refused_at_start(args: list[str], option: str, val
     code, out = _invoke(args)
     assert code == 2, out
     assert f"Invalid value for '{option}': {value}" in out
+
+
+# -- item 5: stats with no harmful KI, lm smoke help, drift --data checked first -----------------
+def test_lm_smoke_help_has_no_stray_line_break() -> None:
+    _register()
+    r = CliRunner().invoke(app, ["lm", "smoke", "--help"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0
+    assert "the embedded local model starts first; its start-up time is shown apart." in r.output
+
+
+@pytest.mark.parametrize("sub", ["check", "run"])
+def test_drift_names_a_missing_data_path_before_any_fingerprint(tmp_path: Path, sub: str) -> None:
+    missing = tmp_path / "nowhere"
+    code, out = _invoke(["drift", sub, "--data", str(missing)])
+    assert code == 2
+    assert f"--data {missing} does not exist" in out and "fingerprint" not in out

@@ -228,3 +228,14 @@ def test_credit_replayed_on_loop_fixture_24_retires_the_ki_behind_both_validatio
     )
     assert ledger.verdicts()["ki-2d80d86a38cc1be1821a96e7"] == "keep"  # more right than wrong
     assert ledger.summary() == {"runs": 6, "kis": 108, "harmful": 2, "demoted": 0, "retire": 1, "retired": 0}
+
+
+def test_markdown_without_harmful_kis_says_so_instead_of_an_empty_table() -> None:
+    # `kitune stats` printed a bare table header (newcomer check, issue 25)
+    ledger = CreditLedger()
+    ledger.record_run("r1", [_ep("q1", True, "a")])
+    ledger.record_run("r2", [_ep("q1", True, "a")])
+    assert ledger.to_markdown() == (
+        "1 KIs credited over 2 runs: 0 with a harmful record, 0 demoted, 0 to retire (0 retired).\n"
+        "no KI has a harmful record\n"
+    )

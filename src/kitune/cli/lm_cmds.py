@@ -39,8 +39,9 @@ def smoke(
 ) -> None:
     """Make one real call for ROLE and print the reply, wall time, tokens/s and the token ledger.
 
-    With no provider configured this starts the embedded local model first (its start-up time
-    is shown separately). Exit code 1 when the call fails, with the classified error.
+    With no provider configured, the embedded local model starts first; its start-up time is shown apart.
+
+    Exit code 1 when the call fails, with the classified error.
     """
     from kitune.config import ROLES
     from kitune.usage import TokenLedger

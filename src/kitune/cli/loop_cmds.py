@@ -442,6 +442,15 @@ def _drift_table(report: Any) -> Table:
     return table
 
 
+def _require_data(data: Path) -> None:
+    """Exit 2 naming --data when it does not exist (before any fingerprint is looked for)."""
+    if not data.exists():
+        fail(
+            f"--data {data} does not exist: pass a dataset folder (BrowseComp-Plus layout) or a JSONL "
+            "file, e.g. --data ../shared/data/fixture"
+        )
+
+
 @drift_app.command("check")
 def drift_check_cmd(
     data: DataOption,
@@ -452,6 +461,7 @@ def drift_check_cmd(
     """Compare the data with what the last optimisation run saw and re-evaluate what changed."""
     from kitune.service.workflows.drift import drift_check
 
+    _require_data(data)
     cfg = get_config(config)
     report = _or_exit_1(drift_check, cfg, data, run_name=run_name, progress=progress, log=_log)
     out.print(_drift_table(report))
@@ -470,6 +480,7 @@ def drift_run_cmd(
     """Check drift and re-run one loop iteration when the drop passes --threshold."""
     from kitune.service.workflows.drift import drift_run
 
+    _require_data(data)
     cfg = get_config(config)
     report, result = _or_exit_1(
         drift_run, cfg, data, threshold=threshold, run_name=run_name, progress=progress, log=_log

@@ -281,7 +281,11 @@ class CreditLedger:
         return {f"credit_{k}": float(n) for k, n in self.summary().items()}
 
     def to_markdown(self, limit: int = 20) -> str:
-        """The KIs with a harmful record (retire, then demote, then keep; most harmful first)."""
+        """The KIs with a harmful record (retire, then demote, then keep; most harmful first).
+
+        A summary line, then a Markdown table; with no harmful KI, the line "no KI has a harmful
+        record" instead of the table.
+        """
         rows = sorted(
             (self.credit(k) for k, c in self.kis.items() if c["harmful"] > 0),
             key=lambda c: (_ORDER[credit_verdict(c)], -c.harmful, c.ki_id),
@@ -290,6 +294,10 @@ class CreditLedger:
         lines = [
             f"{s['kis']} KIs credited over {s['runs']} runs: {s['harmful']} with a harmful record, "
             f"{s['demoted']} demoted, {s['retire']} to retire ({s['retired']} retired).",
+        ]
+        if not rows:  # no empty table header
+            return "\n".join([*lines, "no KI has a harmful record"]) + "\n"
+        lines += [
             "",
             "| KI | shown right | shown wrong | harmful | verdict | flipped (run:question) |",
             "|---|---|---|---|---|---|",
