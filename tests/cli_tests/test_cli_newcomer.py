@@ -53,3 +53,28 @@ def test_drift_names_a_missing_data_path_before_any_fingerprint(tmp_path: Path, 
     code, out = _invoke(["drift", sub, "--data", str(missing)])
     assert code == 2
     assert f"--data {missing} does not exist" in out and "fingerprint" not in out
+
+
+# -- item 6: --progress has help; the main commands show true examples ----------------------------
+MAIN = ("extract", "eval", "optimize", "demo", "context", "serve", "report", "loop", "mcp")
+
+
+@pytest.mark.parametrize("name", MAIN)
+def test_main_commands_show_examples_with_real_options(name: str) -> None:
+    import typer
+
+    _register()
+    cmd = typer.main.get_command(app).commands[name]
+    help_text = cmd.help or ""
+    assert "\nExamples:\n" in help_text
+    examples = [line.strip() for line in help_text.split("\nExamples:\n", 1)[1].splitlines() if line.strip()]
+    assert len(examples) == 2 and all(e.startswith(f"kitune {name}") for e in examples)
+    known = {opt for p in cmd.params for opt in p.opts}
+    used = {tok for e in examples for tok in e.split() if tok.startswith("--")}
+    assert used <= known, used - known
+
+
+@pytest.mark.parametrize("args", [["optimize"], ["demo"], ["loop"], ["drift", "check"], ["drift", "run"]])
+def test_progress_flag_has_help(args: list[str]) -> None:
+    code, out = _invoke([*args, "--help"])
+    assert code == 0 and "Show progress on stderr (bars on a terminal); --no-progress: none" in out

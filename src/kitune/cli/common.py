@@ -14,6 +14,7 @@ from kitune.config import KituneConfig, load_config
 from kitune.errors import KituneError
 
 __all__ = [
+    "PROGRESS_HELP",
     "ConfigOption",
     "TraceSourceNameOption",
     "TraceSourcesArgument",
@@ -39,6 +40,8 @@ ConfigOption = Annotated[
     ),
 ]
 
+PROGRESS_HELP = "Show progress on stderr (bars on a terminal); --no-progress: none, e.g. in log files."
+"""Help of the ``--progress/--no-progress`` flag of the long-running commands."""
 
 TraceSourcesArgument = Annotated[
     list[Path] | None,

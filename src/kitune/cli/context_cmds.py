@@ -212,6 +212,10 @@ def context(
 
     Uses the production rewriter prompt and the KI table of the production extractor (printed
     on stderr); --prompt-version or --packaged choose others.
+
+    Examples:
+    kitune context "Who founded the company that built X?"
+    kitune context "Who founded the company that built X?" --size 5 --json
     """
     from kitune.service.serving.context import get_context
 
@@ -257,6 +261,10 @@ def serve(
 
     Serves the production rewriter prompt and the production extractor's KI table (printed at
     start, and in GET /healthz); promote/rollback take effect within --refresh-s seconds.
+
+    Examples:
+    kitune serve
+    kitune serve --port 8080 --config kitune.yaml
     """
     from kitune.server import API_TOKEN_ENV, create_app, is_loopback_host
 

@@ -116,6 +116,10 @@ def eval_command(
     in-context uses the KI table of the production extractor and, with --rewrite, the production
     rewriter prompt (printed first; --prompt-version / --packaged choose others). Questions whose
     LLM calls failed are reported as failed, never graded; exit 2 on an authentication failure.
+
+    Examples:
+    kitune eval --skill baseline --data ../shared/data/fixture --limit 4
+    kitune eval --skill in-context --data ../shared/data/fixture --limit 4 --no-judge
     """
     from kitune.evaluation.report import ROWS, format_cell
     from kitune.service.pipelines.evaluation import run_eval
@@ -236,6 +240,10 @@ def report_command(
     Folders without a traces.jsonl (such as the report folder a previous `kitune report
     <workdir>/runs/*` wrote next to the runs) are skipped with a note, so the same command can
     be run again.
+
+    Examples:
+    kitune report kitune-work/runs/*
+    kitune report kitune-work/runs/* --out kitune-work/report
     """
     from kitune.service.pipelines.evaluation import report_runs
 

@@ -91,6 +91,10 @@ def extract(
     are upserted by stable id. Re-running resumes: documents already done are skipped and failed
     ones are retried. Exit code 0 when every document succeeded, 1 when some failed (rerun to
     retry them), 2 on a configuration or data error.
+
+    Examples:
+    kitune extract --data ../shared/data/fixture
+    kitune extract --data ../shared/data/fixture --limit 5 --concurrency 2
     """
     from kitune.programs.fact_extractor import FactExtractor
     from kitune.programs.instructions import instruction_version

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from kitune.cli.common import ConfigOption, fail, fail_with, get_config, positive
+from kitune.cli.common import PROGRESS_HELP, ConfigOption, fail, fail_with, get_config, positive
 from kitune.cli.recording_opts import RecordOption, ReplayOption, record_overrides, with_recording
 from kitune.errors import KituneError
 
@@ -364,7 +364,7 @@ def optimize_cmd(
             "then stop; the loop run with the same --run-name finds them done.",
         ),
     ] = False,
-    progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress", help=PROGRESS_HELP)] = True,
     record: RecordOption = None,
     replay: ReplayOption = None,
 ) -> None:
@@ -372,6 +372,10 @@ def optimize_cmd(
 
     Each iteration is an MLflow run; accepted prompts become new versions in the prompt registry
     (aliases candidate, production). Rerunning the same command continues where it stopped.
+
+    Examples:
+    kitune optimize --data ../shared/data/dev
+    kitune optimize --data ../shared/data/fixture --questions 8 --iterations 1 --budget-minutes 20
     """
     from kitune.service.tuning.optimize import extract_slice, run_optimize
     from kitune.service.tuning.options import OptimizeOptions
@@ -456,7 +460,7 @@ def drift_check_cmd(
     data: DataOption,
     config: ConfigOption = None,
     run_name: RunNameOption = "optimize",
-    progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress", help=PROGRESS_HELP)] = True,
 ) -> None:
     """Compare the data with what the last optimisation run saw and re-evaluate what changed."""
     from kitune.service.workflows.drift import drift_check
@@ -475,7 +479,7 @@ def drift_run_cmd(
     ] = 0.05,
     config: ConfigOption = None,
     run_name: RunNameOption = "optimize",
-    progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress", help=PROGRESS_HELP)] = True,
 ) -> None:
     """Check drift and re-run one loop iteration when the drop passes --threshold."""
     from kitune.service.workflows.drift import drift_run
@@ -545,7 +549,7 @@ def demo_cmd(
         typer.Option(callback=positive, help="Wall-clock cap of the prompt optimisation, in minutes (> 0)."),
     ] = None,
     workdir: Annotated[Path | None, typer.Option(help="Work folder (the demo uses <workdir>/demo).")] = None,
-    progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress", help=PROGRESS_HELP)] = True,
     record: RecordOption = None,
     replay: ReplayOption = None,
 ) -> None:
@@ -553,6 +557,10 @@ def demo_cmd(
 
     Uses the embedded local model and the embedded store unless the config names others.
     Everything lands in <workdir>/demo; rerunning the command resumes.
+
+    Examples:
+    kitune demo
+    kitune demo --record runs/demo-rec   (then: kitune demo --replay runs/demo-rec)
     """
     import time
 

@@ -102,6 +102,10 @@ def mcp_command(
     Serves the production prompt versions and their KI table, like ``kitune serve`` (printed on
     stderr; stdout is the protocol), re-read every --refresh-s seconds; --prompt-version or
     --packaged choose others (then fixed).
+
+    Examples:
+    kitune mcp
+    kitune mcp --transport http --port 8765
     """
     if transport not in ("stdio", "http"):
         fail(f"--transport {transport!r}: use stdio or http")

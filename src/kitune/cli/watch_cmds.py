@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from kitune.cli.common import ConfigOption, fail, fail_with, get_config, positive
+from kitune.cli.common import PROGRESS_HELP, ConfigOption, fail, fail_with, get_config, positive
 from kitune.errors import KituneError
 
 __all__ = ["loop_cmd", "register"]
@@ -79,7 +79,7 @@ def loop_cmd(
     label_name: Annotated[
         str | None, typer.Option("--label-name", help="MLflow feedback name of the label.")
     ] = None,
-    progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress", help=PROGRESS_HELP)] = True,
     config: ConfigOption = None,
 ) -> None:
     """Tune on what is new since the last run: resume a pending round, or run one when enough traces arrived.
@@ -87,6 +87,10 @@ def loop_cmd(
     Without --watch it runs once (cron-friendly): import --traces (new or changed files only),
     then one round of `kitune optimize` on all accumulated questions. With --watch DIR it polls
     DIR every --interval seconds. Rerun after an interruption to resume; exits 1 on failure.
+
+    Examples:
+    kitune loop --corpus ../shared/data/fixture --traces exported-traces/
+    kitune loop --corpus ../shared/data/fixture --watch inbox/ --max-rounds 3
     """
     from kitune.optimizers.program_task import program_names
     from kitune.service.workflows.watch import LoopOptions, WatchOptions, corpus_file, loop_once, watch
