@@ -200,3 +200,29 @@ def test_cli_reindex_refuses_the_embedded_store(tmp_path: Path) -> None:
     assert res.exit_code != 0 and "reindex needs store.type=elasticsearch" in res.output
     res = CliRunner().invoke(app, ["reindex", "--help"])
     assert res.exit_code == 0 and "--from" in res.output
+
+
+@pytest.mark.parametrize("bulk_index", [None, "ai-index-idx-kis"])
+def test_index_reads_back_an_ai_index_export_losslessly(tmp_path: Path, bulk_index: str | None) -> None:
+    # `kitune index FILE` on `kitune export --format elastic-ai-index` output said "33 lines, 33 bad"
+    # (references.0: Input should be a valid string) (newcomer check, issue 25)
+    from kitune.service.serving.export import export_ai_index
+
+    kis = [
+        make_ki("Marie Curie", "Warsaw", docid="d1", tags=["person"]),
+        make_ki("Eiffel Tower", "Paris", docid="d2", status="stale", last_seen=T0 - timedelta(days=9)),
+        make_ki("Old Bridge", "Mostar", docid="d3", expires_at=T0 + timedelta(days=3)),
+    ]
+    extra = {"references": ["index://fixture"], "prompt_version": "extractor@0a1b2c3d"}
+    kis[0] = kis[0].model_copy(update=extra)
+    source = MemoryStore()
+    source.upsert(kis)
+    out = tmp_path / "kis.ndjson"
+    export_ai_index(source, out, bulk_index=bulk_index)
+    assert '"references": [{"uri": "index://fixture"}]' in out.read_text(encoding="utf-8")
+    target = MemoryStore()
+    report = index_jsonl(target, out)
+    assert report.bad_lines == [] and report.ok
+    assert report.write.indexed == 3
+    for ki in kis:
+        assert target.get(ki.id) == ki

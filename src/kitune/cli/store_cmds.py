@@ -60,7 +60,9 @@ def index(
     file: Annotated[
         Path,
         typer.Argument(
-            help="JSONL file, one KI JSON object per line (the published KI shape).", show_default=False
+            help="JSONL file, one KI per line: `kitune export` output, or the Elastic AI-index shape "
+            "(`kitune export --format elastic-ai-index`, read back losslessly).",
+            show_default=False,
         ),
     ],
     config: ConfigOption = None,

@@ -26,6 +26,7 @@ from kitune.config import ElasticsearchStoreConfig
 from kitune.data.loaders import json_error_text
 from kitune.errors import ConfigError, DataError
 from kitune.ki import DERIVED_SUBTYPES, KI, utcnow
+from kitune.retrieval.ai_index import ai_document_to_ki
 from kitune.retrieval.base import Store, SweepResult, WriteFailure, WriteResult
 from kitune.retrieval.elasticsearch import ElasticsearchStore
 from kitune.retrieval.fusion import aggregate
@@ -115,10 +116,28 @@ def check_ki_file(path: str | Path) -> Path:
     return p
 
 
+def _is_ai_index_document(data: Mapping[str, object]) -> bool:
+    """True for a line in Elastic's AI-index shape (``kitune export --format elastic-ai-index``)."""
+    return isinstance(data.get("attributes"), dict) and "@timestamp" in data
+
+
+def _is_bulk_action(data: Mapping[str, object]) -> bool:
+    """True for an Elasticsearch ``_bulk`` action line (``{"index": {"_index": …, "_id": …}}``)."""
+    if len(data) != 1:
+        return False
+    ((action, meta),) = data.items()
+    return action in {"index", "create"} and isinstance(meta, dict)
+
+
 def iter_ki_jsonl(path: str | Path) -> Iterator[KI | LineError]:
     """Yield a KI or a :class:`LineError` for every non-blank line of a JSONL file.
 
-    A line that is not UTF-8, not JSON or not a valid KI becomes a :class:`LineError`.
+    Reads kitune's KI JSONL (``kitune export``) and also the Elastic AI-index shape
+    (``kitune export --format elastic-ai-index``, with or without ``--bulk-index``): such a line
+    (an ``attributes`` object and an ``@timestamp``) is rebuilt into the same KI by
+    :func:`kitune.retrieval.ai_index.ai_document_to_ki` (kitune's fields travel in ``attributes``),
+    and ``_bulk`` action lines are skipped. A line that is not UTF-8, not JSON or not a valid KI
+    becomes a :class:`LineError`.
 
     Raises:
         DataError: the file does not exist.
@@ -140,6 +159,17 @@ def iter_ki_jsonl(path: str | Path) -> Iterator[KI | LineError]:
                 continue
             if not isinstance(data, dict):
                 yield LineError(n, f"expected a JSON object, got {type(data).__name__}")
+                continue
+            if _is_bulk_action(data):
+                continue
+            if _is_ai_index_document(data):
+                try:
+                    yield ai_document_to_ki(data)
+                except DataError as e:
+                    yield LineError(n, f"AI-index document: {e}")
+                except (ValidationError, KeyError, TypeError, ValueError) as e:
+                    why = _first_error(e) if isinstance(e, ValidationError) else f"{type(e).__name__}: {e}"
+                    yield LineError(n, f"AI-index document with invalid kitune attributes: {why}")
                 continue
             try:
                 yield KI.model_validate(data)
