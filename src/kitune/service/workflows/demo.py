@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import kitune
 import kitune.retrieval
 from kitune.config import KituneConfig, with_overrides
+from kitune.data.checksum import dataset_checksum
 from kitune.evaluation.agent import Agent
 from kitune.evaluation.budget import Budget
 from kitune.evaluation.harness import evaluate
@@ -190,6 +191,7 @@ def run_demo(
     )
     questions, documents = load_slice(dcfg, oopts)
     log(f"slice: {len(questions)} questions, {len(documents)} documents from {data}")
+    data_sha256 = dataset_checksum(data).sha256  # recorded in summary.json and the loop's params
     ledger = deps.ledger if deps is not None and deps.ledger is not None else TokenLedger()
     if deps is None:
         corpus = kitune.retrieval.create_corpus_store(dcfg)
@@ -239,7 +241,12 @@ def run_demo(
             state_dir=state_dir,
             tracker=tracker,
             registry=registry,
-            params={"demo": True, "questions": len(questions), "optimizer": opts.optimizer},
+            params={
+                "demo": True,
+                "questions": len(questions),
+                "optimizer": opts.optimizer,
+                "data_sha256": data_sha256,
+            },
             log=log,
         )
     finally:
@@ -249,6 +256,7 @@ def run_demo(
     report = write_report(
         {"baseline": baseline, "in-context": in_context, "in-context + disambiguation": disamb},
         demo_dir / "report",
+        data_sha256=data_sha256,
     )
     usage = {f"{r}/{s}": t for (r, s), t in ledger.by_role_stage().items()}
     return DemoResult(
