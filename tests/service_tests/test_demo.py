@@ -116,8 +116,19 @@ def test_kitune_demo_cli_prints_the_side_by_side_table(
     )
     assert result.exit_code == 0, result.output
     out = result.output
-    assert "in-context + disambiguation" in out and "judge accuracy" in out
+    assert "in-context + disambiguation" in out and "accuracy (LLM judge)" in out  # grading.grader: llm
     assert "2/2 (100%)" in out  # in-context + disambiguation answers both
     assert "flips: 1 fixed, 0 still wrong, 0 newly wrong" in out
     assert f"mlflow ui --backend-store-uri sqlite:///{tmp_path / 'w' / 'demo' / 'mlflow.db'}" in out
     assert (tmp_path / "w" / "demo" / "report" / "report.md").is_file()
+
+
+def test_demo_table_names_accuracy_after_the_grader() -> None:
+    # the demo grades with grading.grader: match, where no judge runs
+    from kitune.cli.loop_cmds import _demo_table
+    from kitune.evaluation.summary import summarize
+
+    table = _demo_table([summarize([], "baseline")], "match")
+    assert next(iter(table.columns[0].cells)) == "accuracy (match)"
+    table = _demo_table([summarize([], "baseline")], "llm")
+    assert next(iter(table.columns[0].cells)) == "accuracy (LLM judge)"

@@ -11,7 +11,7 @@ Steps (everything under ``<workdir>/demo/``, resumable: a rerun reuses finished 
    written to the store; then **in-context + disambiguation** is evaluated and the flips counted;
 5. **one optimisation iteration** of the loop (GEPA over the ``--programs``, default the
    extractor), logged to MLflow, accepted prompts registered;
-6. the side-by-side table (judge accuracy, EM, F1, input tokens per question, timeouts),
+6. the side-by-side table (accuracy by the configured grader, EM, F1, input tokens per question, timeouts),
    ``report.md``/``report.png`` and where the MLflow runs are.
 
 Time budget with the default slice (4 questions, ~9 evidence docs + 2 distractors) and the
@@ -223,7 +223,7 @@ def run_demo(
             log("no feedback KI was written, so in-context + disambiguation is the in-context run")
             disamb = list(in_context)
         else:  # the loop's own store-state-keyed evaluation, so its first iteration reuses it
-            disamb = list(env.evaluate(start, "all").traces)
+            disamb = list(env.evaluate(start, "all", label="in-context + disambiguation").traces)
         flips = count_flips(in_context, disamb)
         log(
             f"flips: {len(flips.fixed)} fixed, {len(flips.still_wrong)} still wrong, "
