@@ -6,8 +6,10 @@
 # Extra arguments go to `kitune demo` (see `kitune demo --help`), e.g. --questions 6.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+REPLAY=0
 for arg in "$@"; do
   case "$arg" in
+    --replay|--replay=*) REPLAY=1 ;;
     -h|--help)
       # Answered before anything is installed: --help must not create .venv or download a model.
       cat <<'USAGE'
@@ -54,5 +56,10 @@ if ! .venv/bin/python -m pip install -q "${CFLAGS[@]}" -e '.[server]' >"$LOG" 2>
   grep -v '^WARNING: Location' "$LOG" >&2; rm -f "$LOG"; exit 1
 fi
 rm -f "$LOG"
-PATH="$PWD/.venv/bin:$PATH" bash scripts/install_local_model.sh
+if [ "$REPLAY" = 1 ]; then
+  # a replay answers every LLM call from the recording: no llama-server build, no model download
+  echo "scripts/demo.sh: --replay given: skipping the local model install (scripts/install_local_model.sh)"
+else
+  PATH="$PWD/.venv/bin:$PATH" bash scripts/install_local_model.sh
+fi
 exec .venv/bin/kitune demo "$@"

@@ -289,3 +289,42 @@ def test_progress_to_a_file_is_a_plain_line_per_question(monkeypatch: pytest.Mon
         "eval baseline 3/3",
     ]
     assert "\x1b" not in out.getvalue()
+
+
+def test_progress_names_the_run_by_its_label_and_counts_correct_answers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The demo's third arm runs with skill "in-context" but is labelled as its own arm; the count
+    # says "correct" because the grader may be deterministic matching, not a judge.
+    import io
+    import sys
+
+    from kitune.data.loaders import Question
+    from kitune.evaluation.agent import Episode
+    from kitune.evaluation.grading import match_judge
+
+    class Runner:
+        def __init__(self, answer: str) -> None:
+            self.answer = answer
+
+        def run(self, question: str) -> Episode:
+            return Episode(question, status="answered", exact_answer=self.answer)
+
+    out = io.StringIO()  # not a terminal: one plain line per question
+    monkeypatch.setattr(sys, "stderr", out)
+    qs = [Question("0", "q0?", "Paris"), Question("1", "q1?", "Rome")]
+    traces = evaluate(
+        qs,
+        lambda q: Runner("Paris"),
+        skill="in-context",
+        concurrency=1,
+        judge=match_judge,
+        progress=True,
+        label="in-context + disambiguation",
+    )
+    assert [t.skill for t in traces] == ["in-context", "in-context"]
+    lines = [line.rsplit(" · ", 1)[0] for line in out.getvalue().splitlines()]
+    assert lines == [
+        "eval in-context + disambiguation 1/2 · correct 1/1",
+        "eval in-context + disambiguation 2/2 · correct 1/2",
+    ]

@@ -43,6 +43,9 @@ def test_committed_demo_recording_replays_to_its_summary(
     )
     assert res.exit_code == 0, res.output
     assert "no provider was called" in " ".join(res.output.split())
+    # one line however narrow the terminal (Rich used to break it before "no provider was called")
+    (said,) = [line for line in res.output.splitlines() if line.startswith("replayed ")]
+    assert said.endswith("recording/calls.jsonl; no provider was called")
     keys = ("name", "n_total", "n_correct", "em", "f1", "input_tokens", "output_tokens", "timeouts")
     expected = [{k: s[k] for k in keys} for s in json.loads((run / "summary.json").read_text())]
     replayed = json.loads((tmp_path / "demo" / "report" / "summary.json").read_text())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from eval_fakes import FakeCorpusStore
 from loop_fakes import DOCS, make_deps, reflection_rule, task_rule, tiny_config, write_dataset
 from opt_fakes import RuleLM
 
+from kitune.data.checksum import dataset_checksum
 from kitune.experiments.tracking import MlflowTracker
 from kitune.schema import Document
 from kitune.service.workflows.demo import DemoOptions, default_demo_config, default_fixture, run_demo
@@ -50,6 +52,11 @@ def test_demo_end_to_end_on_two_questions(tmp_path: Path) -> None:
     assert res.mlflow_uri == dcfg_uri
     assert (res.demo_dir / "optimize" / "demo" / "fingerprint.json").is_file()
     assert any(line.startswith("step 5/5") for line in lines)
+    # every arm records the dataset's checksum, as kitune eval's summary.json does
+    sha = dataset_checksum(data).sha256
+    assert len(sha) == 64 and [s.data_sha256 for s in res.summaries] == [sha, sha, sha]
+    written = json.loads((res.demo_dir / "report" / "summary.json").read_text())
+    assert [s["data_sha256"] for s in written] == [sha, sha, sha]
 
     # rerun: resumes; no new extraction or agent calls for the finished runs
     calls = task_lm.calls
@@ -109,8 +116,19 @@ def test_kitune_demo_cli_prints_the_side_by_side_table(
     )
     assert result.exit_code == 0, result.output
     out = result.output
-    assert "in-context + disambiguation" in out and "judge accuracy" in out
+    assert "in-context + disambiguation" in out and "accuracy (LLM judge)" in out  # grading.grader: llm
     assert "2/2 (100%)" in out  # in-context + disambiguation answers both
     assert "flips: 1 fixed, 0 still wrong, 0 newly wrong" in out
     assert f"mlflow ui --backend-store-uri sqlite:///{tmp_path / 'w' / 'demo' / 'mlflow.db'}" in out
     assert (tmp_path / "w" / "demo" / "report" / "report.md").is_file()
+
+
+def test_demo_table_names_accuracy_after_the_grader() -> None:
+    # the demo grades with grading.grader: match, where no judge runs
+    from kitune.cli.loop_cmds import _demo_table
+    from kitune.evaluation.summary import summarize
+
+    table = _demo_table([summarize([], "baseline")], "match")
+    assert next(iter(table.columns[0].cells)) == "accuracy (match)"
+    table = _demo_table([summarize([], "baseline")], "llm")
+    assert next(iter(table.columns[0].cells)) == "accuracy (LLM judge)"

@@ -375,3 +375,28 @@ def test_kitune_optimize_extract_only_with_a_sample_seed(
     expected = [q.query_id for q in sample_questions(load_questions(data), 2, 5)]
     assert sorted(ids["tune"] + ids["validation"]) == sorted(expected) and ids["sample_seed"] == 5
     assert len(ids["tune"]) == len(ids["validation"]) == 1
+
+
+@pytest.mark.parametrize("with_log", [True, False])
+def test_the_reflection_fallback_warning_is_said_once(
+    tmp_path: Path, with_log: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    # kitune demo printed it twice: through its log callback and through the logging module
+    cfg = KituneConfig(workdir=tmp_path / "w", corpus_name="tiny")
+    deps = make_deps(RuleLM(first_sentence_rule), RuleLM(lambda s, u: {}, json=True))
+    opts = OptimizeOptions(data_dir=tmp_path, programs=("extractor",), progress=False)
+    lines: list[str] = []
+    with caplog.at_level("WARNING", logger="kitune"):
+        env = ServiceLoopEnv(
+            cfg,
+            opts,
+            deps,
+            questions=[QA, QB],
+            documents=DOCS,
+            state_dir=tmp_path / "s",
+            log=lines.append if with_log else None,
+        )
+    note = env.reflection_note
+    assert note is not None and note.startswith("no reflection model configured")
+    said = [*lines, *(r.getMessage() for r in caplog.records)]
+    assert said == ([f"[yellow]warning: {note}[/]"] if with_log else [note])

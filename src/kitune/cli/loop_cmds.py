@@ -497,7 +497,7 @@ def drift_run_cmd(
     out.print(_mlflow_hint(result.mlflow_uri), soft_wrap=True, highlight=False)
 
 
-def _demo_table(summaries: Sequence[Any]) -> Table:
+def _demo_table(summaries: Sequence[Any], grader: str) -> Table:
     table = Table(title="kitune demo: baseline vs in-context vs in-context + disambiguation")
     table.add_column("metric")
     for s in summaries:
@@ -507,7 +507,7 @@ def _demo_table(summaries: Sequence[Any]) -> Table:
         return "-" if s.accuracy is None else f"{s.n_correct}/{s.n_graded} ({s.accuracy:.0%})"
 
     rows: list[tuple[str, Callable[[Any], str]]] = [
-        ("judge accuracy", acc),
+        (f"accuracy ({'LLM judge' if grader == 'llm' else grader})", acc),
         ("exact match", lambda s: f"{s.em:.0%}"),
         ("token F1", lambda s: f"{s.f1:.2f}"),
         (
@@ -586,7 +586,7 @@ def demo_cmd(
     )
     _log(f"kitune demo: config {path}, workdir {cfg.workdir / 'demo'}")
     res = _or_exit_1(run_demo, cfg, opts, log=_log)
-    out.print(_demo_table(res.summaries))
+    out.print(_demo_table(res.summaries, cfg.grading.grader))
     f = res.flips
     out.print(
         f"disambiguation KIs written: {res.feedback.written}/{res.feedback.attempted}; flips: "

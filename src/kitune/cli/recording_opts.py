@@ -95,7 +95,11 @@ def _report(record: Path | None, replay: Path | None) -> None:
             more = f" (and {len(rec.misses) - 1} more)" if len(rec.misses) > 1 else ""
             fail(f"{rec.misses[0]}{more}", code=1)
         if rec is not None:
-            console.print(f"replayed {rec.replayed} LLM call(s) from {rec.path}; no provider was called")
+            console.print(
+                f"replayed {rec.replayed} LLM call(s) from {rec.path}; no provider was called",
+                soft_wrap=True,  # one line on a narrow terminal: Rich would break it mid-sentence
+                highlight=False,
+            )
     elif record is not None:
         rec = find_recorder(record, "record")
         if rec is not None:

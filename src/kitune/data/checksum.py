@@ -2,8 +2,9 @@
 
 Two runs can only be compared when they ran on the same data, and a dataset path says nothing
 about its content (files are re-exported, subsets re-cut, errata edited). So each run record
-(``run.json`` and ``summary.json`` of ``kitune eval``, the optimisation run's parameters) holds
-``data_sha256``: a SHA-256 over the files :mod:`kitune.data.loaders` reads for that data path —
+(``run.json`` and ``summary.json`` of ``kitune eval``, ``kitune demo``'s ``summary.json``, the
+optimisation run's parameters) holds ``data_sha256``: a SHA-256 over the files
+:mod:`kitune.data.loaders` reads for that data path —
 the corpus, the question files, the qrels, the LoCoMo JSON, and the errata overlay when one is
 applied — plus each file's own SHA-256.
 

@@ -165,6 +165,7 @@ def evaluate(
     progress: bool = True,
     on_trace: Callable[[Trace], None] | None = None,
     retry_failed: bool = True,
+    label: str | None = None,
 ) -> list[Trace]:
     """Evaluate ``questions`` with fresh agents, ``concurrency`` at a time.
 
@@ -178,6 +179,7 @@ def evaluate(
         progress: show a Rich progress bar on stderr.
         on_trace: called (in the main thread) with each new trace as it finishes.
         retry_failed: on resume, run again the questions whose stored trace is ``failed``.
+        label: what the progress lines call the run (``eval <label>``); None: the skill.
 
     Returns:
         One trace per question, in question order (resumed ones read from the file). Questions
@@ -219,7 +221,7 @@ def evaluate(
     started = time.monotonic()
     if progress and not plain:
         bar = Progress(
-            TextColumn(f"eval {skill}"),
+            TextColumn(f"eval {label or skill}"),
             BarColumn(),
             MofNCompleteColumn(),
             TimeElapsedColumn(),
@@ -261,7 +263,7 @@ def evaluate(
                     bar.update(task, advance=1, acc=_progress_text(results.values()))
                 elif plain:
                     print(
-                        f"eval {skill} {len(results)}/{len(questions)} · "
+                        f"eval {label or skill} {len(results)}/{len(questions)} · "
                         f"{_progress_text(results.values())} · {time.monotonic() - started:.0f} s",
                         file=sys.stderr,
                         flush=True,
@@ -277,11 +279,11 @@ def evaluate(
 
 
 def _progress_text(traces: Iterable[Trace]) -> str:
-    """``"judge 3/5 · failed 1"`` for the progress bar."""
+    """``"correct 3/5 · failed 1"`` for the progress bar (correct of graded, whatever the grader)."""
     traces = list(traces)
     graded = [t for t in traces if t.is_graded]
     failed = sum(t.status == "failed" for t in traces)
-    parts = [f"judge {sum(bool(t.judge_correct) for t in graded)}/{len(graded)}"] if graded else []
+    parts = [f"correct {sum(bool(t.judge_correct) for t in graded)}/{len(graded)}"] if graded else []
     if failed:
         parts.append(f"failed {failed}")
     return " · ".join(parts)

@@ -319,6 +319,7 @@ def write_report(
     pairs: Sequence[tuple[str, str]] | None = None,
     stages: Sequence[StageReport] = (),
     sections: Sequence[str] = (),
+    data_sha256: str = "",
 ) -> ReportFiles:
     """Write ``report.md``/``.png``/``.html``, ``summary.json``, ``comparisons.json`` and ``signals.json``.
 
@@ -329,6 +330,9 @@ def write_report(
             against the one before it (none for a single run).
         stages: stage-metric rows shown beside the end-to-end table (:func:`stage_markdown`).
         sections: extra Markdown appended as given (e.g. the KI credit table).
+        data_sha256: the checksum of the dataset every run read
+            (:func:`kitune.data.checksum.dataset_checksum`), recorded in each summary; "" when
+            not known.
 
     Returns:
         The written paths, the summaries, the comparisons and each run's signals; ``plot`` is None
@@ -347,7 +351,7 @@ def write_report(
             raise ValueError(f"pair ({a!r}, {b!r}) names a run not in {names}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    summaries = [summarize(traces, name) for name, traces in runs.items()]
+    summaries = [summarize(traces, name, data_sha256=data_sha256) for name, traces in runs.items()]
     comparisons = [compare_runs(a, runs[a], b, runs[b]) for a, b in pairs]
     rows = _table(summaries)
     header = ["metric", *(s.name for s in summaries)]

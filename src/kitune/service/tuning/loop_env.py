@@ -158,7 +158,7 @@ class ServiceLoopEnv:
         questions: Sequence[Question],
         documents: Sequence[Document],
         state_dir: Path,
-        log: Callable[[str], None] = lambda _m: None,
+        log: Callable[[str], None] | None = None,
     ) -> None:
         self.cfg = cfg
         self.opts = opts
@@ -166,7 +166,7 @@ class ServiceLoopEnv:
         self.questions = list(questions)
         self.documents = {d.docid: d for d in documents}
         self.state_dir = state_dir
-        self.log = log
+        self.log: Callable[[str], None] = log if log is not None else lambda _m: None
         self.tune, self.validation = split_questions(
             self.questions, validation_fraction=cfg.optimize.validation_fraction, seed=cfg.optimize.seed
         )
@@ -189,9 +189,11 @@ class ServiceLoopEnv:
         self._window: tuple[int | None] | None = None
         self.reflection_note = reflection_fallback(cfg)
         """Why the optimisers reflect with the task model (no ``lm.reflection.model``), or None."""
-        if self.reflection_note:
-            logger.warning(self.reflection_note)
-            log(f"[yellow]warning: {self.reflection_note}[/]")
+        if self.reflection_note:  # said once: through ``log`` when given, else the logging module
+            if log is not None:
+                log(f"[yellow]warning: {self.reflection_note}[/]")
+            else:
+                logger.warning(self.reflection_note)
 
     def reflection_window(self) -> int | None:
         """The reflection model's context window, asked once (see ``improve.reflection_context_tokens``)."""
@@ -509,11 +511,13 @@ class ServiceLoopEnv:
         traces_path: Path,
         disambiguation: bool = True,
         store_state: str | None = None,
+        label: str | None = None,
     ) -> list[Trace]:
         """Run the in-context agent on ``questions`` (resuming from ``traces_path``).
 
         Every ``get_context`` call is logged to ``evals/observations.jsonl`` with the setting
-        key and ``store_state`` (see the module docstring).
+        key and ``store_state`` (see the module docstring). ``label`` names the run in the
+        progress lines (None: ``in-context``).
         """
         cfg = self.setting_cfg(setting)
         context_fn = self.context_fn(setting, disambiguation=disambiguation)
@@ -548,6 +552,7 @@ class ServiceLoopEnv:
             judge=self.deps.judge,
             progress=self.opts.progress,
             on_trace=on_trace,
+            label=label,
         )
 
     def input_tokens_used(self) -> int:
@@ -564,12 +569,13 @@ class ServiceLoopEnv:
         return int(t["input_tokens"] + t["output_tokens"])
 
     # -- LoopEnv ------------------------------------------------------------------------------
-    def evaluate(self, setting: Setting, split: str) -> Evaluation:
+    def evaluate(self, setting: Setting, split: str, *, label: str | None = None) -> Evaluation:
         """Extract what is missing, then run the agent on ``split`` (``tune``, ``validation``, ``all``).
 
         Questions already evaluated for this setting on the current store state are read back;
         after the store changed, only the questions whose look-ups now return something
-        different are run again (see the module docstring).
+        different are run again (see the module docstring). ``label`` names the run in the
+        progress lines (None: ``in-context``).
         """
         questions = self.questions_for(split)
         metrics = self.ensure_extracted(setting, questions)
@@ -588,7 +594,7 @@ class ServiceLoopEnv:
             f"evaluate setting {setting.key} on {split} ({len(questions)} questions, store {state[:8]}): "
             f"{len(fresh)} to run, {reused} reused after the store changed"
         )
-        traces = self.run_agent(setting, questions, traces_path=path, store_state=state)
+        traces = self.run_agent(setting, questions, traces_path=path, store_state=state, label=label)
         metrics["eval_reused"] = float(reused)
         metrics["eval_run"] = float(len(fresh))
         obs = self.evals.observations(eval_key(setting))

@@ -11,7 +11,7 @@ Steps (everything under ``<workdir>/demo/``, resumable: a rerun reuses finished 
    written to the store; then **in-context + disambiguation** is evaluated and the flips counted;
 5. **one optimisation iteration** of the loop (GEPA over the ``--programs``, default the
    extractor), logged to MLflow, accepted prompts registered;
-6. the side-by-side table (judge accuracy, EM, F1, input tokens per question, timeouts),
+6. the side-by-side table (accuracy by the configured grader, EM, F1, input tokens per question, timeouts),
    ``report.md``/``report.png`` and where the MLflow runs are.
 
 Time budget with the default slice (4 questions, ~9 evidence docs + 2 distractors) and the
@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import kitune
 import kitune.retrieval
 from kitune.config import KituneConfig, with_overrides
+from kitune.data.checksum import dataset_checksum
 from kitune.evaluation.agent import Agent
 from kitune.evaluation.budget import Budget
 from kitune.evaluation.harness import evaluate
@@ -190,6 +191,7 @@ def run_demo(
     )
     questions, documents = load_slice(dcfg, oopts)
     log(f"slice: {len(questions)} questions, {len(documents)} documents from {data}")
+    data_sha256 = dataset_checksum(data).sha256  # recorded in summary.json and the loop's params
     ledger = deps.ledger if deps is not None and deps.ledger is not None else TokenLedger()
     if deps is None:
         corpus = kitune.retrieval.create_corpus_store(dcfg)
@@ -221,7 +223,7 @@ def run_demo(
             log("no feedback KI was written, so in-context + disambiguation is the in-context run")
             disamb = list(in_context)
         else:  # the loop's own store-state-keyed evaluation, so its first iteration reuses it
-            disamb = list(env.evaluate(start, "all").traces)
+            disamb = list(env.evaluate(start, "all", label="in-context + disambiguation").traces)
         flips = count_flips(in_context, disamb)
         log(
             f"flips: {len(flips.fixed)} fixed, {len(flips.still_wrong)} still wrong, "
@@ -239,7 +241,12 @@ def run_demo(
             state_dir=state_dir,
             tracker=tracker,
             registry=registry,
-            params={"demo": True, "questions": len(questions), "optimizer": opts.optimizer},
+            params={
+                "demo": True,
+                "questions": len(questions),
+                "optimizer": opts.optimizer,
+                "data_sha256": data_sha256,
+            },
             log=log,
         )
     finally:
@@ -249,6 +256,7 @@ def run_demo(
     report = write_report(
         {"baseline": baseline, "in-context": in_context, "in-context + disambiguation": disamb},
         demo_dir / "report",
+        data_sha256=data_sha256,
     )
     usage = {f"{r}/{s}": t for (r, s), t in ledger.by_role_stage().items()}
     return DemoResult(
