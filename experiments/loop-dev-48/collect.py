@@ -67,7 +67,8 @@ def _copy(src: Path, dst: Path) -> int:
 
 
 def _tables(work: Path) -> list[str]:
-    return sorted(p.stem for p in (work / "lancedb").glob("*.lance"))
+    # the KI tables only: corpus_docs / corpus_chunks are the raw-search index of the corpus
+    return sorted(p.stem for p in (work / "lancedb").glob("kis*.lance"))
 
 
 def _export_kis(work: Path) -> dict[str, dict[str, int]]:
