@@ -31,6 +31,16 @@ def _invoke(args: list[str]) -> tuple[int, str]:
         (["lm", "bench", "--min-chars", "0"], "--min-chars", "Input should be greater than or equal to 1"),
         (["lm", "bench", "--n-threads", "-2"], "--n-threads", "Input should be greater than or equal to 1"),
         (["lm", "bench", "--max-tokens", "0"], "--max-tokens", "Input should be greater than or equal to 1"),
+        (
+            ["bootstrap", "--corpus", "nowhere", "--seed", "-1"],
+            "--seed",
+            "Input should be greater than or equal to 0",
+        ),
+        (
+            ["optimize", "--data", "nowhere", "--questions", "4", "--sample-seed", "-3"],
+            "--sample-seed",
+            "Input should be greater than or equal to 0",
+        ),
     ],
 )
 def test_a_nonsense_number_is_refused_at_start(args: list[str], option: str, value: str) -> None:
@@ -78,3 +88,41 @@ def test_main_commands_show_examples_with_real_options(name: str) -> None:
 def test_progress_flag_has_help(args: list[str]) -> None:
     code, out = _invoke([*args, "--help"])
     assert code == 0 and "Show progress on stderr (bars on a terminal); --no-progress: none" in out
+
+
+def test_optimisation_table_shows_every_value_whole_in_80_columns() -> None:
+    """Long headers were cut to "valid…" / "accur…" on an 80-column terminal (newcomer check)."""
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from kitune.cli.loop_cmds import _history_table
+
+    row = {"tune_score": 0.05, "val_score": 0.0, "candidate_val_score": -0.042, "accepted": False}
+    history = [
+        SimpleNamespace(
+            iteration=0,
+            tune_accuracy=0.21,
+            val_accuracy=0.21,
+            flips={},
+            decision="rejected",
+            changed=[],
+            **row,
+        ),
+        SimpleNamespace(
+            iteration=1,
+            tune_accuracy=0.29,
+            val_accuracy=1.0,
+            decision="undecided",
+            flips={"tune": {"fixed": ["a", "b"], "broken": ["c"]}},
+            changed=["extractor", "rewriter", "disambiguator"],
+            **row,
+        ),
+    ]
+    console = Console(width=80, record=True)
+    console.print(_history_table(history, "kitune optimize (run)"))
+    text = console.export_text()
+    assert "…" not in text
+    assert max(len(line) for line in text.splitlines()) <= 80
+    for value in ("21%", "100%", "+0.050", "-0.042", "+2/-1", "undecided", "disambiguator", "rewriter"):
+        assert value in text, value

@@ -51,7 +51,11 @@ def bootstrap(
             show_default=False,
         ),
     ] = None,
-    seed: Annotated[int, typer.Option(help="Seeds the sample: same seed, same sample and draft.")] = 0,
+    seed: Annotated[
+        int,
+        # min=0: random.Random(-n) draws as random.Random(n), so a negative seed would silently repeat one
+        typer.Option(min=0, help="Seeds the sample: same seed, same sample and draft."),
+    ] = 0,
     sample_size: Annotated[
         int, typer.Option("--sample-size", min=1, max=64, help="Documents shown to the LM.")
     ] = 8,

@@ -272,20 +272,33 @@ def _log(message: str) -> None:
 
 
 def _history_table(history: Sequence[Any], title: str) -> Table:
-    table = Table(title=title)
+    # short two-line headers explained in the caption, one changed program per line: an 80-column
+    # terminal shows every value whole (long headers were cut to "valid…")
+    table = Table(
+        title=title,
+        caption="#: iteration; acc: accuracy; val: validation split; cand val: the candidate "
+        "setting's validation score; flips: tune questions fixed/broken",
+        show_edge=False,
+        pad_edge=False,
+    )
     cols = (
-        "iteration",
-        "tune accuracy",
-        "validation accuracy",
-        "tune score",
-        "validation score",
-        "candidate validation",
-        "flips (tune)",
+        "#",
+        "tune\nacc",
+        "val\nacc",
+        "tune\nscore",
+        "val\nscore",
+        "cand\nval",
+        "flips",
         "decision",
         "changed",
     )
     for col in cols:
-        table.add_column(col, justify="left" if col in ("decision", "changed") else "right")
+        table.add_column(
+            col,
+            justify="left" if col in ("decision", "changed") else "right",
+            overflow="fold",
+            min_width=len("disambiguator") if col == "changed" else None,
+        )
     for r in history:
         f = (getattr(r, "flips", None) or {}).get("tune") or {}
         decision = getattr(r, "decision", "") or ("accepted" if r.accepted else "rejected")
@@ -298,7 +311,7 @@ def _history_table(history: Sequence[Any], title: str) -> Table:
             f"{r.candidate_val_score:+.3f}",
             f"+{len(f.get('fixed', []))}/-{len(f.get('broken', []))}" if r.iteration else "-",
             {"accepted": "[green]accepted[/]", "undecided": "[yellow]undecided[/]"}.get(decision, decision),
-            ", ".join(r.changed) or "-",
+            "\n".join(r.changed) or "-",
         )
     return table
 
@@ -321,6 +334,7 @@ def optimize_cmd(
         int | None,
         typer.Option(
             "--sample-seed",
+            min=0,
             help="Take a seeded random sample of --questions questions instead of the first N (the ids go to "
             "<state>/questions.json).",
         ),
