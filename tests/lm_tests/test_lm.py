@@ -635,3 +635,18 @@ def test_finish_reason_of_every_call_is_reported(gateway_cfg: CfgFactory, stub: 
     assert [c.finish_reason for c in inner] == ["length"]
     lm(messages=MSG)  # outside any block: nothing collected, nothing raised
     assert len(outer) == 2
+
+
+def test_no_zero_temperature_rollout_warning_from_kitune_lm(
+    gateway_cfg: CfgFactory, stub: StubServer
+) -> None:
+    """DSPy warns that rollout_id "has no effect when temperature=0"; KituneLM's cache and recording
+    keys include rollout_id, so the warning was wrong and cluttered the demo (newcomer check)."""
+    import warnings
+
+    stub.push(Reply.ok("fresh"))
+    lm, _ = _lm(gateway_cfg())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert lm(messages=MSG, temperature=0.0, rollout_id=1, cache=False) == ["fresh"]
+    assert not [w for w in caught if "rollout_id" in str(w.message)]

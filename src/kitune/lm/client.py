@@ -385,6 +385,15 @@ class KituneLM(dspy.LM):  # type: ignore[misc]
         key.update({k: v for k, v in request.items() if not k.startswith("api_")})
         return key
 
+    def _warn_zero_temp_rollout(self, temperature: float | None, rollout_id: Any) -> None:
+        """No warning: DSPy's "rollout_id has no effect when temperature=0" is wrong for KituneLM.
+
+        DSPy (``dspy.clients.execution``) calls this hook before each call because in DSPy only the
+        response cache key is varied by ``rollout_id``. KituneLM's own cache key and recording hash
+        include ``rollout_id``, and a fresh retry at temperature 0 (the disambiguator's) also sends
+        ``cache=False``; the warning only cluttered the demo's output.
+        """
+
     def forward(
         self, prompt: str | None = None, messages: list[dict[str, Any]] | None = None, **kwargs: Any
     ) -> Any:
