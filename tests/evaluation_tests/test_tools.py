@@ -53,6 +53,19 @@ def test_backend_failure_becomes_error_observation() -> None:
     assert obs.error == "search failed: ConnectionError: down"
 
 
+def test_a_recording_miss_inside_a_tool_stops_the_run() -> None:
+    """A replay without the rewriter's call (made inside get_context) is a configuration error:
+    it propagates like the agent's own miss instead of becoming an ERROR observation."""
+    from kitune.recording import RecordingMissError
+
+    def lookup(query: str) -> ContextObservation:
+        raise RecordingMissError(f"no recorded reply for rewrite of {query!r}", hash="h1", role="rewrite")
+
+    box = in_context_toolbox(lookup)
+    with pytest.raises(RecordingMissError, match="no recorded reply for rewrite of 'x'"):
+        box.call("get_context", {"query": "x"})
+
+
 def test_in_context_search_gated_until_two_failed_lookups() -> None:
     hit = ContextObservation(text="KI: Paris is the capital of France [d1]", doc_ids=("d1",), n_results=1)
     gc = fake_context({"capital of France": hit})

@@ -85,6 +85,18 @@ def test_lm_error_falls_back_with_reason() -> None:
     assert rw.fallbacks == {"lm_error": 1}
 
 
+def test_a_recording_miss_is_not_swallowed_as_an_lm_error() -> None:
+    """A replay without the rewriter's call must stop the run, not fall back to a plain plan (the
+    replay would then diverge from the recording and fail later, far from the cause)."""
+    from kitune.recording import RecordingMissError
+
+    rw = QueryRewriter()
+    miss = RecordingMissError("no recorded reply for rewrite", hash="abc123", role="rewrite")
+    with pytest.raises(RecordingMissError, match="no recorded reply for rewrite"):
+        rw.rewrite(Q, lm=FailingLM(miss))
+    assert rw.fallbacks == {}
+
+
 def test_tokens_from_ledger_when_lm_reports_none() -> None:
     ledger = TokenLedger()
 

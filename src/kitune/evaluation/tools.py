@@ -40,6 +40,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from kitune.errors import DocumentNotFoundError, HarnessError
+from kitune.recording import RecordingMissError
 
 if TYPE_CHECKING:
     from kitune.config import KituneConfig
@@ -253,8 +254,8 @@ class Toolbox:
             obs = tool.fn(**{a: str(args[a]).strip() for a in tool.args})
         except DocumentNotFoundError as e:
             return self._error(f"{e}; use a doc id shown by an earlier result")
-        except HarnessError:
-            raise
+        except (HarnessError, RecordingMissError):
+            raise  # a bug, or a replay without this call (e.g. the rewriter's): not the model's doing
         except Exception as e:  # a backend failure is data for the trace, not a crash
             return self._error(f"{name} failed: {type(e).__name__}: {e}")
         return cap_observation(obs, self.max_chars)

@@ -38,6 +38,7 @@ from kitune.ki import entity_tag, slugify
 from kitune.programs.instructions import resolve_instruction
 from kitune.programs.predict import predict_typed
 from kitune.programs.records import PlanDraft
+from kitune.recording import RecordingMissError
 from kitune.schema import Filter, QueryPlan
 from kitune.usage import TokenLedger
 
@@ -254,6 +255,8 @@ class QueryRewriter(dspy.Module):  # type: ignore[misc]
 
         Raises:
             ValueError: ``question`` is blank or ``size`` is outside 1–1000.
+            kitune.recording.RecordingMissError: a replayed run has no recording of this call (any
+                other LM failure falls back to the plain plan).
         """
         if not question or not question.strip():
             raise ValueError("question is blank: pass the question text to rewrite")
@@ -273,6 +276,8 @@ class QueryRewriter(dspy.Module):  # type: ignore[misc]
                     pred = self(question, size=size)
                 plan, fell_back, reason, raw = pred.plan, pred.fell_back, pred.reason, pred.plan_json
                 dropped = pred.dropped_tags
+            except RecordingMissError:
+                raise  # a replay without this call is a configuration error: stop, as the agent's own miss
             except Exception as e:  # a transport or adapter failure must not break retrieval
                 plan = QueryPlan.plain(question, size=size)
                 fell_back, reason = True, f"lm_error: {type(e).__name__}: {e}"[:500]
