@@ -172,6 +172,16 @@ def test_split_examples_gives_gepa_a_pareto_set_the_budget_can_pay_for() -> None
     assert train == [0, 1, 2] and val == [0, 1, 2, 3, 4, 5]  # unset budget: the cap; GEPA sizes the budget
     train, val = split_examples(Env(OptimizerBudget(max_metric_calls=22, min_proposals=3)), setup)  # type: ignore[arg-type]
     assert val == [0, 1, 2, 3]  # 4 examples: 3·4 + 9 = 21 ≤ 22 calls
+    # the trainset (the examples the current instruction gets wrong) at the end of the valset
+    # order: up to half of the Pareto set is theirs, so a proposal that fixes them can beat the seed
+    late = TaskSetup(module=None, examples=[9, 7, 8], metric=lambda *a: 0.0, valset=examples)
+    assert split_examples(Env(OptimizerBudget(min_proposals=3)), late)[1] == [9, 7, 8, 0, 1, 2]  # type: ignore[arg-type]
+    paid = Env(OptimizerBudget(max_metric_calls=22, min_proposals=3))
+    assert split_examples(paid, late)[1] == [9, 7, 0, 1]  # type: ignore[arg-type]
+    one = TaskSetup(module=None, examples=[5], metric=lambda *a: 0.0, valset=examples)
+    assert split_examples(Env(OptimizerBudget()), one)[1] == [5, 0, 1, 2, 3, 4]  # type: ignore[arg-type]
+    everything = TaskSetup(module=None, examples=examples, metric=lambda *a: 0.0, valset=examples)
+    assert split_examples(Env(OptimizerBudget()), everything)[1] == [0, 1, 2, 3, 4, 5]  # type: ignore[arg-type]
     old_style = TaskSetup(module=None, examples=examples, metric=lambda *a: 0.0)
     train, val = split_examples(Env(OptimizerBudget()), old_style)  # type: ignore[arg-type]
     assert train == [0, 1, 2, 3, 4] and val == [5, 6, 7, 8, 9]

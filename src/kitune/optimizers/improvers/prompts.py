@@ -81,10 +81,17 @@ def optimize_program(
 def split_examples(env: ImproveEnv, setup: TaskSetup) -> tuple[list[Any], list[Any]]:
     """GEPA's trainset and Pareto (validation) set for one task.
 
-    With ``setup.valset`` given: the trainset is ``setup.examples`` and the Pareto set the first
-    :func:`~kitune.optimizers.gepa.pareto_size` of ``setup.valset`` (at most
+    With ``setup.valset`` given: the trainset is ``setup.examples`` and the Pareto set
+    :func:`~kitune.optimizers.gepa.pareto_size` examples of ``setup.valset`` (at most
     ``optimize.max_pareto_examples``, fewer when a set ``max_metric_calls`` cannot pay for
-    ``optimize.min_proposals`` proposals with more). Without: with 4 or more examples the first
+    ``optimize.min_proposals`` proposals with more). When the trainset is a strict subset of the
+    valset (the stage tasks train on the examples the current instruction gets wrong,
+    :func:`~kitune.optimizers.stage_tasks.imperfect`), the Pareto set takes up to half of its
+    places from the trainset, in trainset order, and fills the rest in valset order: GEPA keeps a
+    proposal only when it beats its parent on the Pareto set, so a Pareto set of examples the
+    current instruction already gets right lets a proposal at best tie it (``loop-dev-48``,
+    iteration 0: the extractor's 4 imperfect documents were none of the first 6 of 24, the seed
+    scored 1.000 and no proposal could win). Without a valset: with 4 or more examples the first
     half proposes and the second half scores, else all of them do both; the second half is capped
     the same way.
     """
@@ -95,14 +102,22 @@ def split_examples(env: ImproveEnv, setup: TaskSetup) -> tuple[list[Any], list[A
     else:
         half = len(examples) // 2
         train, candidates = (examples[:half], examples[half:]) if len(examples) >= 4 else (examples, examples)
-    n = pareto_size(
-        len(candidates),
-        cap=env.cfg.optimize.max_pareto_examples,
-        max_metric_calls=budget.max_metric_calls,
-        minibatch=budget.reflection_minibatch_size,
-        proposals=budget.min_proposals,
+    n = max(
+        pareto_size(
+            len(candidates),
+            cap=env.cfg.optimize.max_pareto_examples,
+            max_metric_calls=budget.max_metric_calls,
+            minibatch=budget.reflection_minibatch_size,
+            proposals=budget.min_proposals,
+        ),
+        1,
     )
-    return train, candidates[: max(n, 1)]
+    if setup.valset is None or len(train) >= len(candidates):
+        return train, candidates[:n]
+    in_valset = {id(ex) for ex in candidates}
+    first = [ex for ex in train if id(ex) in in_valset][: (n + 1) // 2]
+    chosen = {id(ex) for ex in first}
+    return train, first + [ex for ex in candidates if id(ex) not in chosen][: n - len(first)]
 
 
 class PromptOptimization:
