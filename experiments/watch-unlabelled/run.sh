@@ -12,6 +12,7 @@ WORK=kitune-work/watch-unlabelled            # = workdir in config.yaml
 SLICE=$WORK/fixture-12
 KITUNE=${KITUNE:-kitune}
 PY=${PY:-python}
+export LITELLM_LOCAL_MODEL_COST_MAP=True   # no network here: LiteLLM keeps its packaged cost map
 mkdir -p "$HERE/results"
 LOG=$HERE/results/steps.tsv
 [ -f "$LOG" ] || printf 'step\tstarted\tended\tseconds\texit\tcommand\n' > "$LOG"
