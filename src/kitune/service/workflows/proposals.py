@@ -17,7 +17,8 @@
     A KI shown in at least ``review.retire_min_episodes`` episodes that were unsupported or
     looped, and in no *good* episode (answer supported and no loop, or graded correct). Removal
     is soft: the KI's status becomes ``expired`` (not served), reversible from the queue.
-    (kitune has no per-KI credit assignment yet: the counts are the signals'.)
+    (The counts are the signals' only: the loop's credit ledger, ``ki_credit.json``, which needs
+    graded episodes, is not consulted yet.)
 ``rewriter_feedback``
     At least ``review.rewriter_min_empty`` distinct KI look-ups that found nothing: a new
     rewriter instruction = the production one plus a feedback block quoting those look-ups
