@@ -3,7 +3,7 @@
 #
 # Run from the repository root:   bash experiments/watch-unlabelled/run.sh
 # Resumable: extraction resumes from its state file, and the other steps are idempotent. Each
-# step's wall time and exit code is appended to results/timings-steps.tsv with its exact command.
+# step's wall time and exit code is appended to results/steps.tsv with its exact command.
 set -uo pipefail
 
 HERE=experiments/watch-unlabelled
