@@ -156,6 +156,26 @@ def test_a_compile_without_a_proposal_says_every_minibatch_was_perfect() -> None
     assert result.metric_calls == 6
 
 
+def test_a_cut_off_reflection_reply_is_unusable_and_costs_no_metric_call() -> None:
+    examples = _examples()
+    cut = RuleLM(lambda system, user: {"new_instruction": "Extract every fact (with DATES of"}, json=True)
+    opt = GepaOptimizer(extractor_metric, reflection_lm=cut, max_metric_calls=6)
+    with dspy.context(lm=RuleLM(extractor_rule)):
+        result = opt.compile(FactExtractor("Extract facts."), trainset=examples[:2], valset=examples[2:])
+    assert result.details["proposals"] == 0 and not result.improved
+    assert result.best_candidate == {"extract": "Extract facts."}
+    assert result.stop_reason is not None and result.stop_reason.startswith(
+        "no proposal: every reflection reply was unusable"
+    )
+    assert result.stop_reason.endswith(
+        "(4/4): ValueError: unusable reflection reply for extract: cut off: 1 '(' but 0 ')' outside quotes"
+    )
+    # the seed evaluation (2) and one parent minibatch per iteration (2 each), never a child;
+    # gepa asks twice per iteration (its batched call, then the per-task retry)
+    assert result.metric_calls == 6 and cut.calls == 4
+    assert (result.details["reflection_calls"], result.details["reflection_failures"]) == (4, 4)
+
+
 def test_no_proposal_reasons_for_the_seed_evaluation_and_mixed_iterations() -> None:
     from kitune.optimizers.gepa import ProposalLog, SizedInstructionProposer, _stop_reason
 

@@ -50,3 +50,21 @@ def test_sanity_checks_read_each_tasks_words() -> None:
     assert check_instruction("extractor", "", long) == ["no longer states the task (none of: fact)"]
     assert check_instruction("unregistered", "", long) == []  # only the length rule
     assert check_instruction("extractor", "", "facts") == ["too short: 5 characters (minimum 40)"]
+
+
+def test_a_cut_off_instruction_fails_its_sanity_check() -> None:
+    seed = get_program_task("rewriter").start_instruction()
+    assert check_instruction("rewriter", seed, seed) == []
+    # the rewriter instruction loop-dev-48's GEPA proposed: the seed cut inside a parenthesis
+    cut = seed[: seed.index('("X was born') + 1].replace("\n\n", " ")
+    assert cut.endswith("left open (")
+    assert check_instruction("rewriter", seed, cut) == ["cut off: ends on '(' (an unfinished sentence)"]
+    text = "Plan the look-up for a question (name the entity, then the relation and keep it short."
+    assert check_instruction("rewriter", seed, text) == ["cut off: 1 '(' but 0 ')' outside quotes"]
+    assert check_instruction("rewriter", seed, text.replace("relation", "relation)")) == []
+    assert check_instruction("extractor", "", "Extract every fact the document states, as follows:") == [
+        "cut off: ends on ':' (an unfinished sentence)"
+    ]
+    # brackets inside a quoted look-up (rewriter feedback quotes failed queries) do not count
+    quoted = 'Plan each look-up; questions like "who wrote (the first" need the entity tag.'
+    assert check_instruction("rewriter", seed, quoted) == []

@@ -34,15 +34,19 @@ pairs and counted) and reports:
 **Sanity checks** (:func:`check_instruction`), run on every instruction a proposal changes
 *before* it is evaluated, so a degenerate proposal costs no agent run: at least
 ``MIN_INSTRUCTION_CHARS`` characters (a short instruction may be a good one: GEPA's proposals
-are often terse) and the program's task still stated (one of its
-:attr:`~kitune.optimizers.program_task.ProgramTask.task_words`). The output format is not
-checked here: it comes from each program's typed signature, which no instruction can remove.
+are often terse), the program's task still stated (one of its
+:attr:`~kitune.optimizers.program_task.ProgramTask.task_words`), and not cut off: it does not end
+on an opening bracket or on ``, ; :``, and outside double quotes it opens no more ``( [ {`` than
+it closes (a reflection reply cut short: ``experiments/loop-dev-48`` accepted a rewriter
+instruction that ended in "with the unknown left open (", losing its last two rules). The output
+format is not checked here: it comes from each program's typed signature, which no instruction can remove.
 """
 
 from __future__ import annotations
 
 import math
 import random
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -60,6 +64,7 @@ __all__ = [
     "PairedComparison",
     "check_instruction",
     "compare_paired",
+    "cut_off",
     "decide",
     "mcnemar_exact_p",
 ]
@@ -68,18 +73,25 @@ __all__ = [
 MIN_INSTRUCTION_CHARS = 40
 """A proposed instruction shorter than this is degenerate (GEPA once proposed "ok")."""
 
+_CUT_OFF_ENDINGS = frozenset("([{,;:")
+"""Last characters that leave a sentence unfinished (see :func:`check_instruction`)."""
+
+_QUOTED = re.compile(r'"[^"\n]*"')
+"""A double-quoted span on one line, left out of the bracket count."""
+
 
 def check_instruction(program: str, current: str, proposed: str) -> list[str]:
     """Problems with a proposed instruction (empty list: it passes).
 
     Args:
         program: a registered program (its task's ``task_words`` are checked); unregistered
-            names get only the length check.
+            names get only the length and cut-off checks.
         current: the instruction in use (kept for checks relative to it; unused by the current rules).
         proposed: the proposal.
 
     Returns:
-        Human-readable problems, e.g. ``"too short: 2 characters (minimum 40)"``.
+        Human-readable problems, e.g. ``"too short: 2 characters (minimum 40)"`` or
+        ``"cut off: ends on '(' (an unfinished sentence)"``.
     """
     problems: list[str] = []
     text = proposed.strip()
@@ -89,7 +101,37 @@ def check_instruction(program: str, current: str, proposed: str) -> list[str]:
     words = get_program_task(program).task_words if program in PROGRAM_TASKS else ()
     if words and not any(w in text.lower() for w in words):
         problems.append(f"no longer states the task (none of: {', '.join(words)})")
+    cut = cut_off(text)
+    if cut:
+        problems.append(cut)
     return problems
+
+
+def cut_off(text: str) -> str | None:
+    """Why ``text`` looks cut off mid-sentence, or None when it does not.
+
+    Cut off: the stripped text ends on an opening bracket or on ``, ; :``, or, outside
+    double-quoted spans, it opens more ``(``, ``[`` or ``{`` than it closes. Used by
+    :func:`check_instruction` and by GEPA's instruction proposer
+    (:class:`~kitune.optimizers.gepa.SizedInstructionProposer`), which counts such a reflection
+    reply as unusable instead of spending metric calls on it.
+
+    Args:
+        text: an instruction, any length (empty: not cut off).
+
+    Returns:
+        E.g. ``"cut off: ends on '(' (an unfinished sentence)"``, ``"cut off: 2 '(' but 1 ')'
+        outside quotes"``; None when the text looks finished.
+    """
+    text = text.strip()
+    if text and text[-1] in _CUT_OFF_ENDINGS:
+        return f"cut off: ends on {text[-1]!r} (an unfinished sentence)"
+    unquoted = _QUOTED.sub("", text)  # quoted look-ups (rewriter feedback) may hold any bracket
+    for opening, closing in ("()", "[]", "{}"):
+        opened, closed = unquoted.count(opening), unquoted.count(closing)
+        if opened > closed:
+            return f"cut off: {opened} {opening!r} but {closed} {closing!r} outside quotes"
+    return None
 
 
 @dataclass(frozen=True)

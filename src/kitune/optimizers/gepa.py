@@ -48,6 +48,7 @@ import dspy
 from dspy.teleprompt.gepa.instruction_proposal import InstructionProposer
 
 from kitune.errors import ConfigError
+from kitune.optimizers.acceptance import cut_off
 from kitune.optimizers.base import (
     CandidateScore,
     OptimizationResult,
@@ -246,7 +247,13 @@ class SizedInstructionProposer(InstructionProposer):  # type: ignore[misc]
         reflective_dataset: Mapping[str, Sequence[Mapping[str, Any]]],
         components_to_update: list[str],
     ) -> dict[str, str]:
-        """Size the examples, then propose (see the base class); a failure is counted and re-raised."""
+        """Size the examples, then propose (see the base class); a failure is counted and re-raised.
+
+        A proposed text that looks cut off (:func:`~kitune.optimizers.acceptance.cut_off`, e.g. a
+        reply that stopped inside a parenthesis) is a failure too (``ValueError``): GEPA skips it
+        instead of spending metric calls on it, and it counts toward "every reflection reply was
+        unusable".
+        """
         data = dict(reflective_dataset)
         if self.context_tokens:
             for name in components_to_update:
@@ -260,7 +267,12 @@ class SizedInstructionProposer(InstructionProposer):  # type: ignore[misc]
                 data[name] = fitted
         self.calls += 1
         try:
-            return dict(super().__call__(candidate, data, components_to_update))
+            proposed = dict(super().__call__(candidate, data, components_to_update))
+            for name, text in proposed.items():
+                problem = cut_off(text)
+                if problem:
+                    raise ValueError(f"unusable reflection reply for {name}: {problem}")
+            return proposed
         except Exception as e:
             self.failures += 1
             self.errors.append(f"{type(e).__name__}: {e}"[:300])
