@@ -49,6 +49,13 @@ def test_a_nonsense_number_is_refused_at_start(args: list[str], option: str, val
     assert f"Invalid value for '{option}': {value}" in out
 
 
+def test_a_sample_seed_without_a_sample_size_is_refused(tmp_path: Path) -> None:
+    # a newcomer's `optimize --sample-seed 3` without --questions started a full run on every question
+    code, out = _invoke(["optimize", "--data", str(tmp_path), "--sample-seed", "3"])
+    assert code == 2, out
+    assert "Invalid value for '--sample-seed': needs --questions N, the size of the sample" in out
+
+
 # -- item 5: stats with no harmful KI, lm smoke help, drift --data checked first -----------------
 def test_lm_smoke_help_has_no_stray_line_break() -> None:
     _register()

@@ -394,6 +394,12 @@ def optimize_cmd(
     from kitune.service.tuning.optimize import extract_slice, run_optimize
     from kitune.service.tuning.options import OptimizeOptions
 
+    if sample_seed is not None and questions is None:
+        raise typer.BadParameter(
+            "needs --questions N, the size of the sample (without --questions every question is used, "
+            "so there is nothing to sample)",
+            param_hint="'--sample-seed'",
+        )
     cfg = get_config(config, record_overrides(record, replay) or None)
     choice = _optimizer(optimizer or cfg.optimize.optimizer)
     opts = OptimizeOptions(
