@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -64,6 +65,38 @@ def test_demo_end_to_end_on_two_questions(tmp_path: Path) -> None:
     res2 = run_demo(cfg, opts, deps=deps, tracker=tracker)
     assert [s.n_correct for s in res2.summaries] == [s.n_correct for s in res.summaries]
     assert task_lm.calls == calls and len(deps.chat_model.calls) == agent_calls  # type: ignore[attr-defined]
+
+
+@pytest.mark.slow
+def test_demo_names_the_documents_that_failed_to_extract(tmp_path: Path) -> None:
+    # newcomer check: a document that timed out was only a "· 1 failed ·" in a progress line
+    data = write_dataset(tmp_path / "data")
+    (data / "questions.jsonl").write_text(
+        "\n".join((data / "questions.jsonl").read_text().splitlines()[:2]) + "\n"
+    )
+
+    def eiffel_times_out(system: str, user: str) -> dict[str, Any]:
+        if "Eiffel Tower" in user and "[[ ## correct_answer ## ]]" not in user:
+            raise TimeoutError("did not answer within timeout_s=120")
+        return task_rule(system, user)
+
+    deps = make_deps(
+        RuleLM(eiffel_times_out),
+        RuleLM(reflection_rule, json=True),
+        corpus_store=FakeCorpusStore([Document(docid=d, title=t, text=x) for d, t, x in DOCS]),
+    )
+    tracker = MlflowTracker(f"sqlite:///{tmp_path / 'w' / 'demo' / 'mlflow.db'}", experiment="demo")
+    lines: list[str] = []
+    opts = DemoOptions(data_dir=data, questions=2, distractors=1, max_metric_calls=4, progress=False)
+    res = run_demo(tiny_config(tmp_path), opts, deps=deps, tracker=tracker, log=lines.append)
+    assert res.extract_failed == ("d2",)
+    assert (
+        "extraction: 1 document(s) failed to extract (d2), so their KIs are missing from every arm; "
+        "the errors are in <workdir>/demo/extraction/*.state.jsonl; rerun kitune demo to retry them "
+        "(raise lm.extract.timeout_s if they timed out)"
+    ) in lines
+    state = next((tmp_path / "w" / "demo" / "extraction").glob("*.state.jsonl")).read_text()
+    assert '"docid": "d2", "status": "failed"' in state and "did not answer within timeout_s=120" in state
 
 
 def test_demo_defaults_point_into_the_repository() -> None:

@@ -584,7 +584,12 @@ def demo_cmd(
     """
     import time
 
-    from kitune.service.workflows.demo import DemoOptions, default_demo_config, run_demo
+    from kitune.service.workflows.demo import (
+        DemoOptions,
+        default_demo_config,
+        failed_documents_line,
+        run_demo,
+    )
 
     started = time.monotonic()
     path = config if config is not None else default_demo_config()
@@ -613,6 +618,8 @@ def demo_cmd(
         f"{len(f.fixed)} fixed, {len(f.still_wrong)} still wrong, {len(f.newly_wrong)} newly wrong"
     )
     out.print(_history_table(res.loop.history, "optimisation"))
+    if res.extract_failed:
+        out.print(f"[yellow]extraction: {failed_documents_line(res.extract_failed)}[/]", soft_wrap=True)
     report = f"report: {res.report.markdown}" + (f", {res.report.plot}" if res.report.plot else "")
     out.print(report, soft_wrap=True, highlight=False)
     out.print(_mlflow_hint(res.mlflow_uri), soft_wrap=True, highlight=False)

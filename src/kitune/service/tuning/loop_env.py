@@ -493,6 +493,14 @@ class ServiceLoopEnv:
         metrics.update({f"extract_dropped_{k}": float(v) for k, v in report.drops.items()})
         return metrics
 
+    def failed_documents(self, setting: Setting) -> tuple[str, ...]:
+        """Document ids whose extraction with ``setting``'s extractor failed in this process, sorted.
+
+        Their errors are in the extraction state file
+        (:func:`~kitune.service.pipelines.extraction.default_state_path`); a rerun retries them.
+        """
+        return tuple(sorted(self._failed.get(self.extractor(setting).prompt_version, set())))
+
     def kis_by_doc(self, setting: Setting) -> dict[str, list[KI]]:
         """Extracted (non-disambiguation) KIs of the setting's store, by evidence document."""
         out: dict[str, list[KI]] = {}

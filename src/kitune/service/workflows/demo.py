@@ -107,6 +107,17 @@ class DemoResult:
     demo_dir: Path
     mlflow_uri: str
     usage: dict[str, dict[str, int]] = field(default_factory=dict)
+    extract_failed: tuple[str, ...] = ()
+    """Documents whose extraction failed (their KIs are missing from every arm); a rerun retries them."""
+
+
+def failed_documents_line(docids: Sequence[str]) -> str:
+    """One line naming the documents whose extraction failed, and what to do about them."""
+    return (
+        f"{len(docids)} document(s) failed to extract ({', '.join(docids)}), so their KIs are missing "
+        "from every arm; the errors are in <workdir>/demo/extraction/*.state.jsonl; rerun kitune demo "
+        "to retry them (raise lm.extract.timeout_s if they timed out)"
+    )
 
 
 def demo_workdir_config(cfg: KituneConfig) -> KituneConfig:
@@ -210,6 +221,9 @@ def run_demo(
     try:
         log("step 1/5: extract KIs")
         env.ensure_extracted(start, questions)
+        extract_failed = env.failed_documents(start)
+        if extract_failed:
+            log(f"extraction: {failed_documents_line(extract_failed)}")
         log("step 2/5: baseline (search and fetch)")
         baseline = _baseline(env, questions, runs / "baseline.jsonl")
         log("step 3/5: in-context (KIs, no disambiguation)")
@@ -268,4 +282,5 @@ def run_demo(
         demo_dir=demo_dir,
         mlflow_uri=dcfg.mlflow_uri,
         usage=usage,
+        extract_failed=extract_failed,
     )
