@@ -150,3 +150,13 @@ def test_serve_warms_the_rewrite_lm_up_before_serving(
     assert r.exit_code == 0, r.output
     assert "rewrite LM ready" in r.output and len(served) == 1
     assert len(lm.calls) == 1 and lm.calls[0]["max_tokens"] == 4
+
+
+def test_context_says_why_the_rewrite_fell_back(app: typer.Typer, monkeypatch: pytest.MonkeyPatch) -> None:
+    # newcomer check: "rewrite fell back to the plain plan" gave no reason
+    _use_rewrite_lm(monkeypatch, _OkLM())  # replies nothing: no plan to parse
+    r = CliRunner().invoke(app, ["context", "Where is Globex headquartered?"], env={"COLUMNS": "300"})
+    assert r.exit_code == 0, r.output
+    assert "Globex is headquartered in Shelbyville." in r.stdout
+    out = " ".join(r.stdout.split())
+    assert "(rewrite fell back to the plain plan: lm_error: " in out

@@ -189,7 +189,8 @@ def print_context(resp: ContextResponse, console: Console) -> None:
         top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:8]
         facets.add_row(name, ", ".join(f"{k} ({v})" for k, v in top) or "-")
     console.print(facets)
-    note = " (rewrite fell back to the plain plan)" if resp.rewrite_fell_back else ""
+    why = f": {resp.rewrite_reason}" if resp.rewrite_reason else ""
+    note = f" (rewrite fell back to the plain plan{why})" if resp.rewrite_fell_back else ""
     console.print(
         f"rewrite tokens: {resp.rewrite_tokens.input} in / {resp.rewrite_tokens.output} out{note}; "
         f"{resp.took_ms:.0f} ms"
