@@ -48,7 +48,7 @@ def test_sanity_checks_read_each_tasks_words() -> None:
         "no longer states the task (none of: query, search, look-up, lookup, plan)"
     ]
     assert check_instruction("extractor", "", long) == ["no longer states the task (none of: fact)"]
-    assert check_instruction("unregistered", "", long) == []  # only the length rule
+    assert check_instruction("unregistered", "", long) == []  # only the length and cut-off rules
     assert check_instruction("extractor", "", "facts") == ["too short: 5 characters (minimum 40)"]
 
 

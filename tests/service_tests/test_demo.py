@@ -23,13 +23,18 @@ from kitune.schema import Document
 from kitune.service.workflows.demo import DemoOptions, default_demo_config, default_fixture, run_demo
 
 
+def _two_questions(tmp_path: Path) -> Path:
+    """The loop fakes' dataset cut to q1 (answer in the first sentence) and q2 (a date: missed by
+    the packaged extractor)."""
+    data = write_dataset(tmp_path / "data")
+    lines = (data / "questions.jsonl").read_text().splitlines()[:2]
+    (data / "questions.jsonl").write_text("\n".join(lines) + "\n")
+    return data
+
+
 @pytest.mark.slow
 def test_demo_end_to_end_on_two_questions(tmp_path: Path) -> None:
-    data = write_dataset(tmp_path / "data")
-    # only q1 (answer in the first sentence) and q2 (a date: missed by the packaged extractor)
-    (data / "questions.jsonl").write_text(
-        "\n".join((data / "questions.jsonl").read_text().splitlines()[:2]) + "\n"
-    )
+    data = _two_questions(tmp_path)
     cfg = tiny_config(tmp_path)
     corpus = FakeCorpusStore([Document(docid=d, title=t, text=x) for d, t, x in DOCS])
     task_lm = RuleLM(task_rule)
@@ -70,10 +75,7 @@ def test_demo_end_to_end_on_two_questions(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_demo_names_the_documents_that_failed_to_extract(tmp_path: Path) -> None:
     # newcomer check: a document that timed out was only a "· 1 failed ·" in a progress line
-    data = write_dataset(tmp_path / "data")
-    (data / "questions.jsonl").write_text(
-        "\n".join((data / "questions.jsonl").read_text().splitlines()[:2]) + "\n"
-    )
+    data = _two_questions(tmp_path)
 
     def eiffel_times_out(system: str, user: str) -> dict[str, Any]:
         if "Eiffel Tower" in user and "[[ ## correct_answer ## ]]" not in user:
@@ -113,10 +115,7 @@ def test_kitune_demo_cli_prints_the_side_by_side_table(
     import kitune.service.tuning.optimize as optimize_service
     from kitune.cli import _register, app
 
-    data = write_dataset(tmp_path / "data")
-    (data / "questions.jsonl").write_text(
-        "\n".join((data / "questions.jsonl").read_text().splitlines()[:2]) + "\n"
-    )
+    data = _two_questions(tmp_path)
     cfg_path = tmp_path / "demo.yaml"
     cfg_path.write_text(
         f"workdir: {tmp_path / 'w'}\ncorpus_name: tiny\nembedder: {{type: hash}}\n"
