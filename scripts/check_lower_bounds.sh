@@ -38,6 +38,6 @@ echo "== installed; versions that differ from constraints/py311.txt:"
 diff <(grep -v '^#' constraints/py311.txt | sort -f) <("$VENV/bin/python" -m pip freeze --exclude-editable | grep -v '^#' | sort -f) | grep '^[<>]' || echo "(none)"
 if [ $# -eq 0 ]; then
   set -- -q -p no:randomly tests/test_public_api.py tests/test_packaging.py tests/core_tests tests/lm_tests \
-    tests/programs_tests tests/retrieval_tests/test_lance.py tests/experiments_tests tests/optimizers_tests/test_loop.py
+    tests/programs_tests tests/retrieval_tests/test_lance.py tests/tracking_tests tests/optimizers_tests/test_loop.py
 fi
 "$VENV/bin/python" -m pytest "$@"

@@ -42,7 +42,7 @@ LAYERS = {
     "data": 2,
     "evaluation": 3,
     "optimizers": 4,
-    "experiments": 5,
+    "tracking": 5,
     # service/ is four tiers, each importing only the tiers below it (AGENTS.md); the package's
     # own __init__ (its curated lazy exports) sits above them all.
     "service.serving": 6,
@@ -234,19 +234,19 @@ def test_the_checker_catches_planted_upward_imports_type_checking_ones_too(tmp_p
             "programs/extractor.py": "def f():\n    from kitune.service.optimize import run\n",
             "service/optimize.py": "def run():\n    pass\n",
             "evaluation/agent.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-            "    from kitune.experiments.tracking import Tracker\n",
+            "    from kitune.tracking.trackers import Tracker\n",
             "optimizers/__init__.py": '_EXPORTS: dict[str, str] = {"run": "kitune.service.optimize"}\n',
         },
     )
     assert layer_problems(import_edges(root)) == [
-        "kitune.evaluation.agent:3 imports kitune.experiments.tracking (layer experiments above evaluation)",
+        "kitune.evaluation.agent:3 imports kitune.tracking.trackers (layer tracking above evaluation)",
         "kitune.optimizers:1 imports kitune.service.optimize (layer service above optimizers)",
         "kitune.programs.extractor:2 imports kitune.service.optimize (layer service above programs)",
     ]
     # a known entry silences only its own edge, and one that is not in the tree fails
     known = {("kitune.programs.extractor", "kitune.service.optimize"), ("kitune.data.x", "kitune.cli.y")}
     assert layer_problems(import_edges(root), known) == [
-        "kitune.evaluation.agent:3 imports kitune.experiments.tracking (layer experiments above evaluation)",
+        "kitune.evaluation.agent:3 imports kitune.tracking.trackers (layer tracking above evaluation)",
         "kitune.optimizers:1 imports kitune.service.optimize (layer service above optimizers)",
         "stale KNOWN_UPWARD entry (no such import): ('kitune.data.x', 'kitune.cli.y')",
     ]

@@ -21,7 +21,7 @@ PACKAGES = [
     "kitune.localmodel",
     "kitune.optimizers",
     "kitune.service",
-    "kitune.experiments",
+    "kitune.tracking",
     "kitune.testing",
 ]
 

@@ -41,7 +41,7 @@ table_of() {  # $1: production | loop
 import json, sys
 from pathlib import Path
 from kitune.config import load_config
-from kitune.experiments.prompts import PromptRegistry, prompt_name
+from kitune.tracking.prompts import PromptRegistry, prompt_name
 from kitune.programs.instructions import instruction_version
 cfg = load_config(sys.argv[1])
 if sys.argv[2] == "loop" and Path(sys.argv[3]).is_file():

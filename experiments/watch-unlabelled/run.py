@@ -39,10 +39,10 @@ from typing import Any
 from kitune.config import load_config
 from kitune.data.loaders import Question
 from kitune.evaluation.signals import signals_markdown
-from kitune.experiments.tracking import create_tracker
 from kitune.service.workflows.review import default_evaluator, measure_effect, open_review
 from kitune.service.workflows.signals import load_signal_traces, signal_report, store_facts, to_chat_record
 from kitune.service.workflows.watch import LoopOptions, WatchOptions, watch
+from kitune.tracking.trackers import create_tracker
 
 PREFERENCE = ("add_ki", "re_extract", "retire_ki", "rewriter_feedback")
 HERE = Path(__file__).resolve().parent

@@ -11,10 +11,10 @@ import typer
 from typer.testing import CliRunner
 
 from kitune.cli import bootstrap_cmds, extract_cmds
-from kitune.experiments.prompts import PromptRegistry
 from kitune.retrieval.embedders import HashEmbedder
 from kitune.retrieval.memory import MemoryStore
 from kitune.testing.lm import mock_usage_lm
+from kitune.tracking.prompts import PromptRegistry
 
 REPLY = {
     "domain": "Films, rivers and chemists",

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from kitune.config import KituneConfig, load_config
-from kitune.experiments.prompts import PromptRegistry
 from kitune.ki import KI
 from kitune.programs.domain_describer import DomainDescription
 from kitune.retrieval.embedders import HashEmbedder
@@ -20,6 +19,7 @@ from kitune.service.workflows.bootstrap_kis import source_description_kis
 from kitune.service.workflows.bootstrap_report import BootstrapResult
 from kitune.testing.lm import mock_usage_lm
 from kitune.testing.tracking import RecordingTracker
+from kitune.tracking.prompts import PromptRegistry
 from kitune.usage import TokenLedger
 
 NOW = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)

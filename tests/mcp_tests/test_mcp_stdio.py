@@ -283,9 +283,9 @@ def test_unknown_arguments_are_refused_by_name(config_path: Path) -> None:
 
 
 def test_a_running_mcp_serves_a_promotion_without_restart(tmp_path: Path) -> None:
-    from kitune.experiments.prompts import PromptRegistry, prompt_name, register_packaged
     from kitune.programs.instructions import instruction_version, load_instruction
     from kitune.service.serving.prompts import production_setting, versioned_store_cfg
+    from kitune.tracking.prompts import PromptRegistry, prompt_name, register_packaged
 
     path = tmp_path / "kitune.yaml"
     path.write_text(

@@ -8,11 +8,11 @@ import pytest
 
 from kitune.evaluation.report import summarize
 from kitune.evaluation.trace import Trace
-from kitune.experiments.prompts import PromptRegistry, prompt_name
-from kitune.experiments.tracking import MlflowTracker
 from kitune.optimizers.loop import Evaluation, Proposal, Setting, initial_prompts, run_loop
 from kitune.programs.instructions import load_instruction
 from kitune.testing.tracking import RecordingTracker
+from kitune.tracking.prompts import PromptRegistry, prompt_name
+from kitune.tracking.trackers import MlflowTracker
 
 
 def _traces(n_right: int, n: int, split: str) -> tuple[Trace, ...]:

@@ -222,9 +222,9 @@ def test_degenerate_proposal_is_rejected_before_evaluation(tmp_path: Path) -> No
 def test_after_a_promotion_context_and_extract_use_the_promoted_versions(tmp_path: Path) -> None:
     # (g) what the loop decides is what runs: production_setting (used by serve, context,
     # extract, eval and the MCP server) follows the registry's production alias and its KI table
-    from kitune.experiments.prompts import PromptRegistry, prompt_name, register_packaged
     from kitune.programs.instructions import instruction_version
     from kitune.service.serving.prompts import production_setting
+    from kitune.tracking.prompts import PromptRegistry, prompt_name, register_packaged
 
     cfg = KituneConfig(workdir=tmp_path / "w", corpus_name="tiny")
     registry = PromptRegistry(cfg.mlflow_uri)

@@ -18,9 +18,9 @@ from loop_fakes import DOCS, make_deps, reflection_rule, task_rule, tiny_config,
 from opt_fakes import RuleLM
 
 from kitune.data.checksum import dataset_checksum
-from kitune.experiments.tracking import MlflowTracker
 from kitune.schema import Document
 from kitune.service.workflows.demo import DemoOptions, default_demo_config, default_fixture, run_demo
+from kitune.tracking.trackers import MlflowTracker
 
 
 def _two_questions(tmp_path: Path) -> Path:

@@ -22,11 +22,11 @@ from loop_fakes import (
 )
 from opt_fakes import RuleLM
 
-from kitune.experiments.prompts import PromptRegistry, prompt_name
-from kitune.experiments.tracking import MlflowTracker
 from kitune.service.tuning.optimize import run_optimize
 from kitune.service.tuning.options import OptimizeOptions
 from kitune.service.tuning.slicing import select_documents
+from kitune.tracking.prompts import PromptRegistry, prompt_name
+from kitune.tracking.trackers import MlflowTracker
 
 
 def test_optimize_extractor_accepts_a_better_prompt_and_registers_it(tmp_path: Path) -> None:

@@ -223,7 +223,7 @@ def test_a_failed_apply_resumes_and_reverts_to_the_true_previous_state(tmp_path:
 
 
 def test_rewriter_feedback_goes_through_the_registry_and_back(tmp_path: Path) -> None:
-    from kitune.experiments.prompts import PromptRegistry
+    from kitune.tracking.prompts import PromptRegistry
 
     store = MemoryStore(HashEmbedder())
     store.upsert(scenario().kis)

@@ -13,8 +13,8 @@ from kitune.data.trace_formats import parse_label, parse_openai_record
 from kitune.evaluation.agent import Step
 from kitune.evaluation.harness import read_traces
 from kitune.evaluation.metrics import Trace
-from kitune.experiments.tracking import MlflowTracker
 from kitune.service.workflows.traces import TraceFolder, changed_files, import_traces, read_trace_file
+from kitune.tracking.trackers import MlflowTracker
 
 
 def conversation(i: int, question: str, final: str, **extra: object) -> dict:

@@ -91,9 +91,9 @@ def bootstrap(
     description, diff, tokens) is written. Exit 0 on success, 1 when a step failed partially
     (see the report), 2 on a configuration or data error.
     """
-    from kitune.experiments.tracking import create_tracker
     from kitune.lm import build_lm
     from kitune.service.workflows.bootstrap import bootstrap_corpus
+    from kitune.tracking.trackers import create_tracker
     from kitune.usage import TokenLedger
 
     overrides: dict[str, object] = record_overrides(record, replay)

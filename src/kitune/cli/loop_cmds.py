@@ -203,8 +203,8 @@ def rollback_cmd(
 
 def _now_used(cfg: Any, name: str) -> None:
     """Say what ``serve``/``context``/``extract``/``eval`` use after a promote or rollback of ``name``."""
-    from kitune.experiments.prompts import prompt_name
     from kitune.service.serving.prompts import SERVED_PROGRAMS, describe_setting, production_setting
+    from kitune.tracking.prompts import prompt_name
 
     programs = tuple(p for p in SERVED_PROGRAMS if prompt_name(cfg.corpus_name, p) == name)
     if not programs:

@@ -42,8 +42,8 @@ TrackOption = Annotated[bool, typer.Option("--track/--no-track", help="Log the a
 
 
 def _service(cfg: KituneConfig, track: bool) -> ReviewService:
-    from kitune.experiments.tracking import create_tracker
     from kitune.service.workflows.review import open_review
+    from kitune.tracking.trackers import create_tracker
 
     return open_review(cfg, tracker=create_tracker(cfg) if track else None)
 

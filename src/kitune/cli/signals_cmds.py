@@ -41,7 +41,6 @@ def signals_cmd(
 
     Example: kitune signals kitune-work/runs/in-context-fixture-all --json
     """
-    from kitune.experiments.tracking import create_tracker
     from kitune.service.serving.setting import open_serving_store
     from kitune.service.workflows.signals import (
         load_signal_traces,
@@ -50,6 +49,7 @@ def signals_cmd(
         store_facts,
         trace_sources,
     )
+    from kitune.tracking.trackers import create_tracker
 
     cfg = get_config(config)
     paths: list[Path] = []

@@ -1,8 +1,8 @@
 """Artifacts the loop logs to any tracker: candidate instructions and optimised program state.
 
 They live with the loop (the optimizers layer) and use only the tracker's own methods
-(``log_text``, ``log_dict``, ``log_artifact``), so the loop does not import the experiments
-layer; :mod:`kitune.experiments.tracking` re-exports both.
+(``log_text``, ``log_dict``, ``log_artifact``), so the loop does not import the tracking
+layer; :mod:`kitune.tracking.trackers` re-exports both.
 """
 
 from __future__ import annotations

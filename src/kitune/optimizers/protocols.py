@@ -1,15 +1,15 @@
 """What the loop needs from a tracker and a prompt registry, declared at the loop's own layer.
 
 The loop (:mod:`kitune.optimizers`) logs runs, metrics and artefacts and registers accepted
-prompt versions, but the implementations live a layer above it, in :mod:`kitune.experiments`
-(:class:`~kitune.experiments.tracking.MlflowTracker`, :class:`~kitune.experiments.prompts.PromptRegistry`).
+prompt versions, but the implementations live a layer above it, in :mod:`kitune.tracking`
+(:class:`~kitune.tracking.trackers.MlflowTracker`, :class:`~kitune.tracking.prompts.PromptRegistry`).
 The protocols sit here so the loop's imports only point down (AGENTS.md layer order, checked by
-``tests/test_layering.py``, ``TYPE_CHECKING`` imports included); the experiments layer imports
+``tests/test_layering.py``, ``TYPE_CHECKING`` imports included); the tracking layer imports
 them from here and implements them.
 
 * :class:`Tracker` — where runs, params, metrics and artefacts go, with :class:`RunHandle` (an
   open run) and :class:`TrackingFailure` (a swallowed logging error). The rules every tracker
-  follows are written in :mod:`kitune.experiments.tracking`.
+  follows are written in :mod:`kitune.tracking.trackers`.
 * :class:`PromptRegistryProtocol` — the four prompt-registry calls the loop makes, returning
   :class:`StoredPrompt` records.
 """
@@ -61,7 +61,7 @@ class Tracker(Protocol):
 
     Contract for every implementation: log calls never raise (failures are recorded in
     :attr:`failures`); names are sanitised and long params moved to artifacts; the target run is
-    resolved as described in :mod:`kitune.experiments.tracking` (explicit ``run_id`` → the
+    resolved as described in :mod:`kitune.tracking.trackers` (explicit ``run_id`` → the
     current context's run → the only open run), so it is safe from threads and asyncio tasks.
     Runs are never created implicitly.
     """
@@ -99,7 +99,7 @@ class Tracker(Protocol):
         ...
 
     def log_params(self, params: Mapping[str, Any], *, run_id: str | None = None) -> None:
-        """Log params (long values → artifacts, see ``kitune.experiments.tracking_names.prepare_params``)."""
+        """Log params (long values → artifacts, see ``kitune.tracking.names.prepare_params``)."""
         ...
 
     def log_artifact(
@@ -133,7 +133,7 @@ class Tracker(Protocol):
 
 
 class StoredPrompt(Protocol):
-    """One stored prompt version as the loop reads it (``kitune.experiments.prompts.PromptVersion``)."""
+    """One stored prompt version as the loop reads it (``kitune.tracking.prompts.PromptVersion``)."""
 
     @property
     def name(self) -> str:
@@ -152,7 +152,7 @@ class StoredPrompt(Protocol):
 
 
 class PromptRegistryProtocol(Protocol):
-    """The prompt-registry calls the loop makes (``kitune.experiments.prompts.PromptRegistry``).
+    """The prompt-registry calls the loop makes (``kitune.tracking.prompts.PromptRegistry``).
 
     Versions are immutable; aliases (``candidate``, ``production``) move. Unknown names or
     versions raise :class:`~kitune.errors.PromptNotFoundError`; a registry that cannot be written

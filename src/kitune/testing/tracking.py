@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kitune.experiments.tracking import BaseTracker, EpisodeRecord
+from kitune.tracking.trackers import BaseTracker, EpisodeRecord
 
 __all__ = ["RecordedMetric", "RecordedRun", "RecordingTracker"]
 

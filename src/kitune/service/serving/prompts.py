@@ -20,8 +20,8 @@ from typing import Any, NamedTuple
 
 from kitune.config import KituneConfig, with_overrides
 from kitune.errors import ConfigError, PromptNotFoundError, TrackingError
-from kitune.experiments.prompts import PromptRegistry, PromptSummary, PromptVersion, prompt_name
 from kitune.programs.instructions import instruction_version, load_instruction
+from kitune.tracking.prompts import PromptRegistry, PromptSummary, PromptVersion, prompt_name
 
 __all__ = [
     "SERVED_PROGRAMS",

@@ -6,7 +6,7 @@ factory) and :func:`run_optimize`, which takes :class:`~kitune.service.tuning.op
 slice (:mod:`kitune.service.tuning.slicing`), builds the loop environment
 (:class:`~kitune.service.tuning.loop_env.ServiceLoopEnv`: extraction per extractor version, the
 store-state-aware evaluation cache, feedback routing) and runs the loop through
-:func:`kitune.experiments.runner.run_experiment`. Knob overrides of a setting are applied with
+:func:`kitune.tracking.runner.run_experiment`. Knob overrides of a setting are applied with
 :func:`kitune.config.with_overrides`.
 """
 
@@ -23,8 +23,6 @@ from kitune.config import KituneConfig
 from kitune.data.checksum import dataset_checksum
 from kitune.data.loaders import load_questions
 from kitune.errors import TrackingError
-from kitune.experiments.prompts import PromptRegistry
-from kitune.experiments.runner import run_experiment
 from kitune.optimizers.loop import LoopResult, Setting, start_prompts
 from kitune.optimizers.loop_state import read_state
 from kitune.optimizers.program_task import PROGRAM_TASKS
@@ -34,6 +32,8 @@ from kitune.service.tuning.loop_env import LoopDeps, ServiceLoopEnv
 from kitune.service.tuning.options import OptimizeOptions
 from kitune.service.tuning.slice_fingerprint import write_fingerprint
 from kitune.service.tuning.slicing import load_slice, write_question_ids
+from kitune.tracking.prompts import PromptRegistry
+from kitune.tracking.runner import run_experiment
 from kitune.usage import TokenLedger
 
 if TYPE_CHECKING:

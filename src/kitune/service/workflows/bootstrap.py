@@ -43,8 +43,6 @@ import kitune.retrieval
 from kitune.data.loaders import Question, load_questions
 from kitune.data.sampling import LoadedCorpus, load_bootstrap_corpus, sample_documents
 from kitune.errors import DataError, KituneError
-from kitune.experiments.prompts import PromptRegistry, prompt_name
-from kitune.experiments.tracking import create_tracker
 from kitune.ki import slugify
 from kitune.programs.domain_describer import DomainDescriber
 from kitune.programs.extractor_drafter import draft_extractor
@@ -57,6 +55,8 @@ from kitune.service.workflows.bootstrap_report import (
     log_report,
     write_report,
 )
+from kitune.tracking.prompts import PromptRegistry, prompt_name
+from kitune.tracking.trackers import create_tracker
 from kitune.usage import TokenLedger
 
 if TYPE_CHECKING:

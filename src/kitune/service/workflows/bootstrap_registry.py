@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from kitune.errors import PromptNotFoundError
 
 if TYPE_CHECKING:
-    from kitune.experiments.prompts import PromptRegistry
+    from kitune.tracking.prompts import PromptRegistry
 
 __all__ = ["draft_tags", "register_draft"]
 

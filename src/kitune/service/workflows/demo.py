@@ -40,8 +40,6 @@ from kitune.evaluation.budget import Budget
 from kitune.evaluation.harness import evaluate
 from kitune.evaluation.report import ReportFiles, RunSummary, write_report
 from kitune.evaluation.tools import build_toolbox
-from kitune.experiments.prompts import PromptRegistry
-from kitune.experiments.runner import run_experiment
 from kitune.optimizers.feedback import (
     FeedbackReport,
     Flips,
@@ -55,6 +53,8 @@ from kitune.service.tuning.loop_env import LoopDeps, ServiceLoopEnv
 from kitune.service.tuning.options import OptimizeOptions
 from kitune.service.tuning.slice_fingerprint import write_fingerprint
 from kitune.service.tuning.slicing import load_slice
+from kitune.tracking.prompts import PromptRegistry
+from kitune.tracking.runner import run_experiment
 from kitune.usage import TokenLedger
 
 if TYPE_CHECKING:

@@ -47,8 +47,6 @@ from kitune.errors import (
 )
 from kitune.evaluation.metrics import Trace
 from kitune.evaluation.signals import SignalReport
-from kitune.experiments.prompts import prompt_name, register_packaged
-from kitune.experiments.tracking import create_tracker
 from kitune.ki import KI, utcnow
 from kitune.optimizers.acceptance import check_instruction, compare_paired, decide
 from kitune.optimizers.objective import LoopWeights
@@ -66,12 +64,14 @@ from kitune.service.workflows.proposals import (
     RewriterPrompt,
     propose,
 )
+from kitune.tracking.prompts import prompt_name, register_packaged
+from kitune.tracking.trackers import create_tracker
 
 if TYPE_CHECKING:
     from kitune.data.loaders import Question
-    from kitune.experiments.prompts import PromptRegistry
     from kitune.optimizers.protocols import Tracker
     from kitune.retrieval.base import Store
+    from kitune.tracking.prompts import PromptRegistry
 
 __all__ = [
     "Evaluator",

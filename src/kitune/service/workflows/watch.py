@@ -41,7 +41,6 @@ from kitune.data.loaders import CORPUS_FILE, load_corpus, load_questions
 from kitune.errors import DataError
 from kitune.evaluation.metrics import Trace
 from kitune.evaluation.signals import aggregate_signals, compute_signals
-from kitune.experiments.tracking import create_tracker
 from kitune.ki import utcnow
 from kitune.service.tuning import optimize as optimize_service
 from kitune.service.tuning.options import OptimizeOptions
@@ -63,6 +62,7 @@ from kitune.service.workflows.traces import (
     to_trace,
     write_atomic,
 )
+from kitune.tracking.trackers import create_tracker
 
 __all__ = [
     "LoopOptions",

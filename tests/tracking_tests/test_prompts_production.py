@@ -18,7 +18,6 @@ from typer.testing import CliRunner
 
 from kitune.config import KituneConfig
 from kitune.errors import ConfigError, PromptNotFoundError
-from kitune.experiments.prompts import PACKAGED_TAG, PromptRegistry, prompt_name, register_packaged
 from kitune.programs.instructions import instruction_version, load_instruction
 from kitune.retrieval.embedders import HashEmbedder
 from kitune.retrieval.memory import MemoryStore
@@ -30,6 +29,7 @@ from kitune.service.serving.prompts import (
 )
 from kitune.testing.lm import mock_usage_lm
 from kitune.testing.store_contract import make_ki
+from kitune.tracking.prompts import PACKAGED_TAG, PromptRegistry, prompt_name, register_packaged
 
 PROGRAMS = ("extractor", "rewriter", "disambiguator")
 NEW_REWRITER = "Rewrite the question into a retrieval plan. Prefer entity tags; keep dates exact."

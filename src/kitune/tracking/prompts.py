@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from kitune.errors import PromptNotFoundError, TrackingError
-from kitune.experiments.tracking import prepare_mlflow_env
 from kitune.programs.instructions import load_instruction, prompt_name
+from kitune.tracking.trackers import prepare_mlflow_env
 
 __all__ = [
     "ALIASES",

@@ -1,4 +1,4 @@
-"""Tests for kitune.experiments.prompts against one SQLite registry per module."""
+"""Tests for kitune.tracking.prompts against one SQLite registry per module."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from kitune.errors import PromptNotFoundError, TrackingError
-from kitune.experiments.prompts import PromptRegistry, prompt_name
+from kitune.tracking.prompts import PromptRegistry, prompt_name
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@ import pytest
 
 from kitune.evaluation.agent import Step
 from kitune.evaluation.metrics import Trace
-from kitune.experiments.tracking import MlflowTracker, NullTracker, episode_record
 from kitune.testing.tracking import RecordingTracker
+from kitune.tracking.trackers import MlflowTracker, NullTracker, episode_record
 
 
 def _trace(qid: str, *, correct: bool | None, status: str = "answered") -> Trace:
@@ -232,7 +232,7 @@ def test_mlflow_episodes_of_a_broken_store_are_recorded_not_raised(tmp_path: Pat
 
 def test_log_comparison_logs_flip_counts_and_token_deltas() -> None:
     from kitune.evaluation.comparison import compare_runs
-    from kitune.experiments.tracking import log_comparison
+    from kitune.tracking.trackers import log_comparison
 
     before = [_trace("q1", correct=False), _trace("q2", correct=True), _trace("q3", correct=True)]
     t3 = _trace("q3", correct=True)

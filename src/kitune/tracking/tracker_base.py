@@ -1,7 +1,7 @@
 """Tracker core: :class:`BaseTracker` rules and :class:`NullTracker`.
 
 Both implement :class:`kitune.optimizers.protocols.Tracker` (declared at the loop's layer, its
-user). Import them from :mod:`kitune.experiments.tracking`; the rules are described there.
+user). Import them from :mod:`kitune.tracking.trackers`; the rules are described there.
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ from typing import TYPE_CHECKING, Any
 
 from kitune.errors import TrackingError
 from kitune.evaluation.failures import classify_failure
-from kitune.experiments.episodes import EpisodeRecord, episode_record
-from kitune.experiments.tracking_names import (
+from kitune.optimizers.protocols import RunHandle, TrackingFailure
+from kitune.tracking.episodes import EpisodeRecord, episode_record
+from kitune.tracking.names import (
     MAX_PARAM_CHARS,
     PreparedParams,
     prepare_params,
     sanitize_name,
 )
-from kitune.optimizers.protocols import RunHandle, TrackingFailure
 
 if TYPE_CHECKING:
     from kitune.evaluation.metrics import Trace
@@ -39,7 +39,7 @@ __all__ = [
     "sanitize_name",
 ]
 
-logger = logging.getLogger("kitune.experiments.tracking")
+logger = logging.getLogger("kitune.tracking")
 
 
 _current_run: contextvars.ContextVar[Mapping[int, RunHandle] | None] = contextvars.ContextVar(

@@ -1,6 +1,6 @@
 """The MLflow tracker: runs, params, metrics, artefacts and agent episodes (as MLflow traces).
 
-Import from :mod:`kitune.experiments.tracking` (re-exported there).
+Import from :mod:`kitune.tracking.trackers` (re-exported there).
 
 An unreachable tracking server costs seconds, not minutes. MLflow's own HTTP client retries a
 failed request 7 times with exponential backoff (~250 s per call, and kitune makes a call per
@@ -27,8 +27,8 @@ from typing import Any
 import requests
 
 from kitune.errors import TrackingError
-from kitune.experiments.episodes import EpisodeRecord
-from kitune.experiments.tracker_base import BaseTracker, sanitize_name
+from kitune.tracking.episodes import EpisodeRecord
+from kitune.tracking.tracker_base import BaseTracker, sanitize_name
 
 __all__ = [
     "MLFLOW_HTTP_BOUNDS",
@@ -40,7 +40,7 @@ __all__ = [
     "unreachable_cause",
 ]
 
-logger = logging.getLogger("kitune.experiments.tracking")
+logger = logging.getLogger("kitune.tracking")
 
 
 def disable_mlflow_telemetry() -> None:

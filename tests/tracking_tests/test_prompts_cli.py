@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 from kitune.cli import _register, app
 from kitune.config import load_config
 from kitune.errors import PromptNotFoundError
-from kitune.experiments.prompts import PromptRegistry
 from kitune.service.serving.prompts import list_prompts, show_prompt
+from kitune.tracking.prompts import PromptRegistry
 
 NAME = "kitune-fixture-judge"
 

@@ -1,4 +1,4 @@
-"""Tests for kitune.experiments.tracking (cases M1, M2) and the RecordingTracker double."""
+"""Tests for kitune.tracking.trackers (cases M1, M2) and the RecordingTracker double."""
 
 from __future__ import annotations
 
@@ -11,16 +11,16 @@ import dspy
 import pytest
 
 from kitune.errors import TrackingError
-from kitune.experiments.tracking import (
+from kitune.optimizers.artifacts import log_candidate, log_program_state
+from kitune.optimizers.protocols import Tracker
+from kitune.testing.tracking import RecordingTracker
+from kitune.tracking.trackers import (
     MAX_PARAM_CHARS,
     MlflowTracker,
     NullTracker,
     prepare_params,
     sanitize_name,
 )
-from kitune.optimizers.artifacts import log_candidate, log_program_state
-from kitune.optimizers.protocols import Tracker
-from kitune.testing.tracking import RecordingTracker
 
 
 @pytest.mark.parametrize(
@@ -221,7 +221,7 @@ def test_telemetry_is_off_even_if_mlflow_was_imported_first(monkeypatch: pytest.
     import mlflow  # noqa: F401 - imported before kitune turns telemetry off
     from mlflow.telemetry import get_telemetry_client
 
-    from kitune.experiments.tracking import disable_mlflow_telemetry
+    from kitune.tracking.trackers import disable_mlflow_telemetry
 
     monkeypatch.delenv("MLFLOW_DISABLE_TELEMETRY", raising=False)
     monkeypatch.delenv("DO_NOT_TRACK", raising=False)
@@ -262,7 +262,7 @@ def test_mlflow_missing_is_a_tracking_error_not_a_crash(
 
 def test_create_tracker_from_config(tmp_path: Path) -> None:
     from kitune.config import load_config
-    from kitune.experiments.tracking import create_tracker
+    from kitune.tracking.trackers import create_tracker
 
     cfg = load_config(None, {"workdir": str(tmp_path), "tracking.experiment": "exp-a"})
     tracker = create_tracker(cfg)
@@ -317,8 +317,8 @@ UNREACHABLE_RUN = """
 import json, os, socket, sys, time
 s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()  # a closed port
 uri = f"http://127.0.0.1:{port}"
-from kitune.experiments.prompts import PromptRegistry
-from kitune.experiments.tracking import MlflowTracker
+from kitune.tracking.prompts import PromptRegistry
+from kitune.tracking.trackers import MlflowTracker
 t0 = time.monotonic()
 tracker = MlflowTracker(uri, "probe")
 with tracker.run("eval", {"skill": "baseline"}):
@@ -396,7 +396,7 @@ def test_user_set_mlflow_http_settings_win_and_answers_are_not_unreachable(
     import requests
     from mlflow.exceptions import MlflowException
 
-    from kitune.experiments.mlflow_tracker import is_unreachable, prepare_mlflow_env
+    from kitune.tracking.mlflow_tracker import is_unreachable, prepare_mlflow_env
 
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "7")
     monkeypatch.delenv("MLFLOW_HTTP_REQUEST_TIMEOUT", raising=False)

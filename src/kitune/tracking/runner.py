@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kitune.errors import TrackingError
-from kitune.experiments.prompts import PromptRegistry, register_packaged
-from kitune.experiments.tracking import create_tracker
 from kitune.optimizers.loop import LoopEnv, LoopResult, Setting, run_loop, start_prompts
 from kitune.optimizers.objective import LoopWeights
 from kitune.programs.instructions import available_instructions, instruction_version
+from kitune.tracking.prompts import PromptRegistry, register_packaged
+from kitune.tracking.trackers import create_tracker
 
 if TYPE_CHECKING:
     from kitune.config import KituneConfig

@@ -31,14 +31,15 @@ import logging
 from typing import Any
 
 from kitune.evaluation.comparison import RunComparison
-from kitune.experiments.episodes import EpisodeRecord, StepSpan, episode_record
-from kitune.experiments.mlflow_tracker import (
+from kitune.optimizers.protocols import Tracker
+from kitune.tracking.episodes import EpisodeRecord, StepSpan, episode_record
+from kitune.tracking.mlflow_tracker import (
     MlflowTracker,
     artifact_dir_for_uri,
     disable_mlflow_telemetry,
     prepare_mlflow_env,
 )
-from kitune.experiments.tracker_base import (
+from kitune.tracking.tracker_base import (
     MAX_PARAM_CHARS,
     BaseTracker,
     NullTracker,
@@ -46,7 +47,6 @@ from kitune.experiments.tracker_base import (
     prepare_params,
     sanitize_name,
 )
-from kitune.optimizers.protocols import Tracker
 
 __all__ = [
     "MAX_PARAM_CHARS",

@@ -1,6 +1,6 @@
 """Safe MLflow names and params: :func:`sanitize_name` and :func:`prepare_params` (case M1). Pure, no I/O.
 
-Import from :mod:`kitune.experiments.tracking` (re-exported there).
+Import from :mod:`kitune.tracking.trackers` (re-exported there).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""kitune.experiments.runner: optimiser factory and run_experiment wiring (tracker, registry, start)."""
+"""kitune.tracking.runner: optimiser factory and run_experiment wiring (tracker, registry, start)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,6 @@ from test_loop import FakeEnv, _p
 
 from kitune.config import KituneConfig
 from kitune.errors import ConfigError
-from kitune.experiments.prompts import PromptRegistry, prompt_name
-from kitune.experiments.runner import run_experiment
 from kitune.optimizers.budget import OptimizerBudget
 from kitune.optimizers.gepa import GepaOptimizer
 from kitune.optimizers.loop import start_prompts
@@ -24,6 +22,8 @@ from kitune.optimizers.registry import make_optimizer
 from kitune.optimizers.stopping import TimeoutStopCondition
 from kitune.programs.instructions import load_instruction
 from kitune.testing.tracking import RecordingTracker
+from kitune.tracking.prompts import PromptRegistry, prompt_name
+from kitune.tracking.runner import run_experiment
 
 
 def _metric(

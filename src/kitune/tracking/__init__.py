@@ -9,14 +9,14 @@ from __future__ import annotations
 from kitune.lazy import lazy_exports
 
 _EXPORTS: dict[str, str] = {
-    "run_experiment": "kitune.experiments.runner",
-    "MlflowTracker": "kitune.experiments.tracking",
-    "NullTracker": "kitune.experiments.tracking",
-    "create_tracker": "kitune.experiments.tracking",
-    "PromptRegistry": "kitune.experiments.prompts",
-    "PromptVersion": "kitune.experiments.prompts",
-    "prompt_name": "kitune.experiments.prompts",
-    "register_packaged": "kitune.experiments.prompts",
+    "run_experiment": "kitune.tracking.runner",
+    "MlflowTracker": "kitune.tracking.trackers",
+    "NullTracker": "kitune.tracking.trackers",
+    "create_tracker": "kitune.tracking.trackers",
+    "PromptRegistry": "kitune.tracking.prompts",
+    "PromptVersion": "kitune.tracking.prompts",
+    "prompt_name": "kitune.tracking.prompts",
+    "register_packaged": "kitune.tracking.prompts",
 }
 """Public name → the module that defines it."""
 
