@@ -65,7 +65,7 @@ from typing import Any
 
 from _common import machine_info, markdown_table, write_results
 
-from kitune.text import exact_match, fold_text, whole_number
+from kitune.text import exact_match, fold_text, token_f1, whole_number
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / ".." / "shared" / "data"
@@ -87,6 +87,33 @@ def official_em(prediction: str, golds: Sequence[str]) -> bool:
     """Official EM: normalised equality, maximised over the gold answers."""
     p = official_normalize(prediction)
     return any(p == official_normalize(g) for g in golds)
+
+
+def official_f1(prediction: str, golds: Sequence[str], dataset: str = "") -> float:
+    """Official token F1, maximised over the gold answers, by the script of ``dataset``.
+
+    SQuAD v1.1 ``f1_score``: the normalised strings split on whitespace, the multiset overlap,
+    0.0 when nothing is shared. HotpotQA adds: when either normalised side is ``yes``, ``no`` or
+    ``noanswer`` and the two differ, 0.0. MuSiQue (SQuAD v2's ``compute_f1``): an empty side scores
+    1.0 against an empty side, else 0.0.
+    """
+    pred = official_normalize(prediction)
+    best = 0.0
+    for gold in golds:
+        g = official_normalize(gold)
+        if dataset == "hotpotqa" and (pred in ("yes", "no", "noanswer") or g in ("yes", "no", "noanswer")):
+            if pred != g:
+                continue
+        p_toks, g_toks = pred.split(), g.split()
+        if dataset == "musique" and (not p_toks or not g_toks):
+            best = max(best, float(p_toks == g_toks))
+            continue
+        same = sum((Counter(p_toks) & Counter(g_toks)).values())
+        if same == 0:
+            continue
+        precision, recall = same / len(p_toks), same / len(g_toks)
+        best = max(best, 2 * precision * recall / (precision + recall))
+    return best
 
 
 SCRIPTS = {
@@ -406,6 +433,49 @@ def measure(pairs: Sequence[Pair], em: ExactMatch) -> dict[str, Any]:
     }
 
 
+F1_TOLERANCE = 1e-9
+
+
+def measure_f1(pairs: Sequence[Pair], f1: Callable[[str, Sequence[str]], float]) -> dict[str, Any]:
+    """Agreement of ``f1`` with the official token F1 over ``pairs`` (equal within 1e-9)."""
+    rows = []
+    for p in pairs:
+        ours, official = float(f1(p.prediction, list(p.golds))), official_f1(p.prediction, p.golds, p.dataset)
+        if abs(ours - official) > F1_TOLERANCE:
+            rows.append({**asdict(p), "kitune": round(ours, 4), "official": round(official, 4)})
+    n = len(pairs)
+    return {
+        "n": n,
+        "agree": n - len(rows),
+        "agreement": (n - len(rows)) / n if n else None,
+        "kitune_higher": sum(d["kitune"] > d["official"] for d in rows),
+        "official_higher": sum(d["kitune"] < d["official"] for d in rows),
+        "disagreements": rows,
+    }
+
+
+def _f1_summary(name: str, m: dict[str, Any]) -> str:
+    lines = [
+        f"**{name}**: {m['agree']}/{m['n']} pairs score the same token F1 = "
+        f"**{100 * m['agreement']:.1f}%** (kitune higher on {m['kitune_higher']}, the official "
+        f"script higher on {m['official_higher']}).",
+        "",
+    ]
+    if m["disagreements"]:
+        lines += [
+            markdown_table(
+                ["source", "dataset", "query", "prediction", "gold(s)", "kitune F1", "official F1"],
+                [
+                    (d["source"], d["dataset"], d["query_id"], d["prediction"], " / ".join(d["golds"]),
+                     d["kitune"], d["official"])
+                    for d in m["disagreements"]
+                ],
+            ),
+            "",
+        ]  # fmt: skip
+    return "\n".join(lines)
+
+
 def _summary(name: str, m: dict[str, Any]) -> str:
     lines = [
         f"**{name}**: {m['agree']}/{m['n']} pairs agree = **{100 * m['agreement']:.1f}%** "
@@ -461,7 +531,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "kitune": measure(pairs, exact_match),
         "issue_25_kitune": measure(cases, exact_match),
     }
-    md = [_summary("kitune now, real pairs", results["kitune"])]
+    results["kitune_f1"] = measure_f1(pairs, token_f1)
+    md = [
+        _summary("kitune now, real pairs", results["kitune"]),
+        _f1_summary("kitune now, token F1 on the same pairs", results["kitune_f1"]),
+    ]
     tail = [
         _summary(
             "kitune now, the issue's 12 pairs (chosen because they failed; not in the rate above)",
@@ -472,11 +546,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         old = _text_module_at(args.baseline_rev)
         results["baseline"] = {"rev": args.baseline_rev, **measure(pairs, old.exact_match)}
         results["issue_25_baseline"] = {"rev": args.baseline_rev, **measure(cases, old.exact_match)}
-        md.append(
-            _summary(
-                f"kitune at {args.baseline_rev} (before issue 25), the same real pairs", results["baseline"]
-            )
-        )
+        results["baseline_f1"] = {"rev": args.baseline_rev, **measure_f1(pairs, old.token_f1)}
+        md.append(_summary(f"kitune at {args.baseline_rev}, the same real pairs", results["baseline"]))
+        md.append(_f1_summary(f"kitune at {args.baseline_rev}, token F1", results["baseline_f1"]))
         tail.append(
             _summary(f"kitune at {args.baseline_rev}, the issue's 12 pairs", results["issue_25_baseline"])
         )
@@ -485,6 +557,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     notes = [
         "Official EM = SQuAD v1.1 / HotpotQA / MuSiQue normalize_answer + exact match, re-implemented from "
         "their documented behaviour (identical for EM); LoCoMo pairs use SQuAD v1.1's.",
+        "Official F1 = the same normalisation, whitespace tokens, multiset overlap, max over golds "
+        "(HotpotQA: yes/no/noanswer must be identical; MuSiQue: empty vs empty is 1.0); agreement = "
+        "the same value within 1e-9.",
         "Pairs: trace = committed agent answers under experiments/; alias = dev aliases vs the main answer; "
         "ki_object = committed KI values vs the golds of questions citing their document; doc_span = golds "
         "as written in the gold documents; cross = each gold vs the next question's golds in the same "

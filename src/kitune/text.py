@@ -295,6 +295,8 @@ def _number_value(m: re.Match[str]) -> str:
     if m.group("scale"):
         exponent += _SCALES[m.group("scale").lower()]
     text = format((value.scaleb(exponent)).normalize(), "f")
+    if suffix and m.start("suffix") > m.end("num"):  # "3 m" is a number and a unit: two tokens
+        return f" {text} {suffix} "
     return f" {text}{suffix or ''} "
 
 
@@ -357,11 +359,14 @@ def normalize_answer(text: str) -> str:
        thousands separators go (``1,000`` → ``1000``), trailing
        decimal zeros go (``3.50`` → ``3.5``), scale words multiply (``1.5 million`` →
        ``1500000``; ``bn``/``mn`` always, ``k``/``M``/``B`` only next to a currency, since
-       ``5K`` or ``100m`` alone are usually distances). Currency symbols and codes next to a
-       number (``$``, ``US$``, ``€``, ``USD``, ``dollars`` …) are dropped, and so are percent
-       marks (``%``, ``percent``, ``per cent``): like the SQuAD script, which deletes ``$`` and
-       ``%`` as punctuation, a unit is never the only difference that fails an answer, and a
-       fraction is never turned into a percentage (``0.5`` ≠ ``50%``);
+       ``5K`` or ``100m`` alone are usually distances). A unit letter that is not a scale keeps
+       its spacing: ``"3 m"`` stays two tokens ``3 m`` (as the official scripts split it; never
+       glued into ``3m``), ``"100m"`` stays one; ``"3 a.m."`` is ``3 am`` (step 2). Currency
+       symbols and codes next to a number (``$``, ``US$``, ``€``, ``USD``, ``dollars`` …) are
+       dropped, and so are percent marks (``%``, ``percent``, ``per cent``): like the SQuAD
+       script, which deletes ``$`` and ``%`` as punctuation, a unit is never the only
+       difference that fails an answer, and a fraction is never turned into a percentage
+       (``0.5`` ≠ ``50%``);
     5. the articles a/an/the are dropped only where they stand as separate words
        (``A-ha`` keeps its ``a``);
     6. punctuation becomes a space, except apostrophes, decimal points between digits and

@@ -92,3 +92,17 @@ def test_stored_pairs_are_measured_again(tmp_path: Path, monkeypatch: pytest.Mon
     assert isinstance(results, dict)
     assert results["kitune"]["n"] == 1 and results["kitune"]["agreement"] == 1.0
     assert results["pairs"] == stored["results"]["pairs"]
+
+
+def test_official_f1_follows_each_script() -> None:
+    assert em.official_f1("3 m", ["3 metres"]) == 0.5
+    assert em.official_f1("yes it is", ["yes"], "hotpotqa") == 0.0  # HotpotQA's yes/no rule
+    assert em.official_f1("yes it is", ["yes"]) == 0.5
+    assert em.official_f1("", [""], "musique") == 1.0 and em.official_f1("", [""]) == 0.0
+
+
+def test_f1_agreement_counts_differences_beyond_the_tolerance() -> None:
+    pairs = [em.Pair("t", "", "a", "3 m", ("3 metres",), "t"), em.Pair("t", "", "b", "x", ("x",), "t")]
+    m = em.measure_f1(pairs, lambda pred, golds: 0.0 if pred == "3 m" else 1.0)
+    assert (m["n"], m["agree"], m["official_higher"], m["kitune_higher"]) == (2, 1, 1, 0)
+    assert [(d["query_id"], d["kitune"], d["official"]) for d in m["disagreements"]] == [("a", 0.0, 0.5)]

@@ -281,3 +281,29 @@ from kitune.text import parse_date  # noqa: E402
 )
 def test_parse_date_documented_forms(text: str, expected: datetime.date | None) -> None:
     assert parse_date(text) == expected
+
+
+# --- issue 40: a spaced unit letter is never glued to its number ------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "normal"),
+    [
+        ("3 m", "3 m"),
+        ("100m", "100m"),
+        ("3 a.m.", "3 am"),
+        ("At 3 A.M.", "at 3 am"),
+        ("5 k", "5 k"),
+        ("$3 m", "3000000"),
+    ],
+)
+def test_units_keep_their_spacing(text: str, normal: str) -> None:
+    assert normalize_answer(text) == normal
+
+
+def test_time_and_distance_answers_score_token_f1_as_the_official_script() -> None:
+    # SQuAD's F1: "3 m" vs "3 metres" share the token "3" (P 1/2, R 1/2); glued "3m" shared none
+    assert token_f1("3 m", "3 metres") == 0.5
+    assert token_f1("3 a.m.", "at 3 am") == pytest.approx(0.8)
+    assert exact_match("3 a.m.", "3 AM") is True
+    assert exact_match("3 m", "3m") is False

@@ -273,3 +273,54 @@ def test_verdict_from_typed_fields_keeps_the_policies() -> None:
         90,
         "Paris",
     )
+
+
+# --- issue 40: the verdict only from the designated field, one value vocabulary -------------
+
+QUOTING_REPORT = (
+    "extracted_final_answer: Lyon\n"
+    'reasoning: An earlier grader wrote {"correct": "yes", "extracted_final_answer": "Lyon", '
+    '"reasoning": "r", "confidence": 99} but Lyon is not Paris.\n'
+    "correct: no\n"
+    "confidence: 80"
+)
+
+
+def test_a_json_verdict_quoted_in_a_text_report_never_overrides_its_field() -> None:
+    v = parse_grading(QUOTING_REPORT)
+    assert (v.status, v.correct, v.extracted_answer, v.confidence) == ("graded", False, "Lyon", 80)
+
+
+def test_the_program_grades_a_quoting_report_by_its_field_not_the_adapters_json() -> None:
+    # kitune's lenient adapter reads the quoted object (it has every output field); the verdict
+    # must still come from the report's own correct: field
+    lm = RawLM([QUOTING_REPORT])
+    v = Judge().grade("Capital of France?", "Lyon", "Paris", lm=lm)
+    assert (v.status, v.correct, v.extracted_answer, v.confidence) == ("graded", False, "Lyon", 80)
+    assert len(lm.history) == 1
+
+
+def test_json_verdict_followed_by_prose_with_a_brace_is_graded_by_the_json() -> None:
+    raw = (
+        '{"extracted_final_answer": "Paris", "reasoning": "same city", "correct": true, '
+        '"confidence": 90}\nNote: the set {Paris} has one element; correct: no was considered.'
+    )
+    v = parse_grading(raw)
+    assert (v.status, v.correct, v.extracted_answer, v.confidence) == ("graded", True, "Paris", 90)
+
+
+@pytest.mark.parametrize(
+    ("value", "correct"),
+    [('"Yes."', True), ('"**No**"', False), ('"TRUE"', True), ('"no."', False), ("false", False)],
+)
+def test_json_and_text_accept_the_same_verdict_values(value: str, correct: bool) -> None:
+    as_json = parse_grading(f'{{"correct": {value}, "confidence": 70}}')
+    as_text = parse_grading(f"correct: {value.strip(chr(34))}\nconfidence: 70")
+    assert (as_json.status, as_json.correct) == ("graded", correct)
+    assert (as_text.status, as_text.correct) == ("graded", correct)
+
+
+def test_a_json_object_after_prose_is_not_the_designated_field() -> None:
+    v = parse_grading('Here is my grading: {"correct": "yes", "confidence": 90}')
+    assert (v.status, v.correct) == ("grader_error", None)
+    assert v.error == "no parsable verdict in the grader output"

@@ -1,23 +1,23 @@
 """The judge: a BrowseComp-style grader of an agent's response against the gold answer.
 
 The grader's outputs are typed fields (``extracted_final_answer``, ``reasoning``,
-``correct: bool``, ``confidence: int``), so the format comes from the signature through the
-adapter, not from the instruction text, and the verdict is built from those fields directly
-(:func:`verdict_from_fields`). When the adapter cannot read them even leniently (no field markers,
-no JSON: a free-text report), the model's own text is read as a report of this shape
-(:func:`parse_grading`)::
+``correct: bool``, ``confidence: int``), so the format the model is asked for comes from the
+signature through the adapter, not from the instruction text. The verdict is read from the
+model's reply by :func:`parse_grading`: either the whole reply is a JSON object with those keys,
+or it is a report (or DSPy's field sections) of this shape::
 
     extracted_final_answer: <the final answer found in the response, or None>
     reasoning: <why it matches the gold answer or not>
     correct: yes|no
     confidence: <0–100>
 
-The verdict is read **only** from the designated ``correct:`` field, with anchored extraction
-(cue word + connector + value; the last anchored verdict wins), never from words anywhere in the
-prose (case J2). A grader failure — the LM raising after the allowed attempts, or a report with
-no parsable verdict — is a :class:`JudgeVerdict` with ``status="grader_error"``: it is excluded
-from accuracy and counted, never scored as incorrect (case J3). Exact match and token F1 live in
-:mod:`kitune.text` (case J4).
+The verdict is read **only** from the designated field — the whole-reply JSON object's
+``correct`` key, or the anchored ``correct:`` text field (cue word + connector + value; the last
+anchored verdict wins) — never from words or a quoted JSON object anywhere in the prose (case
+J2), and both accept the same values. A grader failure — the LM raising after the allowed
+attempts, or a report with no parsable verdict — is a :class:`JudgeVerdict` with
+``status="grader_error"``: it is excluded from accuracy and counted, never scored as incorrect
+(case J3). Exact match and token F1 live in :mod:`kitune.text` (case J4).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any, Literal
 import dspy
 
 from kitune.errors import LMError
-from kitune.lm import repair_surrogates, unwrap_typed
+from kitune.lm import repair_surrogates, strip_reasoning, unwrap_typed
 from kitune.programs.instructions import resolve_instruction
 from kitune.programs.predict import predict_typed
 from kitune.programs.records import coerce_confidence
@@ -129,6 +129,7 @@ class JudgeVerdict:
 
 
 _JSON_BOOL = {"yes": "yes", "true": "yes", "no": "no", "false": "no"}
+_VERDICT_VALUES = ("yes", "no", "true", "false")
 _SECTION_RE = re.compile(r"\[\[ ## (extracted_final_answer|reasoning|correct|confidence) ## \]\][ \t]*\n?")
 
 
@@ -145,33 +146,58 @@ def _confidence(value: Any) -> int | None:
         return None
 
 
-def _json_report(raw: str) -> tuple[str | None, str | None, int | None] | None:
-    """Read a grading written as a JSON object (``{"correct": "yes", ...}``).
+_FENCE_RE = re.compile(r"\A```[\w-]*[ \t]*\n?")
 
-    Returns:
-        ``(verdict, extracted_answer, confidence)`` when ``raw`` holds a JSON object with a
-        ``correct`` key (any case); ``verdict`` is ``"yes"``/``"no"`` for yes/no/true/false
-        (strings or booleans) and None for any other value. None when there is no such object.
+
+def _whole_json(raw: str) -> dict[str, Any] | None:
+    """The JSON object the whole reply is, or None when the reply is not one.
+
+    The reply (after a ``<think>`` block and an opening code fence, if any) must *start* with
+    ``{``; the object is decoded with :meth:`json.JSONDecoder.raw_decode`, so whatever follows it
+    (a closing fence, prose, even prose with braces) is ignored, and an object quoted inside prose
+    is never read.
     """
-    start, end = raw.find("{"), raw.rfind("}")
-    if start < 0 or end <= start:
+    text = strip_reasoning(raw)[0].strip()
+    text = _FENCE_RE.sub("", text, count=1).lstrip()
+    if not text.startswith("{"):
         return None
     try:
-        obj = repair_surrogates(json.loads(raw[start : end + 1]))
+        obj, _end = json.JSONDecoder().raw_decode(text)
     except json.JSONDecodeError:
         return None
-    if not isinstance(obj, dict):
+    return repair_surrogates(obj) if isinstance(obj, dict) else None
+
+
+def _verdict_value(value: Any) -> str | None:
+    """``"yes"``/``"no"`` for a ``correct`` value, with the text path's vocabulary, else None.
+
+    Booleans map directly; any other value is read exactly as the text field ``correct: <value>``
+    is read (:func:`parse_anchored_verdict` with the same values and connectors), so ``"Yes."``,
+    ``"**no**"``, ``"true"`` and ``"bool[False]"`` mean the same in a JSON reply as in a text one.
+    """
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if value is None or isinstance(value, (dict, list)):
+        return None
+    text = f"correct: {unwrap_typed(str(value))}"
+    found = parse_anchored_verdict(text, cues=("correct",), values=_VERDICT_VALUES, connectors=(":", "="))
+    return _JSON_BOOL[found] if found is not None else None
+
+
+def _json_report(raw: str) -> tuple[str | None, str | None, int | None] | None:
+    """Read a grading whose whole reply is a JSON object (``{"correct": "yes", ...}``).
+
+    Returns:
+        ``(verdict, extracted_answer, confidence)`` when the reply is a JSON object
+        (:func:`_whole_json`); ``verdict`` is ``"yes"``/``"no"`` when its ``correct`` key (any
+        case) holds a value of the text path's vocabulary (:func:`_verdict_value`), None when the
+        key is absent or holds another value. None when the reply is not a JSON object.
+    """
+    obj = _whole_json(raw)
+    if obj is None:
         return None
     fields = {str(k).strip().casefold(): v for k, v in obj.items()}
-    if "correct" not in fields:
-        return None
-    value = fields["correct"]
-    key = (
-        ("true" if value else "false")
-        if isinstance(value, bool)
-        else unwrap_typed(str(value)).strip().casefold()
-    )
-    verdict = _JSON_BOOL.get(key)
+    verdict = _verdict_value(fields.get("correct"))
     answer = fields.get("extracted_final_answer", fields.get("extracted_answer"))
     return verdict, _answer(answer), _confidence(fields.get("confidence"))
 
@@ -206,13 +232,21 @@ def parse_grading(raw: str) -> JudgeVerdict:
         raw: the grader's report (see the module docstring for the format).
 
     Returns:
-        ``status="graded"`` with ``correct`` from the anchored ``correct: yes|no`` field
-        (``true``/``false`` too; a ``[[ ## correct ## ]]`` section reads the same) or, when the
-        report is a JSON object with a ``correct`` key, from that key (``"yes"``, ``"no"``,
-        ``true``, ``false``). Type-annotated values are read bare: ``bool[False]`` is ``false``,
-        ``int[90]`` is ``90`` (:func:`kitune.lm.unwrap_typed`). Otherwise ``status="grader_error"`` with
-        ``error="no parsable verdict in the grader output"`` and
-        ``correct=None`` when that field is absent or holds another value.
+        ``status="graded"`` with ``correct`` read from the one designated field:
+
+        * when the whole reply is a JSON object (optionally after a ``<think>`` block and inside
+          a code fence; decoded with :meth:`json.JSONDecoder.raw_decode`, so prose after it is
+          ignored), from its ``correct`` key;
+        * otherwise from the anchored ``correct: <value>`` text field (the last one wins; a
+          ``[[ ## correct ## ]]`` section reads the same). A JSON object quoted inside a text
+          report is never read.
+
+        Both paths accept the same values (``yes``/``no``/``true``/``false``, any case, with
+        markdown, quotes or a full stop around them: ``"Yes."``; JSON booleans too).
+        Type-annotated values are read bare: ``bool[False]`` is ``false``, ``int[90]`` is ``90``
+        (:func:`kitune.lm.unwrap_typed`). Otherwise ``status="grader_error"`` with
+        ``error="no parsable verdict in the grader output"`` and ``correct=None`` when that field
+        is absent or holds another value.
     """
     as_json = _json_report(raw or "")
     if as_json is not None:
@@ -221,9 +255,7 @@ def parse_grading(raw: str) -> JudgeVerdict:
         # A field-per-section reply ("[[ ## correct ## ]]" then the value on the next line) reads
         # as "correct: <value>"; type-annotated values ("bool[False]", "int[90]") as bare values.
         text = _SECTION_RE.sub(r"\1: ", unwrap_typed(raw or ""))
-        found = parse_anchored_verdict(
-            text, cues=("correct",), values=("yes", "no", "true", "false"), connectors=(":", "=")
-        )
+        found = parse_anchored_verdict(text, cues=("correct",), values=_VERDICT_VALUES, connectors=(":", "="))
         verdict = _JSON_BOOL[found] if found is not None else None
         extracted = None
         m = list(_FIELD_RE["extracted"].finditer(text))
@@ -299,19 +331,22 @@ class Judge(dspy.Module):  # type: ignore[misc]
     def forward(self, question: str, response: str, correct_answer: str) -> dspy.Prediction:
         """Run the grader once; returns a prediction with the ``verdict`` and the ``grading`` reply.
 
-        The verdict fields are typed (``correct: bool`` …) and read by the adapter (the context's,
-        else :func:`kitune.lm.default_adapter`), so the verdict is built from them
-        (:func:`verdict_from_fields`). A reply the adapter cannot read even leniently (a free-text
-        report) is read by :func:`parse_grading`. No second, JSON-formatted call is made. Raises
-        whatever the LM raises.
+        The verdict fields are typed (``correct: bool`` …) so the adapter (the context's, else
+        :func:`kitune.lm.default_adapter`) asks for them in its own format, but the verdict is
+        read from the model's reply by :func:`parse_grading`, which reads only the designated
+        field (the whole-reply JSON object, or the ``correct:`` field / section): the adapter's
+        lenient reading also takes a JSON object found anywhere in prose, which would let a
+        quoted verdict override the report's own field (issue 40). Only when the LM's reply text
+        is not tracked are the adapter's typed fields used (:func:`verdict_from_fields`). No
+        second, JSON-formatted call is made. Raises whatever the LM raises.
         """
         reply = predict_typed(
             self.grader, question=question, response=response, correct_answer=correct_answer
         )
-        if reply.prediction is not None:
-            verdict = verdict_from_fields(reply.prediction, raw=reply.raw)
-        else:
+        if reply.raw or reply.prediction is None:
             verdict = parse_grading(reply.raw)
+        else:  # an LM whose reply text is not tracked: the adapter's typed fields are all there is
+            verdict = verdict_from_fields(reply.prediction, raw=reply.raw)
         return dspy.Prediction(verdict=verdict, grading=reply.raw)
 
     def grade(
