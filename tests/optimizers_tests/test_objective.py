@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
@@ -21,6 +22,7 @@ from kitune.optimizers.objective import (
     question_score,
     trace_feedback,
 )
+from kitune.optimizers.tasks import REWRITER_HINT
 from kitune.programs.fact_extractor import DocExtraction
 
 
@@ -124,13 +126,15 @@ def test_trace_feedback_names_answers_docs_and_queries() -> None:
         evidence_docids=["d1", "d2"],
         doc_ids_seen=["d2"],
     )
-    text = trace_feedback(t, "rewriter")
+    text = trace_feedback(t, REWRITER_HINT)
     assert "'Charles Babbage'" in text and "'Ada Lovelace'" in text and "'Ada'" in text
     assert "never seen: d1." in text
     assert "get_context('analytical engine notes')" in text
     assert "Unparseable replies: 1" in text
     assert "force-committed" in text and "1234 input" in text
-    assert "'Ada Lovelace' from 'Charles Babbage'" in trace_feedback(t, "disambiguator")
+    assert "surface facts naming the gold answer" in text
+    assert "tell 'Ada Lovelace' from 'Charles Babbage'" in trace_feedback(t, "tell {gold} from {answer}")
+    assert "tell" not in trace_feedback(replace(t, judge_correct=True), "tell {gold}")
 
 
 def _ki(docid: str, title: str) -> KI:

@@ -218,12 +218,13 @@ def context(
     kitune context "Who founded the company that built X?"
     kitune context "Who founded the company that built X?" --size 5 --json
     """
+    from kitune.optimizers.program_task import read_programs
     from kitune.service.serving.context import get_context
 
     cfg = get_config(config)
     if not question.strip():
         fail("the question is blank: pass the question text")
-    shown = ("extractor",) if no_rewrite else ("extractor", "rewriter")
+    shown = read_programs(rewrite=not no_rewrite)
     setting = resolve_setting(cfg, prompt_version, packaged, programs=shown)
     served, ledger = _build(cfg, setting, programs=shown, use_rewriter=not no_rewrite, on_empty=fail)
     store = served.store
@@ -326,9 +327,10 @@ def start_serving(
     An empty KI table is a warning, not a refusal: a server may be started before the first
     extraction.
     """
+    from kitune.optimizers.program_task import read_programs
     from kitune.service.serving.setting import follow_production
 
-    shown = ("extractor",) if no_rewrite else ("extractor", "rewriter")
+    shown = read_programs(rewrite=not no_rewrite)
     setting = resolve_setting(cfg, prompt_version, packaged, programs=shown)
     served, ledger = _build(cfg, setting, programs=shown, use_rewriter=not no_rewrite, on_empty=_warn_empty)
     follow = not packaged and not prompt_version and refresh_s > 0

@@ -203,10 +203,11 @@ def rollback_cmd(
 
 def _now_used(cfg: Any, name: str) -> None:
     """Say what ``serve``/``context``/``extract``/``eval`` use after a promote or rollback of ``name``."""
-    from kitune.service.serving.prompts import SERVED_PROGRAMS, describe_setting, production_setting
+    from kitune.optimizers.program_task import served_programs
+    from kitune.service.serving.prompts import describe_setting, production_setting
     from kitune.tracking.prompts import prompt_name
 
-    programs = tuple(p for p in SERVED_PROGRAMS if prompt_name(cfg.corpus_name, p) == name)
+    programs = tuple(p for p in served_programs() if prompt_name(cfg.corpus_name, p) == name)
     if not programs:
         out.print(
             f"(serve/context/extract/eval read the prompts of corpus {cfg.corpus_name!r}, "

@@ -43,7 +43,7 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from kitune.evaluation.failures import is_correct
 from kitune.text import contains_answer
@@ -58,7 +58,6 @@ if TYPE_CHECKING:
 __all__ = [
     "ExtractorFeedback",
     "LoopWeights",
-    "ProgramName",
     "RunStats",
     "answer_coverage",
     "extractor_feedback",
@@ -69,9 +68,6 @@ __all__ = [
     "text_contains_answer",
     "trace_feedback",
 ]
-
-ProgramName = Literal["extractor", "rewriter", "disambiguator"]
-"""The programs whose instructions the loop optimises."""
 
 
 @dataclass(frozen=True)
@@ -190,14 +186,14 @@ def _queries(trace: Trace) -> list[str]:
     return out
 
 
-def trace_feedback(trace: Trace, program: ProgramName = "rewriter", *, max_chars: int = 2000) -> str:
+def trace_feedback(trace: Trace, hint: str = "", *, max_chars: int = 2000) -> str:
     """Textual feedback on one evaluated question, for the reflection LM.
 
     Args:
         trace: the question's trace (any skill).
-        program: whose feedback: ``rewriter`` stresses the look-ups issued and the evidence
-            missed; ``extractor`` what the KIs lacked; ``disambiguator`` the two answers to tell
-            apart.
+        hint: the tuned program's own advice, added when the answer is wrong; ``{gold}`` and
+            ``{answer}`` are replaced by the quoted gold and given answers (e.g.
+            :data:`kitune.optimizers.tasks.REWRITER_HINT`). Empty: no such line.
         max_chars: cut the text to this length (≥ 100).
 
     Returns:
@@ -231,15 +227,8 @@ def trace_feedback(trace: Trace, program: ProgramName = "rewriter", *, max_chars
         f"Tokens: {trace.input_tokens} input, {trace.output_tokens} output, "
         f"{trace.tool_input_tokens} spent by tools, in {trace.n_steps} steps."
     )
-    if program == "rewriter" and not is_correct(trace):
-        lines.append("Plan look-ups whose entity tags and text would surface facts naming the gold answer.")
-    if program == "extractor" and not is_correct(trace):
-        lines.append(
-            f"No retrieved fact stated {trace.gold_answer!r}: extract every named entity, date and "
-            "relation of the evidence documents, secondary ones included."
-        )
-    if program == "disambiguator" and not is_correct(trace):
-        lines.append(f"A fact must tell {trace.gold_answer!r} from {answer!r}, naming both in its title.")
+    if hint and not is_correct(trace):
+        lines.append(hint.replace("{gold}", repr(trace.gold_answer)).replace("{answer}", repr(answer)))
     text = "\n".join(lines)
     return text[: max(100, max_chars)]
 

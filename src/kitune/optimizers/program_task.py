@@ -13,6 +13,13 @@ new file there (a plug-in elsewhere registers by being imported)::
 
 :func:`program_names` replaces the old ``LOOP_PROGRAMS``, :func:`write_only_programs` the old
 ``WRITE_ONLY_PROGRAMS``, :attr:`ProgramTask.task_words` the old ``acceptance.TASK_WORDS``.
+
+This registry is the only list of programs. Serving asks it which prompts to resolve
+(:func:`served_programs`: ``kitune serve``, ``context``, ``extract``, ``eval``, the MCP server,
+``--prompt-version``) and which program's version names the KI table (:func:`store_program`);
+``kitune drift`` and ``kitune optimize`` ask it for the programs to tune (:func:`program_names`).
+A program says so on its task (:attr:`ProgramTask.served`, :attr:`ProgramTask.names_store`,
+:attr:`ProgramTask.stage_metric`), so adding a served program is its one module.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from kitune.errors import ConfigError
 from kitune.optimizers.registry import Registry
 from kitune.programs.instructions import available_instructions, load_instruction
 
@@ -35,7 +43,10 @@ __all__ = [
     "eval_key",
     "get_program_task",
     "program_names",
+    "read_programs",
     "register_program_task",
+    "served_programs",
+    "store_program",
     "unregister_program_task",
     "write_only_programs",
 ]
@@ -78,6 +89,16 @@ class ProgramTask:
         order: where the program comes in :func:`program_names` (and so in the default
             ``--programs`` and the improve step): the extractor 10, the rewriter 20, the
             disambiguator 30, plug-ins 100 unless they say otherwise.
+        served: the serving commands resolve this program's prompt (its ``production`` version
+            of ``kitune-<corpus>-<name>``, else the packaged one; :func:`served_programs`).
+        names_store: this program's instruction version names the KI table/index the serving
+            commands read (``<table>-<sha8>``); exactly one registered program says so (the
+            extractor, :func:`store_program`).
+        stage_metric: the key of this program's own signal in
+            :mod:`kitune.evaluation.stage_metrics` (``StageMetric.name`` with
+            ``StageMetric.stage == name``: the extractor ``answer_coverage``, the rewriter
+            ``mrr``), None when it has none (write-only programs are
+            judged by their task metric).
     """
 
     name: str
@@ -88,6 +109,9 @@ class ProgramTask:
     task_words: tuple[str, ...] = ()
     instruction: str | None = None
     order: int = 100
+    served: bool = True
+    names_store: bool = False
+    stage_metric: str | None = None
 
     def start_instruction(self) -> str:
         """The packaged instruction ``kitune/prompts/<name>.txt``, else :attr:`instruction`.
@@ -135,6 +159,46 @@ def program_names() -> tuple[str, ...]:
     The built-ins: ``("extractor", "rewriter", "disambiguator")``.
     """
     return tuple(name for name, _ in sorted(PROGRAM_TASKS.entries(), key=lambda kv: (kv[1].order, kv[0])))
+
+
+def served_programs() -> tuple[str, ...]:
+    """The programs whose prompts the serving commands resolve, in :func:`program_names` order.
+
+    The built-ins: ``("extractor", "rewriter", "disambiguator")``.
+    """
+    return tuple(name for name in program_names() if PROGRAM_TASKS.get(name).served)
+
+
+def read_programs(*, rewrite: bool = True) -> tuple[str, ...]:
+    """The served programs an answer depends on, whose versions label a served or evaluated setting.
+
+    Every served program but the write-only ones (what they wrote is in the KI table, which the
+    :func:`store_program`'s version names), and the rewriter only when questions are rewritten.
+
+    Args:
+        rewrite: the query rewriter runs (False: ``--no-rewrite``, plain plans).
+
+    Returns:
+        Built-ins: ``("extractor", "rewriter")``, or ``("extractor",)`` without rewriting.
+    """
+    skip = write_only_programs() | (set() if rewrite else {"rewriter"})
+    return tuple(name for name in served_programs() if name not in skip)
+
+
+def store_program() -> str:
+    """The program whose instruction version names the KI table (the extractor).
+
+    Raises:
+        ConfigError: no registered program, or more than one, declares ``names_store``.
+    """
+    found = [name for name in program_names() if PROGRAM_TASKS.get(name).names_store]
+    if len(found) != 1:
+        raise ConfigError(
+            f"exactly one registered program must name the KI table "
+            f"(names_store=True); found {found or 'none'}: "
+            "register the plug-in program with names_store=False"
+        )
+    return found[0]
 
 
 def write_only_programs() -> frozenset[str]:

@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from kitune.schema import Document
 
 __all__ = [
+    "REWRITER_HINT",
     "CheckedDisambiguator",
     "InContextQA",
     "Shared",
@@ -159,6 +160,10 @@ def qa_examples(questions: Sequence[Question]) -> list[dspy.Example]:
     return [ex.with_inputs(*keys) for ex in to_dspy_examples(questions)]
 
 
+REWRITER_HINT = "Plan look-ups whose entity tags and text would surface facts naming the gold answer."
+"""The rewriter metric's advice on a wrong answer (:func:`~kitune.optimizers.objective.trace_feedback`)."""
+
+
 def make_rewriter_metric(
     weights: LoopWeights | None = None, reference_tokens: Mapping[str, float] | None = None
 ) -> Callable[..., dspy.Prediction]:
@@ -179,7 +184,7 @@ def make_rewriter_metric(
         if t is None:
             return dspy.Prediction(score=0.0, feedback="The program produced no trace.")
         score = question_score(t, refs.get(t.query_id), w)
-        return dspy.Prediction(score=score, feedback=trace_feedback(t, "rewriter"))
+        return dspy.Prediction(score=score, feedback=trace_feedback(t, REWRITER_HINT))
 
     return metric
 

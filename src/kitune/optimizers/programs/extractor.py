@@ -82,5 +82,7 @@ EXTRACTOR = register_program_task(
         setup=extractor_setup,
         task_words=("fact",),
         order=10,
+        names_store=True,
+        stage_metric="answer_coverage",
     )
 )

@@ -73,5 +73,6 @@ REWRITER = register_program_task(
         setup=rewriter_setup,
         task_words=("query", "search", "look-up", "lookup", "plan"),
         order=20,
+        stage_metric="mrr",
     )
 )

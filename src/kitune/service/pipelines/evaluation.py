@@ -44,6 +44,7 @@ from kitune.evaluation.judging import judge_pending
 from kitune.evaluation.metrics import JudgeFn, Trace
 from kitune.evaluation.report import ReportFiles, RunSummary, load_run, summarize, write_report
 from kitune.evaluation.tools import ContextObservation, Skill, build_toolbox
+from kitune.optimizers.program_task import read_programs
 from kitune.programs.instructions import instruction_version
 from kitune.programs.judge import Judge
 from kitune.schema import Filter
@@ -257,7 +258,7 @@ def run_eval(
     setting_id = None
     if skill == "in-context" and context_fn is None:
         setting = production_setting(cfg, select=prompt_select, packaged=packaged)
-        shown = ("extractor", "rewriter") if rewrite else ("extractor",)
+        shown = read_programs(rewrite=rewrite)
         versions = {p: v for p, v in setting.versions.items() if p in shown}
         versions["store"] = str(setting_summary(setting)["store"])
         setting_id = "-".join(instruction_version(p, setting.prompts[p]).split("@", 1)[1] for p in shown)

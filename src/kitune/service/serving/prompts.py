@@ -20,11 +20,11 @@ from typing import Any, NamedTuple
 
 from kitune.config import KituneConfig, with_overrides
 from kitune.errors import ConfigError, PromptNotFoundError, TrackingError
-from kitune.programs.instructions import instruction_version, load_instruction
+from kitune.optimizers.program_task import get_program_task, served_programs, store_program
+from kitune.programs.instructions import instruction_version
 from kitune.tracking.prompts import PromptRegistry, PromptSummary, PromptVersion, prompt_name
 
 __all__ = [
-    "SERVED_PROGRAMS",
     "ProductionSetting",
     "describe_setting",
     "diff_prompt_versions",
@@ -39,9 +39,6 @@ __all__ = [
     "show_prompt",
     "versioned_store_cfg",
 ]
-
-SERVED_PROGRAMS: tuple[str, ...] = ("extractor", "rewriter", "disambiguator")
-"""Programs whose prompts the loop tunes and the serving commands resolve (same as the loop's)."""
 
 DEFAULT_ALIAS = "production"
 
@@ -100,13 +97,13 @@ def parse_prompt_selection(specs: Sequence[str]) -> dict[str, str]:
                     f"--prompt-version {raw!r}: a bare value must be an alias (production, candidate, "
                     "latest); give a version number per program, e.g. extractor=3"
                 )
-            out.update(dict.fromkeys(SERVED_PROGRAMS, spec))
+            out.update(dict.fromkeys(served_programs(), spec))
             continue
         program, value = program.strip(), value.strip()
-        if program not in SERVED_PROGRAMS or not value:
+        if program not in served_programs() or not value:
             raise ConfigError(
                 f"--prompt-version {raw!r}: use PROGRAM=VERSION with PROGRAM one of "
-                f"{', '.join(SERVED_PROGRAMS)} (e.g. rewriter=3 or rewriter=candidate)"
+                f"{', '.join(served_programs())} (e.g. rewriter=3 or rewriter=candidate)"
             )
         out[program] = value
     return out
@@ -133,7 +130,7 @@ def production_setting(
     *,
     select: Mapping[str, str] | None = None,
     packaged: bool = False,
-    programs: Sequence[str] = SERVED_PROGRAMS,
+    programs: Sequence[str] | None = None,
 ) -> ProductionSetting:
     """The prompts and KI table the serving commands run (see the module docstring).
 
@@ -144,18 +141,20 @@ def production_setting(
         select: program → version or alias to use instead of ``production`` (see
             :func:`parse_prompt_selection`). A selected version must exist.
         packaged: use the packaged prompts for every program (``select`` must be empty).
-        programs: which programs to resolve.
+        programs: which programs to resolve; None: every served program
+            (:func:`~kitune.optimizers.program_task.served_programs`).
 
     Returns:
         ``ProductionSetting(prompts, versions, store_cfg)``; ``store_cfg`` names the table of
-        the resolved extractor (or the packaged one when ``"extractor"`` is not in
-        ``programs``).
+        the resolved extractor (:func:`~kitune.optimizers.program_task.store_program`; its
+        packaged prompt when it is not in ``programs``).
 
     Raises:
         ConfigError: ``packaged`` with ``select``, or a program without a packaged prompt.
         PromptNotFoundError: a version or alias named in ``select`` does not exist.
         TrackingError: the registry exists but could not be read.
     """
+    programs = served_programs() if programs is None else tuple(programs)
     chosen = dict(select or {})
     if packaged and chosen:
         raise ConfigError("give either --packaged or --prompt-version, not both")
@@ -188,12 +187,13 @@ def production_setting(
             shown = key if not key.lstrip("v").isdigit() else ", ".join(found.aliases) or "no alias"
             versions[program] = f"{name} v{found.version} ({shown})"
             continue
-        text = load_instruction(program).text
+        text = get_program_task(program).start_instruction()
         prompts[program] = text
         why = "--packaged" if packaged else f"no {key} version of {name}"
         versions[program] = f"packaged {instruction_version(program, text)} ({why})"
-    extractor_text = prompts.get("extractor") or load_instruction("extractor").text
-    store_cfg = versioned_store_cfg(cfg, instruction_version("extractor", extractor_text))
+    writer = store_program()
+    writer_text = prompts.get(writer) or get_program_task(writer).start_instruction()
+    store_cfg = versioned_store_cfg(cfg, instruction_version(writer, writer_text))
     return ProductionSetting(prompts, versions, store_cfg)
 
 

@@ -32,6 +32,7 @@ import kitune.lm
 import kitune.retrieval
 from kitune.config import KituneConfig
 from kitune.errors import KituneError
+from kitune.optimizers.program_task import store_program
 from kitune.programs.query_rewriter import QueryRewriter
 from kitune.retrieval.base import Store
 from kitune.service.serving.prompts import ProductionSetting, production_setting, setting_summary
@@ -177,7 +178,7 @@ def open_serving_store(cfg: KituneConfig, *, read_only: bool = False) -> Store |
     Raises:
         ConfigError, StoreUnavailableError: the store cannot be opened.
     """
-    return open_store(production_setting(cfg, programs=("extractor",)).store_cfg, read_only=read_only)
+    return open_store(production_setting(cfg, programs=(store_program(),)).store_cfg, read_only=read_only)
 
 
 def served_versions(setting: ProductionSetting, programs: Sequence[str]) -> dict[str, str]:

@@ -31,6 +31,7 @@ from kitune.errors import DataError
 from kitune.evaluation.report import summarize
 from kitune.ki import utcnow
 from kitune.optimizers.loop import Setting
+from kitune.optimizers.program_task import program_names
 from kitune.schema import Filter
 from kitune.service.pipelines.extraction import default_state_path
 from kitune.service.serving.stores import expire_kis, retention_from, stale_after_from
@@ -244,7 +245,7 @@ def drift_run(
         questions=saved.get("questions"),
         sample_seed=saved.get("sample_seed"),
         distractors=int(saved.get("distractors", 0)),
-        programs=tuple(saved.get("programs", ())) or ("extractor", "rewriter", "disambiguator"),
+        programs=tuple(saved.get("programs", ())) or program_names(),
         iterations=done + 1,
         run_name=run_name,
         progress=progress,
