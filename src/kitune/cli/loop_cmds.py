@@ -380,6 +380,50 @@ def optimize_cmd(
         ),
     ] = False,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help=PROGRESS_HELP)] = True,
+    split: Annotated[
+        str,
+        typer.Option(
+            "--split",
+            help="How questions are split into tuning and validation: random (default: a seeded shuffle, as "
+            "earlier runs) or stratified (per source dataset, no evidence document in both splits; the moved "
+            "questions are listed in <state>/questions.json).",
+        ),
+    ] = "random",
+    measure: Annotated[
+        str,
+        typer.Option(
+            "--measure",
+            help="full (default): the agent on every tuning and validation question each iteration; stage: "
+            "the stage metrics on every question, the agent only on --e2e-sample validation questions "
+            "(and the tuning ones with --tune-agent).",
+        ),
+    ] = "full",
+    tune_agent: Annotated[
+        bool,
+        typer.Option(
+            "--tune-agent/--no-tune-agent",
+            help="With --measure stage: also run the agent on the tuning questions (their failures feed the "
+            "feedback KIs; off: no feedback KIs are written).",
+        ),
+    ] = False,
+    e2e_sample: Annotated[
+        int,
+        typer.Option(
+            "--e2e-sample",
+            min=0,
+            help="With --measure stage: validation questions (a seeded subset, the same each iteration) the "
+            "agent runs on per measurement; 0 (default): none.",
+        ),
+    ] = 0,
+    final_eval: Annotated[
+        bool,
+        typer.Option(
+            "--final-eval",
+            help="After the last iteration, run the start setting (feedback KIs hidden) and the final one on "
+            "every validation question and pair them (<state>/final_eval.md|json); on a finished run it "
+            "runs only this step.",
+        ),
+    ] = False,
     record: RecordOption = None,
     replay: ReplayOption = None,
 ) -> None:
@@ -394,12 +438,23 @@ def optimize_cmd(
     """
     from kitune.service.tuning.optimize import extract_slice, run_optimize
     from kitune.service.tuning.options import OptimizeOptions
+    from kitune.service.tuning.slicing import SPLIT_METHODS
 
     if sample_seed is not None and questions is None:
         raise typer.BadParameter(
             "needs --questions N, the size of the sample (without --questions every question is used, "
             "so there is nothing to sample)",
             param_hint="'--sample-seed'",
+        )
+    if split not in SPLIT_METHODS:
+        raise typer.BadParameter(f"use one of {', '.join(SPLIT_METHODS)}", param_hint="'--split'")
+    if measure not in ("full", "stage"):
+        raise typer.BadParameter("use full or stage", param_hint="'--measure'")
+    if measure == "full" and (tune_agent or e2e_sample):
+        raise typer.BadParameter(
+            "--tune-agent and --e2e-sample choose the agent's questions under --measure stage; "
+            "--measure full runs it on every question",
+            param_hint="'--measure'",
         )
     cfg = get_config(config, record_overrides(record, replay) or None)
     choice = _optimizer(optimizer or cfg.optimize.optimizer)
@@ -417,6 +472,11 @@ def optimize_cmd(
         feedback=feedback,
         run_name=run_name,
         progress=progress,
+        split=split,
+        measure=measure,
+        tune_agent=tune_agent,
+        e2e_sample=e2e_sample,
+        final_eval=final_eval,
     )
     if extract_only:
         ext = _or_exit_1(extract_slice, cfg, opts, log=_log)
@@ -434,6 +494,8 @@ def optimize_cmd(
     res = _or_exit_1(run_optimize, cfg, opts, log=_log)
     out.print(_history_table(res.loop.history, f"kitune optimize ({run_name})"))
     out.print(f"tune questions: {', '.join(res.tune_ids)}; validation: {', '.join(res.validation_ids)}")
+    if res.final is not None:
+        out.print(res.final.md_path.read_text(encoding="utf-8"), highlight=False, soft_wrap=True)
     if res.loop.curves_md is not None:
         out.print(
             f"curves: {res.loop.curves_md}" + (f", {res.loop.curves_png}" if res.loop.curves_png else "")

@@ -27,6 +27,11 @@ documents of the tokens of their KIs as the agent reads them (:meth:`kitune.ki.K
 an evidence doc id among the question's gold documents; *MRR*: mean of ``1 / rank`` of the first
 such KI (0 when none within ``k``).
 
+**Per question.** The question-level metrics also give each question's own value
+(:func:`answer_hits`, :func:`reciprocal_ranks`; in :attr:`StageReport.per_question` under
+``extractor/answer_coverage``, ``rewriter/recall_at_k`` and ``rewriter/mrr``), so two settings
+measured on the same questions can be compared paired, question by question.
+
 Proportions carry a 95% Wilson interval (:func:`kitune.evaluation.summary.wilson_interval`);
 means (MRR, tokens) a normal-approximation interval ``mean ± 1.96·s/√n`` (``s`` the sample
 standard deviation; the mean itself when ``n < 2``). The extractor's reflection feedback (per
@@ -37,7 +42,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kitune.evaluation.summary import wilson_interval
@@ -54,6 +59,7 @@ __all__ = [
     "StageMetric",
     "StageReport",
     "answer_coverage",
+    "answer_hits",
     "evidence_coverage",
     "extractor_metrics",
     "gold_documents",
@@ -62,7 +68,9 @@ __all__ = [
     "ki_states_answer",
     "ki_tokens_per_doc",
     "reciprocal_rank",
+    "reciprocal_ranks",
     "rewriter_metrics",
+    "stage_per_question",
 ]
 
 _Z = 1.959963984540054
@@ -140,6 +148,14 @@ class StageReport:
     split: str
     """``tune``, ``validation`` …"""
     metrics: tuple[StageMetric, ...]
+    per_question: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    """``<stage>/<name>`` → query id → the question's value (:func:`stage_per_question`: 0/1 for
+    answer coverage and recall@k, the reciprocal rank for MRR; questions the metric leaves out are
+    absent). Empty when not recorded."""
+
+    def values(self, stage: str, name: str) -> dict[str, float]:
+        """Query id → value of ``stage``/``name`` (empty when not recorded)."""
+        return dict(self.per_question.get(f"{stage}/{name}", {}))
 
     def get(self, stage: str, name: str) -> StageMetric | None:
         """The metric ``stage``/``name``, or None when not measured."""
@@ -277,6 +293,50 @@ def reciprocal_rank(targets: Iterable[str], returned: Sequence[RetrievedKI], k: 
         if want & set(ki.evidence_doc_ids):
             return 1.0 / rank
     return 0.0
+
+
+def reciprocal_ranks(
+    questions: Sequence[Question], lookups: Mapping[str, Sequence[RetrievedKI]], *, k: int
+) -> dict[str, float]:
+    """Query id → reciprocal rank of its first gold KI within ``k`` (0.0: none; a missing look-up: 0.0).
+
+    Questions without a gold document are left out (as in :func:`rewriter_metrics`).
+    """
+    return {
+        q.query_id: reciprocal_rank(gold_documents(q), lookups.get(q.query_id, ()), k)
+        for q in questions
+        if gold_documents(q)
+    }
+
+
+def answer_hits(questions: Sequence[Question], kis_by_doc: Mapping[str, Sequence[KI]]) -> dict[str, float]:
+    """Query id → 1.0 when a KI of a gold document states its answer, else 0.0 (answer coverage's rule).
+
+    Questions :func:`answer_coverage` excludes (no gold document, yes/no) are left out.
+    """
+    return {
+        q.query_id: float(
+            any(ki_states_answer(k, q.golds) for d in gold_documents(q) for k in kis_by_doc.get(d, ()))
+        )
+        for q in questions
+        if gold_documents(q) and not is_yes_no(q)
+    }
+
+
+def stage_per_question(
+    questions: Sequence[Question],
+    kis_by_doc: Mapping[str, Sequence[KI]],
+    lookups: Mapping[str, Sequence[RetrievedKI]] | None,
+    *,
+    k: int,
+) -> dict[str, dict[str, float]]:
+    """The per-question values of :attr:`StageReport.per_question` (rewriter ones only with ``lookups``)."""
+    out = {"extractor/answer_coverage": answer_hits(questions, kis_by_doc)}
+    if lookups is not None:
+        rr = reciprocal_ranks(questions, lookups, k=k)
+        out["rewriter/recall_at_k"] = {q: float(v > 0) for q, v in rr.items()}
+        out["rewriter/mrr"] = rr
+    return out
 
 
 def rewriter_metrics(

@@ -66,7 +66,6 @@ from typing import TYPE_CHECKING, Any
 import dspy
 
 from kitune.config import KituneConfig, RetrievalConfig, with_overrides
-from kitune.data.examples import split_questions
 from kitune.data.loaders import Question
 from kitune.errors import DocumentNotFoundError
 from kitune.evaluation.agent import Agent
@@ -80,6 +79,7 @@ from kitune.evaluation.stage_metrics import (
     StageReport,
     extractor_metrics,
     rewriter_metrics,
+    stage_per_question,
 )
 from kitune.evaluation.tools import build_toolbox
 from kitune.optimizers.budget import OptimizerBudget
@@ -103,6 +103,7 @@ from kitune.service.serving.prompts import versioned_store_cfg
 from kitune.service.serving.setting import rewriter_for
 from kitune.service.tuning import improve
 from kitune.service.tuning.improve import reflection_context_tokens, reflection_fallback
+from kitune.service.tuning.slicing import SliceSplit, split_slice
 
 if TYPE_CHECKING:
     from kitune.chat import ChatModel
@@ -167,9 +168,14 @@ class ServiceLoopEnv:
         self.documents = {d.docid: d for d in documents}
         self.state_dir = state_dir
         self.log: Callable[[str], None] = log if log is not None else lambda _m: None
-        self.tune, self.validation = split_questions(
-            self.questions, validation_fraction=cfg.optimize.validation_fraction, seed=cfg.optimize.seed
+        self.split: SliceSplit = split_slice(
+            self.questions,
+            method=opts.split,
+            validation_fraction=cfg.optimize.validation_fraction,
+            seed=cfg.optimize.seed,
         )
+        """How the questions were split (``--split``; recorded in ``questions.json``)."""
+        self.tune, self.validation = list(self.split.tune), list(self.split.validation)
         self._stores: dict[str, Store] = {}
         self._extracted: set[tuple[str, frozenset[str]]] = set()
         self._failed: dict[str, set[str]] = {}
@@ -222,6 +228,24 @@ class ServiceLoopEnv:
         if split == "validation":
             return list(self.validation)
         return list(self.questions)
+
+    def agent_questions(self, split: str, questions: Sequence[Question]) -> list[Question]:
+        """The questions of ``split`` a measurement runs the agent on (the stage metrics use all).
+
+        ``measure="full"`` (``kitune optimize --measure full``, the default) or the split ``all``:
+        every question. ``measure="stage"``: tuning questions only with ``tune_agent``;
+        validation questions: the first ``e2e_sample`` of a shuffle of the validation ids seeded
+        by ``optimize.seed`` (the same subset every iteration and for every setting, so current
+        and candidate runs pair), all of them when ``e2e_sample`` exceeds the split, none at 0.
+        """
+        if self.opts.measure != "stage" or split not in ("tune", "validation"):
+            return list(questions)
+        if split == "tune":
+            return list(questions) if self.opts.tune_agent else []
+        ids = sorted(q.query_id for q in questions)
+        random.Random(f"e2e-sample:{self.cfg.optimize.seed}").shuffle(ids)
+        keep = set(ids[: max(self.opts.e2e_sample, 0)])
+        return [q for q in questions if q.query_id in keep]
 
     def setting_cfg(self, setting: Setting) -> KituneConfig:
         """``cfg`` with the setting's knobs applied."""
@@ -577,32 +601,45 @@ class ServiceLoopEnv:
         return int(t["input_tokens"] + t["output_tokens"])
 
     # -- LoopEnv ------------------------------------------------------------------------------
-    def evaluate(self, setting: Setting, split: str, *, label: str | None = None) -> Evaluation:
-        """Extract what is missing, then run the agent on ``split`` (``tune``, ``validation``, ``all``).
+    def evaluate(
+        self, setting: Setting, split: str, *, label: str | None = None, every_question: bool = False
+    ) -> Evaluation:
+        """Extract what is missing, compute the stage metrics, then run the agent on ``split``.
 
+        ``split`` is ``tune``, ``validation`` or ``all``. The stage metrics cover every question
+        of the split; the agent runs on :meth:`agent_questions` (every question with
+        ``every_question`` — the final evaluation), so with ``measure="stage"`` the returned
+        traces and summary may cover a subset or nothing (``eval_agent_questions`` says how many).
         Questions already evaluated for this setting on the current store state are read back;
         after the store changed, only the questions whose look-ups now return something
         different are run again (see the module docstring). ``label`` names the run in the
         progress lines (None: ``in-context``).
         """
-        questions = self.questions_for(split)
-        metrics = self.ensure_extracted(setting, questions)
-        coverage = answer_coverage(questions, self.kis_by_doc(setting))
+        everyone = self.questions_for(split)
+        metrics = self.ensure_extracted(setting, everyone)
+        coverage = answer_coverage(everyone, self.kis_by_doc(setting))
         if coverage is not None:
             metrics["extract_answer_coverage"] = coverage
         state = self.store_state(setting)
-        stages = self.stage_report(setting, split, questions, state)
+        stages = self.stage_report(setting, split, everyone, state)
         metrics.update(stages.to_metrics("stage"))
+        questions = list(everyone) if every_question else self.agent_questions(split, everyone)
+        metrics["eval_agent_questions"] = float(len(questions))
         path = self.evals.traces_path(eval_key(setting), state)
         reused, have = self.evals.reuse_unaffected(
             eval_key(setting), questions, state, path, lambda: self.context_fn(setting)
         )
         fresh = [q for q in questions if q.query_id not in have]
         self.log(
-            f"evaluate setting {setting.key} on {split} ({len(questions)} questions, store {state[:8]}): "
+            f"evaluate setting {setting.key} on {split} ({len(everyone)} questions, stage metrics on "
+            f"all, the agent on {len(questions)}; store {state[:8]}): "
             f"{len(fresh)} to run, {reused} reused after the store changed"
         )
-        traces = self.run_agent(setting, questions, traces_path=path, store_state=state, label=label)
+        traces = (
+            self.run_agent(setting, questions, traces_path=path, store_state=state, label=label)
+            if questions
+            else []
+        )
         metrics["eval_reused"] = float(reused)
         metrics["eval_run"] = float(len(fresh))
         obs = self.evals.observations(eval_key(setting))
@@ -610,7 +647,7 @@ class ServiceLoopEnv:
             q.query_id: tuple(dict.fromkeys(k for c in obs.get((state, q.query_id), []) for k in c["ki_ids"]))
             for q in questions
         }
-        gold = {q.query_id: tuple(q.gold_docids or q.evidence_docids) for q in questions}
+        gold = {q.query_id: tuple(q.gold_docids or q.evidence_docids) for q in everyone}
         return Evaluation(
             summarize(traces, f"{split}-{setting.key}"),
             tuple(traces),
@@ -630,8 +667,11 @@ class ServiceLoopEnv:
         cache's per-document counters; left out when no document of the split is in it), KI
         tokens per document. Rewriter: recall@k and MRR of one :meth:`lookup` per question with
         the setting's rewriter (the plain plan when ``rewriter`` is not tuned), ``k =
-        retrieval.default_size``. Also written to ``<state>/evals/stages-<key>-<state>-<split>.json``
-        so a resumed run does not ask the rewriter again.
+        retrieval.default_size``. Each question's own values are kept too
+        (``StageReport.per_question``, for paired decisions). Also written to
+        ``<state>/evals/stages-<key>-<state>-<split>.json`` (``{"metrics", "per_question"}``) so a
+        resumed run does not ask the rewriter again; a file in the earlier format (a bare list of
+        metrics, no per-question values) is measured again.
         """
         key = (eval_key(setting), state, split)
         path = self.evals.evals_dir / f"stages-{key[0]}-{state}-{split}.json"
@@ -640,9 +680,16 @@ class ServiceLoopEnv:
                 return self._stages[key]
         if path.is_file():
             try:
-                rows = json.loads(path.read_text(encoding="utf-8"))
-                report = StageReport(split, tuple(StageMetric(**r) for r in rows))
-            except (json.JSONDecodeError, TypeError):
+                saved = json.loads(path.read_text(encoding="utf-8"))
+                # written before per-question values were kept (a bare list): measured again
+                report = (
+                    StageReport(
+                        split, tuple(StageMetric(**r) for r in saved["metrics"]), saved["per_question"]
+                    )
+                    if isinstance(saved, dict)
+                    else None
+                )
+            except (json.JSONDecodeError, TypeError, KeyError):
                 report = None
             if report is not None:
                 with self.lock:
@@ -664,9 +711,13 @@ class ServiceLoopEnv:
             *extractor_metrics(questions, kis_by_doc, counts),
             *rewriter_metrics(questions, lookups, k=k),
         )
-        report = StageReport(split, metrics)
+        per_question = stage_per_question(questions, kis_by_doc, lookups, k=k)
+        report = StageReport(split, metrics, per_question)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps([asdict(m) for m in metrics], indent=1), encoding="utf-8")
+        path.write_text(
+            json.dumps({"metrics": [asdict(m) for m in metrics], "per_question": per_question}, indent=1),
+            encoding="utf-8",
+        )
         with self.lock:
             self._stages[key] = report
         return report

@@ -25,9 +25,11 @@ from kitune.data.loaders import load_questions
 from kitune.errors import TrackingError
 from kitune.optimizers.loop import LoopResult, Setting, start_prompts
 from kitune.optimizers.loop_state import read_state
+from kitune.optimizers.objective import LoopWeights
 from kitune.optimizers.program_task import PROGRAM_TASKS
 from kitune.optimizers.registry import check_optimizer
 from kitune.service.pipelines.evaluation import make_judge
+from kitune.service.tuning.final_eval import FinalEvaluation, final_evaluation, start_setting
 from kitune.service.tuning.loop_env import LoopDeps, ServiceLoopEnv
 from kitune.service.tuning.options import OptimizeOptions
 from kitune.service.tuning.slice_fingerprint import write_fingerprint
@@ -74,6 +76,8 @@ class OptimizeResult:
     validation_ids: tuple[str, ...]
     mlflow_uri: str
     usage: dict[str, dict[str, int]] = field(default_factory=dict)
+    final: FinalEvaluation | None = None
+    """The start vs final setting on every validation question (``--final-eval``), else None."""
 
 
 def run_optimize(
@@ -126,9 +130,14 @@ def run_optimize(
                 "gate": cfg.optimize.gate,
                 "max_metric_calls": opts.max_metric_calls or cfg.optimize.max_metric_calls or "auto",
                 "min_proposals": cfg.optimize.min_proposals,
+                "split": opts.split,
+                "measure": opts.measure,
+                "tune_agent": opts.tune_agent,
+                "e2e_sample": opts.e2e_sample,
             },
             log=log,
         )
+        final = _final(cfg, env, loop) if opts.final_eval else None
     finally:
         env.close()
 
@@ -141,6 +150,19 @@ def run_optimize(
         validation_ids=tuple(q.query_id for q in env.validation),
         mlflow_uri=cfg.mlflow_uri,
         usage=usage,
+        final=final,
+    )
+
+
+def _final(cfg: KituneConfig, env: ServiceLoopEnv, loop: LoopResult) -> FinalEvaluation | None:
+    """``--final-eval``: the start setting against the final one on every validation question."""
+    start = start_setting(env.state_dir)
+    if start is None:
+        env.log("[yellow]final evaluation skipped: the run has no finished iteration[/]")
+        return None
+    env.log(f"final evaluation: start {start.key} vs final {loop.setting.key} on every validation question")
+    return final_evaluation(
+        env, start, loop.setting, weights=LoopWeights.from_config(cfg), seed=cfg.optimize.seed
     )
 
 
@@ -154,6 +176,7 @@ def _record_questions(cfg: KituneConfig, opts: OptimizeOptions, env: ServiceLoop
         tune=env.tune,
         validation=env.validation,
         split_seed=cfg.optimize.seed,
+        split=env.split,
     )
 
 

@@ -46,3 +46,22 @@ class OptimizeOptions:
     run_name: str = "optimize"
     """Folder under ``<workdir>/optimize`` holding the loop state (rerun the same name to resume)."""
     progress: bool = True
+    split: str = "random"
+    """How the questions are split into tuning and validation: ``random`` (a seeded shuffle) or
+    ``stratified`` (per source dataset, disjoint evidence documents;
+    :mod:`kitune.service.tuning.slicing`)."""
+    measure: str = "full"
+    """``full``: every measurement runs the agent on every question of the split (and computes
+    the stage metrics); ``stage``: the stage metrics on every tuning and validation question, the
+    agent only on :attr:`e2e_sample` validation questions (and the tuning ones with
+    :attr:`tune_agent`) — see :meth:`kitune.service.tuning.loop_env.ServiceLoopEnv.agent_questions`."""
+    tune_agent: bool = False
+    """With ``measure="stage"``: also run the agent on every tuning question (its failures feed
+    the feedback KIs and GEPA's failure-first ordering; without it the disambiguation improver
+    has no failures to write from)."""
+    e2e_sample: int = 0
+    """With ``measure="stage"``: validation questions (a seeded subset, the same every iteration so
+    runs pair) the agent runs on in each measurement; 0: none; more than the split: all."""
+    final_eval: bool = False
+    """After the last iteration, run the start and the final setting end to end on every
+    validation question and compare them paired (``<state>/final_eval.json|md``)."""
