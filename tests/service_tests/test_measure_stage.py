@@ -12,9 +12,9 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "optimizers_tests"))
 from loop_fakes import make_deps, reflection_rule, task_rule, tiny_config, write_dataset
 from opt_fakes import RuleLM
 
-from kitune.experiments.tracking import MlflowTracker
 from kitune.service.tuning.optimize import run_optimize
 from kitune.service.tuning.options import OptimizeOptions
+from kitune.tracking.trackers import MlflowTracker
 
 
 def _questions_asked(deps: object) -> set[str]:
