@@ -197,7 +197,7 @@ def test_extractor_metrics_on_the_committed_loop_fixture_24_kis(fixture_dir: Pat
 
 
 def test_per_question_values_match_the_aggregates() -> None:
-    from kitune.evaluation.stage_metrics import answer_hits, reciprocal_ranks, stage_per_question
+    from kitune.evaluation.stage_metrics import answer_hits, per_question_values, reciprocal_ranks
 
     # q1: gold d1 stated; q2: d2's KIs say 19320, not 1932; q3: d3 has no KI; q4 yes/no and q5 docless out
     assert answer_hits(QUESTIONS, KIS) == {"q1": 1.0, "q2": 0.0, "q3": 0.0}
@@ -205,11 +205,11 @@ def test_per_question_values_match_the_aggregates() -> None:
     lookups = {"q1": [ki2, ki1], "q2": [ki2], "q3": [ki1, ki2]}
     rr = reciprocal_ranks(QUESTIONS, lookups, k=5)
     assert rr == {"q1": 0.5, "q2": 1.0, "q3": 0.0, "q4": 0.0}  # q4 counted (gold d1), no look-up
-    per = stage_per_question(QUESTIONS, KIS, lookups, k=5)
+    per = per_question_values(QUESTIONS, KIS, lookups, k=5)
     recall, mrr = rewriter_metrics(QUESTIONS, lookups, k=5)
-    assert per["rewriter/recall_at_k"] == {"q1": 1.0, "q2": 1.0, "q3": 0.0, "q4": 0.0}
-    assert sum(per["rewriter/recall_at_k"].values()) == recall.successes
-    assert sum(per["rewriter/mrr"].values()) / len(per["rewriter/mrr"]) == pytest.approx(mrr.value)
+    assert per["rewriter_recall_at_k"] == {"q1": 1.0, "q2": 1.0, "q3": 0.0, "q4": 0.0}
+    assert sum(per["rewriter_recall_at_k"].values()) == recall.successes
+    assert sum(per["rewriter_mrr"].values()) / len(per["rewriter_mrr"]) == pytest.approx(mrr.value)
     report = StageReport("validation", (recall, mrr), per)
     assert report.values("rewriter", "mrr") == rr and report.values("extractor", "nope") == {}
-    assert stage_per_question(QUESTIONS, KIS, None, k=5).keys() == {"extractor/answer_coverage"}
+    assert per_question_values(QUESTIONS, KIS, None, k=5).keys() == {"extractor_answer_coverage"}

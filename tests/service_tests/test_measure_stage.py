@@ -55,7 +55,7 @@ def test_stage_measurement_runs_no_agent_and_still_measures_every_question(tmp_p
         json.loads(f.read_text(encoding="utf-8"))
         for f in (res.state_dir / "evals").glob("stages-*-validation.json")
     ]
-    assert saved and all(set(s["per_question"]["rewriter/mrr"]) == set(q["validation"]) for s in saved)
+    assert saved and all(set(s["per_question"]["rewriter_mrr"]) == set(q["validation"]) for s in saved)
 
 
 def test_e2e_sample_tune_agent_and_final_eval(tmp_path: Path) -> None:

@@ -29,7 +29,7 @@ such KI (0 when none within ``k``).
 
 **Per question.** The question-level metrics also give each question's own value
 (:func:`answer_hits`, :func:`reciprocal_ranks`; in :attr:`StageReport.per_question` under
-``extractor/answer_coverage``, ``rewriter/recall_at_k`` and ``rewriter/mrr``), so two settings
+``extractor_answer_coverage``, ``rewriter_recall_at_k`` and ``rewriter_mrr``), so two settings
 measured on the same questions can be compared paired, question by question.
 
 Proportions carry a 95% Wilson interval (:func:`kitune.evaluation.summary.wilson_interval`);
@@ -67,10 +67,10 @@ __all__ = [
     "is_yes_no",
     "ki_states_answer",
     "ki_tokens_per_doc",
+    "per_question_values",
     "reciprocal_rank",
     "reciprocal_ranks",
     "rewriter_metrics",
-    "stage_per_question",
 ]
 
 _Z = 1.959963984540054
@@ -149,13 +149,13 @@ class StageReport:
     """``tune``, ``validation`` …"""
     metrics: tuple[StageMetric, ...]
     per_question: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
-    """``<stage>/<name>`` → query id → the question's value (:func:`stage_per_question`: 0/1 for
+    """``<stage>_<name>`` → query id → the question's value (:func:`per_question_values`: 0/1 for
     answer coverage and recall@k, the reciprocal rank for MRR; questions the metric leaves out are
     absent). Empty when not recorded."""
 
     def values(self, stage: str, name: str) -> dict[str, float]:
         """Query id → value of ``stage``/``name`` (empty when not recorded)."""
-        return dict(self.per_question.get(f"{stage}/{name}", {}))
+        return dict(self.per_question.get(f"{stage}_{name}", {}))
 
     def get(self, stage: str, name: str) -> StageMetric | None:
         """The metric ``stage``/``name``, or None when not measured."""
@@ -323,7 +323,7 @@ def answer_hits(questions: Sequence[Question], kis_by_doc: Mapping[str, Sequence
     }
 
 
-def stage_per_question(
+def per_question_values(
     questions: Sequence[Question],
     kis_by_doc: Mapping[str, Sequence[KI]],
     lookups: Mapping[str, Sequence[RetrievedKI]] | None,
@@ -331,11 +331,11 @@ def stage_per_question(
     k: int,
 ) -> dict[str, dict[str, float]]:
     """The per-question values of :attr:`StageReport.per_question` (rewriter ones only with ``lookups``)."""
-    out = {"extractor/answer_coverage": answer_hits(questions, kis_by_doc)}
+    out = {"extractor_answer_coverage": answer_hits(questions, kis_by_doc)}
     if lookups is not None:
         rr = reciprocal_ranks(questions, lookups, k=k)
-        out["rewriter/recall_at_k"] = {q: float(v > 0) for q, v in rr.items()}
-        out["rewriter/mrr"] = rr
+        out["rewriter_recall_at_k"] = {q: float(v > 0) for q, v in rr.items()}
+        out["rewriter_mrr"] = rr
     return out
 
 

@@ -78,8 +78,8 @@ from kitune.evaluation.stage_metrics import (
     StageMetric,
     StageReport,
     extractor_metrics,
+    per_question_values,
     rewriter_metrics,
-    stage_per_question,
 )
 from kitune.evaluation.tools import build_toolbox
 from kitune.optimizers.budget import OptimizerBudget
@@ -711,7 +711,7 @@ class ServiceLoopEnv:
             *extractor_metrics(questions, kis_by_doc, counts),
             *rewriter_metrics(questions, lookups, k=k),
         )
-        per_question = stage_per_question(questions, kis_by_doc, lookups, k=k)
+        per_question = per_question_values(questions, kis_by_doc, lookups, k=k)
         report = StageReport(split, metrics, per_question)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(
