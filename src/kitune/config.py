@@ -362,7 +362,14 @@ class ExtractionConfig(_Section):
     split_cut_chunks: bool = Field(
         default=True,
         description="A reply still cut at max_retry_tokens: re-extract its chunk as two halves (two more "
-        "calls). False: keep the cut reply's complete facts when it has any (status partial), no more calls.",
+        "calls). False: no more calls when the cut reply has complete facts (kept only with "
+        "keep_truncated_records).",
+    )
+    keep_truncated_records: bool = Field(
+        default=False,
+        description="Keep the complete records of a reply still cut at its token limit after the retry "
+        "with more room (document status partial, counted kept_from_truncated). False: they are counted "
+        "truncated_records_dropped and the document is recorded failed (retried on the next run).",
     )
     evidence_mode: Literal["quote", "sentences"] = Field(
         default="quote",

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import dspy
 from opt_fakes import RuleLM, extractor_rule
 
-from kitune.optimizers.extraction_cache import CachedFactExtractor, ExtractionCache, extractor_key
-from kitune.programs.fact_extractor import FactExtractor
+from kitune.optimizers.extraction_cache import (
+    CachedFactExtractor,
+    ExtractionCache,
+    _from_json,
+    _to_json,
+    extractor_key,
+)
+from kitune.programs.fact_extractor import DocExtraction, FactExtractor, ParseFailure
 from kitune.schema import Document
 
 DOC = Document(
@@ -77,3 +84,11 @@ def test_a_torn_last_line_is_skipped(tmp_path: Path) -> None:
     with dspy.context(lm=lm):
         fresh.extract_document(DOC)
     assert lm.calls == 1 and cache.stats.hits == 1
+
+
+def test_a_failed_extraction_keeps_its_structured_parse_failure_through_the_cache() -> None:
+    failure = ParseFailure(
+        "unparseable", "no_json", "KituneJSONAdapter", "ReplyParseError", "d", "prose", "stop"
+    )
+    res = DocExtraction(docid="d1", status="failed", error="d", raw="prose", parse_failure=failure)
+    assert _from_json(json.loads(json.dumps(_to_json(res)))) == res

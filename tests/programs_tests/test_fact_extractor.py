@@ -241,17 +241,62 @@ def test_length_cut_reply_is_retried_once_with_double_max_tokens() -> None:
     assert "kept_from_truncated" not in result.counters
 
 
-def test_reply_cut_twice_keeps_its_complete_records_and_is_partial() -> None:
+def test_reply_cut_twice_is_failed_with_its_records_counted_not_kept_by_default() -> None:
+    # issue 40: records rescued from a cut-off retry are kept only on request
     with StubServer() as stub:
         stub.push(Reply.ok(CUT, finish_reason="length"), Reply.ok(CUT, finish_reason="length"))
         with dspy.context(lm=_stub_lm(stub, max_tokens=512)):
             result = FactExtractor().extract_document(DOC, now=NOW)
         sent = [r.body["max_tokens"] for r in stub.chat_requests]
     assert sent == [512, 1024]
+    assert (result.status, result.kis) == ("failed", ())
+    assert result.counters["truncated_replies"] == 2
+    assert result.counters["truncated_records_dropped"] == 1
+    assert "kept_from_truncated" not in result.counters
+    failure = result.parse_failure
+    assert failure is not None
+    assert (failure.status, failure.reason, failure.finish_reason, failure.records_dropped) == (
+        "cut_off",
+        "length",
+        "length",
+        1,
+    )
+    assert failure.adapter == "KituneJSONAdapter" and failure.raw == CUT
+    assert "keep_truncated_records" in result.error
+
+
+def test_reply_cut_twice_keeps_its_complete_records_only_when_asked() -> None:
+    with StubServer() as stub:
+        stub.push(Reply.ok(CUT, finish_reason="length"), Reply.ok(CUT, finish_reason="length"))
+        with dspy.context(lm=_stub_lm(stub, max_tokens=512)):
+            result = FactExtractor(keep_truncated=True).extract_document(DOC, now=NOW)
     assert result.status == "partial"  # not ok: facts may be missing
     assert [k.payload.properties.object for k in result.kis] == ["1999"]
     assert result.counters["truncated_replies"] == 2
     assert result.counters["kept_from_truncated"] == 1
+    assert "truncated_records_dropped" not in result.counters and result.parse_failure is None
+
+
+def test_an_unparseable_reply_is_a_structured_record() -> None:
+    prose = "Let me analyze the provided document step by step:\n1. Identify the organisations"
+    with StubServer() as stub:
+        stub.push(Reply.ok(prose), Reply.ok(prose))
+        with dspy.context(lm=_stub_lm(stub, max_tokens=512)):
+            result = FactExtractor().extract_document(DOC, now=NOW)
+    assert (result.status, result.kis, result.counters["parse_failures"]) == ("failed", (), 2)
+    failure = result.parse_failure
+    assert failure is not None
+    assert failure.to_dict() == {
+        "status": "unparseable",
+        "reason": "no_json",
+        "adapter": "KituneJSONAdapter",
+        "exception": "ReplyParseError",
+        "detail": result.error,
+        "raw": prose,
+        "finish_reason": "stop",
+        "records_dropped": 0,
+    }
+    assert result.error.startswith("no JSON object found")
 
 
 def test_length_cut_complete_json_still_counts_as_cut() -> None:
@@ -294,9 +339,9 @@ def test_at_the_token_cap_a_cut_reply_with_complete_facts_is_kept_without_more_c
     with StubServer() as stub:
         stub.push(Reply.ok(cut_after_one, finish_reason="length"))
         with dspy.context(lm=_stub_lm(stub, max_tokens=512)):
-            result = FactExtractor(max_retry_tokens=512, split_cut_chunks=False).extract_document(
-                DOC, now=NOW
-            )
+            result = FactExtractor(
+                max_retry_tokens=512, split_cut_chunks=False, keep_truncated=True
+            ).extract_document(DOC, now=NOW)
         assert len(stub.chat_requests) == 1
     assert result.status == "partial"
     assert [k.payload.properties.object for k in result.kis] == ["1999"]
@@ -309,6 +354,9 @@ def test_extraction_retry_settings_reach_the_extractor() -> None:
     assert FactExtractor.from_config(cfg).split_cut_chunks is False
     default = FactExtractor.from_config(load_config())
     assert default.max_retry_tokens == 8192 and default.split_cut_chunks is True
+    assert default.keep_truncated is False
+    kept = load_config(overrides={"extraction": {"keep_truncated_records": True}})
+    assert FactExtractor.from_config(kept).keep_truncated is True
 
 
 def test_packaged_instruction_follows_the_published_rules() -> None:

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 import pytest
 
 from kitune.ki import ki_id
+from kitune.programs.fact_extractor import split_text
 from kitune.programs.guardrails import (
     Drop,
     apply_guardrails,
@@ -17,6 +18,7 @@ from kitune.programs.guardrails import (
     normalize_tags,
 )
 from kitune.programs.records import FactRecord
+from kitune.programs.sentences import sentence_spans
 
 
 def _with(fact: FactRecord, **change: object) -> FactRecord:
@@ -323,3 +325,67 @@ def test_fact_values(text: str, required: set[tuple[str, str]], supplied_extra: 
     values = fact_values(text)
     assert values.required == required
     assert values.supplied == required | supplied_extra
+
+
+# --- issue 40: a repair never contradicts the model's own quote; CJK sentences -------------------
+
+
+def test_repair_rejects_a_sentence_contradicting_the_quote_when_the_title_states_no_number() -> None:
+    fact = FactRecord(
+        title="Acme signed the agreement with Beta",
+        description="Acme signed a supply agreement with Beta.",
+        subject="Acme",
+        predicate="signed_with",
+        object="Beta",
+        evidence_span="Acme signed the agreement with Beta on 1 May 2023",
+        confidence=80,
+        tags=(),
+    )
+    doc = "Acme signed the agreement with Beta on 1 June 2023. Prices rose."
+    counts: Counter[str] = Counter()
+    drop = check_fact(fact, doc, docid="d1", now=NOW, counters=counts)
+    assert drop == Drop(
+        "evidence_mismatch",
+        "Acme signed the agreement with Beta",
+        "evidence 'Acme signed the agreement with Beta on 1 May 2023' is not in the text, and 'Acme "
+        "signed the agreement with Beta on 1 June 2023.' (which names the subject and object) does "
+        "not state the quote's date 2023-05-01",
+    )
+    assert counts["evidence_repaired"] == 0
+    # a quote whose values the sentence does state is still repaired (here: a paraphrased verb)
+    agreeing = _with(fact, evidence_span="Acme inked the agreement with Beta on 1 June 2023")
+    ki = check_fact(agreeing, doc, docid="d1", now=NOW)
+    assert not isinstance(ki, Drop)
+    assert ki.payload.evidence == ["Acme signed the agreement with Beta on 1 June 2023."]
+
+
+CJK_DOC = "東京タワーは1958年に完成した。東京タワーの高さは333メートルである！誰が設計したか？内藤多仲だ。"
+
+
+def test_repair_in_a_cjk_paragraph_cuts_at_the_cjk_full_stop() -> None:
+    fact = FactRecord(
+        title="東京タワーの高さは333メートル",
+        description="東京タワーの高さは333メートルである。",
+        subject="東京タワー",
+        predicate="height",
+        object="333メートル",
+        evidence_span="東京タワーの高さは333メートルです",  # paraphrased: not verbatim
+        confidence=80,
+        tags=(),
+    )
+    ki = check_fact(fact, CJK_DOC, docid="d1", now=NOW)
+    assert not isinstance(ki, Drop)
+    assert ki.payload.evidence == ["東京タワーの高さは333メートルである！"]
+
+
+def test_cjk_sentences_are_numbered_and_cut_one_by_one() -> None:
+    spans = sentence_spans(CJK_DOC)
+    assert [CJK_DOC[a:b] for a, b in spans] == [
+        "東京タワーは1958年に完成した。",
+        "東京タワーの高さは333メートルである！",
+        "誰が設計したか？",
+        "内藤多仲だ。",
+    ]
+    chunks = [c for _, c in split_text(CJK_DOC, 30)]
+    assert "".join(chunks) == CJK_DOC
+    assert chunks[0] == "東京タワーは1958年に完成した。"  # cut at the last 。 in the window's second half

@@ -81,6 +81,34 @@ def _extract(stub: StubServer, docs, tmp_path: Path, monkeypatch: pytest.MonkeyP
     return report, store, state, ledger
 
 
+KEEP_CUT = {"extraction.keep_truncated_records": True}
+"""Keep the complete records of a reply still cut after its retry (off by default, issue 40)."""
+
+
+def test_by_default_a_cut_retry_fails_its_document_and_counts_the_dropped_record(
+    fixture_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    docs, _by_id, provider = _scripted_extraction(fixture_dir)
+    with StubServer(responder=provider) as stub:
+        report, store, state_path, _ledger = _extract(stub, docs, tmp_path, monkeypatch)
+    ids = [d.docid for d in docs]
+    truncated = ids[4]
+    assert report.docs_done == 5 and report.docs_failed == 4 and report.truncated == ()
+    assert report.counters["truncated_records_dropped"] == 1 and "kept_from_truncated" not in report.counters
+    failure = report.parse_failed[truncated]
+    assert (failure.status, failure.reason, failure.records_dropped) == ("cut_off", "length", 1)
+    assert not [k for k in store.iter_kis() if f"doc:{truncated}" in k.tags]
+    lines = [json.loads(line) for line in state_path.read_text(encoding="utf-8").splitlines()]
+    (line,) = [rec for rec in lines if rec["docid"] == truncated]
+    assert line["status"] == "failed" and line["parse_failure"] == failure.to_dict()
+    # the unparseable reply (no JSON) is a structured record in the report and the state file
+    prose = report.parse_failed[ids[7]]
+    assert (prose.status, prose.reason, prose.exception) == ("unparseable", "no_json", "ReplyParseError")
+    (line,) = [rec for rec in lines if rec["docid"] == ids[7]]
+    assert line["parse_failure"]["raw"] == prose.raw != ""
+    assert ("records of cut replies dropped", "1") in report.summary_rows()
+
+
 def _scripted_extraction(fixture_dir: Path) -> tuple[list[Document], dict[str, Document], FaultyProvider]:
     """The fixture documents, by id, and a provider answering each with its EXTRACT_SCRIPT fault plan."""
     docs = fixture_slice(fixture_dir, len(EXTRACT_SCRIPT))
@@ -94,7 +122,7 @@ def test_extraction_under_scripted_faults_accounts_for_every_document(
 ) -> None:
     docs, by_id, provider = _scripted_extraction(fixture_dir)
     with StubServer(responder=provider) as stub:
-        report, store, state_path, _ledger = _extract(stub, docs, tmp_path, monkeypatch)
+        report, store, state_path, _ledger = _extract(stub, docs, tmp_path, monkeypatch, **KEEP_CUT)
 
     ids = [d.docid for d in docs]
     # every document accounted for, exactly once
@@ -135,9 +163,9 @@ def test_rerun_after_faults_retries_only_the_failed_documents(
 ) -> None:
     docs, _, provider = _scripted_extraction(fixture_dir)
     with StubServer(responder=provider) as stub:
-        first, _, state_path, _ = _extract(stub, docs, tmp_path, monkeypatch)
+        first, _, state_path, _ = _extract(stub, docs, tmp_path, monkeypatch, **KEEP_CUT)
         before = dict(provider.attempts)
-        second, _, _, _ = _extract(stub, docs, tmp_path, monkeypatch)  # provider now answers well
+        second, _, _, _ = _extract(stub, docs, tmp_path, monkeypatch, **KEEP_CUT)  # now answers well
     # the partial (cut) document is re-extracted too
     assert second.docs_skipped == 5 and second.docs_done == 4 and second.docs_failed == 0
     retried = {k for k in provider.attempts if provider.attempts[k] > before.get(k, 0)}
@@ -151,7 +179,7 @@ def test_a_partial_document_is_not_re_extracted_when_no_run_could_complete_it(
     # no bigger retry (max_retry_tokens at the floor) and no halving: the same request would be
     # cut the same way, so the partial document is final and a rerun retries only the failed ones
     docs, _, provider = _scripted_extraction(fixture_dir)
-    final = {"extraction.split_cut_chunks": False, "extraction.max_retry_tokens": 1}
+    final = {"extraction.split_cut_chunks": False, "extraction.max_retry_tokens": 1, **KEEP_CUT}
     with StubServer(responder=provider) as stub:
         first, _, state_path, _ = _extract(stub, docs, tmp_path, monkeypatch, **final)
         before = dict(provider.attempts)

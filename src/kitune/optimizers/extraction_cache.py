@@ -42,7 +42,7 @@ import dspy
 
 from kitune.data.checksum import document_hash
 from kitune.ki import KI
-from kitune.programs.fact_extractor import DocExtraction, FactExtractor
+from kitune.programs.fact_extractor import DocExtraction, FactExtractor, ParseFailure
 from kitune.schema import Document
 
 __all__ = ["CachedFactExtractor", "ExtractionCache", "TraceStep", "extractor_key"]
@@ -66,6 +66,8 @@ def extractor_key(extractor: FactExtractor) -> str:
         "instruction": extractor.extract.signature.instructions,
         **{k: getattr(extractor, k, None) for k in _LIMITS},
     }
+    if getattr(extractor, "keep_truncated", False):  # only when on: keys of the default stay as they were
+        blob["keep_truncated"] = True
     return hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode("utf-8")).hexdigest()[:16]
 
 
@@ -79,6 +81,7 @@ def _to_json(res: DocExtraction) -> dict[str, Any]:
         "chunks": res.chunks,
         "error": res.error,
         "raw": res.raw,
+        "parse_failure": res.parse_failure.to_dict() if res.parse_failure is not None else None,
     }
 
 
@@ -92,6 +95,7 @@ def _from_json(data: dict[str, Any]) -> DocExtraction:
         chunks=int(data.get("chunks", 1)),
         error=str(data.get("error", "")),
         raw=str(data.get("raw", "")),
+        parse_failure=ParseFailure(**data["parse_failure"]) if data.get("parse_failure") else None,
     )
 
 

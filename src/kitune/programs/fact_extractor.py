@@ -31,15 +31,23 @@ Per document:
 3. a reply cut at its token limit (``finish_reason="length"``) is retried once **with more
    room**, never at the same size: ``max_tokens`` doubled (up to ``max_retry_tokens``), or, when
    the LM's ``max_tokens`` is unknown or already at that cap, the chunk split in two halves that
-   are extracted separately. When the retry is cut again, the complete records kept from it are
-   counted (``kept_from_truncated``) and the document's status is ``partial``, not ``ok``;
+   are extracted separately. When the retry is cut again, the complete records read from it
+   are kept only with ``keep_truncated=True`` (``extraction.keep_truncated_records``; counted
+   ``kept_from_truncated``, the document's status ``partial``, not ``ok``); by default they are
+   counted ``truncated_records_dropped`` and the document is ``failed`` with a
+   :class:`ParseFailure` (``status="cut_off"``), so a rerun with more room tries it again;
 4. the guardrails (:mod:`kitune.programs.guardrails`) check each fact against its chunk's original
    text and keep at most ``max_facts`` KIs for the whole document.
+
+A reply that cannot be used (no JSON, cut off, every record rejected) is a structured
+:class:`ParseFailure` on the failed :class:`DocExtraction` (status, reason, adapter, exception
+class, detail, the whole raw reply), not only a message.
 
 Counters (``DocExtraction.counters``): ``lm_calls``, ``retries``, ``parse_failures``,
 ``truncated_replies`` (replies cut at the token limit), ``truncation_retries`` (retries with a
 larger ``max_tokens``), ``truncation_splits`` (retries as two halves), ``kept_from_truncated``,
-plus the parser's and the guardrails' counters.
+``truncated_records_dropped`` (complete records of a cut reply not kept), plus the parser's and
+the guardrails' counters.
 """
 
 from __future__ import annotations
@@ -71,7 +79,7 @@ from kitune.schema import Document
 if TYPE_CHECKING:
     from kitune.config import KituneConfig
 
-__all__ = ["DocExtraction", "ExtractFacts", "FactExtractor", "split_text"]
+__all__ = ["DocExtraction", "ExtractFacts", "FactExtractor", "ParseFailure", "split_text"]
 
 GRAMMAR_LIMITS: dict[str, dict[str, int]] = {
     "title": {"maxLength": TITLE_MAX_CHARS},
@@ -151,14 +159,57 @@ numbered sentence of a prose chunk, the chunk shown as context; ``sentences`` ev
 
 
 @dataclass(frozen=True)
+class ParseFailure:
+    """Why a model reply could not be used, as a record (stored in the extraction state file).
+
+    Attributes:
+        status: ``unparseable`` (no usable JSON or no valid output field), ``records_rejected``
+            (records offered, every one invalid) or ``cut_off`` (cut at its token limit after the
+            retry with more room; its complete records not kept, see ``keep_truncated``).
+        reason: the parser's reason: ``no_json``, ``cut_off``, ``malformed_json``,
+            ``invalid_fields``, ``records_rejected`` or ``length`` (the provider's finish reason).
+        adapter: the adapter class that read the reply (``KituneJSONAdapter`` …).
+        exception: the exception class the reading raised (``ReplyParseError``), or for rejected
+            records ``RecordError``; for a cut reply whose complete records were dropped, ``""``.
+        detail: what was wrong, naming the field or the records.
+        raw: the model's whole reply.
+        finish_reason: how the call ended (``stop``, ``length`` …), None when unknown.
+        records_dropped: complete records read from a cut reply and not kept (``cut_off`` only).
+    """
+
+    status: Literal["unparseable", "records_rejected", "cut_off"]
+    reason: str
+    adapter: str
+    exception: str
+    detail: str
+    raw: str
+    finish_reason: str | None = None
+    records_dropped: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as a JSON object (every attribute, ``raw`` whole)."""
+        return {
+            "status": self.status,
+            "reason": self.reason,
+            "adapter": self.adapter,
+            "exception": self.exception,
+            "detail": self.detail,
+            "raw": self.raw,
+            "finish_reason": self.finish_reason,
+            "records_dropped": self.records_dropped,
+        }
+
+
+@dataclass(frozen=True)
 class DocExtraction:
     """What extracting one document produced."""
 
     docid: str
     status: Literal["ok", "partial", "failed"]
-    """``partial``: a reply was still cut at its token limit after the retry with more room;
-    the complete records before the cut were kept (the document may be missing facts).
-    ``failed``: a chunk stayed malformed after its retry, or the LM call raised."""
+    """``partial``: a reply was still cut at its token limit after the retry with more room and
+    ``keep_truncated`` is on: the complete records before the cut were kept (the document may be
+    missing facts). ``failed``: a chunk stayed malformed after its retry, a reply stayed cut (its
+    records not kept), or the LM call raised."""
     kis: tuple[KI, ...] = ()
     """Verified KIs (empty when failed), at most ``max_facts``."""
     drops: dict[str, int] = field(default_factory=dict)
@@ -172,9 +223,16 @@ class DocExtraction:
     """Why the document failed (empty when ok)."""
     raw: str = ""
     """The last malformed reply, kept for debugging (empty when ok)."""
+    parse_failure: ParseFailure | None = None
+    """The structured record of the reply that made the document fail (None when ok, partial,
+    or failed for another reason: the LM raised, too large)."""
 
 
-_SENTENCE_END = re.compile(r"[.!?][\"')\]]*\s+")
+_SENTENCE_END = re.compile(
+    r"[.!?][\"')\]]*\s+|[\u3002\uff01\uff1f\uff61][\u300d\u300f\uff09\u201d\u2019]*\s*"
+)
+"""A sentence end where a chunk may be cut: ``.!?`` then whitespace, or the CJK ``。！？`` (no space
+follows them in CJK text)."""
 
 
 def split_text(text: str, chunk_chars: int) -> list[tuple[int, str]]:
@@ -253,7 +311,11 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
         retries: extra calls for a chunk whose reply is malformed (default 1).
         max_retry_tokens: cap on ``max_tokens`` when a reply cut at its token limit is retried.
         split_cut_chunks: at that cap, re-extract a cut chunk as two halves (two more calls);
-            False keeps the cut reply's complete facts instead when it has any (status partial).
+            False makes no more calls.
+        keep_truncated: keep the complete records of a reply still cut at its token limit
+            (status ``partial``, counted ``kept_from_truncated``). False (default): they are
+            counted ``truncated_records_dropped`` and the document fails with a ``cut_off``
+            :class:`ParseFailure`.
         evidence_mode: ``"quote"`` (default) or ``"sentences"`` (see :data:`EVIDENCE_MODES`); the
             predictor keeps its name ``extract`` in both modes.
         call_unit: ``"chunk"`` (default: one call per chunk) or ``"sentence"`` (one call per
@@ -279,6 +341,7 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
         retries: int = 1,
         max_retry_tokens: int = MAX_RETRY_TOKENS,
         split_cut_chunks: bool = True,
+        keep_truncated: bool = False,
         evidence_mode: str = "quote",
         call_unit: str = "chunk",
         grammar_limits: bool = False,
@@ -309,6 +372,7 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
         self.retries = retries
         self.max_retry_tokens = max_retry_tokens
         self.split_cut_chunks = split_cut_chunks
+        self.keep_truncated = keep_truncated
         self.grammar_limits = grammar_limits
 
     @classmethod
@@ -325,6 +389,7 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
             corpus=cfg.corpus_name,
             max_retry_tokens=cfg.extraction.max_retry_tokens,
             split_cut_chunks=cfg.extraction.split_cut_chunks,
+            keep_truncated=cfg.extraction.keep_truncated_records,
             evidence_mode=cfg.extraction.evidence_mode,
             call_unit=cfg.extraction.call_unit,
             grammar_limits=cfg.extraction.grammar_limits,
@@ -432,6 +497,37 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
         bigger = min(current * 2, self.max_retry_tokens)
         return bigger if bigger > current else None
 
+    def _failure(
+        self,
+        status: Literal["unparseable", "records_rejected", "cut_off"],
+        reply: TypedReply,
+        finish: str | None,
+        detail: str,
+        *,
+        dropped: int = 0,
+    ) -> ParseFailure:
+        """The structured record of ``reply``, which could not be used."""
+        err = reply.error
+        if err is not None:
+            adapter, exception, reason = err.adapter_name, type(err).__name__, err.reason
+        else:
+            used = dspy.settings.adapter or self._adapter(self._lm())
+            adapter = type(used).__name__
+            exception = "RecordError" if status == "records_rejected" else ""
+            reason = "records_rejected" if status == "records_rejected" else "length"
+        if status == "cut_off" and finish == "length":
+            reason = "length"
+        return ParseFailure(
+            status=status,
+            reason=reason,
+            adapter=adapter,
+            exception=exception,
+            detail=detail,
+            raw=reply.raw,
+            finish_reason=finish,
+            records_dropped=dropped,
+        )
+
     def _extract_chunk(
         self,
         doc: Document,
@@ -440,15 +536,17 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
         *,
         may_grow: bool = True,
         focus: int | None = None,
-    ) -> tuple[list[FactRecord] | None, bool, str, str]:
-        """Return ``(records, partial, error, raw)``; records is None when the chunk stayed malformed.
+    ) -> tuple[list[FactRecord] | None, bool, ParseFailure | None]:
+        """Return ``(records, partial, failure)``; records is None when the chunk could not be used.
 
-        ``partial`` is True when the records come from a reply still cut at its token limit.
-        ``focus``: the sentence number one call asks about (``call_unit="sentence"``); a reply
-        cut at the token cap then falls back to extracting the chunk's halves whole.
+        ``partial`` is True when the records come from a reply still cut at its token limit (only
+        with :attr:`keep_truncated`). ``failure`` says why records is None. ``focus``: the
+        sentence number one call asks about (``call_unit="sentence"``); a reply cut at the token
+        cap then falls back to extracting the chunk's halves whole.
         """
-        error, raw = "", ""
+        error = ""
         salvage: Records[FactRecord] | None = None
+        salvage_reply: tuple[TypedReply, str | None] | None = None
         room: int | None = None
         attempt = 0
         malformed_retries = 0
@@ -458,7 +556,6 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
                 counts["retries"] += 1
             counts["lm_calls"] += 1
             reply, finish = self._complete(doc, view, attempt, room, focus)
-            raw = reply.raw
             attempt += 1
             parsed = self._facts(reply, chunk, spans)
             if reply.error is not None:
@@ -469,7 +566,7 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
             if cut:
                 counts["truncated_replies"] += 1
                 if parsed:
-                    salvage = parsed
+                    salvage, salvage_reply = parsed, (reply, finish)
                 if may_grow:
                     may_grow = False
                     room = self._more_tokens()
@@ -477,45 +574,70 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
                         counts["truncation_retries"] += 1
                         continue
                     # at the token cap: split the chunk in halves (two more calls), unless
-                    # split_cut_chunks is off and the cut reply has complete facts to keep
-                    keep = salvage is not None and not self.split_cut_chunks
-                    halves = None if keep else _halve(chunk)
+                    # split_cut_chunks is off and the cut reply has complete facts (kept or
+                    # dropped by keep_truncated, no more calls either way)
+                    stop = salvage is not None and not self.split_cut_chunks
+                    halves = None if stop else _halve(chunk)
                     if halves is not None:
                         counts["truncation_splits"] += 1
                         return self._extract_halves(doc, halves, counts)
                 if salvage is not None:
-                    counts["kept_from_truncated"] += len(salvage)
-                    return list(salvage), True, "", ""
+                    return self._salvaged(salvage, salvage_reply, counts)
                 counts["parse_failures"] += 1
-                error = error or "the reply was cut at its token limit before one record ended"
-                return None, False, error, raw
+                detail = error or "the reply was cut at its token limit before one record ended"
+                return None, False, self._failure("cut_off", reply, finish, detail)
             if parsed is None or parsed.is_malformed:
                 counts["parse_failures"] += 1
+                status: Literal["unparseable", "records_rejected"] = "unparseable"
                 if parsed is not None:
+                    status = "records_rejected"
                     error = "every record was rejected: " + "; ".join(
                         err.message for err in parsed.errors[:3]
                     )
                 if malformed_retries < self.retries:
                     malformed_retries += 1
                     continue
-                if salvage is not None:  # the bigger retry was malformed: keep what the cut reply had
-                    counts["kept_from_truncated"] += len(salvage)
-                    return list(salvage), True, "", ""
-                return None, False, error, raw
-            return list(parsed), False, "", ""
+                if salvage is not None:  # the bigger retry was malformed: the cut reply's records
+                    return self._salvaged(salvage, salvage_reply, counts)
+                return None, False, self._failure(status, reply, finish, error)
+            return list(parsed), False, None
+
+    def _salvaged(
+        self,
+        salvage: Records[FactRecord],
+        origin: tuple[TypedReply, str | None] | None,
+        counts: Counter[str],
+    ) -> tuple[list[FactRecord] | None, bool, ParseFailure | None]:
+        """The complete records of a cut reply: kept (partial) with :attr:`keep_truncated`, else dropped.
+
+        Either way they are counted: ``kept_from_truncated`` or ``truncated_records_dropped``.
+        """
+        if self.keep_truncated:
+            counts["kept_from_truncated"] += len(salvage)
+            return list(salvage), True, None
+        counts["truncated_records_dropped"] += len(salvage)
+        counts["parse_failures"] += 1
+        assert origin is not None  # set with salvage
+        reply, finish = origin
+        detail = (
+            f"the reply was cut at its token limit after {len(salvage)} complete record(s), which "
+            "are not kept: raise lm.extract.max_tokens or lower extraction.chunk_chars and "
+            "re-extract, or set extraction.keep_truncated_records to keep them (status partial)"
+        )
+        return None, False, self._failure("cut_off", reply, finish, detail, dropped=len(salvage))
 
     def _extract_halves(
         self, doc: Document, halves: tuple[str, str], counts: Counter[str]
-    ) -> tuple[list[FactRecord] | None, bool, str, str]:
+    ) -> tuple[list[FactRecord] | None, bool, ParseFailure | None]:
         records: list[FactRecord] = []
         partial = False
         for half in halves:
-            got, cut, error, raw = self._extract_chunk(doc, half, counts, may_grow=False)
+            got, cut, failure = self._extract_chunk(doc, half, counts, may_grow=False)
             if got is None:
-                return None, False, error, raw
+                return None, False, failure
             records.extend(got)
             partial = partial or cut
-        return records, partial, "", ""
+        return records, partial, None
 
     def extract_document(self, doc: Document, *, now: datetime | None = None) -> DocExtraction:
         """Extract one document.
@@ -543,15 +665,16 @@ class FactExtractor(dspy.Module):  # type: ignore[misc]
             if self.call_unit == "sentence" and not dialogue:
                 focuses = list(range(1, len(sentence_spans(chunk)) + 1)) or [None]
             for focus in focuses:
-                records, cut, error, raw = self._extract_chunk(doc, chunk, counts, focus=focus)
+                records, cut, failure = self._extract_chunk(doc, chunk, counts, focus=focus)
                 if records is None:
                     return DocExtraction(
                         docid=doc.docid,
                         status="failed",
                         counters=dict(counts),
                         chunks=len(chunks),
-                        error=error,
-                        raw=raw,
+                        error=failure.detail if failure is not None else "",
+                        raw=failure.raw if failure is not None else "",
+                        parse_failure=failure,
                     )
                 partial = partial or cut
                 facts.extend((fact, chunk) for fact in records)

@@ -24,8 +24,9 @@ reason                     rule
                            after :func:`kitune.text.fold_text` on both sides (case E1), and
                            no sentence of the source names both the fact's subject and object
 ``evidence_mismatch``      the quote is not found, and every sentence naming the subject and
-                           object lacks a number or date the fact's title or description
-                           states: a repair would store evidence that contradicts the fact
+                           object lacks a number or date the fact's title, description or
+                           quoted span states: a repair would store evidence that
+                           contradicts the fact or the model's own quote
 ``duplicate``              same KI id as an earlier fact from this document
 ``invalid_ki``             the KI model still rejects the fact (reported with the message)
 ``over_cap``               beyond ``max_facts`` valid facts for the document
@@ -36,12 +37,15 @@ model's quote is not found, (1) edge punctuation and quote marks are trimmed and
 repeated (``evidence_trimmed``: small models end a clause with an invented full stop); then
 (2) the first sentence of the source that contains the object, the subject (folded,
 case-insensitive; for the subject, its full name or, failing that, every one of its words of
-four or more letters) **and every number and date the fact's title and description state** is
-used instead (``evidence_repaired``). A repair never changes a fact's value: title "Acme signed
-the agreement on 1 June 2023" is not stored with "Acme signed the agreement on 1 May 2023." as
-its evidence. A fact whose object appears in no sentence with its subject is dropped as
+four or more letters) **and every number and date the fact's title, its description and the
+model's quoted span state** is used instead (``evidence_repaired``). A repair never changes a
+fact's value: title "Acme signed the agreement on 1 June 2023" is not stored with "Acme signed
+the agreement on 1 May 2023." as its evidence, and neither is the numberless title "Acme signed
+the agreement" when the model quoted "… on 1 May 2023" and the document says 1 June (issue 40).
+A fact whose object appears in no sentence with its subject is dropped as
 ``evidence_not_found``; one whose subject-and-object sentences all lack one of its numbers or
-dates is dropped as ``evidence_mismatch`` (the detail names the missing values).
+dates is dropped as ``evidence_mismatch`` (the detail names the missing values). Sentences end at
+``.!?``, a line break, or the CJK ``。！？``.
 
 Numbers and dates (:func:`fact_values`), read after :func:`kitune.text.fold_text` on both sides:
 a full date in any form :func:`kitune.text.parse_date` reads (``1 June 2023``, ``June 1,
@@ -170,7 +174,13 @@ def normalize_tags(tags: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(t for t in out if t))
 
 
-_SENTENCE_RE = re.compile(r"[^.!?\n]+(?:[.!?]+|$)")
+_SENTENCE_RE = re.compile(
+    r"[^.!?\u3002\uff01\uff1f\uff61\n]+"
+    r"(?:[.!?]+|[\u3002\uff01\uff1f\uff61]+[\u300d\u300f\uff09\u201d\u2019]*|$)"
+)
+"""A sentence for evidence repair: up to ``.``, ``!``, ``?``, a line break, or the CJK full stop,
+exclamation and question marks (``。！？｡``, with a closing corner bracket or quote after them);
+CJK text has no space after its full stop, so without them a whole paragraph was one sentence."""
 _EDGE_CHARS = " \t.,;:!?\"'\u2026\u201c\u201d\u2018\u2019()[]"
 
 
@@ -313,13 +323,13 @@ def locate_evidence(
         subject: the fact's subject.
         obj: the fact's object (value).
         claims: the fact's title and description: a repaired span must state every number and
-            date they state (:func:`fact_values`).
+            date they state (:func:`fact_values`), and every one ``quote`` states.
         counters: incremented with ``evidence_trimmed`` / ``evidence_repaired`` when a repair is used.
 
     Returns:
         ``(start, end)`` offsets into ``text`` of a verbatim span, or an :class:`EvidenceMiss`
         (``evidence_not_found``: no sentence names both subject and object; ``evidence_mismatch``:
-        each one that does lacks a number or date of the fact).
+        each one that does lacks a number or date of the fact or of the model's quote).
     """
     counts: Counter[str] = counters if counters is not None else Counter()
     span = find_span(text, quote)
@@ -334,26 +344,36 @@ def locate_evidence(
     not_found = EvidenceMiss("evidence_not_found", f"evidence {quote[:80]!r} is not in the text")
     if len(fold_text(obj)) < 2:
         return not_found
-    wanted = fact_values(" ".join(claims)).required
-    first_missing: tuple[str, list[Value]] | None = None
+    claimed = fact_values(" ".join(claims)).required
+    quoted = fact_values(quote).required
+    wanted = claimed | quoted
+    first_missing: tuple[str, list[Value], list[Value]] | None = None
     for m in _SENTENCE_RE.finditer(text):
         sentence = m.group(0)
         if not (_contains(sentence, obj) and _subject_in(sentence, subject)):
             continue
-        missing = sorted(wanted - fact_values(sentence).supplied)
-        if missing:
-            first_missing = first_missing or (sentence.strip(), missing)
+        supplied = fact_values(sentence).supplied
+        if wanted - supplied:
+            first_missing = first_missing or (
+                sentence.strip(),
+                sorted(claimed - supplied),
+                sorted(quoted - claimed - supplied),
+            )
             continue
         lead = len(sentence) - len(sentence.lstrip())
         counts["evidence_repaired"] += 1
         return m.start() + lead, m.end() - (len(sentence) - len(sentence.rstrip()))
     if first_missing is None:
         return not_found
-    sentence, missing = first_missing
+    sentence, missing, unquoted = first_missing
+    lacks = [
+        *([f"the fact's {_show(missing)}"] if missing else []),
+        *([f"the quote's {_show(unquoted)}"] if unquoted else []),
+    ]
     return EvidenceMiss(
         "evidence_mismatch",
         f"evidence {quote[:80]!r} is not in the text, and {sentence[:80]!r} (which names the subject "
-        f"and object) does not state the fact's {_show(missing)}",
+        f"and object) does not state {' or '.join(lacks)}",
     )
 
 

@@ -10,7 +10,8 @@ an exact substring of the chunk by construction, and the model spends a few toke
 instead of a quote.
 
 Sentence boundaries (:func:`sentence_spans`): a run of text ends at ``.``, ``!`` or ``?`` (plus
-closing quotes or brackets) followed by whitespace, or at a line break. Abbreviations such as
+closing quotes or brackets) followed by whitespace, at the CJK ``。``, ``！`` or ``？`` (plus a
+closing corner bracket or quote; CJK text puts no space after them), or at a line break. Abbreviations such as
 ``Dr.`` split a sentence in two; citing both numbers restores it.
 """
 
@@ -27,7 +28,11 @@ from kitune.programs.records import FactRecord, SentenceFactRecord
 
 __all__ = ["cited_span", "numbered_text", "resolve_citations", "sentence_spans"]
 
-_SENTENCE = re.compile(r"\S[^\n]*?(?:[.!?]+[\"'\u2019\u201d)\]]*(?=\s)|(?=\n)|$)", re.MULTILINE)
+_SENTENCE = re.compile(
+    r"\S[^\n]*?(?:[.!?]+[\"'\u2019\u201d)\]]*(?=\s)"
+    r"|[\u3002\uff01\uff1f\uff61]+[\u300d\u300f\uff09\u201d\u2019]*|(?=\n)|$)",
+    re.MULTILINE,
+)
 
 
 def sentence_spans(text: str) -> list[tuple[int, int]]:

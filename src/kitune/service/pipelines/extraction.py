@@ -9,9 +9,11 @@
   inside the workers. Results do not depend on the number of workers.
 * **Resume** — a JSONL state file gets one line per finished document
   (``{"docid", "status", "kis", "error", "prompt_version", "at", "hash"}``; a ``failed`` line whose
-  model reply could not be used also carries that reply, whole, as ``raw``). A rerun skips documents
-  whose last status is ``ok`` and retries ``failed`` ones. A truncated last line (a crash while
-  writing) is ignored.
+  model reply could not be used also carries that reply, whole, as ``raw``, and the structured
+  record as ``parse_failure``: status, reason, adapter, exception class, detail, raw reply,
+  finish reason, records dropped — :class:`kitune.programs.fact_extractor.ParseFailure`). A
+  rerun skips documents whose last status is ``ok`` and retries ``failed`` ones. A truncated
+  last line (a crash while writing) is ignored.
 * **Lifecycle** — ``hash`` is the document's content hash
   (:func:`~kitune.data.checksum.document_hash`, the extraction cache's too). A rerun
   re-extracts an ``ok`` document whose hash changed; one whose hash is unchanged (or was never
@@ -57,7 +59,7 @@ from kitune.data.checksum import document_hash
 from kitune.data.loaders import load_corpus
 from kitune.errors import ConfigError, LMAuthError, StoreUnavailableError
 from kitune.ki import KI, utcnow
-from kitune.programs.fact_extractor import DocExtraction, FactExtractor
+from kitune.programs.fact_extractor import DocExtraction, FactExtractor, ParseFailure
 from kitune.schema import Document
 from kitune.service.serving.stores import refresh_derived, refresh_documents
 
@@ -107,10 +109,15 @@ class ExtractionReport:
     ``failed_calls`` (zeros when no ledger is given)."""
     failed: dict[str, str] = field(default_factory=dict)
     """Failed docid → reason."""
+    parse_failed: dict[str, ParseFailure] = field(default_factory=dict)
+    """Failed docid → the structured record of the reply that could not be used (unparseable,
+    every record rejected, or cut off with its records not kept); a subset of :attr:`failed`."""
     truncated: tuple[str, ...] = ()
-    """Docids (sorted) done from a reply cut off at its token limit (``finish_reason=length``):
-    only the complete, verified records before the cut were kept, so the document may be missing
-    facts. Raise ``lm.extract.max_tokens`` or lower ``extraction.chunk_chars`` and re-extract them."""
+    """Docids (sorted) done from a reply cut off at its token limit (``finish_reason=length``),
+    only with ``extraction.keep_truncated_records``: only the complete, verified records before
+    the cut were kept, so the document may be missing facts. Raise ``lm.extract.max_tokens`` or
+    lower ``extraction.chunk_chars`` and re-extract them. Without that setting such documents are
+    failed and their records counted in ``counters["truncated_records_dropped"]``."""
     prompt_version: str = ""
     """The extractor's prompt version."""
     wall_s: float = 0.0
@@ -148,6 +155,8 @@ class ExtractionReport:
             ("retries", str(self.counters.get("retries", 0))),
             ("envelope_unwrapped", str(self.envelope_unwrapped)),
             ("truncated replies (partial)", str(len(self.truncated))),
+            ("records of cut replies kept", str(self.counters.get("kept_from_truncated", 0))),
+            ("records of cut replies dropped", str(self.counters.get("truncated_records_dropped", 0))),
         ]
         rows += [(f"dropped: {reason}", str(n)) for reason, n in sorted(self.drops.items())]
         rows += [
@@ -228,7 +237,14 @@ class _StateWriter:
             self._fh = path.open("a", encoding="utf-8")
 
     def write(
-        self, docid: str, status: str, kis: int, error: str = "", content: str = "", raw: str = ""
+        self,
+        docid: str,
+        status: str,
+        kis: int,
+        error: str = "",
+        content: str = "",
+        raw: str = "",
+        parse_failure: ParseFailure | None = None,
     ) -> None:
         if self._fh is None:
             return
@@ -244,6 +260,8 @@ class _StateWriter:
             rec["hash"] = content
         if raw:
             rec["raw"] = raw
+        if parse_failure is not None:
+            rec["parse_failure"] = parse_failure.to_dict()
         self._fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
 
     def sync(self) -> None:
@@ -442,6 +460,7 @@ def extract_corpus(
     counters: Counter[str] = Counter()
     drops: Counter[str] = Counter()
     failed: dict[str, str] = {}
+    parse_failed: dict[str, ParseFailure] = {}
     truncated: set[str] = set()
     buffer: list[KI] = []
     pending: list[DocExtraction] = []  # ok docs whose KIs are in ``buffer``
@@ -489,7 +508,9 @@ def extract_corpus(
                 flush()
         else:
             failed[res.docid] = res.error
-            writer.write(res.docid, "failed", 0, res.error, raw=res.raw)
+            if res.parse_failure is not None:
+                parse_failed[res.docid] = res.parse_failure
+            writer.write(res.docid, "failed", 0, res.error, raw=res.raw, parse_failure=res.parse_failure)
             writer.sync()
         if on_result is not None:
             on_result(res)
@@ -556,6 +577,7 @@ def extract_corpus(
         counters=dict(counters),
         tokens=_ledger_totals(ledger, marker),
         failed=failed,
+        parse_failed=parse_failed,
         truncated=tuple(sorted(truncated)),
         prompt_version=extractor.prompt_version,
         wall_s=time.monotonic() - started,
