@@ -52,12 +52,12 @@ if [ -f "$CONSTRAINTS" ]; then CFLAGS=(-c "$CONSTRAINTS"); else
   echo "scripts/demo.sh: no $CONSTRAINTS; installing the newest versions pyproject.toml allows" >&2
 fi
 LOG=$(mktemp)
-if ! .venv/bin/python -m pip install -q "${CFLAGS[@]}" -e '.[server]' >"$LOG" 2>&1; then
+if ! .venv/bin/python -m pip install -q "${CFLAGS[@]}" -e '.[server,local]' >"$LOG" 2>&1; then
   grep -v '^WARNING: Location' "$LOG" >&2; rm -f "$LOG"; exit 1
 fi
 rm -f "$LOG"
 if [ "$REPLAY" = 1 ]; then
-  # a replay answers every LLM call from the recording: no llama-server build, no model download
+  # a replay answers every LLM call from the recording: no model download
   echo "scripts/demo.sh: --replay given: skipping the local model install (scripts/install_local_model.sh)"
 else
   PATH="$PWD/.venv/bin:$PATH" bash scripts/install_local_model.sh

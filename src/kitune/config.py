@@ -164,12 +164,14 @@ class LocalModelConfig(_Section):
     n_threads: int | None = Field(default=None, ge=1, description="CPU threads; None: all cores.")
     port: int = Field(default=0, ge=0, le=65535, description="Port on 127.0.0.1; 0 picks a free one.")
     startup_timeout_s: float = Field(default=180.0, gt=0, description="How long to wait for the server.")
-    server: Literal["llama-server", "llama-cpp-python"] = Field(
-        default="llama-server",
-        description="Which llama.cpp server serves the model: 'llama-server' (llama.cpp's own HTTP server, "
-        "built from the pinned llama.cpp source by scripts/install_local_model.sh: `parallel` slots decoded "
-        "together with continuous batching) or 'llama-cpp-python' (python -m llama_cpp.server: one "
-        "request at a time; the fallback, installed with `install_local_model.sh --python-server`).",
+    server: Literal["auto", "llama-server", "xllamacpp", "llama-cpp-python"] = Field(
+        default="auto",
+        description="Which llama.cpp runtime serves the model (kitune.localmodel.runtimes): 'auto' (the "
+        "fastest present: a native llama-server compiled for this CPU by `kitune lm build`, else the "
+        "prebuilt xllamacpp wheel of the `local` extra; nothing is compiled unless asked), 'llama-server' "
+        "(the native build only), 'xllamacpp' (the wheel only) or 'llama-cpp-python' (python -m "
+        "llama_cpp.server: one request at a time; installed with `install_local_model.sh --python-server`). "
+        "All but llama-cpp-python decode `parallel` slots together with continuous batching.",
     )
     parallel: int = Field(
         default=4,
@@ -182,17 +184,19 @@ class LocalModelConfig(_Section):
     )
     server_path: Path | None = Field(
         default=None,
-        description="The llama-server executable; default: $KITUNE_LLAMA_SERVER, else the one "
-        "install_local_model.sh put beside the Python interpreter, else `llama-server` on PATH.",
+        description="The native llama-server executable; default: $KITUNE_LLAMA_SERVER, else the newest "
+        "build `kitune lm build` cached for this CPU, else one beside the Python interpreter, else "
+        "`llama-server` on PATH.",
     )
 
     @property
     def slots(self) -> int:
         """Requests the server decodes at once (>= 1).
 
-        ``parallel`` for llama-server, 1 for llama-cpp-python (one request at a time).
+        ``parallel`` for llama-server and xllamacpp (``auto`` picks one of them), 1 for
+        llama-cpp-python (one request at a time).
         """
-        return self.parallel if self.server == "llama-server" else 1
+        return 1 if self.server == "llama-cpp-python" else self.parallel
 
 
 class LMConfig(_Section):

@@ -69,7 +69,7 @@ def _executable(path: Path) -> Path:
     return path
 
 
-def test_find_llama_server_order_config_then_env_then_beside_python_then_path(
+def test_find_llama_server_order_config_then_env_then_cache_then_beside_python_then_path(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     configured = _executable(tmp_path / "configured")
@@ -79,6 +79,7 @@ def test_find_llama_server_order_config_then_env_then_beside_python_then_path(
     on_path = _executable(bindir / "llama-server")
     monkeypatch.setenv(LLAMA_SERVER_ENV, str(from_env))
     monkeypatch.setenv("PATH", str(bindir))
+    monkeypatch.setenv("KITUNE_CACHE", str(tmp_path / "cache"))
     fake_python = tmp_path / "venv" / "python"
     fake_python.parent.mkdir()
     monkeypatch.setattr(sys, "executable", str(fake_python))
@@ -89,20 +90,24 @@ def test_find_llama_server_order_config_then_env_then_beside_python_then_path(
     assert find_llama_server(LocalModelConfig()) == on_path
     beside = _executable(fake_python.parent / "llama-server")
     assert find_llama_server(LocalModelConfig()) == beside
+    cached_dir = tmp_path / "cache" / "bin" / "abc123"
+    cached_dir.mkdir(parents=True)
+    cached = _executable(cached_dir / "llama-server")
+    (cached_dir / "build.json").write_text('{"cpu_flags": []}', encoding="utf-8")
+    assert find_llama_server(LocalModelConfig()) == cached
 
 
-def test_missing_llama_server_names_the_install_command_and_the_fallback(
+def test_missing_llama_server_is_none_and_a_bad_named_path_names_the_build_command(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv(LLAMA_SERVER_ENV, raising=False)
     monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("KITUNE_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
-    hint = r"bash scripts/install_local_model.sh.*lm.local.server: llama-cpp-python"
-    with pytest.raises(ConfigError, match=hint):
-        find_llama_server(LocalModelConfig())
+    assert find_llama_server(LocalModelConfig()) is None
     not_exec = tmp_path / "plain"
     not_exec.write_text("", encoding="utf-8")
-    with pytest.raises(ConfigError, match=r"is not an executable file"):
+    with pytest.raises(ConfigError, match=r"is not an executable file.*kitune lm build"):
         find_llama_server(LocalModelConfig(server_path=not_exec))
 
 
@@ -167,14 +172,16 @@ def test_start_waits_for_health_while_the_model_loads(tmp_path: Path) -> None:
 
 
 def test_from_config_selects_the_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kitune.localmodel import runtimes
     from kitune.localmodel import server as server_mod
 
     monkeypatch.setattr(server_mod, "ensure_gguf", lambda cfg: tmp_path / "m.gguf")
-    monkeypatch.setattr(server_mod, "check_server_installed", lambda: None)
+    monkeypatch.setattr(runtimes, "_llama_cpp_python_installed", lambda: True)
     monkeypatch.setattr(server_mod, "cache_dir", lambda: tmp_path)
     binary = _executable(tmp_path / "llama-server")
     srv = LocalModelServer.from_config(LocalModelConfig(server_path=binary, parallel=3, port=4242))
     assert srv.command[4] == str(binary) and srv.ready_path == "/health" and srv.slots == 3
+    assert srv.runtime is not None and srv.runtime.name == "llama-server"
     assert srv.log_path == tmp_path / "logs" / "llama-server-qwen2.5-coder-1.5b-4242.log"
     old = LocalModelServer.from_config(LocalModelConfig(server="llama-cpp-python", parallel=3, port=4242))
     assert "llama_cpp.server" in old.command and old.ready_path == "/v1/models" and old.slots == 1

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import kitune.localmodel as localmodel
-from kitune.localmodel import LocalModelServer, find_free_port, gguf, server, weights
+from kitune.localmodel import LocalModelServer, find_free_port, gguf, runtimes, server, weights
 from localmodel_tests.helpers import fake_command
 
 
@@ -28,15 +28,29 @@ def test_package_re_exports_each_name_from_its_module() -> None:
             "ensure_gguf",
             "is_model_installed",
         ],
-        server: [
+        runtimes: [
+            "BUILD_HINT",
             "LLAMA_SERVER_ENV",
+            "WHEEL_CPU_FLAGS",
+            "WHEEL_PACKAGE",
+            "Runtime",
+            "build_native_server",
+            "build_script",
+            "check_wheel_cpu",
+            "choose_runtime",
+            "cpu_flags",
+            "find_llama_server",
+            "find_native_build",
+            "wheel_version",
+        ],
+        server: [
             "LOCAL_API_KEY",
             "LocalModelServer",
             "build_llama_server_command",
             "build_server_command",
             "build_server_env",
+            "build_xllamacpp_command",
             "find_free_port",
-            "find_llama_server",
             "get_local_server",
             "guarded_exec_command",
             "guarded_module_command",
@@ -79,6 +93,7 @@ def test_importing_the_package_registers_no_exit_hook() -> None:
     assert got["modules"] == [
         "kitune.localmodel",
         "kitune.localmodel.gguf",
+        "kitune.localmodel.runtimes",
         "kitune.localmodel.server",
         "kitune.localmodel.weights",
     ]  # the spy watched the import of the module that owns the hook

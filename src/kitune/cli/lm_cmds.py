@@ -1,7 +1,8 @@
 """``kitune lm``: check LLM access and the embedded local model.
 
 ``smoke`` makes one real call through the LM layer and prints the token ledger; ``models``
-lists the packaged local models; ``bench`` measures a local model's speed and JSON
+lists the packaged local models and the runtime that would serve them; ``build`` compiles
+llama-server for this CPU into the cache (only when asked); ``bench`` measures a local model's speed and JSON
 fact-extraction quality on real documents (numbers for docs/local-model.md).
 """
 
@@ -93,7 +94,7 @@ def smoke(
 def models() -> None:
     """List the packaged local models, whether each is installed and assembled, and the default."""
     from kitune.config import LocalModelConfig
-    from kitune.localmodel import PACKAGED_MODELS, cache_dir, check_server_installed, is_model_installed
+    from kitune.localmodel import PACKAGED_MODELS, cache_dir, choose_runtime, is_model_installed
 
     default = LocalModelConfig().model
     table = Table(title="packaged local models")
@@ -114,10 +115,39 @@ def models() -> None:
     out.print(table)
     out.print("install one: bash scripts/install_local_model.sh --model NAME", highlight=False)
     try:
-        check_server_installed()
-        out.print("llama-cpp-python server: installed")
+        runtime = choose_runtime(LocalModelConfig())
+        out.print(f"runtime: {runtime.name} ({runtime.reason})", highlight=False)
     except KituneError as e:
-        out.print(f"llama-cpp-python server: [red]missing[/] ({e})")
+        out.print(f"runtime: [red]none[/] ({e})", highlight=False)
+
+
+@lm_app.command("build")
+def build(
+    rebuild: Annotated[
+        bool, typer.Option("--rebuild", help="Compile again even if a build is cached.")
+    ] = False,
+) -> None:
+    """Compile llama.cpp's llama-server for this CPU once, into the cache (about 8 min on 2 cores).
+
+    Nothing else compiles: a first run serves the model from the prebuilt xllamacpp wheel. Build
+    where it pays: on an AVX-512 CPU the native build reads prompts faster (docs/local-model.md has
+    the measured rates); the launcher (lm.local.server: auto) then uses it and logs why. Needs
+    cmake and a C++17 compiler.
+
+    Examples::
+
+        kitune lm build
+        kitune lm build --rebuild
+    """
+    from kitune.localmodel import build_native_server
+
+    try:
+        binary = build_native_server(rebuild=rebuild)
+    except KituneError as e:
+        fail_with(e)
+    out.print(
+        f"llama-server for this CPU: {binary} (lm.local.server: auto now serves with it)", highlight=False
+    )
 
 
 # --- bench -------------------------------------------------------------------------------------

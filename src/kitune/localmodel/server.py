@@ -1,18 +1,20 @@
 """The llama.cpp server process: command line, start/wait/stop, one shared server per process.
 
-Two servers can serve the GGUF (``lm.local.server``), both as a child process on
-``127.0.0.1`` reached through LiteLLM as ``openai/<alias>`` with api_key :data:`LOCAL_API_KEY`:
+Three runtimes can serve the GGUF (:mod:`kitune.localmodel.runtimes` picks one, ``lm.local.server``,
+default ``auto``: the fastest present), each as a child process on ``127.0.0.1`` reached through
+LiteLLM as ``openai/<alias>`` with api_key :data:`LOCAL_API_KEY`, with the same port, ``/health``
+check, log file and shutdown:
 
-* ``llama-server`` (default): llama.cpp's own HTTP server, built from the llama.cpp source that
-  the pinned llama-cpp-python release vendors (``scripts/install_local_model.sh``). It decodes
-  ``lm.local.parallel`` requests together (continuous batching: a new request joins the running
-  batch at the next token), each slot with ``lm.local.n_ctx`` tokens of context and its own
-  prompt cache. On a CPU, decoding is memory-bound, so one batched step costs about what one
-  sequence's step costs and aggregate throughput grows with the slots in use
-  (``benchmarks/local_throughput.py`` measures it).
-* ``llama-cpp-python``: ``python -m llama_cpp.server``, one request at a time (the fallback).
+* ``llama-server``: llama.cpp's own HTTP server compiled for this CPU (``kitune lm build``). It
+  decodes ``lm.local.parallel`` requests together (continuous batching: a new request joins the
+  running batch at the next token), each slot with ``lm.local.n_ctx`` tokens of context and its
+  own prompt cache. On a CPU, decoding is memory-bound, so one batched step costs about what one
+  sequence's step costs and aggregate throughput grows with the slots in use.
+* ``xllamacpp``: the same server from the prebuilt wheel (:mod:`kitune.localmodel.xllamacpp_main`),
+  the same parameters; what a first run uses (nothing compiled).
+* ``llama-cpp-python``: ``python -m llama_cpp.server``, one request at a time (the old fallback).
 
-Both run with ``OMP_WAIT_POLICY=PASSIVE``: with another busy process on a 2-core machine,
+All run with ``OMP_WAIT_POLICY=PASSIVE``: with another busy process on a 2-core machine,
 spinning OpenMP threads otherwise drop generation from ~10 to ~3 tokens/s. Every started server
 is stopped at interpreter exit by an :mod:`atexit` hook registered when the first server starts
 (importing this module registers nothing); a child whose parent is killed outright exits by
@@ -23,8 +25,8 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -38,26 +40,24 @@ from types import TracebackType
 
 from kitune.config import LocalModelConfig
 from kitune.errors import ConfigError, LMConnectionError
-from kitune.localmodel.gguf import INSTALL_HINT
-from kitune.localmodel.weights import cache_dir, check_server_installed, ensure_gguf
-
-LLAMA_SERVER_ENV = "KITUNE_LLAMA_SERVER"
-"""Environment variable naming the llama-server executable (overrides the default search)."""
+from kitune.localmodel.runtimes import BUILD_HINT, Runtime, choose_runtime
+from kitune.localmodel.weights import cache_dir, ensure_gguf
 
 __all__ = [
-    "LLAMA_SERVER_ENV",
     "LOCAL_API_KEY",
     "LocalModelServer",
     "build_llama_server_command",
     "build_server_command",
     "build_server_env",
+    "build_xllamacpp_command",
     "find_free_port",
-    "find_llama_server",
     "get_local_server",
     "guarded_exec_command",
     "guarded_module_command",
     "stop_local_server",
 ]
+
+logger = logging.getLogger("kitune.localmodel")
 
 LOCAL_API_KEY = "sk-local"
 """The API key LiteLLM sends to the local server (which checks none)."""
@@ -142,42 +142,6 @@ def guarded_exec_command(argv: Sequence[str]) -> list[str]:
     return [sys.executable, "-c", _EXEC_GUARD, str(os.getpid()), *argv]
 
 
-def find_llama_server(cfg: LocalModelConfig) -> Path:
-    """Return the llama-server executable for ``cfg``.
-
-    Search order: ``lm.local.server_path``; ``$KITUNE_LLAMA_SERVER``; ``llama-server`` beside the
-    running Python interpreter (where ``scripts/install_local_model.sh`` puts it, e.g.
-    ``.venv/bin``); ``llama-server`` on ``PATH``.
-
-    Raises:
-        ConfigError: none found, or the named file is not an executable; the message names the
-            install command and the fallback server.
-    """
-    from_env = os.environ.get(LLAMA_SERVER_ENV)
-    named = cfg.server_path or (Path(from_env) if from_env else None)
-    if named is not None:
-        if named.is_file() and os.access(named, os.X_OK):
-            return named
-        raise ConfigError(
-            f"llama-server {named} (from lm.local.server_path or ${LLAMA_SERVER_ENV}) "
-            "is not an executable file: "
-            f"fix the path, or run `{INSTALL_HINT}` to build it"
-        )
-    beside = Path(sys.executable).parent / "llama-server"
-    if beside.is_file() and os.access(beside, os.X_OK):
-        return beside
-    on_path = shutil.which("llama-server")
-    if on_path:
-        return Path(on_path)
-    raise ConfigError(
-        "the embedded local model's default server, llama.cpp's llama-server, is not installed: run "
-        f"`{INSTALL_HINT}` in kitune's environment (it builds llama-server from the pinned llama.cpp "
-        "source), "
-        f"set ${LLAMA_SERVER_ENV} to an existing build, or select the fallback with lm.local.server: "
-        "llama-cpp-python"
-    )
-
-
 def build_llama_server_command(
     cfg: LocalModelConfig, gguf: Path, *, port: int, alias: str, binary: Path
 ) -> list[str]:
@@ -193,7 +157,7 @@ def build_llama_server_command(
         gguf: the model file.
         port: a TCP port (1–65535).
         alias: the model name clients send (``openai/<alias>`` in LiteLLM).
-        binary: the llama-server executable (:func:`find_llama_server`).
+        binary: the llama-server executable (:func:`kitune.localmodel.runtimes.find_llama_server`).
     """
     threads = str(_threads(cfg))
     argv = [
@@ -214,6 +178,33 @@ def build_llama_server_command(
         "--no-webui",
     ]  # fmt: skip
     return guarded_exec_command(argv)
+
+
+def build_xllamacpp_command(cfg: LocalModelConfig, gguf: Path, *, port: int, alias: str) -> list[str]:
+    """Return the argv that serves ``gguf`` with the prebuilt xllamacpp wheel on ``127.0.0.1:port``.
+
+    The same server parameters as :func:`build_llama_server_command` (``parallel`` slots of
+    ``n_ctx`` tokens each, no unified KV cache, continuous batching, prompt cache, 2 GiB of
+    host-RAM prompt cache, jinja chat template, no web UI), run by
+    :mod:`kitune.localmodel.xllamacpp_main` under :func:`guarded_module_command`.
+
+    Args:
+        cfg: the ``lm.local`` section (``n_ctx``, ``n_threads``, ``parallel``).
+        gguf: the model file.
+        port: a TCP port (1–65535).
+        alias: the model name clients send (``openai/<alias>`` in LiteLLM).
+    """
+    args = [
+        "--model", str(gguf),
+        "--alias", alias,
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--ctx-size", str(cfg.n_ctx * cfg.parallel),
+        "--parallel", str(cfg.parallel),
+        "--threads", str(_threads(cfg)),
+        "--cache-ram", "2048",
+    ]  # fmt: skip
+    return guarded_module_command("kitune.localmodel.xllamacpp_main", args)
 
 
 def build_server_command(cfg: LocalModelConfig, gguf: Path, *, port: int, alias: str) -> list[str]:
@@ -272,6 +263,7 @@ class LocalModelServer:
         stop_timeout_s: float = 10.0,
         ready_path: str = "/v1/models",
         slots: int = 1,
+        runtime: Runtime | None = None,
     ) -> None:
         """Prepare (not start) a server.
 
@@ -287,6 +279,7 @@ class LocalModelServer:
                 answers 503 while loading; ``/v1/models`` for llama-cpp-python).
             slots: requests the server decodes at once (>= 1); what callers size their
                 concurrency to.
+            runtime: which runtime this is and why (logged at start); None for a hand-made command.
         """
         if not 0 < port < 65536:
             raise ValueError(f"port must be 1-65535, got {port}")
@@ -301,25 +294,29 @@ class LocalModelServer:
             raise ValueError(f"slots must be >= 1, got {slots}")
         self.ready_path = ready_path if ready_path.startswith("/") else f"/{ready_path}"
         self.slots = slots
+        self.runtime = runtime
         self._proc: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
 
     @classmethod
     def from_config(cls, cfg: LocalModelConfig) -> LocalModelServer:
-        """Build (not start) the server for ``cfg``: assemble/verify the GGUF, pick the port.
+        """Build (not start) the server for ``cfg``: runtime, assembled/verified GGUF, port.
 
         Raises:
-            ConfigError: llama-cpp-python or the model packages are missing, or the GGUF is bad.
+            ConfigError: no runtime can serve (see :func:`kitune.localmodel.runtimes.choose_runtime`),
+                the model packages are missing, or the GGUF is bad.
         """
-        binary = find_llama_server(cfg) if cfg.server == "llama-server" else None
-        if binary is None:
-            check_server_installed()
+        runtime = choose_runtime(cfg)
         gguf = ensure_gguf(cfg)
         alias = cfg.model if cfg.gguf_path is None else gguf.stem
         port = cfg.port or find_free_port()
-        log = cache_dir() / "logs" / f"{cfg.server}-{alias}-{port}.log"
-        if binary is not None:
-            command = build_llama_server_command(cfg, gguf, port=port, alias=alias, binary=binary)
+        log = cache_dir() / "logs" / f"{runtime.name}-{alias}-{port}.log"
+        if runtime.name == "llama-server":
+            assert runtime.binary is not None
+            command = build_llama_server_command(cfg, gguf, port=port, alias=alias, binary=runtime.binary)
+            ready_path = "/health"
+        elif runtime.name == "xllamacpp":
+            command = build_xllamacpp_command(cfg, gguf, port=port, alias=alias)
             ready_path = "/health"
         else:
             command = build_server_command(cfg, gguf, port=port, alias=alias)
@@ -332,6 +329,7 @@ class LocalModelServer:
             startup_timeout_s=cfg.startup_timeout_s,
             ready_path=ready_path,
             slots=cfg.slots,
+            runtime=runtime,
         )
 
     @property
@@ -381,6 +379,13 @@ class LocalModelServer:
             if self.is_running():
                 return self
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            if self.runtime is not None:
+                logger.info(
+                    "local model runtime: %s (%s); log %s",
+                    self.runtime.name,
+                    self.runtime.reason,
+                    self.log_path,
+                )
             _register_stop_hook()  # before the child exists, so no window leaves it unstopped at exit
             with self.log_path.open("ab") as log:
                 self._proc = subprocess.Popen(
@@ -399,8 +404,8 @@ class LocalModelServer:
                     self._proc = None
                     raise LMConnectionError(
                         f"local model server exited with code {code} during start-up (log {self.log_path}): "
-                        f"{self._log_tail()!r}. If the log shows 'Illegal instruction', rebuild with "
-                        f"`{INSTALL_HINT} --rebuild`",
+                        f"{self._log_tail()!r}. If the log shows 'Illegal instruction', the runtime was "
+                        f"built for another CPU: compile one for this CPU with `{BUILD_HINT} --rebuild`",
                         model=self.litellm_model,
                         api_base=self.api_base,
                     )
