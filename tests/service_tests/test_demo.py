@@ -101,9 +101,12 @@ def test_demo_names_the_documents_that_failed_to_extract(tmp_path: Path) -> None
     assert '"docid": "d2", "status": "failed"' in state and "did not answer within timeout_s=120" in state
 
 
-def test_demo_defaults_point_into_the_repository() -> None:
-    assert default_demo_config().name == "demo.yaml" and default_demo_config().is_file()
-    assert default_fixture().parts[-3:] == ("shared", "data", "fixture")
+def test_demo_defaults_point_into_the_package() -> None:
+    assert (
+        default_demo_config().parts[-3:] == ("kitune", "resources", "demo.yaml")
+        and default_demo_config().is_file()
+    )
+    assert default_fixture().parts[-3:] == ("kitune", "resources", "fixture")
 
 
 @pytest.mark.slow

@@ -609,11 +609,12 @@ def _demo_table(summaries: Sequence[Any], grader: str) -> Table:
 @with_recording
 def demo_cmd(
     data: Annotated[
-        Path | None, typer.Option("--data", "-d", help="Dataset folder (default: ../shared/data/fixture).")
+        Path | None,
+        typer.Option("--data", "-d", help="Dataset folder (default: the fixture packaged with kitune)."),
     ] = None,
     config: Annotated[
         Path | None,
-        typer.Option("--config", "-c", help="Config file (default: configs/experiments/demo.yaml)."),
+        typer.Option("--config", "-c", help="Config file (default: the demo.yaml packaged with kitune)."),
     ] = None,
     questions: Annotated[int, typer.Option("--questions", "-n", min=2, help="Questions in the slice.")] = 4,
     distractors: Annotated[int, typer.Option(min=0, help="Extra non-evidence documents.")] = 2,
@@ -635,11 +636,21 @@ def demo_cmd(
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help=PROGRESS_HELP)] = True,
     record: RecordOption = None,
     replay: ReplayOption = None,
+    print_fixture: Annotated[
+        bool, typer.Option("--print-fixture", help="Print the packaged fixture's folder and exit.")
+    ] = False,
+    print_config: Annotated[
+        bool, typer.Option("--print-config", help="Print the packaged demo.yaml's path and exit.")
+    ] = False,
 ) -> None:
     """The main job: extract KIs, compare baseline / in-context / in-context + disambiguation, optimise once.
 
     Uses the embedded local model and the embedded store unless the config names others.
     Everything lands in <workdir>/demo; rerunning the command resumes.
+
+    The data (24 fixture questions, MuSiQue CC BY 4.0 / HotpotQA CC BY-SA 4.0) and the config ship
+    inside the package: nothing beside the checkout is needed. Other commands reach them with
+    --data "$(kitune demo --print-fixture)" -c "$(kitune demo --print-config)".
 
     Examples:
     kitune demo
@@ -650,9 +661,16 @@ def demo_cmd(
     from kitune.service.workflows.demo import (
         DemoOptions,
         default_demo_config,
+        default_fixture,
         failed_documents_line,
         run_demo,
     )
+
+    if print_fixture or print_config:
+        for wanted, where in ((print_config, default_demo_config()), (print_fixture, default_fixture())):
+            if wanted:
+                typer.echo(str(where))
+        return
 
     started = time.monotonic()
     path = config if config is not None else default_demo_config()

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import kitune.lm
 import kitune.retrieval
 from kitune.config import KituneConfig
+from kitune.data.bundled import missing_data_message
 from kitune.data.checksum import dataset_checksum
 from kitune.data.examples import Split, select_split, slice_questions
 from kitune.data.loaders import Question, load_corpus, load_questions
@@ -244,10 +245,7 @@ def run_eval(
         )
     data = Path(data_dir)
     if not data.exists():
-        raise DataError(
-            f"data path {data} does not exist: pass --data DIR with corpus.jsonl and questions",
-            path=str(data),
-        )
+        raise DataError(missing_data_message(data), path=str(data))
     questions = _questions(data, Path(questions_path) if questions_path else None, split, limit, cfg)
     if not questions:
         raise DataError(f"no questions selected from {data} (split={split}, limit={limit})", path=str(data))

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kitune.data.bundled import missing_data_message
 from kitune.data.examples import split_questions
 from kitune.data.loaders import Question, load_corpus, load_questions
 from kitune.errors import DataError
@@ -334,7 +335,7 @@ def load_slice(cfg: KituneConfig, opts: OptimizeOptions) -> tuple[list[Question]
     """
     data = Path(opts.data_dir)
     if not data.exists():
-        raise DataError(f"data path {data} does not exist: pass --data DIR", path=str(data))
+        raise DataError(missing_data_message(data), path=str(data))
     questions = sample_questions(load_questions(data), opts.questions, opts.sample_seed)
     if len(questions) < 2:
         raise DataError(

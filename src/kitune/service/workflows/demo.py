@@ -2,8 +2,9 @@
 
 Steps (everything under ``<workdir>/demo/``, resumable: a rerun reuses finished work):
 
-1. load the first ``--questions`` questions of the fixture (``../shared/data/fixture`` next to
-   the repository, or ``--data``), their evidence documents and ``--distractors`` others;
+1. load the first ``--questions`` questions of the fixture (the one that ships inside the
+   package, :func:`kitune.data.bundled.packaged_fixture`, or ``--data``), their evidence
+   documents and ``--distractors`` others;
 2. **extract** KIs from those documents into the embedded store;
 3. evaluate the **baseline** (search-and-fetch over the same documents), **in-context**
    (``get_context`` over KIs, disambiguation KIs hidden);
@@ -31,9 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import kitune
 import kitune.retrieval
 from kitune.config import KituneConfig, with_overrides
+from kitune.data.bundled import packaged_demo_config, packaged_fixture
 from kitune.data.checksum import dataset_checksum
 from kitune.evaluation.agent import Agent
 from kitune.evaluation.budget import Budget
@@ -63,17 +64,15 @@ if TYPE_CHECKING:
 
 __all__ = ["DemoOptions", "DemoResult", "default_demo_config", "default_fixture", "run_demo"]
 
-REPO = Path(kitune.__file__).resolve().parents[2]
-
 
 def default_fixture() -> Path:
-    """``../shared/data/fixture`` next to the repository."""
-    return (REPO / ".." / "shared" / "data" / "fixture").resolve()
+    """The fixture that ships inside the package (``kitune/resources/fixture``; no ``../shared`` needed)."""
+    return packaged_fixture()
 
 
 def default_demo_config() -> Path:
-    """``configs/experiments/demo.yaml`` in the repository."""
-    return REPO / "configs" / "experiments" / "demo.yaml"
+    """The demo's ``demo.yaml`` inside the package (``configs/experiments/demo.yaml`` links to it)."""
+    return packaged_demo_config()
 
 
 @dataclass(frozen=True)
