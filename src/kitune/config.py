@@ -541,7 +541,8 @@ class OptimizeConfig(_Section):
         ge=512,
         description="The reflection model's context window in tokens (reflection prompts are sized to it). "
         "None: the embedded model's n_ctx, LiteLLM's model table, else what the server reports (/props, "
-        "/models).",
+        "/models); when nothing reports it, 8192 (kitune.optimizers.gepa.DEFAULT_REFLECTION_CONTEXT_TOKENS). "
+        "A context-overflow error halves the reflection prompt for the retry and every later call.",
     )
     accept_margin: float = Field(
         default=0.0,

@@ -271,3 +271,70 @@ def test_the_token_cap_on_the_ledger_stops_gepa() -> None:
     assert result.metric_calls == 8 and result.improved
     with pytest.raises(ConfigError, match="needs the token ledger"):
         make_gepa(metric, reflection_lm=reflection_lm(), budget=budget, rng=random.Random(1))
+
+
+# --- issue 40: the metric's return type, an unknown reflection window, a context overflow -------
+
+
+def test_a_dict_returning_metric_is_refused_when_gepa_starts_naming_the_type() -> None:
+    examples = _examples()
+
+    def as_dict(gold, pred, trace=None, pred_name=None, pred_trace=None):  # type: ignore[no-untyped-def]
+        return {"score": 1.0, "feedback": "fine"}
+
+    task_lm, refl = RuleLM(extractor_rule), reflection_lm()
+    opt = GepaOptimizer(as_dict, reflection_lm=refl, max_metric_calls=12)
+    with dspy.context(lm=task_lm), pytest.raises(ConfigError) as err:
+        opt.compile(FactExtractor("Extract facts."), trainset=examples[:2], valset=examples[2:])
+    assert str(err.value).startswith(
+        "GEPA metric as_dict returned dict ({'score': 1.0, 'feedback': 'fine'}) on the first validation "
+        "example: a metric returns a float (or int/bool) or dspy.Prediction(score=<float>, feedback=<str>)"
+    )
+    assert task_lm.calls == 1 and refl.calls == 0  # one scripted program call, no budget spent
+
+
+def test_a_prediction_with_a_numeric_score_passes_the_start_check() -> None:
+    from kitune.optimizers.base import check_metric_returns
+
+    example = _examples()[0]
+    with dspy.context(lm=RuleLM(extractor_rule)):
+        assert check_metric_returns(
+            "GEPA", extractor_metric, FactExtractor("Extract facts."), example, arguments=5
+        )
+        with pytest.raises(ConfigError, match=r"returned Prediction \(Prediction\(\s*score='high'"):
+            check_metric_returns(
+                "GEPA",
+                lambda g, p, t, n, pt: dspy.Prediction(score="high", feedback="f"),
+                FactExtractor("Extract facts."),
+                example,
+                arguments=5,
+            )
+
+
+def test_an_unknown_window_is_bounded_and_an_overflow_shrinks_the_next_prompt() -> None:
+    from kitune.errors import LMContextWindowError
+    from kitune.optimizers.gepa import DEFAULT_REFLECTION_CONTEXT_TOKENS, SizedInstructionProposer
+
+    seen: list[int] = []
+
+    def small_window(system: str, user: str) -> dict[str, object]:
+        seen.append(len(user))
+        if len(user) > 5_000:  # the provider's real limit, unknown to kitune
+            raise LMContextWindowError("the prompt does not fit m's context window", model="m")
+        return {"new_instruction": "Extract every fact, with DATES of every event."}
+
+    examples = [{"Inputs": {"text": "x" * 5000}, "Generated Outputs": "y", "Feedback": "z"}] * 10
+    proposer = SizedInstructionProposer(context_tokens=None, reply_tokens=1024)
+    assert (proposer.window_known, proposer.context_tokens) == (False, DEFAULT_REFLECTION_CONTEXT_TOKENS)
+    assert proposer.prompt_tokens == 8192 - 1024 - 400
+    with dspy.context(lm=RuleLM(small_window, json=True)):
+        with pytest.raises(Exception) as err:  # step 1: overflow, retried at half, overflow: skipped
+            proposer({"extract": "Extract facts."}, {"extract": examples}, ["extract"])
+        assert isinstance(err.value.__cause__, LMContextWindowError)  # DSPy wraps the LM's error
+        assert proposer.prompt_tokens == (8192 - 1024 - 400) // 4
+        proposed = proposer({"extract": "Extract facts."}, {"extract": examples}, ["extract"])  # step 2
+    assert proposed == {"extract": "Extract every fact, with DATES of every event."}
+    assert (proposer.calls, proposer.overflows, proposer.failures) == (3, 2, 1)
+    assert len(seen) == 3 and seen[0] > seen[1] > 5_000 > seen[2]
+    assert seen[0] < (8192 - 1024) * 4  # bounded although the examples hold over 50,000 characters
+    assert proposer.errors == ["LMUnexpectedError: [dummy] the prompt does not fit m's context window"]

@@ -23,6 +23,7 @@ __all__ = [
     "Optimizer",
     "apply_candidate",
     "check_metric",
+    "check_metric_returns",
     "compile_copy",
     "get_candidate",
     "require_reflection_lm",
@@ -213,6 +214,59 @@ def check_metric(label: str, metric: Callable[..., Any], signature: str) -> None
             f"takes {signature} and returns a float or dspy.Prediction(score=..., feedback=...); give "
             "the extra parameters defaults (e.g. trace=None) if it does not need them"
         ) from e
+
+
+def _score_of(value: Any) -> Any:
+    """The score a metric's return value carries, or None when it carries none a number can be."""
+    if isinstance(value, bool | int | float):
+        return value
+    if isinstance(value, Mapping) and not hasattr(value, "score"):
+        return None  # a dict is not a score object: DSPy reads ``.score`` / ``["score"]`` of a Prediction
+    score = getattr(value, "score", None)
+    return score if isinstance(score, bool | int | float) else None
+
+
+def check_metric_returns(
+    label: str, metric: Callable[..., Any], program: Any, example: Any, *, arguments: int
+) -> bool:
+    """Call ``metric`` once on ``program``'s prediction for ``example`` and check what it returns.
+
+    Run when an optimiser starts, before it spends any budget: a metric that returns the wrong
+    type (a dict, a string, a Prediction without a numeric ``score``) would otherwise fail deep
+    inside the optimiser with a bare ``TypeError``, or be counted as a failed example.
+
+    Args:
+        label: the optimiser as the message names it (``"GEPA"``).
+        metric: the metric, called as ``metric(example, prediction, None, …)`` with ``arguments``
+            positional arguments (the trailing ones None: a module-level call).
+        program: the DSPy program (run once on ``example``'s inputs, on a deep copy).
+        example: one ``dspy.Example`` with inputs set (the optimiser's first validation example).
+        arguments: how many positional arguments the optimiser passes (GEPA 5, MIPROv2 3).
+
+    Returns:
+        True when the return was checked; False when the program itself raised on ``example``
+        (no prediction to score: the optimiser's own per-example failure handling applies).
+
+    Raises:
+        ConfigError: the metric returned something other than a number or an object with a numeric
+            ``score`` (``dspy.Prediction(score=..., feedback=...)``); the message names the type
+            and the value.
+    """
+    try:
+        prediction = copy.deepcopy(program)(**example.inputs())
+    except Exception:  # the program's failure is the optimiser's to count, not the metric's
+        return False
+    value = metric(example, prediction, *([None] * (arguments - 2)))
+    if _score_of(value) is None:
+        name = getattr(metric, "__name__", type(metric).__name__)
+        shown = repr(value)
+        shown = shown if len(shown) <= 120 else shown[:117] + "..."
+        raise ConfigError(
+            f"{label} metric {name} returned {type(value).__name__} ({shown}) on the first validation "
+            "example: a metric returns a float (or int/bool) or dspy.Prediction(score=<float>, "
+            "feedback=<str>); return the score, or wrap it as dspy.Prediction(score=..., feedback=...)"
+        )
+    return True
 
 
 def require_reflection_lm(label: str, lm: Any) -> Any:

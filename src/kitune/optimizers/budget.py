@@ -36,7 +36,7 @@ class OptimizerBudget:
     """Metric calls run in parallel (``num_threads``), ≥ 1."""
     reflection_context_tokens: int | None = None
     """The reflection model's context window in tokens (reflection prompts are sized to it);
-    None: unknown, no sizing."""
+    None: unknown, bounded by GEPA's ``DEFAULT_REFLECTION_CONTEXT_TOKENS`` (8192)."""
     reflection_max_tokens: int = 1024
     """The reflection reply's token cap (reserved when sizing), ≥ 1."""
     min_proposals: int = 1

@@ -31,8 +31,12 @@ perfectly …"``), read from gepa's own callbacks (:class:`ProposalLog`).
 ``InstructionProposer`` with two additions: before each reflection call it sizes the examples
 with feedback to the reflection model's context window (``context_tokens`` minus the reply's
 ``max_tokens``, tokens estimated at 4 characters each — long values are cut first, then whole
-examples dropped, the current instruction always kept), and it counts reflection calls and
-failures. A run in which every reflection call failed reports that as its ``stop_reason``
+examples dropped, the current instruction always kept; an unknown window is bounded by
+:data:`DEFAULT_REFLECTION_CONTEXT_TOKENS`, and a context-overflow error halves the prompt for the
+retry and every later call instead of failing the same way each step), and it counts reflection
+calls, failures and overflows. The metric's return type is checked once before GEPA starts (a
+dict or a string is a :class:`~kitune.errors.ConfigError` naming the type, not a ``TypeError``
+from inside GEPA). A run in which every reflection call failed reports that as its ``stop_reason``
 (``"every reflection call failed (3/3): …"``) instead of returning the baseline as if nothing
 better had been found.
 """
@@ -53,6 +57,7 @@ from kitune.optimizers.base import (
     CandidateScore,
     OptimizationResult,
     check_metric,
+    check_metric_returns,
     compile_copy,
     get_candidate,
     require_reflection_lm,
@@ -63,6 +68,7 @@ from kitune.optimizers.registry import register_optimizer
 from kitune.optimizers.stopping import MaxInputTokens, StopLog, StopperProtocol, TimeoutStopCondition, restart
 
 __all__ = [
+    "DEFAULT_REFLECTION_CONTEXT_TOKENS",
     "GEPA_METRIC_SIGNATURE",
     "GepaOptimizer",
     "ProposalLog",
@@ -82,6 +88,13 @@ CHARS_PER_TOKEN = 4
 
 PROMPT_OVERHEAD_TOKENS = 400
 """Tokens the proposer's own instructions and field markers take, reserved before the examples."""
+
+DEFAULT_REFLECTION_CONTEXT_TOKENS = 8192
+"""The reflection window assumed when nothing reports it (no ``optimize.reflection_context_tokens``,
+not the embedded model, not in LiteLLM's table, no server report): 8,192 tokens, the smallest
+window of the models kitune is run with (the embedded model's default ``n_ctx`` is 4,096 but is
+always known), so an unknown model still gets a bounded reflection prompt. A provider's
+context-overflow error then shrinks the prompt further (:class:`SizedInstructionProposer`)."""
 
 
 def proposal_cost(n_val: int, minibatch: int) -> int:
@@ -224,20 +237,63 @@ def fit_examples(examples: Sequence[Mapping[str, Any]], budget_chars: int) -> li
     return out
 
 
+_OVERFLOW_ERRORS = frozenset({"LMContextWindowError", "ContextWindowExceededError"})
+"""kitune's classified error (:class:`kitune.errors.LMContextWindowError`), and DSPy's and LiteLLM's
+``ContextWindowExceededError``, matched by class name so neither library is imported here."""
+
+
+def _is_context_overflow(error: BaseException) -> bool:
+    """True when ``error`` or an error it was raised from is a context-window error.
+
+    DSPy wraps an LM's own exception (``LMUnexpectedError`` raised *from* it), so the cause chain
+    is read too.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if {c.__name__ for c in type(current).__mro__} & _OVERFLOW_ERRORS:
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
 class SizedInstructionProposer(InstructionProposer):  # type: ignore[misc]
     """DSPy's ``InstructionProposer`` sized to the reflection model's window, counting failures.
 
+    Every reflection prompt is bounded: the examples get at most ``context_tokens`` minus
+    ``reply_tokens`` minus :data:`PROMPT_OVERHEAD_TOKENS` (the current instruction always kept),
+    with :data:`DEFAULT_REFLECTION_CONTEXT_TOKENS` when the window is unknown. When the reflection
+    call still fails with a context-overflow error (the estimate of 4 characters per token was
+    too generous, or the assumed window too large), the examples' budget is halved for this and
+    every later call and the call is made once more at the smaller size; overflowing again, the
+    budget is halved once more and the proposal is skipped (the error re-raised, counted as a
+    failure: GEPA goes on with its next iteration, which starts at the smaller size). At a budget
+    of 0 the prompt is the instruction and one example cut to 200 characters.
+
     Args:
-        context_tokens: the reflection model's context window in tokens (None: no sizing).
+        context_tokens: the reflection model's context window in tokens; None: unknown, bounded
+            by :data:`DEFAULT_REFLECTION_CONTEXT_TOKENS`.
         reply_tokens: tokens reserved for the reply (the reflection role's ``max_tokens``).
+
+    Attributes:
+        calls: reflection calls made (a retry after an overflow counts).
+        failures: proposals that failed (skipped by GEPA).
+        overflows: context-overflow errors seen; each halved :attr:`prompt_tokens`.
+        trimmed: calls whose examples were cut to fit.
+        prompt_tokens: the tokens the examples may take now.
+        window_known: False when the default bound is in use.
     """
 
     def __init__(self, *, context_tokens: int | None = None, reply_tokens: int = 1024) -> None:
         super().__init__()
-        self.context_tokens = context_tokens
+        self.window_known = context_tokens is not None
+        self.context_tokens = context_tokens or DEFAULT_REFLECTION_CONTEXT_TOKENS
         self.reply_tokens = reply_tokens
+        self.prompt_tokens = max(0, self.context_tokens - reply_tokens - PROMPT_OVERHEAD_TOKENS)
         self.calls = 0
         self.failures = 0
+        self.overflows = 0
         self.trimmed = 0
         self.errors: list[str] = []
 
@@ -254,29 +310,46 @@ class SizedInstructionProposer(InstructionProposer):  # type: ignore[misc]
         instead of spending metric calls on it, and it counts toward "every reflection reply was
         unusable".
         """
+        for attempt in range(2):
+            data = self._sized(candidate, reflective_dataset, components_to_update)
+            self.calls += 1
+            try:
+                proposed = dict(super().__call__(candidate, data, components_to_update))
+                for name, text in proposed.items():
+                    problem = cut_off(text)
+                    if problem:
+                        raise ValueError(f"unusable reflection reply for {name}: {problem}")
+                return proposed
+            except Exception as e:
+                overflow = _is_context_overflow(e)
+                if overflow:
+                    self.overflows += 1
+                    floor = self.prompt_tokens == 0
+                    self.prompt_tokens //= 2  # this call's retry and every later prompt
+                    if attempt == 0 and not floor:
+                        continue
+                self.failures += 1
+                self.errors.append(f"{type(e).__name__}: {e}"[:300])
+                raise
+        raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+
+    def _sized(
+        self,
+        candidate: dict[str, str],
+        reflective_dataset: Mapping[str, Sequence[Mapping[str, Any]]],
+        components_to_update: list[str],
+    ) -> dict[str, Sequence[Mapping[str, Any]]]:
+        """The examples cut to :attr:`prompt_tokens` (less the current instruction), per component."""
         data = dict(reflective_dataset)
-        if self.context_tokens:
-            for name in components_to_update:
-                if name not in data or name not in candidate:
-                    continue
-                free = self.context_tokens - self.reply_tokens - PROMPT_OVERHEAD_TOKENS
-                budget = max(0, free * CHARS_PER_TOKEN - len(candidate[name]))
-                fitted = fit_examples(data[name], budget)
-                if fitted != [dict(e) for e in data[name]]:
-                    self.trimmed += 1
-                data[name] = fitted
-        self.calls += 1
-        try:
-            proposed = dict(super().__call__(candidate, data, components_to_update))
-            for name, text in proposed.items():
-                problem = cut_off(text)
-                if problem:
-                    raise ValueError(f"unusable reflection reply for {name}: {problem}")
-            return proposed
-        except Exception as e:
-            self.failures += 1
-            self.errors.append(f"{type(e).__name__}: {e}"[:300])
-            raise
+        for name in components_to_update:
+            if name not in data or name not in candidate:
+                continue
+            budget = max(0, self.prompt_tokens * CHARS_PER_TOKEN - len(candidate[name]))
+            fitted = fit_examples(data[name], budget)
+            if fitted != [dict(e) for e in data[name]]:
+                self.trimmed += 1
+            data[name] = fitted
+        return data
 
     @property
     def all_failed(self) -> bool:
@@ -303,7 +376,8 @@ class GepaOptimizer:
         use_merge: let GEPA merge candidates.
         log_dir: GEPA's run directory (its own resume state); None: none.
         input_tokens: callable giving input tokens spent so far (reported in the result).
-        reflection_context_tokens: the reflection model's context window (None: no sizing).
+        reflection_context_tokens: the reflection model's context window (None: unknown, bounded by
+            :data:`DEFAULT_REFLECTION_CONTEXT_TOKENS`; see :class:`SizedInstructionProposer`).
         reflection_max_tokens: the reflection reply's token cap (reserved when sizing).
         min_proposals: ``compile`` refuses a budget that cannot start this many proposals, ≥ 1.
 
@@ -377,12 +451,19 @@ class GepaOptimizer:
     def compile(self, program: Any, *, trainset: Sequence[Any], valset: Sequence[Any]) -> OptimizationResult:
         """Run GEPA on ``program`` (a copy is returned; the input is unchanged).
 
+        Before GEPA starts, the program runs once on the first validation example and the metric
+        is called on it (:func:`~kitune.optimizers.base.check_metric_returns`; with a caching LM
+        the seed evaluation then reuses that call).
+
         Raises:
             OptimizationError: empty ``trainset``/``valset`` or GEPA failed to run.
-            ConfigError: the budget cannot start ``min_proposals`` proposals on these sets.
+            ConfigError: the budget cannot start ``min_proposals`` proposals on these sets, or the
+                metric returns neither a number nor an object with a numeric ``score`` (the message
+                names the type it returned).
         """
         require_sets("GEPA", trainset, valset)
         budget = self.budget_for(len(valset))
+        check_metric_returns("GEPA", self.metric, program, valset[0], arguments=5)
         baseline = get_candidate(program)
         for stopper in self.stoppers:
             restart(stopper)
@@ -453,6 +534,9 @@ class GepaOptimizer:
                 "reflection_calls": proposer.calls,
                 "reflection_failures": proposer.failures,
                 "reflection_trimmed": proposer.trimmed,
+                "reflection_overflows": proposer.overflows,
+                "reflection_window": proposer.context_tokens,
+                "reflection_window_known": proposer.window_known,
             },
         )
 

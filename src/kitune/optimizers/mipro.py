@@ -21,6 +21,7 @@ from kitune.optimizers.base import (
     CandidateScore,
     OptimizationResult,
     check_metric,
+    check_metric_returns,
     compile_copy,
     get_candidate,
     require_reflection_lm,
@@ -72,6 +73,7 @@ class MiproOptimizer:
                 f"num_candidates and num_trials must be >= 1, got {num_candidates}, {num_trials}"
             )
         check_metric("MIPROv2", metric, "(gold, pred, trace)")
+        self.raw_metric = metric
         self.metric = as_float_metric(metric)
         self.prompt_lm = require_reflection_lm("MIPROv2", prompt_lm)
         self.num_candidates = num_candidates
@@ -85,8 +87,11 @@ class MiproOptimizer:
 
         Raises:
             OptimizationError: empty ``trainset``/``valset`` or MIPROv2 failed to run.
+            ConfigError: the metric returns neither a number nor an object with a numeric ``score``
+                (checked once on the first validation example before MIPROv2 starts).
         """
         require_sets("MIPROv2", trainset, valset)
+        check_metric_returns("MIPROv2", self.raw_metric, program, valset[0], arguments=3)
         baseline = get_candidate(program)
         seed = self.rng.randrange(2**31)
         optimizer = dspy.MIPROv2(

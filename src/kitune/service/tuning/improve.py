@@ -76,7 +76,12 @@ def optimizer_budget(env: BudgetEnv) -> OptimizerBudget:
 
 
 def reflection_context_tokens(cfg: KituneConfig, *, client: httpx.Client | None = None) -> int | None:
-    """The reflection model's context window in tokens, or None when nothing reports it (then no sizing).
+    """The reflection model's context window in tokens, or None when nothing reports it.
+
+    None is not "unbounded": the optimiser then sizes reflection prompts to
+    :data:`kitune.optimizers.gepa.DEFAULT_REFLECTION_CONTEXT_TOKENS` (8,192 tokens), and a
+    provider's context-overflow error halves the prompt for the retry and every later step
+    (:class:`kitune.optimizers.gepa.SizedInstructionProposer`).
 
     In order: ``optimize.reflection_context_tokens`` when set; ``lm.local.n_ctx`` for the embedded
     model (each llama-server slot gets that many tokens); LiteLLM's model table
