@@ -587,6 +587,14 @@ class OptimizeConfig(_Section):
         description="Disambiguation attempts per question across iterations (a new attempt needs a new "
         "wrong answer).",
     )
+    gate_rank_tolerance: float = Field(
+        default=0.5,
+        ge=0.0,
+        le=1.0,
+        description="The gate's retrieval check: a feedback KI is rejected when another question's gold "
+        "reciprocal rank in the top retrieval.default_size falls by more than this (0.5: rank 1 -> 2 "
+        "passes, 1 -> 3 does not) or its gold recall@k is lost. See kitune.optimizers.gate.",
+    )
 
 
 ProposalKindName = Literal["re_extract", "add_ki", "retire_ki", "rewriter_feedback"]

@@ -10,8 +10,9 @@ import pytest
 
 from kitune.evaluation.harness import read_traces
 from kitune.evaluation.metrics import Trace
+from kitune.evaluation.stage_metrics import reciprocal_rank
 from kitune.ki import KI
-from kitune.optimizers.gate import GateRejection, attribute_changes, run_gate
+from kitune.optimizers.gate import GateRejection, RankChange, attribute_changes, rank_changes, run_gate
 from kitune.schema import QueryPlan
 from kitune.testing.store_contract import make_ki
 from kitune.text import exact_match
@@ -119,14 +120,19 @@ def test_a_feedback_ki_that_fixes_its_question_but_breaks_a_neighbour_is_rejecte
         "gate_kept": 1.0,
         "gate_rejected": 1.0,
         "gate_rejected_broke": 1.0,
+        "gate_rejected_retrieval": 0.0,
         "gate_rejected_unverified": 0.0,
+        "gate_rank_checked": 0.0,
+        "gate_rank_drops": 0.0,
         "gate_rerun": 3.0,
         "gate_broken": 1.0,
         "gate_fixed": 2.0,
         "gate_unverified": 0.0,
         "gate_removed": 1.0,
     }
-    assert report.to_dict()["rejected"] == [{"ki_id": fb_alice.id, "reason": "broke", "query_ids": ["bob"]}]
+    assert report.to_dict()["rejected"] == [
+        {"ki_id": fb_alice.id, "reason": "broke", "query_ids": ["bob"], "detail": "broke: bob"}
+    ]
 
 
 def _t(qid: str, answer: str, *, status: str = "answered", graded: bool = False) -> Trace:
@@ -255,3 +261,128 @@ def test_gate_replayed_on_loop_fixture_24_rejects_the_two_kis_that_broke_validat
         GateRejection("ki-113576d9264e350ca4a567fc", "broke", ("187", "9")),
     )
     assert (len(written), len(report.kept)) == (8, 6)
+
+
+# -- the retrieval check (issue 36): a KI must not push a neighbour's gold documents out of the top k
+GOLD_DOCS = {"alice": "d1", "bob": "d2", "dave": "d3", "erin": "d4"}
+
+
+class RankedWorld(ScriptedWorld):
+    """:class:`ScriptedWorld` whose look-up keeps the top 5 by a fixed score, feedback KIs first."""
+
+    def __init__(self, kis: Sequence[KI], scores: dict[str, float]) -> None:
+        super().__init__(kis)
+        self.scores = scores
+
+    def retrieve(self, question: str) -> list[KI]:
+        tags = set(QueryPlan.plain(question).entity_tags)
+        found = [k for k in self.kis.values() if k.payload.status == "active" and tags & set(k.tags)]
+        found.sort(key=lambda k: (k.payload.subtype != "disambiguation", -self.scores.get(k.id, 0.0), k.id))
+        return found[:5]
+
+    def ranks(self) -> tuple[dict[str, float], dict[str, list[str]]]:
+        """Each question's gold reciprocal rank in the top 5 (the rewriter's stage value), its top-5 ids."""
+
+        found = {qid: self.retrieve(q) for qid, (q, _gold) in QUESTIONS.items()}
+        rr = {qid: reciprocal_rank([GOLD_DOCS[qid]], kis, 5) for qid, kis in found.items()}
+        return rr, {qid: [k.id for k in kis] for qid, kis in found.items()}
+
+
+def _ranked_world() -> RankedWorld:
+    # bob's gold fact (d2) is 5th of 5 for "Bob Stein": four facts from other documents score higher
+    others = [make_ki("Bob Stein", f"fact {i}", docid=f"x{i}", predicate=f"p{i}") for i in range(4)]
+    gold = [
+        make_ki("Alice Moreau", "Lyon", docid="d1", predicate="born_in"),
+        make_ki("Bob Stein", "Oslo", docid="d2", predicate="lives_in"),
+        make_ki("Dave Lund", "Rome", docid="d3", predicate="studied_in"),
+        make_ki("Erin Falk", "Bergen", docid="d4", predicate="works_in"),
+    ]
+    scores = {k.id: 1.0 - i / 10 for i, k in enumerate(others)} | {k.id: 0.5 for k in gold}
+    return RankedWorld([*others, *gold], scores)
+
+
+def test_a_feedback_ki_that_drops_a_neighbours_recall_at_5_to_zero_is_rejected_with_its_reason() -> None:
+    world = _ranked_world()
+    rr_before, _ = world.ranks()
+    assert rr_before == {"alice": 1.0, "bob": 0.2, "dave": 1.0, "erin": 1.0}  # bob's gold at rank 5
+    # only alice was run end to end (a tuning failure); bob is a validation question measured by its
+    # stage metric alone, so the answer check cannot see him
+    previous = [world.answer("alice")]
+    before = world.shown()
+    fb_alice = make_ki(
+        "Alice Moreau",
+        "Paris",
+        docid="d1",
+        predicate="born_in",
+        subtype="disambiguation",
+        tags=["entity:bob-stein"],  # also indexed under the entity of a look-up that searched Bob
+    )
+    fb_dave = make_ki("Dave Lund", "Milan", docid="d3", predicate="studied_in", subtype="disambiguation")
+    world.write([fb_alice, fb_dave])
+
+    def ranks(ids: Sequence[str]) -> list[RankChange]:
+        rr_after, top = world.ranks()
+        return rank_changes(rr_before, rr_after, top, ids)
+
+    report = run_gate(
+        [fb_alice.id, fb_dave.id],
+        changed=lambda ids: attribute_changes(before, world.shown(), ids),
+        rerun=world.rerun,
+        previous=previous,
+        reject=world.retire,
+        ranks=ranks,
+        rank_tolerance=0.5,
+        own={fb_alice.id: ["alice"], fb_dave.id: ["dave"]},
+    )
+
+    assert report.broken == ()  # no answer broke where one was measured
+    assert report.rejected == (GateRejection(fb_alice.id, "retrieval", ("bob",)),)
+    assert report.rejected[0].detail == "bob gold reciprocal rank 0.20 → 0.00 (recall lost)"
+    assert report.kept == (fb_dave.id,)
+    assert report.rank_drops == (RankChange("bob", 0.2, 0.0, frozenset({fb_alice.id})),)
+    assert world.kis[fb_alice.id].payload.status == "expired"
+    assert world.ranks()[0]["bob"] == 0.2  # retired: bob's gold is back in his top 5
+    m = report.to_metrics()
+    assert (m["gate_rejected_retrieval"], m["gate_rank_checked"], m["gate_rank_drops"]) == (1.0, 4.0, 1.0)
+    assert report.to_dict()["rank_drops"] == [
+        {"query_id": "bob", "before": 0.2, "after": 0.0, "shown": [fb_alice.id]}
+    ]
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "dropped"),
+    [
+        (1.0, 0.5, False),  # rank 1 -> 2: a fall of 0.5, not beyond the tolerance
+        (1.0, 1 / 3, True),  # rank 1 -> 3
+        (0.5, 0.2, False),  # rank 2 -> 5
+        (0.2, 0.0, True),  # recall@k lost, however small the fall
+        (0.0, 0.0, False),  # nothing to lose
+        (0.5, 1.0, False),  # better
+    ],
+)
+def test_rank_drop_rule(before: float, after: float, dropped: bool) -> None:
+    assert RankChange("q", before, after).dropped(0.5) is dropped
+
+
+def test_retrieval_blame_skips_the_kis_own_question_and_blames_all_when_none_is_shown() -> None:
+    changes = [
+        RankChange("own", 1.0, 0.0, frozenset({"a"})),  # a written for 'own': not blamed there
+        RankChange("n1", 1.0, 0.25, frozenset()),  # no candidate in its top k now: every candidate
+    ]
+    report = run_gate(
+        ["a", "b"],
+        changed=lambda ids: {},
+        rerun=lambda qids: [],
+        previous=[],
+        reject=lambda ids: len(ids),
+        ranks=lambda ids: changes,
+        own={"a": ["own"]},
+    )
+    assert [(r.ki_id, r.reason, r.query_ids) for r in report.rejected] == [
+        ("a", "retrieval", ("n1",)),
+        ("b", "retrieval", ("n1",)),
+    ]
+    with pytest.raises(ValueError, match=r"rank_tolerance=1\.5"):
+        run_gate(
+            ["a"], changed=lambda ids: {}, rerun=lambda q: [], previous=[], reject=len, rank_tolerance=1.5
+        )

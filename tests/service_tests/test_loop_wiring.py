@@ -45,6 +45,9 @@ DOCS = [
     ),
     Document(docid="d3", title="Gamma", text="Gamma Lake lies near the town of Oslo. It is cold."),
     Document(docid="d4", title="Alpha Gate", text="The Alpha Gate stands in the city of Oslo. It is new."),
+    Document(
+        docid="d5", title="Alpha Tower works", text="The Alpha Tower was built in the year 1900. It is tall."
+    ),
 ]
 QA = Question(
     "qa", "In which city does the Alpha Tower stand?", "Paris", evidence_docids=("d1",), gold_docids=("d1",)
@@ -54,6 +57,9 @@ QB = Question(
 )
 QC = Question(
     "qc", "In which city does the Alpha Gate stand?", "Oslo", evidence_docids=("d4",), gold_docids=("d4",)
+)
+QT = Question(
+    "qt", "In which year was the Alpha Tower built?", "1900", evidence_docids=("d5",), gold_docids=("d5",)
 )
 DISAMBIGUATOR = "Write a fact that tells the right answer from the wrong one."
 
@@ -82,22 +88,58 @@ def neighbour_env(
     gate: bool,
     validation: tuple[Question, ...] = (QB, QC),
     stores: dict[str, Any] | None = None,
+    rank_tolerance: float = 0.5,
+    **options: Any,
 ) -> ServiceLoopEnv:
     cfg = KituneConfig(
         workdir=tmp_path / "w",
         corpus_name="tiny",
         agent={"max_steps": 4, "concurrency": 1},
-        optimize={"improvers": ["disambiguation"], "gate": gate},
+        optimize={"improvers": ["disambiguation"], "gate": gate, "gate_rank_tolerance": rank_tolerance},
         extraction={"concurrency": 1},
     )
     deps = make_deps(RuleLM(first_sentence_rule), RuleLM(lambda s, u: {}, json=True), stores=stores)
     deps.chat_model = ScriptedChatModel([first_ki_reader] * 400, usage=(100, 10))
-    opts = OptimizeOptions(data_dir=tmp_path, programs=("disambiguator",), progress=False)
+    opts = OptimizeOptions(data_dir=tmp_path, programs=("disambiguator",), progress=False, **options)
     questions = [QA, *validation]
     docs = [d for d in DOCS if any(d.docid in q.evidence_docids for q in questions)]
     env = ServiceLoopEnv(cfg, opts, deps, questions=questions, documents=docs, state_dir=tmp_path / "s")
     env.tune, env.validation = [QA], list(validation)
     return env
+
+
+def test_with_stage_measurement_the_gate_rejects_a_ki_that_lowers_a_neighbours_gold_rank(
+    tmp_path: Path,
+) -> None:
+    # --measure stage --tune-agent: qa runs end to end, validation qt only by its stage metrics, so
+    # the answer check cannot see qt; its gold KI (d5) falls from rank 1 to 2 (1.0 → 0.5) behind qa's
+    # feedback KI ("In which city does the Alpha Tower stand? …"), beyond a tolerance of 0.25: the
+    # retrieval check rejects the KI
+    env = neighbour_env(
+        tmp_path, gate=True, validation=(QT,), rank_tolerance=0.25, measure="stage", tune_agent=True
+    )
+    setting = Setting({"disambiguator": DISAMBIGUATOR})
+    tune = env.evaluate(setting, "tune")
+    val = env.evaluate(setting, "validation")
+    assert [t.query_id for t in tune.traces] == ["qa"] and val.traces == ()
+    assert val.stages is not None and val.stages.values("rewriter", "mrr") == {"qt": 1.0}
+    proposal = env.improve(setting, tune, 0, ledger=FailureLedger())
+    m = proposal.metrics
+    assert (m["feedback_written"], m["gate_rejected"], m["gate_rejected_retrieval"]) == (1.0, 1.0, 1.0)
+    assert m["gate_broken"] == 0.0 and m["gate_rank_drops"] == 1.0
+    gate = proposal.notes["gate"]
+    (ki_id,) = gate["candidates"]
+    assert gate["rejected"] == [
+        {
+            "ki_id": ki_id,
+            "reason": "retrieval",
+            "query_ids": ["qt"],
+            "detail": "qt gold reciprocal rank 1.00 → 0.50",
+        }
+    ]
+    assert gate["rank_drops"] == [{"query_id": "qt", "before": 1.0, "after": 0.5, "shown": [ki_id]}]
+    assert env.store_for(setting).get(ki_id).payload.status == "expired"
+    assert env.lookup(setting, QT.query).kis[0].evidence_doc_ids == ["d5"]  # qt's gold is first again
 
 
 def test_the_gate_rejects_a_feedback_ki_that_breaks_a_neighbour_and_retires_it(tmp_path: Path) -> None:
@@ -122,8 +164,12 @@ def test_the_gate_rejects_a_feedback_ki_that_breaks_a_neighbour_and_retires_it(t
     assert (m["gate_rerun"], m["gate_broken"], m["gate_fixed"], m["gate_removed"]) == (2.0, 1.0, 1.0, 1.0)
     gate = proposal.notes["gate"]
     (ki_id,) = gate["candidates"]
-    assert gate["rejected"] == [{"ki_id": ki_id, "reason": "broke", "query_ids": ["qb"]}]
+    assert gate["rejected"] == [
+        {"ki_id": ki_id, "reason": "broke", "query_ids": ["qb"], "detail": "broke: qb"}
+    ]
     assert gate["broken"] == ["qb"] and gate["fixed"] == ["qa"] and gate["rerun"] == ["qa", "qb"]
+    # the retrieval check compared both questions: qb's gold fell from rank 1 to 2, within the tolerance
+    assert (m["gate_rank_checked"], m["gate_rank_drops"], m["gate_rejected_retrieval"]) == (2.0, 0.0, 0.0)
     # retired through its status, not deleted; not served any more
     store = env.store_for(setting)
     assert store.get(ki_id).payload.status == "expired"
@@ -191,7 +237,9 @@ def test_with_the_gate_the_loop_counts_the_rejection_in_metrics_records_and_repo
     )
     (rec,) = res.history
     (ki_id,) = rec.gate["candidates"]
-    assert rec.gate["rejected"] == [{"ki_id": ki_id, "reason": "broke", "query_ids": ["qb", "qc"]}]
+    assert rec.gate["rejected"] == [
+        {"ki_id": ki_id, "reason": "broke", "query_ids": ["qb", "qc"], "detail": "broke: qb, qc"}
+    ]
     assert rec.improve["gate_rejected"] == 1.0
     m = tracker.by_name("iteration-0").metrics
     assert m["improve_gate_rejected"] == 1.0 and m["improve_gate_broken"] == 2.0

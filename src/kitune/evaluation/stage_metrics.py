@@ -152,6 +152,9 @@ class StageReport:
     """``<stage>_<name>`` → query id → the question's value (:func:`per_question_values`: 0/1 for
     answer coverage and recall@k, the reciprocal rank for MRR; questions the metric leaves out are
     absent). Empty when not recorded."""
+    retrieved: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """Query id → ids of the first ``k`` KIs the rewriter's look-up returned, best first (what
+    recall@k read; the gate compares them before and after a change). Empty when not recorded."""
 
     def values(self, stage: str, name: str) -> dict[str, float]:
         """Query id → value of ``stage``/``name`` (empty when not recorded)."""

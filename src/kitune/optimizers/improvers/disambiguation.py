@@ -14,6 +14,11 @@ evaluation cache's look-up replay, :meth:`~kitune.optimizers.improve_env.Improve
 is re-run (``env.evaluate`` of both splits re-runs exactly the changed ones) and compared with its
 trace before the KIs; a KI blamed for a question that was right and is now wrong (or has no
 verdict) is rejected and retired through its status (:func:`kitune.optimizers.gate.run_gate`).
+The gate also compares every tuning and validation question's gold reciprocal rank in the top
+``k`` before and after (the rewriter's per-question stage values and top-``k`` ids of both
+measurements, ``StageReport.per_question`` / ``retrieved``): a KI that loses a neighbour's gold
+recall@k or lowers its reciprocal rank by more than ``optimize.gate_rank_tolerance`` is rejected
+as ``retrieval``.
 Metrics ``gate_*``, the report in ``improve.json`` (``gate``), the ledger's attempts marked
 (``FailureLedger.note_gate``). Then the tuning flips are counted on the store as it is after the
 gate. Runs when ``--feedback`` is on and the tuning run has failures.
@@ -25,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kitune.optimizers.feedback import FeedbackReport, count_flips, write_disambiguation_kis
-from kitune.optimizers.gate import GateReport, attribute_changes, run_gate
+from kitune.optimizers.gate import GateReport, RankChange, attribute_changes, rank_changes, run_gate
 from kitune.optimizers.improve_env import ImproveEnv, ImproveInput
 from kitune.optimizers.improver import Improvement, register_improver
 from kitune.optimizers.ledger import FailureLedger
@@ -33,7 +38,9 @@ from kitune.optimizers.setting import Setting
 from kitune.programs.disambiguator import Disambiguator
 
 if TYPE_CHECKING:
+    from kitune.evaluation.stage_metrics import StageReport
     from kitune.evaluation.trace import Trace
+    from kitune.optimizers.setting import Evaluation
 
 __all__ = [
     "DISAMBIGUATION_KINDS",
@@ -124,6 +131,8 @@ def gate_feedback(
     *,
     before_state: str,
     previous: Sequence[Trace],
+    before_stages: Sequence[StageReport] = (),
+    own: Mapping[str, Sequence[str]] | None = None,
 ) -> GateReport:
     """Run the gate on the feedback KIs just written (see the module docstring).
 
@@ -133,31 +142,52 @@ def gate_feedback(
         ki_ids: the KIs written.
         before_state: :meth:`~kitune.optimizers.improve_env.ImproveEnv.store_state` before writing.
         previous: the tuning and validation traces on ``before_state``.
+        before_stages: both splits' stage reports on ``before_state`` (empty: no retrieval check).
+        own: KI id → the questions it was written for.
 
     Returns:
         The :class:`~kitune.optimizers.gate.GateReport`; rejected KIs are retired.
     """
+    after: list[Evaluation] = []
+
+    def measured() -> list[Evaluation]:  # both splits on the store with the candidates, once
+        if not after:
+            after.extend(env.evaluate(setting, split) for split in ("tune", "validation"))
+        return after
 
     def changed(ids: Sequence[str]) -> dict[str, frozenset[str]]:
-        before, after = env.lookup_changes(setting, before_state)
-        return attribute_changes(before, after, ids)
+        before, now = env.lookup_changes(setting, before_state)
+        return attribute_changes(before, now, ids)
 
     def rerun(qids: Sequence[str]) -> list[Trace]:
         wanted = set(qids)
-        traces = [*env.evaluate(setting, "tune").traces, *env.evaluate(setting, "validation").traces]
-        return [t for t in traces if t.query_id in wanted]
+        return [t for e in measured() for t in e.traces if t.query_id in wanted]
+
+    def ranks(ids: Sequence[str]) -> list[RankChange]:
+        now = [e.stages for e in measured() if e.stages is not None]
+        return rank_changes(
+            {q: v for s in before_stages for q, v in s.values("rewriter", "mrr").items()},
+            {q: v for s in now for q, v in s.values("rewriter", "mrr").items()},
+            {q: ids_ for s in now for q, ids_ in s.retrieved.items()},
+            ids,
+        )
 
     report = run_gate(
-        ki_ids, changed=changed, rerun=rerun, previous=previous, reject=lambda ids: env.retire(setting, ids)
+        ki_ids,
+        changed=changed,
+        rerun=rerun,
+        previous=previous,
+        reject=lambda ids: env.retire(setting, ids),
+        ranks=ranks if before_stages else None,
+        rank_tolerance=env.cfg.optimize.gate_rank_tolerance,
+        own=own,
     )
     if report.rejected:
-        env.log(
-            "gate: rejected "
-            + "; ".join(f"{r.ki_id} ({r.reason}: {', '.join(r.query_ids)})" for r in report.rejected)
-        )
+        env.log("gate: rejected " + "; ".join(f"{r.ki_id} ({r.reason}: {r.detail})" for r in report.rejected))
     env.log(
         f"gate: {len(report.kept)} of {len(report.candidates)} feedback KI(s) kept; "
-        f"{len(report.rerun)} question(s) re-run, {len(report.broken)} broken, {len(report.fixed)} fixed"
+        f"{len(report.rerun)} question(s) re-run, {len(report.broken)} broken, {len(report.fixed)} fixed; "
+        f"retrieval compared on {report.rank_checked}, {len(report.rank_drops)} fell beyond the tolerance"
     )
     return report
 
@@ -179,11 +209,9 @@ def write_feedback(
     before_state = env.store_state(inp.setting) if gate else ""
     # both splits on the store as it is before writing: the measured runs, read back from the
     # cache (unless credit demoted a KI since, then the questions whose look-ups it changed re-run)
-    previous = (
-        [*env.evaluate(inp.setting, "tune").traces, *env.evaluate(inp.setting, "validation").traces]
-        if gate
-        else []
-    )
+    measured = [env.evaluate(inp.setting, split) for split in ("tune", "validation")] if gate else []
+    previous = [t for e in measured for t in e.traces]
+    before_stages = [e.stages for e in measured if e.stages is not None]
     report = write_setting_kis(env, inp.setting, failures)
     if inp.ledger is not None:
         for qid, prediction, ki_id, reason in report.outcomes:
@@ -192,7 +220,19 @@ def write_feedback(
     if report.messages:
         notes["feedback_rejections"] = dict(report.messages)  # the first full message per reason
     if report.written and gate:
-        g = gate_feedback(env, inp.setting, report.ki_ids, before_state=before_state, previous=previous)
+        own: dict[str, list[str]] = {}
+        for qid, _prediction, ki_id, _reason in report.outcomes:
+            if ki_id:
+                own.setdefault(ki_id, []).append(qid)
+        g = gate_feedback(
+            env,
+            inp.setting,
+            report.ki_ids,
+            before_state=before_state,
+            previous=previous,
+            before_stages=before_stages,
+            own=own,
+        )
         metrics.update(g.to_metrics())
         notes["gate"] = g.to_dict()
         if inp.ledger is not None:

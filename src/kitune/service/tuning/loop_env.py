@@ -668,10 +668,11 @@ class ServiceLoopEnv:
         tokens per document. Rewriter: recall@k and MRR of one :meth:`lookup` per question with
         the setting's rewriter (the plain plan when ``rewriter`` is not tuned), ``k =
         retrieval.default_size``. Each question's own values are kept too
-        (``StageReport.per_question``, for paired decisions). Also written to
-        ``<state>/evals/stages-<key>-<state>-<split>.json`` (``{"metrics", "per_question"}``) so a
-        resumed run does not ask the rewriter again; a file in the earlier format (a bare list of
-        metrics, no per-question values) is measured again.
+        (``StageReport.per_question``, for paired decisions) with the look-up's top-``k`` KI ids
+        (``StageReport.retrieved``, which the gate compares before and after a change). Written to
+        ``<state>/evals/stages-<key>-<state>-<split>.json`` (``metrics``, ``per_question``,
+        ``retrieved``) so a resumed run does not ask the rewriter again; a file in the earlier
+        format (a bare list of metrics) is measured again.
         """
         key = (eval_key(setting), state, split)
         path = self.evals.evals_dir / f"stages-{key[0]}-{state}-{split}.json"
@@ -684,7 +685,10 @@ class ServiceLoopEnv:
                 # written before per-question values were kept (a bare list): measured again
                 report = (
                     StageReport(
-                        split, tuple(StageMetric(**r) for r in saved["metrics"]), saved["per_question"]
+                        split,
+                        tuple(StageMetric(**r) for r in saved["metrics"]),
+                        saved["per_question"],
+                        {q: tuple(ids) for q, ids in saved["retrieved"].items()},
                     )
                     if isinstance(saved, dict)
                     else None
@@ -712,12 +716,15 @@ class ServiceLoopEnv:
             *rewriter_metrics(questions, lookups, k=k),
         )
         per_question = per_question_values(questions, kis_by_doc, lookups, k=k)
-        report = StageReport(split, metrics, per_question)
+        retrieved = {qid: tuple(ki.id for ki in kis[:k]) for qid, kis in lookups.items()}
+        report = StageReport(split, metrics, per_question, retrieved)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(
-            json.dumps({"metrics": [asdict(m) for m in metrics], "per_question": per_question}, indent=1),
-            encoding="utf-8",
-        )
+        saved = {
+            "metrics": [asdict(m) for m in metrics],
+            "per_question": per_question,
+            "retrieved": retrieved,
+        }
+        path.write_text(json.dumps(saved, indent=1), encoding="utf-8")
         with self.lock:
             self._stages[key] = report
         return report
