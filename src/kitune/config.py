@@ -437,10 +437,25 @@ class AgentConfig(_Section):
 
     max_steps: int = Field(default=43, ge=1, le=500, description="Step budget per question.")
     max_tokens: int | None = Field(
-        default=None, ge=1, description="Optional input-token budget per question."
+        default=64_000,
+        ge=1,
+        description="Input-token budget per question (None: unlimited). Checked before each agent call as "
+        "well: a call whose prompt would cross it is not made and the episode ends as budget_exhausted "
+        "with a force-commit on the trimmed trace, before the history can overflow the model's context. "
+        "Default: 2x the largest committed per-question median (LoCoMo search-and-fetch, 32,226 tokens in "
+        "6 steps, experiments/locomo-conv1/per_question.csv) and above every committed episode (max "
+        "43,738); dev in-context medians are ~7,400 (experiments/loop-dev-48/evals).",
     )
     timeout_s: float | None = Field(
         default=None, gt=0, description="Optional wall-clock budget per question."
+    )
+    call_rules: Literal["bounded", "legacy"] = Field(
+        default="bounded",
+        description="How the agent bounds repeated and refused calls: 'bounded' (an identical call is "
+        "answered by a pointer to its earlier result and booked by its tool, the 3rd identical call of the "
+        "episode is blocked, a call refused twice or a 3rd refusal ends the episode with a force-commit, "
+        "the token budget is checked before each call, failed calls get a JSON error object); 'legacy': "
+        "the rules before issue 39, only to replay recordings made with them (kitune demo --replay).",
     )
     observation_max_chars: int | None = Field(
         default=None,

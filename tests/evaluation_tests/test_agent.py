@@ -77,8 +77,19 @@ def test_token_budget_exhausts() -> None:
     model = ScriptedChatModel(
         [tool("search", query="a"), tool("search", query="b"), answer("x")], usage=(600, 5)
     )
-    ep = Agent(model, baseline_toolbox(FakeCorpusStore(DOCS)), budget=Budget(max_tokens=1000)).run("q")
+    ep = Agent(model, baseline_toolbox(FakeCorpusStore(DOCS)), budget=Budget(max_tokens=1800)).run("q")
     assert ep.exhausted_by == "tokens" and ep.force_committed and len(model.calls) == 3
+    assert ep.input_tokens == 1800  # two loop calls, then the force-commit
+
+
+def test_token_budget_stops_before_a_call_that_would_cross_it() -> None:
+    # The first call bills 600 tokens; the second would send more characters (the observation is
+    # added), so 600 + >600 > 1000: it is not made, the force-commit runs on the trimmed trace.
+    model = ScriptedChatModel([tool("search", query="a"), answer("x")], usage=(600, 5))
+    ep = Agent(model, baseline_toolbox(FakeCorpusStore(DOCS)), budget=Budget(max_tokens=1000)).run("q")
+    assert ep.status == "budget_exhausted" and ep.exhausted_by == "tokens" and ep.force_committed
+    assert [s.kind for s in ep.steps] == ["tool", "force_commit"] and len(model.calls) == 2
+    assert model.calls[1].messages[2]["content"].startswith("Observations so far (trimmed):")
 
 
 def test_force_commit_unparseable_is_recorded_not_raised() -> None:
@@ -106,7 +117,23 @@ def test_malformed_tool_call_recorded_and_loop_continues() -> None:
     assert "unknown tool 'fly'" in ep.steps[2].error
     assert ep.steps[3].kind == "invalid"
     assert len(ep.errors) == 4 and ep.tool_calls == {"search": 1}
-    assert "ERROR: unknown tool 'fly'" in model.calls[3].messages[-1]["content"]
+    # a failed call goes back as a JSON error object (issue 40)
+    fed = model.calls[3].messages[-1]["content"]
+    assert fed.startswith("Observation from fly:\n") and fed.endswith("\n\n[40 step(s) left]")
+    assert json.loads(fed.split("\n")[1]) == {
+        "error": {
+            "type": "unknown_tool",
+            "tool": "fly",
+            "message": "unknown tool 'fly'; available tools: search, get_by_doc_id",
+        }
+    }
+    assert [s.error_code for s in ep.steps[:4]] == [
+        "unparseable",
+        "invalid_arguments",
+        "unknown_tool",
+        "unparseable",
+    ]
+    assert [s.source for s in ep.steps] == ["json"] * 5
 
 
 def test_a2_identical_calls_answered_from_trace_then_blocked() -> None:
@@ -116,25 +143,30 @@ def test_a2_identical_calls_answered_from_trace_then_blocked() -> None:
     ep = Agent(model, baseline_toolbox(store), budget=Budget(max_steps=7)).run("q")
     assert store.searches == ["nothing matches zzz"]  # executed once
     assert ep.tool_calls == {"search": 1}
-    assert [s.repeated for s in ep.steps[:7]] == [False] + [True] * 6
-    assert [s.blocked for s in ep.steps[:7]] == [False, False] + [True] * 5
-    assert ep.repeated_call_blocked == 5 and ep.repeated_calls == 6
+    # 2nd: a pointer to step 1 (the result is not sent again); 3rd: blocked, a refusal; 4th: the
+    # same call refused again ends the loop with a force-commit (issue 39.4)
+    assert [s.repeated for s in ep.steps[:4]] == [False, True, True, True]
+    assert [s.blocked for s in ep.steps[:4]] == [False, False, True, True]
+    assert ep.repeated_call_blocked == 2 and ep.repeated_calls == 3 and ep.refused_calls == 2
+    pointer = model.calls[2].messages[-1]["content"]
+    assert "identical to the call at step 1" in pointer and "No documents matched" not in pointer
     blocked_msg = model.calls[3].messages[-1]["content"]
     assert "identical call already returned 0 result(s)" in blocked_msg
     assert "change the query or finish" in blocked_msg
-    # the step still counts against the budget; the 8th turn is the force-commit
-    assert ep.status == "budget_exhausted" and len(model.calls) == 8
+    assert ep.status == "budget_exhausted" and ep.exhausted_by == "refused" and len(model.calls) == 5
     assert ep.steps[-1].kind == "force_commit" and not ep.force_committed
+    assert "search refused twice for the same call" in ep.errors[-2]
 
 
-def test_a2_changed_query_resets_the_run() -> None:
+def test_a2_identical_calls_count_across_the_episode_not_only_in_a_row() -> None:
     store = FakeCorpusStore(DOCS)
     a, b = tool("search", query="Paris"), tool("search", query="Lyon")
     model = ScriptedChatModel([a, a, b, a, answer("x")])
     ep = Agent(model, baseline_toolbox(store)).run("q")
     assert store.searches == ["Paris", "Lyon"]
     assert [s.repeated for s in ep.steps[:4]] == [False, True, False, True]
-    assert ep.repeated_call_blocked == 0
+    assert [s.blocked for s in ep.steps[:4]] == [False, False, False, True]  # the 3rd "Paris"
+    assert ep.repeated_call_blocked == 1 and ep.status == "answered"
 
 
 def test_a1_observation_capped_with_marker() -> None:
@@ -246,14 +278,15 @@ def _both_modes(script: list[str], *, max_steps: int = 43, usage: tuple[int, int
     return out
 
 
-MODE_KEYS = ("call_id", "finish_reason")
-"""Step fields that differ between the modes by nature (native call ids, ``tool_calls`` endings)."""
+MODE_KEYS = ("call_id", "finish_reason", "source", "error_code", "input_split")
+"""Step fields that differ between the modes by nature (native call ids, ``tool_calls`` endings,
+where the call was read, and the token split: native mode sends tool schemas)."""
 
 
 def _neutral(trace: dict) -> dict:
     """``trace`` without the tool mode and the per-mode step fields."""
     steps = [{k: v for k, v in s.items() if k not in MODE_KEYS} for s in trace["steps"]]
-    return {**trace, "tool_mode": "", "steps": steps}
+    return {**trace, "tool_mode": "", "steps": steps, "input_split": {}}
 
 
 def test_same_scripted_episode_gives_equal_traces_in_both_modes() -> None:
@@ -348,10 +381,21 @@ def test_truncated_arguments_are_a_named_error_shown_to_the_model_never_repaired
         {
             "role": "tool",
             "tool_call_id": "call_1",
-            "content": f"ERROR: {error} Call one of the tools, or call answer with your final answer.\n\n"
-            "[42 step(s) left]",
+            # a JSON error object the model can read as data (issue 40), the raw arguments kept
+            "content": json.dumps(
+                {
+                    "error": {
+                        "type": "truncated_arguments",
+                        "tool": "search",
+                        "message": error,
+                        "raw": TRUNCATED,
+                    }
+                }
+            )
+            + "\n\n[42 step(s) left]",
         },
     ]
+    assert first.error_code == "truncated_arguments" and first.source == "tool_calls"
     assert ep.status == "answered" and ep.exact_answer == "Paris"
 
 
@@ -377,11 +421,11 @@ def test_invalid_and_non_object_arguments_are_named_errors() -> None:
     assert ep.status == "answered"
 
 
-def test_eight_malformed_calls_in_a_row_end_as_malformed_calls_not_budget_exhausted() -> None:
+def test_eight_cut_calls_in_a_row_end_as_invalid_tool_arguments_not_budget_exhausted() -> None:
     cut = _calls(ToolCall("c", "search", TRUNCATED), finish="length")
     model = ScriptedChatModel([cut] * 8, tool_mode="native")
     ep = Agent(model, baseline_toolbox(FakeCorpusStore(DOCS)), budget=Budget(max_steps=8)).run("q")
-    assert ep.status == "malformed_calls" and MALFORMED_IN_A_ROW == 5
+    assert ep.status == "invalid_tool_arguments" and MALFORMED_IN_A_ROW == 5
     assert [s.kind for s in ep.steps] == ["invalid"] * 5 and model.remaining == 3  # no force-commit either
     assert [s.call_id for s in ep.steps] == ["c", "c_1", "c_2", "c_3", "c_4"]  # the reused id renamed
     assert (ep.exact_answer, ep.confidence, ep.force_committed, ep.timed_out, ep.exhausted_by) == (
@@ -392,7 +436,7 @@ def test_eight_malformed_calls_in_a_row_end_as_malformed_calls_not_budget_exhaus
         None,
     )
     assert ep.errors[-1] == (
-        "5 malformed replies or tool calls in a row: the episode ends as malformed_calls "
+        "5 tool calls with invalid or cut arguments in a row: the episode ends as invalid_tool_arguments "
         "(no call could be run; see the step errors)"
     )
     # the same in JSON mode with unusable text, and unknown tools / wrong argument names count too

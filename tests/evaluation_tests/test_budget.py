@@ -8,7 +8,7 @@ from kitune.testing.chat import ScriptedChatModel, ScriptExhaustedError
 
 
 def test_budget_defaults_and_validation() -> None:
-    assert Budget() == Budget(max_steps=43, max_tokens=None, timeout_s=None)
+    assert Budget() == Budget(max_steps=43, max_tokens=64_000, timeout_s=None)
     assert Budget.from_config(KituneConfig().agent) == Budget()
     for bad in ({"max_steps": 0}, {"max_tokens": 0}, {"timeout_s": 0}):
         with pytest.raises(ValueError):

@@ -178,7 +178,7 @@ def test_cut_arguments_reach_the_agent_raw_with_the_length_finish_reason(
     resent = stub.chat_requests[1].body["messages"]
     assert resent[-2]["tool_calls"][0]["function"]["arguments"] == '{"city": "Par'  # raw, not repaired
     assert resent[-1]["tool_call_id"] == "call_9" and resent[-1]["content"].startswith(
-        "ERROR: truncated_arguments"
+        '{"error": {"type": "truncated_arguments", "tool": "answer"'  # a JSON error object (issue 40)
     )
 
 

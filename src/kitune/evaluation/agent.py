@@ -11,10 +11,18 @@ and token accounting are the same in both modes, and a Step's ``reply`` holds th
 text of the action either way. Model mistakes are data, not exceptions:
 
 * a malformed reply or a bad tool call is recorded on its :class:`Step` (``error``) and the
-  model is told what was wrong; the loop continues — until :data:`MALFORMED_IN_A_ROW` (5)
-  replies or calls in a row could not be run (unparseable, cut or invalid arguments, unknown
-  tool, wrong argument names): the episode then ends with ``status="malformed_calls"``, no
-  answer and no force-commit (a named failure, not an exhausted budget);
+  model is told what was wrong — a failed call as a JSON error object
+  (:func:`kitune.evaluation.native.tool_error_json`); the loop continues — until
+  :data:`MALFORMED_IN_A_ROW` (5) replies or calls in a row could not be run (unparseable, cut or
+  invalid arguments, unknown tool, wrong argument names): the episode then ends with no answer
+  and no force-commit, as ``status="invalid_tool_arguments"`` when every one of them was a call
+  with invalid or cut arguments, else ``status="malformed_calls"`` (a named failure, not an
+  exhausted budget);
+* every action is labelled with where it was read (``Step.source``: ``tool_calls``,
+  ``content`` — a native-mode reply's text —, or ``json``); a content-borne call counts only
+  for an offered tool with its exact arguments, else the reply is plain text (see
+  :mod:`kitune.evaluation.native`); exact duplicate calls in one reply are run once
+  (``Episode.duplicate_calls`` counts the dropped copies);
 * native mode, several calls in one reply (parallel tool calls): every call is run, in the
   model's order, and answered by its own ``role="tool"`` message; **each call is one step of
   the budget** (the reply's tokens and latency are booked on its first step). Calls left when the
@@ -24,11 +32,26 @@ text of the action either way. Model mistakes are data, not exceptions:
   again in a later reply): such a call gets ``<id>_<n>`` (``call_<n>`` when missing), so every
   id in the conversation sent back is unique and answered once;
 * an identical tool call (canonical name + sorted-args JSON) is answered from the trace
-  instead of re-run; the third identical call in a row is blocked with "identical call already
-  returned … — change the query or finish" (case A2); both still cost a step;
+  instead of re-run, by a pointer to the step that returned it (the result is not sent again),
+  and booked by the tool as if it had run (a repeated ``get_context`` is one more look-up that
+  did not answer, toward the search fallback); the :data:`BLOCK_AFTER_IDENTICAL`-th (3rd)
+  identical call of the episode is blocked with "identical call already returned … — change
+  the query or finish" (case A2); both still cost a step;
+* a **refused** call — blocked as above, or declined by its tool (``Observation.refused``: the
+  in-context search before its fallback opens) — costs a step; the second refusal of the same
+  call, or the :data:`MAX_REFUSALS`-th (3rd) refusal of any call, ends the loop with a
+  force-commit (``exhausted_by="refused"``, the reason in ``errors``): a model that does not
+  change its call after being told cannot loop;
 * when the budget (steps, input tokens, wall clock) runs out without an answer, exactly ONE
   tool-less force-commit call asks for the most likely answer from the trace
-  (``status="budget_exhausted"``, ``force_committed=True``);
+  (``status="budget_exhausted"``, ``force_committed=True``). The input-token budget is checked
+  **before** each call too: when the next call's prompt (the last call's tokens per character
+  times the characters it would send) would cross it, the call is not made and the
+  force-commit runs on the trimmed trace, so the budget ends an episode before the history
+  overflows the model's context;
+* every call's input tokens are split by component (:data:`COMPONENTS`; ``Step.input_split``,
+  ``Episode.input_split``): characters per component of the messages sent (the tool schemas
+  with the system prompt), scaled to the provider's count so the parts add up to it exactly;
 * :class:`kitune.errors.LMContextWindowError` ends the loop with ``status="context_overflow"``
   and the force-commit runs on a trimmed trace (case A1); never a crash.
 
@@ -39,8 +62,10 @@ propagates.
 
 from __future__ import annotations
 
+import json
+import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -50,11 +75,13 @@ from kitune.evaluation.budget import Budget, BudgetMeter
 from kitune.evaluation.native import (
     ANSWER_TOOL,
     CUT_NOTE,
+    CallSource,
     NativeTurn,
     answer_schema,
     native_force_commit_prompt,
     native_system_prompt,
     read_native_reply,
+    tool_error_json,
     tool_schemas,
 )
 from kitune.evaluation.protocol import (
@@ -66,19 +93,35 @@ from kitune.evaluation.protocol import (
 )
 from kitune.evaluation.tools import Observation, Toolbox, canonical_call
 
-__all__ = ["Agent", "Episode", "EpisodeStatus", "Step", "StepKind"]
+__all__ = ["COMPONENTS", "Agent", "Episode", "EpisodeStatus", "Step", "StepKind", "split_tokens"]
 
-EpisodeStatus = Literal["answered", "budget_exhausted", "context_overflow", "malformed_calls", "failed"]
+EpisodeStatus = Literal[
+    "answered", "budget_exhausted", "context_overflow", "malformed_calls", "invalid_tool_arguments", "failed"
+]
 StepKind = Literal["tool", "answer", "invalid", "force_commit", "lm_error"]
 
 REPLY_KEEP_CHARS = 500
 """How much of each raw model reply a Step keeps."""
 
 BLOCK_AFTER_IDENTICAL = 3
-"""The n-th identical back-to-back call is blocked (case A2)."""
+"""The n-th identical call of an episode is blocked (case A2), wherever it comes."""
 
 MALFORMED_IN_A_ROW = 5
 """This many unusable replies or calls in a row end the episode as ``malformed_calls``."""
+
+MAX_REFUSALS = 3
+"""This many refused calls (blocked repeats, or calls a tool declined) end the episode with a
+force-commit; so does the second refusal of the same call."""
+
+ARGUMENT_ERRORS = frozenset({"invalid_arguments", "truncated_arguments"})
+"""Error codes of a call whose arguments could not be used (the ``invalid_tool_arguments`` status)."""
+
+COMPONENTS = ("system", "question", "observation:<tool>", "feedback", "history", "force_commit")
+"""The input-token components of a call: ``system`` — the system prompt and the tool schemas (sent
+on every call); ``question``; ``observation:<tool>`` — a tool's result, the first time it is sent;
+``feedback`` — an error message to the model (unusable reply), the first time it is sent;
+``history`` — everything sent again from an earlier call (the model's own replies, earlier
+observations, the trimmed recap after an overflow); ``force_commit`` — the final request."""
 
 NOT_RUN = "ERROR: not run: the step budget ran out before this call."
 """The tool message answering a parallel call left when the budget ran out mid-reply."""
@@ -127,6 +170,16 @@ class Step:
     observation: str = ""
     """The tool result text fed back to the model, as shown (after the cap); what the failure
     signals of :mod:`kitune.evaluation.signals` read (KI ids shown, answer support)."""
+    refused: bool = False
+    """The call was refused (blocked repeat, or declined by its tool) and not run."""
+    source: CallSource | None = None
+    """Where the action was read (``tool_calls``, ``content``, ``json``); None for a force-commit
+    or a failed model call."""
+    error_code: str | None = None
+    """The error's name when the step failed (``invalid_arguments``, ``truncated_arguments``,
+    ``plain_text``, ``unknown_tool``, ``not_allowed_yet``, ``repeated_call``, …)."""
+    input_split: dict[str, int] = field(default_factory=dict)
+    """This call's ``input_tokens`` by component (:data:`COMPONENTS`); sums to ``input_tokens``."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict."""
@@ -151,6 +204,10 @@ class Step:
             "finish_reason": self.finish_reason,
             "n_results": self.n_results,
             "observation": self.observation,
+            "refused": self.refused,
+            "source": self.source,
+            "error_code": self.error_code,
+            "input_split": dict(self.input_split),
         }
 
 
@@ -170,7 +227,8 @@ class Episode:
     timed_out: bool = False
     """The budget ran out before the model answered (any limit)."""
     exhausted_by: str | None = None
-    """``"steps"``, ``"tokens"`` or ``"timeout"`` when the budget ran out."""
+    """``"steps"``, ``"tokens"``, ``"timeout"`` when the budget ran out, ``"refused"`` when
+    repeated refusals ended the episode."""
     force_committed: bool = False
     """The answer came from the force-commit call."""
     repeated_calls: int = 0
@@ -184,6 +242,19 @@ class Episode:
     """Step errors and LM errors, in order."""
     tool_mode: ToolMode = "json"
     """How tools were offered to the model: ``json`` (text protocol) or ``native`` (function calling)."""
+    refused_calls: int = 0
+    """Calls refused (blocked repeats and calls a tool declined)."""
+    duplicate_calls: int = 0
+    """Exact duplicate calls (same id, name, arguments) dropped from replies; never run nor charged."""
+
+    @property
+    def input_split(self) -> dict[str, int]:
+        """Input tokens by component (:data:`COMPONENTS`), summed over the steps; sums to ``input_tokens``."""
+        out: dict[str, int] = {}
+        for s in self.steps:
+            for k, v in s.input_split.items():
+                out[k] = out.get(k, 0) + v
+        return dict(sorted(out.items()))
 
     @property
     def input_tokens(self) -> int:
@@ -265,6 +336,37 @@ class Agent:
         return _Run(self, question).execute()
 
 
+def split_tokens(total: int, chars: Mapping[str, int]) -> dict[str, int]:
+    """Split ``total`` tokens over components in proportion to their characters, exactly.
+
+    Largest-remainder rounding (ties by component name), so the parts are integers that add up
+    to ``total``.
+
+    Args:
+        total: the call's input tokens as the provider counted them (>= 0).
+        chars: component → characters sent (components with 0 characters get nothing).
+
+    Returns:
+        Component → tokens, sorted by name; empty when ``total <= 0`` or no characters were sent.
+    """
+    weights = {k: v for k, v in chars.items() if v > 0}
+    size = sum(weights.values())
+    if total <= 0 or size <= 0:
+        return {}
+    exact = {k: total * v / size for k, v in weights.items()}
+    out = {k: math.floor(x) for k, x in exact.items()}
+    left = total - sum(out.values())
+    for k in sorted(exact, key=lambda k: (-(exact[k] - out[k]), k))[:left]:
+        out[k] += 1
+    return {k: v for k, v in sorted(out.items()) if v}
+
+
+def _message_chars(message: ChatMessage) -> int:
+    n = len(str(message.get("content") or ""))
+    calls = message.get("tool_calls")
+    return n + (len(json.dumps(calls, ensure_ascii=False)) if calls else 0)
+
+
 class _Run:
     """State of one episode."""
 
@@ -281,30 +383,81 @@ class _Run:
         self.errors: list[str] = []
         self.tool_calls: dict[str, int] = {}
         self.seen: dict[str, None] = {}
-        self.cache: dict[str, Observation] = {}
+        self.cache: dict[str, tuple[Observation, int]] = {}  # call key → (result, step that ran it)
+        self.calls_of: dict[str, int] = {}  # call key → identical calls so far in the episode
         self.observations: list[tuple[str, str]] = []  # (call label, text) for the trimmed trace
-        self.last_key: str | None = None
-        self.identical_run = 0
         self.repeated = 0
         self.blocked = 0
-        self.malformed_run = 0  # unusable replies/calls in a row
+        self.refused: dict[str, int] = {}  # call key → refusals
+        self.refusal_end: str | None = None  # why refusals ended the episode
+        self.duplicates = 0
+        self.malformed_codes: list[str | None] = []  # error codes of the current run of unusable calls
         self.call_ids: set[str] = set()  # every call id already in the conversation
+        self.tokens_per_char: float | None = None  # measured on the last call
+        self.call_chars: dict[str, int] | None = None  # the pending call's characters by component
+        self.offered = {name: tuple(t.args) for name, t in agent.toolbox.tools.items()}
+        self.legacy = agent.budget.call_rules == "legacy"
+        self.last_key: str | None = None  # legacy rules: identical calls are counted back to back
+        self.identical_run = 0
         if self.native:
             self.tools = tool_schemas(agent.toolbox)
             system = native_system_prompt(agent.toolbox.skill, agent.budget.max_steps)
         else:
             self.tools = []
             system = system_prompt(agent.toolbox.skill, agent.toolbox.describe(), agent.budget.max_steps)
+        self.schema_chars = len(json.dumps(self.tools, ensure_ascii=False)) if self.tools else 0
         self.head: list[ChatMessage] = [
             {"role": "system", "content": system},
             {"role": "user", "content": f"Question: {question}"},
         ]
         self.messages: list[ChatMessage] = list(self.head)
+        self.labels: list[str] = ["system", "question"]  # component of each message, first sending
+        self.sent = 0  # messages of self.messages already sent in an earlier call
 
     def _now(self) -> float:
         return self.a.clock() + self.offset
 
-    def _call(self, messages: list[ChatMessage], *, final: bool = False) -> tuple[ChatResponse, float]:
+    def _labels_now(self) -> list[str]:
+        """Components of ``self.messages`` for the next call: re-sent messages are ``history``."""
+        keep = ("system", "question")
+        return [lab if j >= self.sent or lab in keep else "history" for j, lab in enumerate(self.labels)]
+
+    def _chars(
+        self, messages: Sequence[ChatMessage], labels: Sequence[str], *, final: bool
+    ) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for m, lab in zip(messages, labels, strict=True):
+            out[lab] = out.get(lab, 0) + _message_chars(m)
+        schemas = len(json.dumps([answer_schema()])) if (final and self.native) else self.schema_chars
+        out["system"] = out.get("system", 0) + schemas
+        return out
+
+    def _projected(self) -> int | None:
+        """Input tokens the next loop call would cost (None: not measured yet)."""
+        if self.tokens_per_char is None:
+            return None
+        chars = sum(self._chars(self.messages, self.labels, final=False).values())
+        return math.ceil(self.tokens_per_char * chars)
+
+    def _exhausted(self) -> str | None:
+        """Why the loop must stop before the next call (a budget limit, or refusals), else None."""
+        if self.refusal_end is not None:
+            return "refused"
+        spent = self.meter.exhausted_by()
+        if spent is not None:
+            return spent
+        cap, projected = self.a.budget.max_tokens, self._projected()
+        if self.legacy:
+            return None
+        if cap is not None and projected is not None and self.meter.input_tokens + projected > cap:
+            return "tokens"
+        return None
+
+    def _call(
+        self, messages: list[ChatMessage], labels: Sequence[str], *, final: bool = False
+    ) -> tuple[ChatResponse, float]:
+        chars = self._chars(messages, labels, final=final)
+        self.call_chars = chars
         t0 = self.a.clock()
         if not self.native:
             resp = self.a.model.complete(messages, json_mode=True, max_tokens=self.a.max_output_tokens)
@@ -315,6 +468,8 @@ class _Run:
             )
         else:
             resp = self.a.model.complete(messages, max_tokens=self.a.max_output_tokens, tools=self.tools)
+        if resp.input_tokens > 0 and sum(chars.values()) > 0:
+            self.tokens_per_char = resp.input_tokens / sum(chars.values())
         measured = self.a.clock() - t0
         if resp.latency_s is None:
             return resp, measured
@@ -336,6 +491,8 @@ class _Run:
             doc_ids_seen=tuple(self.seen),
             errors=tuple(self.errors),
             tool_mode=self.a.tool_mode,
+            refused_calls=sum(self.refused.values()),
+            duplicate_calls=self.duplicates,
             **kw,
         )
 
@@ -352,23 +509,31 @@ class _Run:
             reply = resp.text if isinstance(resp, ChatResponse) else ""
         if kw.get("error"):
             self.errors.append(f"step {len(self.steps) + 1}: {kw['error']}")
+        tokens = resp.input_tokens if resp else 0
+        split: dict[str, int] = {}
+        if resp is not None and self.call_chars is not None:  # the call's tokens are booked once
+            split = split_tokens(tokens, self.call_chars)
+            self.call_chars = None
         self.steps.append(
             Step(
                 index=len(self.steps) + 1,
                 kind=kind,
-                input_tokens=resp.input_tokens if resp else 0,
+                input_tokens=tokens,
                 output_tokens=resp.output_tokens if resp else 0,
                 latency_s=latency,
                 reply=reply[:REPLY_KEEP_CHARS],
+                input_split=split,
                 **kw,
             )
         )
 
     def execute(self) -> Episode:
         overflow = False
-        while self.meter.exhausted_by() is None:
+        while self._exhausted() is None:
+            labels = self._labels_now()
+            self.sent = len(self.messages)
             try:
-                resp, latency = self._call(self.messages)
+                resp, latency = self._call(self.messages, labels)
             except LMContextWindowError as e:
                 self.meter.charge(input_tokens=0, output_tokens=0)
                 self._step("lm_error", e, 0.0, error=f"context window exceeded: {e}")
@@ -378,49 +543,78 @@ class _Run:
                 self._step("lm_error", e, 0.0, error=f"{type(e).__name__}: {e}")
                 return self._episode("failed")
             self.meter.charge(input_tokens=resp.input_tokens, output_tokens=resp.output_tokens)
-            fed: list[tuple[NativeTurn, str]] = []
-            for i, turn in enumerate(self._own_ids(self._read(resp))):
-                if i and self.meter.exhausted_by() is not None:
-                    fed.append((turn, NOT_RUN))
+            fed: list[tuple[NativeTurn, str, str]] = []  # (turn, text fed back, component)
+            turns = self._read(resp)
+            self.duplicates += len(resp.tool_calls) - sum(1 for t in turns if t.call is not None)
+            for i, turn in enumerate(self._own_ids(turns)):
+                if i and (self.meter.exhausted_by() is not None or self.refusal_end is not None):
+                    fed.append((turn, NOT_RUN, "feedback"))
                     continue
                 if i:  # each further call of a reply is one more step; the reply's tokens are on the first
                     self.meter.charge(input_tokens=0, output_tokens=0)
                 billed, took = (resp, latency) if i == 0 else (None, 0.0)
-                ids = {"call_id": turn.call.id if turn.call else None, "finish_reason": resp.finish_reason}
+                ids = {
+                    "call_id": turn.call.id if turn.call else None,
+                    "finish_reason": resp.finish_reason,
+                    "source": turn.source,
+                }
                 if turn.action is None:
-                    self._step("invalid", billed, took, reply=turn.reply, error=turn.error, **ids)
-                    self.malformed_run += 1
-                    hint = (
-                        " Call one of the tools, or call answer with your final answer."
-                        if self.native
-                        else ""
+                    self._step(
+                        "invalid",
+                        billed,
+                        took,
+                        reply=turn.reply,
+                        error=turn.error,
+                        error_code=turn.code,
+                        **ids,
                     )
-                    fed.append((turn, f"ERROR: {turn.error}{hint}"))
+                    self.malformed_codes.append(turn.code)
+                    fed.append((turn, self._invalid_feedback(turn), "feedback"))
                 elif isinstance(turn.action, AnswerAction):
                     self._step("answer", billed, took, reply=turn.reply, **ids)
                     return self._episode("answered", turn.action)
                 else:
-                    obs = self._tool_step(turn.action, billed, took, turn, **ids)
-                    self.malformed_run = self.malformed_run + 1 if obs.malformed else 0
-                    fed.append((turn, obs.text))
+                    obs, text = self._tool_step(turn.action, billed, took, turn, **ids)
+                    if obs.malformed:
+                        self.malformed_codes.append(obs.code)
+                    else:
+                        self.malformed_codes = []
+                    fed.append((turn, text, f"observation:{turn.action.tool}"))
             self._feed(resp, fed)
-            if self.malformed_run >= self.a.max_malformed_in_a_row:
-                self.errors.append(
-                    f"{self.malformed_run} malformed replies or tool calls in a row: the episode ends as "
-                    "malformed_calls (no call could be run; see the step errors)"
+            if len(self.malformed_codes) >= self.a.max_malformed_in_a_row:
+                args_only = all(c in ARGUMENT_ERRORS for c in self.malformed_codes)
+                status: EpisodeStatus = "invalid_tool_arguments" if args_only else "malformed_calls"
+                what = (
+                    "tool calls with invalid or cut arguments"
+                    if args_only
+                    else "malformed replies or tool calls"
                 )
-                return self._episode("malformed_calls")
+                self.errors.append(
+                    f"{len(self.malformed_codes)} {what} in a row: the episode ends as {status} "
+                    "(no call could be run; see the step errors)"
+                )
+                return self._episode(status)
         return self._force_commit(overflow)
+
+    def _invalid_feedback(self, turn: NativeTurn) -> str:
+        """What the model is told about an unusable action."""
+        if turn.call is not None and not self.legacy:  # a native call not read: a JSON error object
+            raw = turn.call.arguments if turn.code in ARGUMENT_ERRORS else None
+            return tool_error_json(
+                turn.code or "invalid_call", turn.error or "", tool=turn.call.name, raw=raw
+            )
+        hint = " Call one of the tools, or call answer with your final answer." if self.native else ""
+        return f"ERROR: {turn.error}{hint}"
 
     def _read(self, resp: ChatResponse) -> tuple[NativeTurn, ...]:
         """The reply's actions in order (one for a text reply); ``action=None`` + ``error`` when unusable."""
         if self.native:
-            return read_native_reply(resp)
+            return read_native_reply(resp, self.offered)
         try:
-            return (NativeTurn(parse_action(resp.text), None, resp.text, None),)
+            return (NativeTurn(parse_action(resp.text), None, resp.text, None, source="json"),)
         except ParseError as e:
             error = f"{e} ({CUT_NOTE})" if resp.finish_reason == "length" else str(e)
-            return (NativeTurn(None, error, resp.text, None),)
+            return (NativeTurn(None, error, resp.text, None, source="json", code="unparseable"),)
 
     def _own_ids(self, turns: tuple[NativeTurn, ...]) -> list[NativeTurn]:
         """``turns`` with every call id unique in the episode (missing or reused ids renamed ``<id>_<n>``)."""
@@ -439,67 +633,123 @@ class _Run:
             out.append(turn if cid == turn.call.id else replace(turn, call=replace(turn.call, id=cid)))
         return out
 
-    def _feed(self, resp: ChatResponse, fed: list[tuple[NativeTurn, str]]) -> None:
+    def _append(self, message: ChatMessage, label: str) -> None:
+        self.messages.append(message)
+        self.labels.append(label)
+
+    def _feed(self, resp: ChatResponse, fed: list[tuple[NativeTurn, str, str]]) -> None:
         """Append the model's reply and what each of its actions got back, with the steps left."""
         left = self.meter.steps_left
-        first, observation = fed[0]
+        first, observation, label = fed[0]
         if first.call is None:  # JSON mode, or a native reply that held no function call: one action
             tool = first.action.tool if isinstance(first.action, ToolAction) else None
             shown = f"Observation from {tool}:\n{observation}" if tool else observation
-            self.messages.append({"role": "assistant", "content": resp.text})
-            self.messages.append({"role": "user", "content": f"{shown}\n\n[{left} step(s) left]"})
+            self._append({"role": "assistant", "content": resp.text}, "history")
+            self._append({"role": "user", "content": f"{shown}\n\n[{left} step(s) left]"}, label)
             return
-        answered = [(turn.call, text) for turn, text in fed if turn.call is not None]
-        self.messages.append(
+        answered = [(turn.call, text, lab) for turn, text, lab in fed if turn.call is not None]
+        self._append(
             {
                 "role": "assistant",
                 "content": resp.text or None,
-                "tool_calls": [c.to_message() for c, _ in answered],
-            }
+                "tool_calls": [c.to_message() for c, _, _ in answered],
+            },
+            "history",
         )
-        for i, (call, text) in enumerate(answered):
+        for i, (call, text, lab) in enumerate(answered):
             tail = f"\n\n[{left} step(s) left]" if i == len(answered) - 1 else ""
-            self.messages.append({"role": "tool", "tool_call_id": call.id, "content": text + tail})
+            self._append({"role": "tool", "tool_call_id": call.id, "content": text + tail}, lab)
+
+    def _refuse(self, key: str, tool: str, why: str) -> None:
+        """Count one refusal of the call ``key``; a repeat or too many end the episode."""
+        self.refused[key] = self.refused.get(key, 0) + 1
+        if self.legacy:
+            return
+        total = sum(self.refused.values())
+        if self.refused[key] >= 2:
+            self.refusal_end = f"{tool} refused twice for the same call ({why})"
+        elif total >= MAX_REFUSALS:
+            self.refusal_end = f"{total} refused calls (last: {tool}: {why})"
 
     def _tool_step(
         self, action: ToolAction, resp: ChatResponse | None, latency: float, turn: NativeTurn, **ids: Any
-    ) -> Observation:
-        """Run (or answer from the trace, or block) one tool call and record its step."""
+    ) -> tuple[Observation, str]:
+        """Run (or answer from the trace, or block) one tool call and record its step.
+
+        Returns:
+            The observation and the text fed back to the model for it.
+        """
         key = canonical_call(action.tool, action.args)
-        self.identical_run = self.identical_run + 1 if key == self.last_key else 1
-        self.last_key = key
         cached = self.cache.get(key)
         repeated = blocked = False
-        if cached is not None and self.identical_run >= BLOCK_AFTER_IDENTICAL:
-            blocked = repeated = True
-            n = cached.n_results if cached.n_results is not None else len(cached.doc_ids)
-            obs = Observation(
-                text=(
-                    f"ERROR: identical call already returned {n} result(s) ({len(cached.text)} characters) "
-                    "— change the query or finish with your answer."
-                ),
-                error=f"identical call repeated {self.identical_run} times in a row; not run",
-            )
-        elif cached is not None:
+        self.identical_run = self.identical_run + 1 if key == self.last_key else 1
+        self.last_key = key
+        if cached is not None and self.legacy:
+            earlier, _ = cached
             repeated = True
-            obs = Observation(
-                text="(identical to an earlier call; result repeated from the trace)\n" + cached.text,
-                doc_ids=cached.doc_ids,
-                n_results=cached.n_results,
-                truncated=cached.truncated,
-            )
+            if self.identical_run >= BLOCK_AFTER_IDENTICAL:
+                blocked = True
+                n = earlier.n_results if earlier.n_results is not None else len(earlier.doc_ids)
+                obs = Observation(
+                    text=(
+                        f"ERROR: identical call already returned {n} result(s) "
+                        f"({len(earlier.text)} characters) — change the query or finish with your answer."
+                    ),
+                    error=f"identical call repeated {self.identical_run} times in a row; not run",
+                )
+            else:
+                obs = Observation(
+                    text="(identical to an earlier call; result repeated from the trace)\n" + earlier.text,
+                    doc_ids=earlier.doc_ids,
+                    n_results=earlier.n_results,
+                    truncated=earlier.truncated,
+                )
+        elif cached is not None:
+            earlier, at = cached
+            self.calls_of[key] = self.calls_of.get(key, 1) + 1
+            repeated = True
+            if self.calls_of[key] >= BLOCK_AFTER_IDENTICAL:
+                blocked = True
+                n = earlier.n_results if earlier.n_results is not None else len(earlier.doc_ids)
+                message = (
+                    f"identical call already returned {n} result(s) ({len(earlier.text)} characters) at "
+                    f"step {at} — change the query or finish with your answer."
+                )
+                obs = Observation(
+                    text=f"ERROR: {message}",
+                    error=f"identical call repeated {self.calls_of[key]} times; not run ({message})",
+                    refused=True,
+                    code="repeated_call",
+                )
+            else:
+                self.a.toolbox.note_repeat(action.tool, earlier)
+                obs = Observation(
+                    text=(
+                        f"(identical to the call at step {at}: its result, shown there, is unchanged; "
+                        "it is not repeated here)"
+                    ),
+                    doc_ids=earlier.doc_ids,
+                    n_results=earlier.n_results,
+                    truncated=earlier.truncated,
+                )
         else:
             obs = self.a.toolbox.call(action.tool, action.args)
             self.meter.charge(input_tokens=obs.input_tokens, output_tokens=obs.output_tokens, step=False)
             if action.tool in self.a.toolbox.tools:
                 self.tool_calls[action.tool] = self.tool_calls.get(action.tool, 0) + 1
             if obs.error is None:
-                self.cache[key] = obs
+                self.cache[key] = (obs, len(self.steps) + 1)
+                self.calls_of[key] = 1
                 self.observations.append((f"{action.tool}({action.args})", obs.text))
+        if obs.refused:
+            self._refuse(key, action.tool, obs.error or "refused")
         self.repeated += int(repeated)
         self.blocked += int(blocked)
         for d in obs.doc_ids:
             self.seen.setdefault(d, None)
+        text = obs.text
+        if obs.error is not None and not self.legacy:
+            text = tool_error_json(obs.code or "tool_error", obs.error, tool=action.tool)
         self._step(
             "tool",
             resp,
@@ -507,43 +757,55 @@ class _Run:
             reply=turn.reply,
             tool=action.tool,
             args=dict(action.args),
-            observation_chars=len(obs.text),
+            observation_chars=len(text),
             doc_ids=obs.doc_ids,
             error=obs.error,
+            error_code=obs.code,
             repeated=repeated,
             blocked=blocked,
+            refused=obs.refused,
             truncated=obs.truncated,
             n_results=obs.n_results,
-            observation=obs.text,
+            observation=text,
             tool_input_tokens=obs.input_tokens,
             tool_output_tokens=obs.output_tokens,
             **ids,
         )
-        return obs
+        return obs, text
 
-    def _trimmed(self) -> list[ChatMessage]:
+    def _trimmed(self) -> tuple[list[ChatMessage], list[str]]:
         cap = self.a.trimmed_observation_chars
         kept = self.observations[-4:]
         body = "\n\n".join(f"{label}:\n{text[:cap]}" for label, text in kept) or "(no observations)"
-        return [*self.head, {"role": "user", "content": f"Observations so far (trimmed):\n{body}"}]
+        recap: ChatMessage = {"role": "user", "content": f"Observations so far (trimmed):\n{body}"}
+        return [*self.head, recap], ["system", "question", "history"]
 
     def _force_commit(self, overflow: bool) -> Episode:
-        exhausted = None if overflow else self.meter.exhausted_by()
+        exhausted = None if overflow else self._exhausted()
+        if exhausted == "refused":
+            self.errors.append(f"the episode ends with a force-commit: {self.refusal_end}")
         status: EpisodeStatus = "context_overflow" if overflow else "budget_exhausted"
         text = native_force_commit_prompt() if self.native else force_commit_prompt()
         prompt: ChatMessage = {"role": "user", "content": text}
-        messages = [*self._trimmed(), prompt] if overflow else [*self.messages, prompt]
+        # Out of tokens (or overflowed): commit from the trimmed trace, which stays small.
+        trimmed = overflow or (exhausted == "tokens" and not self.legacy)
+        if trimmed:
+            messages, labels = self._trimmed()
+        else:
+            messages, labels = list(self.messages), self._labels_now()
+        messages, labels = [*messages, prompt], [*labels, "force_commit"]
         try:
-            resp, latency = self._call(messages, final=True)
+            resp, latency = self._call(messages, labels, final=True)
         except LMContextWindowError as e:
-            if overflow:
+            if trimmed:
                 self._step("lm_error", e, 0.0, error=f"force-commit context window exceeded: {e}")
                 return self._episode(status, exhausted_by=exhausted, timed_out=not overflow)
             # The full trace no longer fits: commit from the trimmed trace instead.
             self._step("lm_error", e, 0.0, error=f"force-commit context window exceeded: {e}")
             status = "context_overflow"
+            messages, labels = self._trimmed()
             try:
-                resp, latency = self._call([*self._trimmed(), prompt], final=True)
+                resp, latency = self._call([*messages, prompt], [*labels, "force_commit"], final=True)
             except LMError as e2:
                 self._step("lm_error", e2, 0.0, error=f"{type(e2).__name__}: {e2}")
                 return self._episode(status, exhausted_by=exhausted, timed_out=True)

@@ -12,7 +12,8 @@ deterministically, in this order (first rule that applies wins):
 3. *(correct → no failure, ``None``)* — judge-correct when graded, else exact match.
 4. ``malformed_calls`` — the agent ended the episode because the model's replies or tool calls
    could not be run several times in a row (trace status ``malformed_calls``: unparseable or
-   cut replies, invalid arguments, unknown tools); a model/protocol failure, graded wrong.
+   cut replies, invalid arguments, unknown tools; or ``invalid_tool_arguments``: every one of
+   them a call with invalid or cut arguments); a model/protocol failure, graded wrong.
 5. ``out_of_budget`` — the step budget ran out and no answer was committed (blank answer).
 6. ``no_candidate`` — the question names gold documents (``gold_docids``, else its evidence
    documents) and none of them surfaced in anything the agent saw (``doc_ids_seen``); or the
@@ -99,7 +100,7 @@ def classify_failure(trace: Trace, gold_docids: Sequence[str] | None = None) -> 
         return "grader_error"
     if is_correct(trace):
         return None
-    if trace.status == "malformed_calls":
+    if trace.status in ("malformed_calls", "invalid_tool_arguments"):
         return "malformed_calls"
     answer = (trace.exact_answer or "").strip()
     if not answer and trace.timed_out:

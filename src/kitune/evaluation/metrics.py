@@ -202,6 +202,9 @@ def build_trace(question: Question, skill: str, episode: Episode, *, judge: Judg
         errors=list(episode.errors),
         category=question.category,
         tool_mode=getattr(episode, "tool_mode", "json"),
+        input_split=dict(getattr(episode, "input_split", {}) or {}),
+        refused_calls=int(getattr(episode, "refused_calls", 0) or 0),
+        duplicate_calls=int(getattr(episode, "duplicate_calls", 0) or 0),
     )
 
 

@@ -261,7 +261,10 @@ class TraceSignals:
 
 
 def step_error(step: Mapping[str, Any]) -> str | None:
-    """A tool step's error: its ``error``, else the first line of an observation starting ``ERROR:``.
+    """A tool step's error: its ``error``, else what its observation says went wrong.
+
+    That is the first line of an observation starting ``ERROR:``, or the ``message`` of an
+    observation that is a JSON error object (``{"error": {...}}``, what kitune's agent sends).
 
     Chat-message traces carry no error field: a tool result written as ``ERROR: …`` (kitune's
     tools, and many others, report failures that way) is read as the error.
@@ -271,6 +274,13 @@ def step_error(step: Mapping[str, Any]) -> str | None:
     text = step.get("observation")
     if isinstance(text, str) and text.lstrip().startswith("ERROR:"):
         return text.lstrip()[len("ERROR:") :].strip().split("\n", 1)[0]
+    if isinstance(text, str) and text.lstrip().startswith('{"error"'):  # kitune's JSON error object
+        try:
+            body = json.JSONDecoder().raw_decode(text.lstrip())[0].get("error")
+        except (json.JSONDecodeError, AttributeError):
+            return None
+        if isinstance(body, dict) and body.get("message"):
+            return str(body["message"])
     return None
 
 

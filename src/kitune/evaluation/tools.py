@@ -8,8 +8,10 @@ Skills:
 * ``in-context`` — ``get_context(query)`` (a caller-supplied function returning rendered KI
   text and the doc ids it cites) and, when a corpus store is given, a raw ``search`` fallback
   that only works after two *failed* KI look-ups; earlier calls return an instructive error
-  observation. A look-up fails when it returns no KI or errors, or when the agent does not
-  answer after it but looks up again or turns to search (the KIs it got did not answer).
+  observation (``Observation.refused``, which the agent counts). A look-up fails when it returns
+  no KI or errors, or when the agent does not answer after it but looks up again or turns to
+  search (the KIs it got did not answer); an identical look-up the agent answers from its trace
+  is booked the same way (:meth:`Toolbox.note_repeat`), so repeating it moves toward the fallback.
 * ``closed-book`` — no tools.
 
 Every tool returns an :class:`Observation`: its text, the doc ids it showed, and an error string
@@ -104,6 +106,13 @@ class Observation:
     malformed: bool = False
     """The call itself was wrong and was not run (unknown tool, missing or unexpected arguments,
     empty or ``<placeholder>`` values); False for a call that ran, even when its backend failed."""
+    refused: bool = False
+    """The tool declined to run a well-formed call because a precondition was not met (the
+    in-context ``search`` fallback before two failed look-ups). The agent counts refusals: a
+    refused call costs a step, and a repeated refusal ends the episode with a force-commit."""
+    code: str | None = None
+    """A short machine-readable name of the error (``unknown_tool``, ``invalid_arguments``,
+    ``not_allowed_yet``, ``backend_error``, ``not_found``), None when the call succeeded."""
 
 
 @dataclass(frozen=True)
@@ -197,6 +206,10 @@ class Tool:
     description: str
     args: Mapping[str, str]
     fn: Callable[..., Observation]
+    on_repeat: Callable[[Observation], None] | None = None
+    """Called with the earlier result when the agent answers an identical call from its trace
+    instead of running the tool again, so a stateful tool books the repeat as if it had run
+    (``get_context``: a repeated look-up is one more look-up that did not answer)."""
 
 
 @dataclass
@@ -224,6 +237,17 @@ class Toolbox:
             lines.append(f'- {t.name}: {t.description} Call as {{"tool": "{t.name}", "args": {{{args}}}}}')
         return "\n".join(lines)
 
+    def note_repeat(self, name: str, earlier: Observation) -> None:
+        """Book an identical call answered from the agent's trace (see :attr:`Tool.on_repeat`).
+
+        Args:
+            name: the tool name of the repeated call (unknown names are ignored).
+            earlier: the result the first identical call returned.
+        """
+        tool = self.tools.get(name)
+        if tool is not None and tool.on_repeat is not None:
+            tool.on_repeat(earlier)
+
     def call(self, name: str, args: Mapping[str, Any]) -> Observation:
         """Run one tool; never raises for a bad call or a backend failure.
 
@@ -235,36 +259,41 @@ class Toolbox:
         tool = self.tools.get(name)
         if tool is None:
             known = ", ".join(self.tools) or "none"
-            return self._malformed(f"unknown tool {name!r}; available tools: {known}")
+            return self._malformed(f"unknown tool {name!r}; available tools: {known}", "unknown_tool")
         missing = [a for a in tool.args if a not in args]
         extra = [a for a in args if a not in tool.args]
         if missing or extra:
             return self._malformed(
-                f"{name} takes arguments {list(tool.args)}; missing {missing}, unexpected {extra}"
+                f"{name} takes arguments {list(tool.args)}; missing {missing}, unexpected {extra}",
+                "invalid_arguments",
             )
         bad = [a for a in tool.args if not isinstance(args[a], str | int) or str(args[a]).strip() == ""]
         if bad:
-            return self._malformed(f"{name}: argument(s) {bad} must be non-empty strings")
+            return self._malformed(
+                f"{name}: argument(s) {bad} must be non-empty strings", "invalid_arguments"
+            )
         templated = [a for a in tool.args if re.fullmatch(r"\s*<[^<>]*>\s*", str(args[a]))]
         if templated:
             return self._malformed(
-                f"{name}: argument(s) {templated} still hold the <placeholder>: write real values"
+                f"{name}: argument(s) {templated} still hold the <placeholder>: write real values",
+                "invalid_arguments",
             )
         try:
             obs = tool.fn(**{a: str(args[a]).strip() for a in tool.args})
         except DocumentNotFoundError as e:
-            return self._error(f"{e}; use a doc id shown by an earlier result")
+            return self._error(f"{e}; use a doc id shown by an earlier result", "not_found")
         except (HarnessError, RecordingMissError):
             raise  # a bug, or a replay without this call (e.g. the rewriter's): not the model's doing
         except Exception as e:  # a backend failure is data for the trace, not a crash
-            return self._error(f"{name} failed: {type(e).__name__}: {e}")
+            return self._error(f"{name} failed: {type(e).__name__}: {e}", "backend_error")
         return cap_observation(obs, self.max_chars)
 
-    def _error(self, message: str) -> Observation:
-        return cap_observation(Observation(text=f"ERROR: {message}", error=message), self.max_chars)
+    def _error(self, message: str, code: str) -> Observation:
+        obs = Observation(text=f"ERROR: {message}", error=message, code=code)
+        return cap_observation(obs, self.max_chars)
 
-    def _malformed(self, message: str) -> Observation:
-        obs = Observation(text=f"ERROR: {message}", error=message, malformed=True)
+    def _malformed(self, message: str, code: str) -> Observation:
+        obs = Observation(text=f"ERROR: {message}", error=message, malformed=True, code=code)
         return cap_observation(obs, self.max_chars)
 
 
@@ -339,21 +368,35 @@ def in_context_toolbox(
     """
     box = Toolbox(skill="in-context", max_chars=max_chars)
 
-    def _lookup(query: str) -> Observation:
+    def _settle_pending() -> None:
         if box.pending_lookup:  # looking up again: the previous KIs did not answer
             box.failed_lookups += 1
             box.pending_lookup = False
+
+    def _book(n_results: int) -> None:
+        if n_results <= 0:
+            box.failed_lookups += 1
+        else:
+            box.pending_lookup = True
+
+    def _repeat(earlier: Observation) -> None:
+        # The same look-up again, answered from the trace: booked as if it had run, so the
+        # look-ups that did not answer move toward the search fallback (issue 39.4).
+        _settle_pending()
+        _book(earlier.n_results or 0)
+
+    def _lookup(query: str) -> Observation:
+        _settle_pending()
         try:
             ctx = get_context(query)
         except Exception:
             box.failed_lookups += 1
             raise
+        _book(ctx.n_results)
         if ctx.n_results <= 0:
-            box.failed_lookups += 1
             text = ctx.text or f"No knowledge indicators matched {query!r}."
         else:
             text = ctx.text
-            box.pending_lookup = True
         return Observation(
             text=text,
             doc_ids=ctx.doc_ids,
@@ -368,6 +411,7 @@ def in_context_toolbox(
         "for a query. Use this first; one entity or relation per query works best.",
         {"query": "question or entity and relation"},
         _lookup,
+        on_repeat=_repeat,
     )
     if corpus_store is not None:
         store = corpus_store
@@ -383,6 +427,8 @@ def in_context_toolbox(
                         "Call get_context with a different query first."
                     ),
                     error="search not allowed yet: fewer than 2 failed get_context look-ups",
+                    refused=True,
+                    code="not_allowed_yet",
                 )
             return _render_hits(store, query, search_hits, snippets_per_hit, snippet_chars)
 

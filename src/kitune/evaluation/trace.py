@@ -25,7 +25,7 @@ class Trace:
     gold_answer: str
     aliases: list[str] = field(default_factory=list)
     status: str = "failed"
-    """answered | budget_exhausted | context_overflow | malformed_calls | failed."""
+    """answered | budget_exhausted | context_overflow | malformed_calls | invalid_tool_arguments | failed."""
     exact_answer: str = ""
     explanation: str = ""
     confidence: int | None = None
@@ -65,6 +65,14 @@ class Trace:
     """The question's category (e.g. ``"temporal"``), empty when the dataset has none."""
     tool_mode: str = "json"
     """How the agent called tools: ``native`` (the provider's tool calling) or ``json`` (JSON in text)."""
+    input_split: dict[str, int] = field(default_factory=dict)
+    """``input_tokens`` by component (``system``, ``question``, ``observation:<tool>``,
+    ``feedback``, ``history``, ``force_commit``; see :data:`kitune.evaluation.agent.COMPONENTS`);
+    sums to ``input_tokens`` when set; empty for traces written before it existed."""
+    refused_calls: int = 0
+    """Calls refused (blocked identical repeats, calls a tool declined)."""
+    duplicate_calls: int = 0
+    """Exact duplicate calls dropped from the model's replies (never run nor charged)."""
 
     @property
     def is_graded(self) -> bool:
