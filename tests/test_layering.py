@@ -34,6 +34,7 @@ LAYERS = {
     "chat": 0,
     "ki": 0,
     "schema": 0,
+    "plugins": 0,
     "lm": 1,
     "localmodel": 1,
     "recording": 1,

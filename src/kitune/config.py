@@ -21,13 +21,14 @@ import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SerializeAsAny,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -46,6 +47,7 @@ from kitune.errors import ConfigError
 
 __all__ = [
     "ROLES",
+    "STORE_SECTIONS",
     "AgentConfig",
     "ElasticsearchStoreConfig",
     "EmbedderConfig",
@@ -58,15 +60,18 @@ __all__ = [
     "LanceStoreConfig",
     "LifecycleConfig",
     "LocalModelConfig",
+    "MemoryStoreConfig",
     "OptimizeConfig",
     "ProposalKindName",
     "RetrievalConfig",
     "ReviewConfig",
     "Role",
     "StoreConfig",
+    "StoreSection",
     "TrackingConfig",
     "load_config",
     "mask_secrets",
+    "register_store_section",
     "with_overrides",
 ]
 
@@ -285,7 +290,29 @@ class EmbedderConfig(_Section):
     dim: int = Field(default=256, ge=8, le=4096, description="Vector dimension.")
 
 
-class LanceStoreConfig(_Section):
+class StoreSection(_Section):
+    """What every KI store backend's config section has: its ``type`` and a named KI collection.
+
+    A backend subclasses it (its own settings as fields), names the field that holds the KI
+    collection's name (:attr:`collection_field`: LanceDB's ``table``, Elasticsearch's ``index``)
+    and registers the subclass (:func:`register_store_section`, which
+    :func:`kitune.retrieval.backends.register_store_backend` calls), so ``store.type: <name>``
+    validates into it. Nothing outside the backend reads a backend's own fields.
+    """
+
+    type: str = Field(description="The backend (a registered store type).")
+    collection_field: ClassVar[str] = "table"
+    """The field naming the KI table/index; the loop versions it as ``<name>-<sha8>``."""
+    collection_kind: ClassVar[str] = "table"
+    """What the backend calls that collection, for messages (``table``, ``index``)."""
+
+    @property
+    def collection(self) -> str:
+        """The KI table/index name (the value of :attr:`collection_field`)."""
+        return str(getattr(self, self.collection_field))
+
+
+class LanceStoreConfig(StoreSection):
     """Embedded default store on LanceDB (no server)."""
 
     type: Literal["lancedb"] = "lancedb"
@@ -306,9 +333,11 @@ class LanceStoreConfig(_Section):
     )
 
 
-class ElasticsearchStoreConfig(_Section):
+class ElasticsearchStoreConfig(StoreSection):
     """Elasticsearch 9.x backend (scale-out)."""
 
+    collection_field: ClassVar[str] = "index"
+    collection_kind: ClassVar[str] = "index"
     type: Literal["elasticsearch"] = "elasticsearch"
     url_env: str = Field(default="KITUNE_ES_URL", description="Env var holding the cluster URL.")
     api_key_env: str | None = Field(default="KITUNE_ES_API_KEY", description="Env var holding an API key.")
@@ -326,7 +355,45 @@ class ElasticsearchStoreConfig(_Section):
     _check_env_names = field_validator("url_env", "api_key_env")(_env_name)
 
 
-StoreConfig = Annotated[LanceStoreConfig | ElasticsearchStoreConfig, Field(discriminator="type")]
+class MemoryStoreConfig(StoreSection):
+    """In-process store (:class:`kitune.retrieval.memory.MemoryStore`): nothing on disk, gone at exit.
+
+    One store per table name for the life of the process, so an extraction and the evaluation
+    after it in one process share it; for tests, trials and the store conformance suite.
+    """
+
+    type: Literal["memory"] = "memory"
+    table: str = Field(default="kis", description="KI table name (one in-process store per name).")
+
+
+STORE_SECTIONS: dict[str, type[StoreSection]] = {
+    "lancedb": LanceStoreConfig,
+    "elasticsearch": ElasticsearchStoreConfig,
+    "memory": MemoryStoreConfig,
+}
+"""``store.type`` → its config section. Built-ins here; a plug-in backend adds its own through
+:func:`register_store_section` (via :func:`kitune.retrieval.backends.register_store_backend`)."""
+
+
+def register_store_section(section: type[StoreSection], *, replace: bool = False) -> type[StoreSection]:
+    """Make ``store.type: <section's type default>`` validate into ``section``; returns it.
+
+    Raises:
+        ValueError: ``section.type`` has no string default, or that type is taken by another
+            section and ``replace`` is False.
+    """
+    default = section.model_fields["type"].default
+    if not isinstance(default, str) or not default:
+        raise ValueError(f"{section.__name__}.type needs a default naming the backend, e.g. 'mystore'")
+    old = STORE_SECTIONS.get(default)
+    if old is not None and old is not section and not replace:
+        raise ValueError(f"store type {default!r} is already registered ({old.__name__})")
+    STORE_SECTIONS[default] = section
+    return section
+
+
+StoreConfig = SerializeAsAny[StoreSection]
+"""The ``store`` section: one of :data:`STORE_SECTIONS`, chosen by its ``type``."""
 
 
 class RetrievalConfig(_Section):
@@ -679,8 +746,17 @@ class KituneConfig(BaseSettings):
     @classmethod
     def _default_store_type(cls, value: Any) -> Any:
         # KITUNE_STORE__TABLE=x (or a file with store: {path: ...}) names no type: the embedded store.
-        if isinstance(value, dict) and "type" not in value:
-            return {"type": "lancedb", **value}
+        if isinstance(value, Mapping):
+            kind = value.get("type", "lancedb")
+            section = STORE_SECTIONS.get(kind) if isinstance(kind, str) else None
+            if section is None:
+                raise PydanticCustomError(
+                    "store_type",
+                    "unknown store.type {kind}: use one of {known} (a plug-in backend registers its type "
+                    "when its module is imported)",
+                    {"kind": repr(kind), "known": ", ".join(sorted(STORE_SECTIONS))},
+                )
+            return section.model_validate({"type": kind, **value})
         return value
 
     @classmethod

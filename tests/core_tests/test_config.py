@@ -147,8 +147,7 @@ def test_a_value_pasted_into_an_env_field_is_refused_and_never_echoed(tmp_path, 
     with pytest.raises(ConfigError) as info:
         load_config(f)
     msg = str(info.value)
-    shown_as = setting.replace("store.", "store.elasticsearch.")  # pydantic names the union member
-    assert shown_as in msg and "name of an environment variable" in msg
+    assert setting in msg and "name of an environment variable" in msg
     assert pasted not in msg and pasted not in repr(info.value.__cause__)
     assert "Value error" not in msg
 
@@ -195,7 +194,7 @@ def test_switching_the_store_type_by_override_drops_the_other_backends_keys(tmp_
     assert (same.table, same.write_batch_size) == ("t2", 64)
     with pytest.raises(ConfigError) as e:
         load_config(path, overrides={"store.type": "elasticsearch", "store.table": "firms"})
-    assert str(e.value) == "invalid configuration: store.elasticsearch.table: Extra inputs are not permitted"
+    assert str(e.value) == "invalid configuration: store.table: Extra inputs are not permitted"
 
 
 def test_overrides_keep_unset_settings_unset_so_concurrency_follows_the_slots(tmp_path):

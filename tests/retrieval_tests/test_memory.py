@@ -98,7 +98,7 @@ def test_corpus_replace_by_docid() -> None:
 
 def test_serve_stale_flag_and_explicit_statuses() -> None:
     """Stale KIs are served only when retrieval.serve_stale is set or the filter names statuses."""
-    from kitune.retrieval.memory import effective_filter
+    from kitune.retrieval.rules import effective_filter
     from kitune.schema import Filter
 
     plan = QueryPlan(lexical="x")

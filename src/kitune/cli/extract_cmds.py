@@ -136,15 +136,8 @@ def extract(
         text = _registered_instruction(cfg, prompt_alias, packaged=packaged)
     extractor = FactExtractor.from_config(cfg, text)
     store_cfg = versioned_store_cfg(cfg, extractor.prompt_version)
-    kind, where = (
-        ("table", store_cfg.store.table)
-        if store_cfg.store.type == "lancedb"
-        else ("index", store_cfg.store.index)
-    )
-    out.print(
-        f"KI store: {store_cfg.store.type} {kind} {where}",
-        highlight=False,
-    )
+    section = store_cfg.store
+    out.print(f"KI store: {section.type} {section.collection_kind} {section.collection}", highlight=False)
     state_path = state or default_state_path(cfg, extractor.prompt_version)
     if restart and state_path.exists():
         state_path.unlink()

@@ -43,15 +43,11 @@ def _open_store(config: Path | None, *, read_only: bool = False) -> tuple[Kitune
 
     A read-only command (``stats``) must not create an empty table as a side effect.
     """
-    from kitune.retrieval import create_store
+    from kitune.service.serving.setting import open_store
 
     cfg = _store_cfg(get_config(config))
-    if read_only and cfg.store.type == "lancedb":
-        folder = Path(cfg.store.path or Path(cfg.workdir) / "lancedb") / f"{cfg.store.table}.lance"
-        if not folder.exists():
-            return cfg, None
     try:
-        return cfg, create_store(cfg)
+        return cfg, open_store(cfg, read_only=read_only)
     except KituneError as e:
         fail(str(e))
 

@@ -64,7 +64,6 @@ from kitune.optimizers.base import (
     require_sets,
 )
 from kitune.optimizers.budget import OptimizerBudget
-from kitune.optimizers.registry import register_optimizer
 from kitune.optimizers.stopping import MaxInputTokens, StopLog, StopperProtocol, TimeoutStopCondition, restart
 
 __all__ = [
@@ -578,7 +577,6 @@ def _stop_reason(
     )
 
 
-@register_optimizer("gepa")
 def make_gepa(
     metric: Callable[..., Any],
     *,
@@ -619,3 +617,7 @@ def make_gepa(
         reflection_max_tokens=budget.reflection_max_tokens,
         min_proposals=budget.min_proposals,
     )
+
+
+PLUGINS = {"gepa": make_gepa}
+"""This module's optimiser, registered by :data:`kitune.optimizers.registry.OPTIMIZERS` on first use."""

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from kitune.optimizers.improve_env import ImproveEnv, ImproveInput
-from kitune.optimizers.registry import Registry
 from kitune.optimizers.setting import Proposal, Setting
+from kitune.plugins import Registry
 
 __all__ = [
     "IMPROVERS",

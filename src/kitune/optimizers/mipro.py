@@ -28,7 +28,6 @@ from kitune.optimizers.base import (
     require_sets,
 )
 from kitune.optimizers.budget import OptimizerBudget
-from kitune.optimizers.registry import register_optimizer
 from kitune.optimizers.tasks import as_float_metric
 
 __all__ = ["DEFAULT_TRIALS", "MiproOptimizer", "make_mipro"]
@@ -158,7 +157,6 @@ class MiproOptimizer:
         )
 
 
-@register_optimizer("mipro")
 def make_mipro(
     metric: Callable[..., Any],
     *,
@@ -179,3 +177,7 @@ def make_mipro(
         rng=rng,
         num_threads=budget.threads,
     )
+
+
+PLUGINS = {"mipro": make_mipro}
+"""This module's optimiser, registered by :data:`kitune.optimizers.registry.OPTIMIZERS` on first use."""

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from kitune.errors import ConfigError
-from kitune.optimizers.registry import Registry
+from kitune.plugins import Registry
 from kitune.programs.instructions import available_instructions, load_instruction
 
 if TYPE_CHECKING:

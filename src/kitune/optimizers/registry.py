@@ -1,10 +1,10 @@
-"""Named plug-ins of the loop: optimisers, found by name, each registered by its own file.
+"""The optimiser registry: optimisers found by name, each declared by its own file.
 
-A :class:`Registry` maps a name to an entry (a factory, a task, an improver). Entries register
-themselves when their module is imported (``register_optimizer("gepa", make_gepa)`` at the end of
-``optimizers/gepa.py``); the registry imports its *built-in* modules the first time anyone asks
-for a name, so ``optimizer_names()`` always lists ``gepa`` and ``mipro`` without the caller
-importing them. Any other module — a user's plug-in, a test — registers by being imported.
+:data:`OPTIMIZERS` is a :class:`kitune.plugins.Registry`: a built-in optimiser module declares
+``PLUGINS = {"gepa": make_gepa}`` at its end and the registry imports it the first time anyone
+asks for a name, so ``optimizer_names()`` always lists ``gepa`` and ``mipro`` without the caller
+importing them (and the built-ins never import this module). Any other module — a user's plug-in,
+a test — registers when it is imported.
 
 The optimiser registry (this module's functions) builds every optimiser from one
 :class:`~kitune.optimizers.budget.OptimizerBudget`::
@@ -20,14 +20,11 @@ module, so ``optimize.optimizer`` is a plain string there and is checked here, b
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 import random
-import threading
-from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, overload
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, overload
 
-from kitune.errors import ConfigError
+from kitune.plugins import Registry
 
 if TYPE_CHECKING:
     from kitune.optimizers.base import Optimizer
@@ -35,131 +32,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "OptimizerFactory",
-    "Registry",
     "check_optimizer",
     "make_optimizer",
     "optimizer_names",
     "register_optimizer",
     "unregister_optimizer",
 ]
-
-T = TypeVar("T")
-
-
-class Registry(Generic[T]):
-    """Name → entry, filled by the entries' own modules (see the module docstring).
-
-    Args:
-        kind: what an entry is, for messages (``"optimizer"``, ``"program"``, ``"improver"``).
-        modules: built-in modules imported on first look-up (each registers its entries).
-        packages: built-in packages whose every module is imported on first look-up (one file
-            per entry: adding a module to the package is all it takes).
-        setting: the config key or flag that names an entry, for error messages.
-    """
-
-    def __init__(
-        self,
-        kind: str,
-        *,
-        modules: Sequence[str] = (),
-        packages: Sequence[str] = (),
-        setting: str = "",
-    ) -> None:
-        self.kind = kind
-        self.setting = setting
-        self._modules = tuple(modules)
-        self._packages = tuple(packages)
-        self._entries: dict[str, T] = {}
-        self._loaded = False
-        self._lock = threading.RLock()
-
-    def _load(self) -> None:
-        if self._loaded:
-            return
-        with self._lock:
-            if self._loaded:
-                return
-            self._loaded = True  # before importing: a built-in module registering itself re-enters
-            try:
-                for module in self._modules:
-                    importlib.import_module(module)
-                for package in self._packages:
-                    pkg = importlib.import_module(package)
-                    for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
-                        if not info.name.startswith("_"):
-                            importlib.import_module(f"{package}.{info.name}")
-            except BaseException:
-                self._loaded = False  # a failed import is retried (and raises again) next time
-                raise
-
-    def register(self, name: str, entry: T, *, replace: bool = False) -> T:
-        """Add ``entry`` under ``name``; returns ``entry`` (so it can decorate).
-
-        Re-registering the same object under the same name is a no-op (a module imported twice).
-
-        Raises:
-            ValueError: ``name`` is empty or not lower-case ``[a-z0-9_-]``, or already taken by
-                another entry and ``replace`` is False.
-        """
-        if not name or name != name.strip().lower() or not all(c.isalnum() or c in "_-" for c in name):
-            raise ValueError(f"{self.kind} name {name!r}: use lower-case letters, digits, '_' or '-'")
-        with self._lock:
-            old = self._entries.get(name)
-            if old is not None and old is not entry and not replace:
-                raise ValueError(f"{self.kind} {name!r} is already registered ({old!r})")
-            self._entries[name] = entry
-        return entry
-
-    def unregister(self, name: str) -> None:
-        """Remove ``name`` (no error when absent); for tests and plug-ins that withdraw."""
-        with self._lock:
-            self._entries.pop(name, None)
-
-    def names(self) -> tuple[str, ...]:
-        """Every registered name, sorted."""
-        self._load()
-        return tuple(sorted(self._entries))
-
-    def entries(self) -> Iterator[tuple[str, T]]:
-        """``(name, entry)`` pairs, sorted by name."""
-        self._load()
-        return iter(sorted(self._entries.items()))
-
-    def __contains__(self, name: object) -> bool:
-        self._load()
-        return name in self._entries
-
-    def get(self, name: str) -> T:
-        """The entry registered as ``name``.
-
-        Raises:
-            ConfigError: no such name (the message lists the registered ones and the setting).
-        """
-        self._load()
-        entry = self._entries.get(name)
-        if entry is None:
-            where = f" ({self.setting})" if self.setting else ""
-            raise ConfigError(
-                f"unknown {self.kind} {name!r}{where}: registered {self.kind}s are "
-                f"{', '.join(self.names()) or '(none)'}"
-            )
-        return entry
-
-    def check(self, names: Sequence[str], *, setting: str | None = None) -> tuple[str, ...]:
-        """Validate several names at once (``--programs a,b``); returns them as a tuple.
-
-        Raises:
-            ConfigError: any unknown name, or none given (the message lists the registered ones).
-        """
-        self._load()
-        bad = [n for n in names if n not in self._entries]
-        if bad or not names:
-            where = setting if setting is not None else self.setting
-            raise ConfigError(
-                f"unknown {self.kind}(s) {bad or '(none)'}{f' ({where})' if where else ''}: "
-                f"choose from {', '.join(self.names())}"
-            )
-        return tuple(names)
 
 
 class OptimizerFactory(Protocol):
@@ -218,7 +96,7 @@ def register_optimizer(name: str, factory: F | None = None, *, replace: bool = F
         ``factory`` (or the decorator).
 
     Raises:
-        ValueError: bad or taken name (see :meth:`Registry.register`).
+        ValueError: bad or taken name (see :meth:`kitune.plugins.Registry.register`).
     """
     if factory is not None:
         OPTIMIZERS.register(name, factory, replace=replace)

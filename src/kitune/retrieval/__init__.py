@@ -1,17 +1,16 @@
 """KI stores and the baseline corpus store.
 
 Build them from config with :func:`create_store` / :func:`create_corpus_store`; tests use
-:class:`MemoryStore` / :class:`MemoryCorpusStore` with a :class:`HashEmbedder`. The
-Elasticsearch backend is imported lazily (``pip install 'kitune[elasticsearch]'``).
+:class:`MemoryStore` / :class:`MemoryCorpusStore` with a :class:`HashEmbedder`. Which backend
+``store.type`` opens is the store registry's business (:mod:`kitune.retrieval.backends`); the
+Elasticsearch client is imported only when that backend opens (``pip install 'kitune[elasticsearch]'``).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kitune.config import ElasticsearchStoreConfig, LanceStoreConfig
-from kitune.errors import ConfigError
+from kitune.retrieval.backends import register_store_backend, store_backend, store_exists, store_types
 from kitune.retrieval.base import (
     Aggregations,
     CorpusHit,
@@ -19,14 +18,14 @@ from kitune.retrieval.base import (
     Hit,
     SearchResult,
     Store,
+    StoreBackend,
     SweepResult,
     WriteFailure,
     WriteResult,
 )
-from kitune.retrieval.elasticsearch import ElasticsearchStore
 from kitune.retrieval.embedders import Embedder, HashEmbedder, WordLlamaEmbedder, create_embedder
 from kitune.retrieval.fusion import aggregate, rrf_fuse
-from kitune.retrieval.lance import LanceStore
+from kitune.retrieval.lance import lance_path
 from kitune.retrieval.lance_corpus import LanceCorpusStore
 from kitune.retrieval.memory import MemoryCorpusStore, MemoryStore
 
@@ -44,6 +43,7 @@ __all__ = [
     "MemoryStore",
     "SearchResult",
     "Store",
+    "StoreBackend",
     "SweepResult",
     "WordLlamaEmbedder",
     "WriteFailure",
@@ -53,50 +53,27 @@ __all__ = [
     "create_embedder",
     "create_store",
     "lance_path",
+    "register_store_backend",
     "rrf_fuse",
+    "store_backend",
+    "store_exists",
+    "store_types",
 ]
 
 
-def lance_path(cfg: KituneConfig) -> Path:
-    """Return the LanceDB folder for ``cfg``.
-
-    The LanceDB folder: ``store.path`` when the store is LanceDB and it is set, else
-    ``<workdir>/lancedb``.
-    """
-    path = getattr(cfg.store, "path", None)
-    return Path(path) if path is not None else Path(cfg.workdir) / "lancedb"
-
-
 def create_store(cfg: KituneConfig, *, embedder: Embedder | None = None) -> Store:
-    """Build the KI store ``cfg.store`` names.
+    """Build the KI store ``cfg.store`` names, through the store registry (:mod:`kitune.retrieval.backends`).
 
     Args:
         cfg: the whole config (store, embedder, retrieval sections are used).
-        embedder: overrides ``cfg.embedder`` (LanceDB only; Elasticsearch embeds server-side).
+        embedder: overrides ``cfg.embedder`` where the backend embeds locally (LanceDB, memory;
+            Elasticsearch embeds server-side).
 
     Raises:
-        ConfigError: unknown store type, or the ``elasticsearch`` extra is not installed.
+        ConfigError: unknown store type, or the backend's extra is not installed.
         StoreUnavailableError: the backend cannot be opened or reached.
     """
-    store_cfg = cfg.store
-    store_type = store_cfg.type
-    if isinstance(store_cfg, LanceStoreConfig):
-        return LanceStore(
-            lance_path(cfg),
-            embedder or create_embedder(cfg.embedder),
-            config=store_cfg,
-            retrieval=cfg.retrieval,
-        )
-    if isinstance(store_cfg, ElasticsearchStoreConfig):
-        try:
-            import elasticsearch  # noqa: F401
-        except ImportError as e:
-            raise ConfigError(
-                "store.type=elasticsearch needs the Elasticsearch client: pip install 'kitune[elasticsearch]'"
-            ) from e
-
-        return ElasticsearchStore.from_config(store_cfg, retrieval=cfg.retrieval)
-    raise ConfigError(f"unknown store.type {store_type!r}: use lancedb or elasticsearch")
+    return store_backend(cfg).open(cfg, embedder)
 
 
 def create_corpus_store(cfg: KituneConfig, *, embedder: Embedder | None = None) -> CorpusStore:

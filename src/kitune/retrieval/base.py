@@ -30,13 +30,16 @@ Cross-backend rules (every implementation, checked by ``kitune.testing.store_con
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from kitune.ki import KI, KIStatus
 from kitune.schema import Document, Filter, QueryPlan
+
+if TYPE_CHECKING:
+    from kitune.config import KituneConfig, StoreSection
 
 __all__ = [
     "Aggregations",
@@ -45,6 +48,7 @@ __all__ = [
     "Hit",
     "SearchResult",
     "Store",
+    "StoreBackend",
     "SweepResult",
     "WriteFailure",
     "WriteResult",
@@ -249,3 +253,35 @@ class CorpusStore(Protocol):
     def count(self) -> int:
         """Number of documents."""
         ...
+
+
+def _exists_unknown(cfg: KituneConfig) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class StoreBackend:
+    """A KI store backend as the store registry (:mod:`kitune.retrieval.backends`) knows it.
+
+    A backend is one module: its :class:`Store` implementation, its config section (a
+    :class:`~kitune.config.StoreSection` subclass) and, at the end, ``PLUGINS = {name:
+    StoreBackend(...)}`` (built-ins) or a :func:`~kitune.retrieval.backends.register_store_backend`
+    call (plug-ins). Nothing else in kitune names a backend.
+
+    Args:
+        name: the ``store.type`` value (lower case); equal to ``section``'s ``type`` default.
+        section: the backend's config section class.
+        open: ``(cfg, embedder) -> Store`` for ``cfg.store`` (an instance of ``section``);
+            ``embedder`` (a :class:`kitune.retrieval.embedders.Embedder` or None) overrides
+            ``cfg.embedder`` where the backend embeds locally (None: build it from
+            ``cfg.embedder``). Raises ``ConfigError`` (e.g. a missing extra) or
+            ``StoreUnavailableError``.
+        exists: ``cfg -> bool``: the KI collection ``cfg.store`` names exists already, so a
+            read-only command can skip creating an empty one. Default: always True (the backend
+            cannot tell without opening, so it is opened).
+    """
+
+    name: str
+    section: type[StoreSection]
+    open: Callable[[KituneConfig, Any], Store]
+    exists: Callable[[KituneConfig], bool] = _exists_unknown

@@ -39,11 +39,11 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from kitune.config import ElasticsearchStoreConfig, RetrievalConfig
+from kitune.config import ElasticsearchStoreConfig, KituneConfig, RetrievalConfig
 from kitune.errors import ConfigError, DataError, DocumentNotFoundError
 from kitune.ki import KI, KIStatus
 from kitune.retrieval.ai_index import AI_INDEX_FIELDS, ai_document_to_ki, ai_index_mapping, ki_to_ai_document
-from kitune.retrieval.base import Hit, SearchResult, SweepResult, WriteFailure, WriteResult
+from kitune.retrieval.base import Hit, SearchResult, StoreBackend, SweepResult, WriteFailure, WriteResult
 from kitune.retrieval.es_client import (
     ElasticsearchRequestError,
     bulk_operations,
@@ -73,10 +73,11 @@ from kitune.retrieval.es_query import (
     to_es_filter,
 )
 from kitune.retrieval.fusion import aggregate, branch_weights, rrf_fuse
-from kitune.retrieval.memory import validate_ki
+from kitune.retrieval.rules import validate_ki
 from kitune.schema import Filter, QueryPlan
 
 __all__ = [
+    "PLUGINS",
     "ElasticsearchRequestError",
     "ElasticsearchStore",
     "EsqlQuery",
@@ -87,6 +88,7 @@ __all__ = [
     "compile_facets",
     "es_mapping",
     "ki_to_source",
+    "open_elasticsearch",
     "parse_warnings",
     "source_to_ki",
     "sweep_queries",
@@ -568,3 +570,31 @@ class ElasticsearchStore:
         close = getattr(self.client, "close", None)
         if callable(close):
             close()
+
+
+def open_elasticsearch(cfg: KituneConfig, embedder: Any = None) -> ElasticsearchStore:
+    """The Elasticsearch KI store of ``cfg`` (index ``store.index``).
+
+    It embeds server-side, so ``embedder`` is ignored.
+
+    Raises:
+        ConfigError: ``cfg.store`` is not an Elasticsearch section, the ``elasticsearch`` extra
+            is not installed, or the URL variable is unset.
+        StoreUnavailableError: the cluster cannot be reached (see :class:`ElasticsearchStore`).
+    """
+    section = cfg.store
+    if not isinstance(section, ElasticsearchStoreConfig):
+        raise ConfigError(
+            f"store.type is {section.type!r}, not elasticsearch: open it with kitune.retrieval.create_store"
+        )
+    try:
+        import elasticsearch  # noqa: F401
+    except ImportError as e:
+        raise ConfigError(
+            "store.type=elasticsearch needs the Elasticsearch client: pip install 'kitune[elasticsearch]'"
+        ) from e
+    return ElasticsearchStore.from_config(section, retrieval=cfg.retrieval)
+
+
+PLUGINS = {"elasticsearch": StoreBackend("elasticsearch", ElasticsearchStoreConfig, open_elasticsearch)}
+"""The scale-out backend, registered by :data:`kitune.retrieval.backends.STORES`."""

@@ -39,7 +39,7 @@ from typing import Any, Literal
 from kitune.config import RetrievalConfig
 from kitune.errors import ConfigError, StoreError
 from kitune.ki import KI
-from kitune.retrieval.memory import effective_filter, filter_triples
+from kitune.retrieval.rules import effective_filter, filter_triples
 from kitune.schema import Filter, QueryPlan
 
 __all__ = [

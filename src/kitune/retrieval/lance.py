@@ -43,11 +43,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kitune.config import LanceStoreConfig, RetrievalConfig
-from kitune.errors import DocumentNotFoundError, StoreError, StoreUnavailableError
+from kitune.config import KituneConfig, LanceStoreConfig, RetrievalConfig
+from kitune.errors import ConfigError, DocumentNotFoundError, StoreError, StoreUnavailableError
 from kitune.ki import KI, KIStatus
-from kitune.retrieval.base import Hit, SearchResult, SweepResult, WriteFailure, WriteResult
-from kitune.retrieval.embedders import Embedder, HashEmbedder
+from kitune.retrieval.base import Hit, SearchResult, StoreBackend, SweepResult, WriteFailure, WriteResult
+from kitune.retrieval.embedders import Embedder, HashEmbedder, create_embedder
 from kitune.retrieval.fusion import aggregate, branch_weights, rrf_fuse
 from kitune.retrieval.lance_maintenance import CompactionStats, Compactor, retry_conflicts
 from kitune.retrieval.lance_search import (
@@ -73,10 +73,19 @@ from kitune.retrieval.lance_sql import (
     sql_quote,
     table_names,
 )
-from kitune.retrieval.memory import effective_filter, validate_ki
+from kitune.retrieval.rules import effective_filter, validate_ki
 from kitune.schema import Filter, QueryPlan
 
-__all__ = ["LanceStore", "filter_to_sql", "ki_schema", "sql_quote"]
+__all__ = [
+    "PLUGINS",
+    "LanceStore",
+    "filter_to_sql",
+    "ki_schema",
+    "lance_path",
+    "lance_table_exists",
+    "open_lance",
+    "sql_quote",
+]
 
 _ID_COLUMNS = ["id", "json", "status", "last_seen_us"]
 
@@ -540,3 +549,45 @@ class LanceStore:
         self._compactor.close()
         with self._write_lock:
             self._sync_files()
+
+
+def lance_path(cfg: KituneConfig) -> Path:
+    """The LanceDB folder of ``cfg``.
+
+    ``store.path`` when the store is LanceDB and it is set, else ``<workdir>/lancedb`` (the
+    baseline corpus tables live there whatever the KI store is).
+    """
+    path = getattr(cfg.store, "path", None)
+    return Path(path) if path is not None else Path(cfg.workdir) / "lancedb"
+
+
+def _section(cfg: KituneConfig) -> LanceStoreConfig:
+    if not isinstance(cfg.store, LanceStoreConfig):
+        raise ConfigError(
+            f"store.type is {cfg.store.type!r}, not lancedb: open it with kitune.retrieval.create_store"
+        )
+    return cfg.store
+
+
+def open_lance(cfg: KituneConfig, embedder: Embedder | None = None) -> LanceStore:
+    """The LanceDB KI store of ``cfg`` (table ``store.table`` under :func:`lance_path`).
+
+    Raises:
+        ConfigError: ``cfg.store`` is not a LanceDB section.
+        StoreUnavailableError: the folder cannot be opened.
+    """
+    return LanceStore(
+        lance_path(cfg),
+        embedder or create_embedder(cfg.embedder),
+        config=_section(cfg),
+        retrieval=cfg.retrieval,
+    )
+
+
+def lance_table_exists(cfg: KituneConfig) -> bool:
+    """True when ``cfg``'s KI table is on disk (reading must not create an empty one)."""
+    return (lance_path(cfg) / f"{_section(cfg).table}.lance").exists()
+
+
+PLUGINS = {"lancedb": StoreBackend("lancedb", LanceStoreConfig, open_lance, lance_table_exists)}
+"""The embedded default backend, registered by :data:`kitune.retrieval.backends.STORES`."""

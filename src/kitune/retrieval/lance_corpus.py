@@ -26,7 +26,7 @@ from kitune.retrieval.fusion import chunk_text, rrf_fuse
 from kitune.retrieval.lance_search import fts_config, fts_state
 from kitune.retrieval.lance_sql import fsync_path as _fsync_path
 from kitune.retrieval.lance_sql import sql_quote, table_names
-from kitune.retrieval.memory import group_chunks
+from kitune.retrieval.rules import group_chunks
 from kitune.schema import Document
 
 __all__ = ["LanceCorpusStore"]

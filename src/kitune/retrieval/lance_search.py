@@ -7,7 +7,7 @@ from typing import Any
 from kitune.config import RetrievalConfig
 from kitune.retrieval.fusion import branch_weights
 from kitune.retrieval.lance_sql import filter_to_sql, sql_and, sql_list
-from kitune.retrieval.memory import effective_filter, tag_forms, tag_matches
+from kitune.retrieval.rules import effective_filter, tag_forms, tag_matches
 from kitune.schema import QueryPlan
 
 __all__ = [

@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from kitune.errors import StoreError
 from kitune.ki import KI
-from kitune.retrieval.memory import filter_triples
+from kitune.retrieval.rules import filter_triples
 from kitune.schema import Filter
 
 __all__ = [

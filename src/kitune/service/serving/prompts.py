@@ -62,8 +62,8 @@ def versioned_store_cfg(cfg: KituneConfig, extractor_version: str) -> KituneConf
     KIs of a given extractor goes through this function, so they agree on the table.
 
     Args:
-        cfg: configuration; ``store.table`` (LanceDB) or ``store.index`` (Elasticsearch) is the
-            base name.
+        cfg: configuration; its store section's collection (``store.table`` for LanceDB,
+            ``store.index`` for Elasticsearch: ``StoreSection.collection``) is the base name.
         extractor_version: ``extractor@<sha8>`` (:func:`kitune.programs.instructions.instruction_version`).
 
     Returns:
@@ -72,9 +72,8 @@ def versioned_store_cfg(cfg: KituneConfig, extractor_version: str) -> KituneConf
         ``store.path``) stays as ``cfg`` has it. ``cfg`` itself is not changed.
     """
     suffix = extractor_version.split("@", 1)[-1]
-    if cfg.store.type == "lancedb":
-        return with_overrides(cfg, {"store.table": f"{cfg.store.table}-{suffix}"})
-    return with_overrides(cfg, {"store.index": f"{cfg.store.index}-{suffix}"})
+    store = cfg.store
+    return with_overrides(cfg, {f"store.{store.collection_field}": f"{store.collection}-{suffix}"})
 
 
 def parse_prompt_selection(specs: Sequence[str]) -> dict[str, str]:
@@ -207,8 +206,7 @@ def describe_setting(setting: ProductionSetting, programs: Sequence[str] | None 
     shown = [p for p in (programs or setting.versions) if p in setting.versions]
     lines = [f"{p} prompt: {setting.versions[p]}" for p in shown]
     store = setting.store_cfg.store
-    where = f"table {store.table}" if store.type == "lancedb" else f"index {store.index}"
-    lines.append(f"KI store: {store.type} {where}")
+    lines.append(f"KI store: {store.type} {store.collection_kind} {store.collection}")
     return lines
 
 
@@ -217,7 +215,7 @@ def setting_summary(setting: ProductionSetting) -> dict[str, Any]:
     store = setting.store_cfg.store
     return {
         "prompts": dict(setting.versions),
-        "store": store.table if store.type == "lancedb" else store.index,
+        "store": store.collection,
     }
 
 

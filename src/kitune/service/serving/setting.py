@@ -25,7 +25,6 @@ import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import kitune.lm
@@ -155,16 +154,14 @@ def open_store(store_cfg: KituneConfig, *, read_only: bool = False) -> Store | N
     Args:
         store_cfg: a setting's configuration (its table named after the extractor version,
             :func:`~kitune.service.serving.prompts.versioned_store_cfg`).
-        read_only: return None instead of creating an embedded table that does not exist yet
-            (a read must not create an empty table).
+        read_only: return None instead of creating a KI table that does not exist yet (a read
+            must not create an empty table; :func:`kitune.retrieval.store_exists`).
 
     Raises:
         ConfigError, StoreUnavailableError: the store cannot be opened.
     """
-    if read_only and store_cfg.store.type == "lancedb":
-        folder = Path(store_cfg.store.path or Path(store_cfg.workdir) / "lancedb")
-        if not (folder / f"{store_cfg.store.table}.lance").exists():
-            return None
+    if read_only and not kitune.retrieval.store_exists(store_cfg):
+        return None
     return kitune.retrieval.create_store(store_cfg)
 
 
