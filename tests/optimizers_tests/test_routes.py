@@ -156,3 +156,32 @@ def test_describe_lookups_counts_the_ones_left_out() -> None:
         "'Alice Moreau' (got nothing) and 3 more."
     )
     assert describe_lookups(_trace(steps=[])) == ""
+
+
+def test_every_failure_kind_maps_to_exactly_one_route() -> None:
+    from kitune.evaluation.failures import FAILURE_KINDS
+    from kitune.optimizers.routes import FAILURE_ROUTES, kinds_for_proposal, kinds_routed_to
+    from kitune.service.workflows.proposals import PROPOSAL_KINDS
+
+    assert list(FAILURE_ROUTES) == list(FAILURE_KINDS)  # every kind, once, in report order
+    assert all(route.kind == kind for kind, route in FAILURE_ROUTES.items())
+    receivers = {"disambiguation", "extractor", "rewriter"}
+    for route in FAILURE_ROUTES.values():  # one route: either one improver, the programs, or nothing
+        assert set(route.to) <= receivers and not ("disambiguation" in route.to and len(route.to) > 1)
+        assert set(route.proposals) <= set(PROPOSAL_KINDS) and route.writes
+        assert not route.from_trace or route.to  # a trace-built route writes somewhere
+    assert kinds_routed_to("disambiguation") == {"wrong_entity", "wrong_number"}
+    assert kinds_routed_to("rewriter") == {"no_candidate", "out_of_budget"}
+    assert kinds_routed_to("extractor", from_trace=False) == {"no_candidate"}
+    assert {k for k, r in FAILURE_ROUTES.items() if not r.to} == {"malformed_calls", "grader_error", "failed"}
+    assert kinds_for_proposal("rewriter_feedback") == ("no_candidate", "out_of_budget")
+
+
+def test_the_docs_show_the_route_table_the_code_has() -> None:
+    from pathlib import Path
+
+    from kitune.optimizers.routes import routes_markdown
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "loop-stages.md").read_text(encoding="utf-8")
+    shown = doc.split("<!-- routes:begin -->\n", 1)[1].split("<!-- routes:end -->", 1)[0]
+    assert shown == routes_markdown()

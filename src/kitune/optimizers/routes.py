@@ -1,4 +1,14 @@
-"""The feedback route for ``out_of_budget`` failures: what the look-ups missed, per program.
+"""Feedback routes: the one table from failure kind to what the loop writes, and the ``out_of_budget`` route.
+
+**The table** (:data:`FAILURE_ROUTES`, one :class:`Route` per kind of
+:data:`kitune.evaluation.failures.FAILURE_KINDS`, checked by a test) is read by the loop (the
+``disambiguation`` improver's :func:`~kitune.optimizers.improvers.disambiguation.route_feedback`,
+the extractor's and the rewriter's tasks order their examples by it), by the review queue
+(:func:`kitune.service.workflows.review.measure_effect` names the failure kinds a proposal
+kind addresses) and by the docs (:func:`routes_markdown` renders it into
+``docs/loop-stages.md``; a test keeps the two equal).
+
+**The ``out_of_budget`` route** (what the look-ups missed, per program):
 
 An ``out_of_budget`` failure (:func:`kitune.evaluation.failures.classify_failure`: the step
 budget ran out and no answer was committed) was the commonest failure on LoCoMo and had no
@@ -24,9 +34,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from kitune.evaluation.failures import classify_failure
+from kitune.evaluation.failures import FailureKind, classify_failure
 from kitune.evaluation.stage_feedback import answer_sentences
 
 if TYPE_CHECKING:
@@ -35,15 +46,119 @@ if TYPE_CHECKING:
     from kitune.schema import Document
 
 __all__ = [
+    "FAILURE_ROUTES",
     "ExtractorItem",
     "OutOfBudgetRoute",
+    "Route",
     "describe_document",
     "describe_lookups",
     "extractor_items",
+    "kinds_for_proposal",
+    "kinds_routed_to",
     "rewriter_feedback",
     "route_out_of_budget",
+    "routes_markdown",
     "unsurfaced_gold_docs",
 ]
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where one failure kind goes (a row of :data:`FAILURE_ROUTES`).
+
+    Attributes:
+        kind: the failure kind.
+        to: who receives it: the ``disambiguation`` improver, or program names whose tuning
+            examples it feeds (``extractor``, ``rewriter``); empty: nothing is written (not a
+            prompt's mistake).
+        writes: what is written, one sentence (the docs' table).
+        from_trace: the feedback is built from the trace's look-ups (:func:`route_out_of_budget`,
+            only the gold documents that never surfaced) rather than from the whole question.
+        proposals: the review queue's proposal kinds
+            (:data:`kitune.service.workflows.proposals.PROPOSAL_KINDS`) that address this kind.
+    """
+
+    kind: FailureKind
+    to: tuple[str, ...]
+    writes: str
+    from_trace: bool = False
+    proposals: tuple[str, ...] = ()
+
+
+_DISAMBIGUATE = (
+    "a disambiguation KI that tells the gold answer from the committed one, kept only if the gate "
+    "finds it breaks no re-run question"
+)
+_NOTHING = "nothing: {why}; counted in the failure kinds, never tuned on"
+
+FAILURE_ROUTES: Mapping[str, Route] = MappingProxyType(
+    {
+        r.kind: r
+        for r in (
+            Route("wrong_entity", ("disambiguation",), _DISAMBIGUATE, proposals=("add_ki", "retire_ki")),
+            Route("wrong_number", ("disambiguation",), _DISAMBIGUATE, proposals=("add_ki", "retire_ki")),
+            Route(
+                "no_candidate",
+                ("extractor", "rewriter"),
+                "its gold documents first among the extractor's coverage examples and its question first "
+                "among the rewriter's recall examples",
+                proposals=("re_extract", "add_ki", "rewriter_feedback"),
+            ),
+            Route(
+                "out_of_budget",
+                ("extractor", "rewriter"),
+                "the look-ups and the never-surfaced gold documents as rewriter feedback, those documents' "
+                "answer sentences as extractor feedback, both first among their examples",
+                from_trace=True,
+                proposals=("re_extract", "rewriter_feedback"),
+            ),
+            Route(
+                "malformed_calls",
+                (),
+                _NOTHING.format(why="the model's replies or tool calls could not be run"),
+            ),
+            Route("grader_error", (), _NOTHING.format(why="the judge could not grade the answer")),
+            Route(
+                "failed", (), _NOTHING.format(why="the LLM calls failed (auth, outage), not a model mistake")
+            ),
+        )
+    }
+)
+"""Failure kind → its one :class:`Route` (see the module docstring)."""
+
+
+def kinds_routed_to(receiver: str, *, from_trace: bool | None = None) -> frozenset[str]:
+    """The failure kinds whose route goes to ``receiver`` (``disambiguation``, ``extractor``, ``rewriter``).
+
+    Args:
+        receiver: an improver or program name of :attr:`Route.to`.
+        from_trace: only routes built from the trace (True) or from the whole question (False);
+            None: both.
+    """
+    return frozenset(
+        k
+        for k, r in FAILURE_ROUTES.items()
+        if receiver in r.to and (from_trace is None or r.from_trace == from_trace)
+    )
+
+
+def kinds_for_proposal(proposal_kind: str) -> tuple[str, ...]:
+    """The failure kinds a review-queue proposal kind addresses, in :data:`FAILURE_ROUTES` order."""
+    return tuple(k for k, r in FAILURE_ROUTES.items() if proposal_kind in r.proposals)
+
+
+def routes_markdown() -> str:
+    """:data:`FAILURE_ROUTES` as the markdown table in ``docs/loop-stages.md``."""
+    rows = [
+        "| failure kind | goes to | what is written | review proposals |",
+        "|---|---|---|---|",
+    ]
+    for r in FAILURE_ROUTES.values():
+        to = ", ".join(f"`{t}`" for t in r.to) or "—"
+        props = ", ".join(f"`{p}`" for p in r.proposals) or "—"
+        rows.append(f"| `{r.kind}` | {to} | {r.writes} | {props} |")
+    return "\n".join(rows) + "\n"
+
 
 MAX_LOOKUPS = 8
 """Look-ups named in the rewriter feedback (the rest are counted)."""
@@ -213,7 +328,8 @@ def route_out_of_budget(
     items: list[ExtractorItem] = []
     for t in traces:
         golds = (gold_docids or {}).get(t.query_id)
-        if classify_failure(t, golds) != "out_of_budget":
+        kind = classify_failure(t, golds)
+        if kind is None or not FAILURE_ROUTES[kind].from_trace:  # the table's trace-built routes
             continue
         rewriter[t.query_id] = rewriter_feedback(
             t, documents=documents, gold_docids=golds, kis_by_doc=kis_by_doc

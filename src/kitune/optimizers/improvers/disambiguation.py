@@ -34,6 +34,7 @@ from kitune.optimizers.gate import GateReport, RankChange, attribute_changes, ra
 from kitune.optimizers.improve_env import ImproveEnv, ImproveInput
 from kitune.optimizers.improver import Improvement, register_improver
 from kitune.optimizers.ledger import FailureLedger
+from kitune.optimizers.routes import kinds_routed_to
 from kitune.optimizers.setting import Setting
 from kitune.programs.disambiguator import Disambiguator
 
@@ -43,16 +44,12 @@ if TYPE_CHECKING:
     from kitune.optimizers.setting import Evaluation
 
 __all__ = [
-    "DISAMBIGUATION_KINDS",
     "DisambiguationFeedback",
     "gate_feedback",
     "route_feedback",
     "write_feedback",
     "write_setting_kis",
 ]
-
-DISAMBIGUATION_KINDS = ("wrong_entity", "wrong_number")
-"""Failure kinds the feedback step turns into disambiguation KIs."""
 
 
 def route_feedback(
@@ -64,11 +61,12 @@ def route_feedback(
 ) -> tuple[list[Any], dict[str, int]]:
     """Which failures go to the disambiguator this iteration, and why the others do not.
 
-    A failure goes when its kind is in :data:`DISAMBIGUATION_KINDS` and it has a non-blank
-    answer, and the ledger allows another attempt (fewer than ``max_attempts`` so far, and not
-    for the same wrong answer as before). Blank answers (``out_of_budget``, blank
-    ``no_candidate``) never go: a feedback KI names the wrong answer, and those failures have
-    their own route to the rewriter and the extractor.
+    A failure goes when the feedback route table sends its kind to ``disambiguation``
+    (:func:`kitune.optimizers.routes.kinds_routed_to`: ``wrong_entity``, ``wrong_number``) and
+    it has a non-blank answer, and the ledger allows another attempt (fewer than
+    ``max_attempts`` so far, and not for the same wrong answer as before). Blank answers
+    (``out_of_budget``, blank ``no_candidate``) never go: a feedback KI names the wrong answer,
+    and those failures have their own route to the rewriter and the extractor.
 
     Returns:
         ``(failures to send, reason → count of the ones held back)``; reasons are the failure
@@ -78,10 +76,11 @@ def route_feedback(
     """
     routed: list[Any] = []
     skipped: dict[str, int] = {}
+    mine = kinds_routed_to("disambiguation")
     for f in failures:
         kind = kinds.get(f.query_id)
-        if kind not in DISAMBIGUATION_KINDS or not f.prediction.strip():
-            why = str(kind) if kind not in DISAMBIGUATION_KINDS else "blank_answer"
+        if kind not in mine or not f.prediction.strip():
+            why = str(kind) if kind not in mine else "blank_answer"
             skipped[why] = skipped.get(why, 0) + 1
             continue
         if ledger is not None:

@@ -29,7 +29,7 @@ from kitune.evaluation.stage_feedback import document_coverage
 from kitune.optimizers import stage_tasks, tasks
 from kitune.optimizers.improve_env import ImproveEnv, ImproveInput
 from kitune.optimizers.program_task import ProgramTask, TaskSetup, register_program_task
-from kitune.optimizers.routes import route_out_of_budget
+from kitune.optimizers.routes import kinds_routed_to, route_out_of_budget
 
 __all__ = ["EXTRACTOR", "extractor_setup"]
 
@@ -42,10 +42,11 @@ def extractor_setup(env: ImproveEnv, inp: ImproveInput) -> TaskSetup:
     route = route_out_of_budget(inp.tune.traces, documents=documents, gold_docids=gold, kis_by_doc=kis_by_doc)
     for item in route.extractor:
         outcomes[item.docid] = f"{outcomes.get(item.docid, '')} {item.text()}".strip()
+    whole = kinds_routed_to("extractor", from_trace=False)  # the feedback route table
     first = [
         d
         for q in env.tune
-        if inp.kinds.get(q.query_id) == "no_candidate"
+        if inp.kinds.get(q.query_id) in whole  # no_candidate: all its gold documents
         for d in (q.gold_docids or q.evidence_docids)
     ] + [item.docid for item in route.extractor]
     examples = stage_tasks.coverage_examples(

@@ -25,7 +25,7 @@ from kitune.evaluation.stage_metrics import reciprocal_rank
 from kitune.optimizers import stage_tasks
 from kitune.optimizers.improve_env import ImproveEnv, ImproveInput
 from kitune.optimizers.program_task import ProgramTask, TaskSetup, register_program_task
-from kitune.optimizers.routes import describe_document, route_out_of_budget
+from kitune.optimizers.routes import describe_document, kinds_routed_to, route_out_of_budget
 from kitune.programs.query_rewriter import QueryRewriter
 
 __all__ = ["REWRITER", "rewriter_setup"]
@@ -38,7 +38,8 @@ def rewriter_setup(env: ImproveEnv, inp: ImproveInput) -> TaskSetup:
     kis_by_doc = env.kis_by_doc(setting)
     gold, documents = stage_tasks.gold_document_map(env.tune, env.get_document)
     route = route_out_of_budget(inp.tune.traces, documents=documents, gold_docids=gold, kis_by_doc=kis_by_doc)
-    first = [q.query_id for q in env.tune if inp.kinds.get(q.query_id) in ("no_candidate", "out_of_budget")]
+    routed = kinds_routed_to("rewriter")  # the feedback route table: no_candidate, out_of_budget
+    first = [q.query_id for q in env.tune if inp.kinds.get(q.query_id) in routed]
     examples = stage_tasks.recall_examples(
         env.tune,
         first=first,

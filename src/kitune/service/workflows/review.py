@@ -50,6 +50,7 @@ from kitune.evaluation.signals import SignalReport
 from kitune.ki import KI, utcnow
 from kitune.optimizers.acceptance import check_instruction, compare_paired, decide
 from kitune.optimizers.objective import LoopWeights
+from kitune.optimizers.routes import kinds_for_proposal
 from kitune.programs.fact_extractor import FactExtractor
 from kitune.retrieval.memory import MemoryStore
 from kitune.schema import Document, Filter
@@ -268,8 +269,10 @@ def measure_effect(
         scratch: store → a writable copy (default :func:`scratch_copy`).
 
     Returns:
-        ``{"questions", "comparison": PairedComparison.to_dict(), "decision": {"outcome",
-        "reason"}, "measured_at"}``.
+        ``{"questions", "targets", "comparison": PairedComparison.to_dict(), "decision":
+        {"outcome", "reason"}, "measured_at"}``; ``targets`` are the failure kinds this
+        proposal's kind addresses (the feedback route table,
+        :func:`kitune.optimizers.routes.kinds_for_proposal`).
 
     Raises:
         ValueError: no questions.
@@ -301,6 +304,7 @@ def measure_effect(
     )
     return {
         "questions": len(questions),
+        "targets": list(kinds_for_proposal(p.kind)),
         "comparison": comparison.to_dict(),
         "decision": {"outcome": decision.outcome, "reason": decision.reason},
         "measured_at": utcnow().isoformat(),
