@@ -18,7 +18,10 @@ on its own signal, :mod:`kitune.evaluation.stage_metrics`) and extra sections (t
 table) are shown when the caller passes them. A last section counts each run's failure signals
 (:mod:`kitune.evaluation.signals`: empty retrieval, fall-back to raw search, loops, budget,
 unsupported answer, query error — read off the traces, no gold answer needed), also written to
-``signals.json``.
+``signals.json``. A token-cost section (:mod:`kitune.evaluation.token_cost`) gives each run's
+input tokens per question and per correct answer with bootstrap intervals, its ratio to the
+reference run (``baseline`` when present), and the tokens by component; also written to
+``token_costs.json``.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from kitune.evaluation.metrics import Trace
 from kitune.evaluation.signals import SIGNAL_KINDS, SignalReport, aggregate_signals, compute_signals
 from kitune.evaluation.stage_metrics import StageReport
 from kitune.evaluation.summary import GRADER_ERROR_THRESHOLD, RunSummary, summarize, wilson_interval
+from kitune.evaluation.token_cost import TokenCost, token_cost_markdown, token_costs
 
 __all__ = [
     "GRADER_ERROR_THRESHOLD",
@@ -125,6 +129,10 @@ class ReportFiles:
     signals_json: Path | None = None
     """``signals.json``: each run's failure signals (:mod:`kitune.evaluation.signals`)."""
     signals: dict[str, SignalReport] | None = None
+    token_costs_json: Path | None = None
+    """``token_costs.json``: each run's input tokens per question / per correct answer with
+    intervals, against the reference run, and by component (:mod:`kitune.evaluation.token_cost`)."""
+    token_costs: list[TokenCost] | None = None
 
 
 def _plot(summaries: Sequence[RunSummary], path: Path) -> Path | None:
@@ -364,6 +372,8 @@ def write_report(
     if stages:
         md += ["", *stage_markdown(stages)]
     md += _comparison_md(comparisons)
+    costs = token_costs(runs)
+    md += ["", *token_cost_markdown(costs)]
     by_category = category_markdown(runs)
     if by_category:
         md += ["", *by_category]
@@ -392,8 +402,20 @@ def write_report(
         cmp_path.write_text(json.dumps([c.to_dict() for c in comparisons], indent=2), encoding="utf-8")
     sig_path = out / "signals.json"
     sig_path.write_text(json.dumps({k: v.to_dict() for k, v in signals.items()}, indent=2), encoding="utf-8")
+    cost_path = out / "token_costs.json"
+    cost_path.write_text(json.dumps([c.to_dict() for c in costs], indent=2), encoding="utf-8")
     return ReportFiles(
-        md_path, plot, html_path, json_path, summaries, cmp_path, comparisons, sig_path, signals
+        md_path,
+        plot,
+        html_path,
+        json_path,
+        summaries,
+        cmp_path,
+        comparisons,
+        sig_path,
+        signals,
+        cost_path,
+        costs,
     )
 
 

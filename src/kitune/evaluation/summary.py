@@ -80,6 +80,10 @@ class RunSummary:
     failure_kinds: dict[str, int] = field(default_factory=dict)
     """Failure kind → count (every kind of :data:`~kitune.evaluation.failures.FAILURE_KINDS`,
     0 when absent), by :func:`~kitune.evaluation.failures.classify_failure`'s rules."""
+    input_split_per_question: dict[str, float] = field(default_factory=dict)
+    """Mean agent input tokens per question by component (``system``, ``question``,
+    ``observation:<tool>``, ``feedback``, ``history``, ``force_commit``), over the traces that
+    carry the split (:attr:`kitune.evaluation.trace.Trace.input_split`); empty when none does."""
     data_sha256: str = ""
     """SHA-256 of the dataset files the run read (:func:`kitune.data.checksum.dataset_checksum`);
     empty when not known (a summary rebuilt from traces alone)."""
@@ -101,6 +105,11 @@ def summarize(traces: Sequence[Trace], name: str = "run", *, data_sha256: str = 
     low, high = wilson_interval(correct, len(graded))
     recalls = [t.evidence_recall for t in traces if t.evidence_recall is not None]
     in_tok = sum(t.input_tokens for t in traces)
+    split = [t.input_split for t in traces if t.input_split]
+    per_component: dict[str, float] = {}
+    for one in split:
+        for k, v in one.items():
+            per_component[k] = per_component.get(k, 0.0) + v / len(split)
     return RunSummary(
         name=name,
         n_total=n,
@@ -128,5 +137,6 @@ def summarize(traces: Sequence[Trace], name: str = "run", *, data_sha256: str = 
         wall_time_s=sum(t.wall_time_s for t in traces),
         incomplete=bool(n) and grader_errors / n > GRADER_ERROR_THRESHOLD,
         failure_kinds=count_failure_kinds(traces),
+        input_split_per_question=dict(sorted(per_component.items())),
         data_sha256=data_sha256,
     )

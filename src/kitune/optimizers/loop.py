@@ -200,6 +200,11 @@ def _summary_metrics(prefix: str, summary: RunSummary, score: float) -> dict[str
         f"{prefix}_timeouts": float(summary.timeouts),
         f"{prefix}_force_committed": float(summary.force_committed),
         f"{prefix}_questions": float(summary.n_total),
+        # the agent's input tokens per question by component (issue 39.1); ':' is not a metric character
+        **{
+            f"{prefix}_input_tokens_{k.replace(':', '.')}": v
+            for k, v in summary.input_split_per_question.items()
+        },
     }
 
 

@@ -115,6 +115,9 @@ def _step_span(step: Mapping[str, Any], start_ns: int) -> StepSpan:
         "kitune.repeated": bool(step.get("repeated")),
         "kitune.blocked": bool(step.get("blocked")),
         "kitune.truncated": bool(step.get("truncated")),
+        "kitune.refused": bool(step.get("refused")),
+        "kitune.source": str(step.get("source") or ""),
+        "kitune.input_split": {str(k): int(v) for k, v in dict(step.get("input_split") or {}).items()},
         "mlflow.chat.tokenUsage": {
             "input_tokens": in_tok,
             "output_tokens": out_tok,
@@ -178,6 +181,7 @@ def episode_record(
         "kitune.input_tokens": trace.input_tokens,
         "kitune.output_tokens": trace.output_tokens,
         "kitune.tool_input_tokens": trace.tool_input_tokens,
+        "kitune.input_split": dict(trace.input_split),
         "kitune.n_steps": len(trace.steps),
         "kitune.timed_out": trace.timed_out,
         "kitune.force_committed": trace.force_committed,
