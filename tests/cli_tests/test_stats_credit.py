@@ -25,13 +25,14 @@ def test_stats_prints_the_credit_of_every_loop_run(tmp_path: Path) -> None:
     res = runner.invoke(app, ["stats", "--config", str(cfg)])
     assert res.exit_code == 0, res.output
     assert "no KIs yet" in res.output and "KI credit of loop run loop-a:" in res.output
-    assert "| k2 | 0 | 2 | 2 | retire | it1:validation:q1, it1:validation:q2 |" in res.output
+    assert "| k2 | 0 | 2 | 2 | 0 | retire | it1:validation:q1, it1:validation:q2 |" in res.output
     res = runner.invoke(app, ["stats", "--config", str(cfg), "--json"])
     data = json.loads(res.output)
     assert data["credit"]["loop-a"]["summary"] == {
         "runs": 2,
         "kis": 2,
         "harmful": 1,
+        "helpful": 0,
         "demoted": 0,
         "retire": 1,
         "retired": 0,

@@ -18,6 +18,7 @@ from kitune.optimizers.credit import (
     credit_verdict,
     demote_ranked,
     episodes_from_traces,
+    load_run_credit,
     rank_factor,
     retire_kis,
 )
@@ -43,7 +44,8 @@ def test_counts_accumulate_across_two_runs_and_a_run_id_counts_once(tmp_path: Pa
     assert again.record_run("loop:it0:tune", [_ep("q1", True, "a", "b")]) is False
     assert again.record_run("loop:it1:tune", [_ep("q1", True, "a"), _ep("q2", True, "a", "b")])
     assert again.credit("a") == KICredit("a", shown_right=3, shown_wrong=1)
-    assert again.credit("b") == KICredit("b", shown_right=2)
+    # q2 went wrong → right when "b" appeared in its retrieval: helpful
+    assert again.credit("b") == KICredit("b", shown_right=2, helpful=1, helpful_in=("loop:it1:tune:q2",))
     assert again.credit("never") == KICredit("never")
     reread = CreditLedger(path)
     assert reread.run_ids == ["loop:it0:tune", "loop:it1:tune"]
@@ -99,7 +101,15 @@ def test_demote_then_retire_exactly_as_documented() -> None:
     assert ledger.to_retire() == ["n"]
     ledger.mark_retired(["n", "n"])
     assert (ledger.to_retire(), ledger.retired) == ([], ["n"])
-    assert ledger.summary() == {"runs": 4, "kis": 2, "harmful": 1, "demoted": 0, "retire": 1, "retired": 1}
+    assert ledger.summary() == {
+        "runs": 4,
+        "kis": 2,
+        "harmful": 1,
+        "helpful": 0,
+        "demoted": 0,
+        "retire": 1,
+        "retired": 1,
+    }
     assert ledger.to_metrics()["credit_retire"] == 1.0
 
 
@@ -152,12 +162,12 @@ def test_markdown_table_lists_harmful_kis_most_severe_first() -> None:
     assert ledger.to_markdown() == (
         "2 KIs credited over 4 runs: 2 with a harmful record, 1 demoted, 1 to retire (0 retired).\n"
         "\n"
-        "| KI | shown right | shown wrong | harmful | verdict | flipped (run:question) |\n"
-        "|---|---|---|---|---|---|\n"
-        "| x | 0 | 2 | 2 | retire | r2:q1, r4:q1 |\n"
-        "| y | 0 | 1 | 1 | demote | r2:q2 |\n"
+        "| KI | shown right | shown wrong | harmful | helpful | verdict | flipped (run:question) |\n"
+        "|---|---|---|---|---|---|---|\n"
+        "| x | 0 | 2 | 2 | 0 | retire | r2:q1, r4:q1 |\n"
+        "| y | 0 | 1 | 1 | 0 | demote | r2:q2 |\n"
     )
-    assert ledger.to_markdown(limit=1).splitlines()[-1] == "| … 1 more | | | | | |"
+    assert ledger.to_markdown(limit=1).splitlines()[-1] == "| … 1 more | | | | | | |"
 
 
 def test_bad_input_is_refused_with_the_fix(tmp_path: Path) -> None:
@@ -220,14 +230,29 @@ def test_credit_replayed_on_loop_fixture_24_retires_the_ki_behind_both_validatio
             ledger.record_run(
                 f"it{i}:{s}", episodes_from_traces(ts, {t.query_id: shown[(state, t.query_id)] for t in ts})
             )
+    # it broke validation 187 and 9 and fixed tuning 58 (the question it was written for): 2 > 1, retired
     assert ledger.credit("ki-113576d9264e350ca4a567fc") == KICredit(
-        "ki-113576d9264e350ca4a567fc", 2, 6, 2, ("it1:validation:187", "it1:validation:9")
+        "ki-113576d9264e350ca4a567fc",
+        2,
+        6,
+        2,
+        ("it1:validation:187", "it1:validation:9"),
+        1,
+        ("it1:tune:58",),
     )
-    assert ledger.credit("ki-2d80d86a38cc1be1821a96e7") == KICredit(
-        "ki-2d80d86a38cc1be1821a96e7", 4, 2, 1, ("it1:validation:9",)
-    )
+    assert ledger.verdicts()["ki-113576d9264e350ca4a567fc"] == "retire"
+    c = ledger.credit("ki-2d80d86a38cc1be1821a96e7")
+    assert (c.shown_right, c.shown_wrong, c.harmful, c.harmful_in) == (4, 2, 1, ("it1:validation:9",))
     assert ledger.verdicts()["ki-2d80d86a38cc1be1821a96e7"] == "keep"  # more right than wrong
-    assert ledger.summary() == {"runs": 6, "kis": 108, "harmful": 2, "demoted": 0, "retire": 1, "retired": 0}
+    s = ledger.summary()
+    assert (s["runs"], s["kis"], s["harmful"], s["demoted"], s["retire"], s["retired"]) == (
+        6,
+        108,
+        2,
+        0,
+        1,
+        0,
+    )
 
 
 def test_markdown_without_harmful_kis_says_so_instead_of_an_empty_table() -> None:
@@ -239,3 +264,41 @@ def test_markdown_without_harmful_kis_says_so_instead_of_an_empty_table() -> Non
         "1 KIs credited over 2 runs: 0 with a harmful record, 0 demoted, 0 to retire (0 retired).\n"
         "no KI has a harmful record\n"
     )
+
+
+def test_helpful_flips_spare_a_ki_and_change_its_ranking_as_documented() -> None:
+    ledger = CreditLedger()
+    ledger.record_run("r1", [_ep("q1", True, "a"), _ep("q2", False, "a"), _ep("q3", False)])
+    # "m" appears everywhere: q1 right → wrong (harmful), q2 and q3 wrong, q3 stays wrong
+    ledger.record_run("r2", [_ep("q1", False, "a", "m"), _ep("q2", False, "a", "m"), _ep("q3", False, "m")])
+    assert ledger.credit("m") == KICredit("m", shown_wrong=3, harmful=1, harmful_in=("r2:q1",))
+    assert ledger.verdicts()["m"] == "demote"  # broke 1, fixed 0, shown wrong 3 > right 0
+    items = [("m", 0.9), ("a", 0.6)]
+    ranked = demote_ranked(items, ledger.penalties(), id_of=lambda x: x[0], score_of=lambda x: x[1])
+    assert [i for i, _ in ranked] == ["a", "m"]  # 0.9 × 0.5 = 0.45 < 0.6: "m" ranks second
+    # a ledger in which "m" also fixed a question (q4 wrong → right when it appeared): 1 broken, 1 fixed
+    other = CreditLedger()
+    other.record_run("r1", [_ep("q1", True, "a"), _ep("q4", False)])
+    other.record_run("r2", [_ep("q1", False, "a", "m"), _ep("q4", True, "m"), _ep("q3", False, "m")])
+    assert (other.credit("m").harmful, other.credit("m").helpful) == (1, 1)
+    assert other.verdicts()["m"] == "keep" and other.penalties() == {}
+    ranked = demote_ranked(items, other.penalties(), id_of=lambda x: x[0], score_of=lambda x: x[1])
+    assert [i for i, _ in ranked] == ["m", "a"]  # not demoted: it keeps the first place
+    # retire needs harmful ≥ 2 AND more broken than fixed
+    assert credit_verdict(KICredit("k", shown_wrong=5, harmful=2, helpful=1)) == "retire"
+    assert credit_verdict(KICredit("k", shown_wrong=5, harmful=2, helpful=2)) == "keep"
+    assert credit_verdict(KICredit("k", shown_right=1, shown_wrong=5, harmful=3, helpful=3)) == "keep"
+    assert credit_verdict(KICredit("k", shown_wrong=5, harmful=1, helpful=0)) == "demote"
+
+
+def test_load_run_credit_sums_a_ki_over_runs_and_skips_what_is_not_a_ledger(tmp_path: Path) -> None:
+    for run, flips in (("a", [("q1", True), ("q1", False)]), ("b", [("q2", True), ("q2", False)])):
+        ledger = CreditLedger(tmp_path / run / "ki_credit.json")
+        (qid, first), (_, second) = flips
+        ledger.record_run("r1", [_ep(qid, first)])
+        ledger.record_run("r2", [_ep(qid, second, "k")])
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "ki_credit.json").write_text("not json", encoding="utf-8")
+    merged = load_run_credit(sorted(tmp_path.glob("*/ki_credit.json")))
+    assert merged == {"k": KICredit("k", shown_wrong=2, harmful=2, harmful_in=("r2:q1", "r2:q2"))}
+    assert credit_verdict(merged["k"]) == "retire"  # once in each run: twice in all

@@ -206,13 +206,30 @@ def test_without_the_gate_credit_retires_the_ki_that_broke_two_questions(tmp_pat
     assert second.flips["validation"] == {"fixed": [], "broken": ["qb", "qc"]}
     # KIs shown: the 4 extracted ones, then the feedback KI; it was shown to qa (right) and, newly,
     # to qb and qc (right → wrong): harmful 2 ⇒ retire
-    assert first.credit == {"runs": 2, "kis": 3, "harmful": 0, "demoted": 0, "retire": 0, "retired": 0}
-    assert second.credit == {"runs": 4, "kis": 4, "harmful": 1, "demoted": 0, "retire": 1, "retired": 1}
+    assert first.credit == {
+        "runs": 2,
+        "kis": 3,
+        "harmful": 0,
+        "helpful": 0,
+        "demoted": 0,
+        "retire": 0,
+        "retired": 0,
+    }
+    assert second.credit == {
+        "runs": 4,
+        "kis": 4,
+        "harmful": 1,
+        "helpful": 3,  # qa went wrong → right with the feedback KI and two others newly shown
+        "demoted": 0,
+        "retire": 1,
+        "retired": 1,
+    }
     ledger = json.loads((tmp_path / "s" / "ki_credit.json").read_text(encoding="utf-8"))
     (ki_id,) = ledger["retired"]
     c = ledger["kis"][ki_id]
     assert (c["shown_right"], c["shown_wrong"], c["harmful"]) == (1, 2, 2)
     assert c["harmful_in"] == ["it1:validation:qb", "it1:validation:qc"]
+    assert c["helpful_in"] == ["it1:tune:qa"]  # it fixed its own question: 2 broken > 1 fixed, retired
     assert env.store_for(Setting({"disambiguator": DISAMBIGUATOR})).get(ki_id).payload.status == "expired"
     assert tracker.by_name("iteration-1").metrics["credit_retired"] == 1.0
     # wall time per step, recorded and logged

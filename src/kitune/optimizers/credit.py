@@ -10,15 +10,26 @@ bullets. Every evaluated episode records which KI ids the agent was shown (the l
   to them: the question was right in its previous counted run, is wrong now, and the KI is
   among the ids it is shown now but was not shown then (it *appeared* in the question's
   retrieval). Every newly appeared KI of such an episode is blamed — the ledger cannot tell
-  which one misled the agent; the gate (:mod:`kitune.optimizers.gate`) re-runs to find out.
+  which one misled the agent; the gate (:mod:`kitune.optimizers.gate`) re-runs to find out;
+* ``helpful`` — the mirror image: questions that flipped wrong → right in the first run in
+  which the KI appeared in their retrieval (every newly appeared KI of such an episode is
+  credited).
 
-**Rule** (:func:`credit_verdict`, applied in this order):
+**Rule** (:func:`credit_verdict`, applied in this order); a KI is held against only while it
+broke more questions than it fixed (``harmful > helpful``):
 
-1. ``harmful ≥ 2`` ⇒ ``retire``: set the KI's status to ``expired`` (:func:`retire_kis`, the
-   store's status field — never a delete; an expired KI is not served) and drop it from rankings;
-2. ``harmful ≥ 1`` and ``shown_wrong > shown_right`` ⇒ ``demote``: its ranking score is
-   multiplied by :data:`DEMOTE_FACTOR` (0.5) in :func:`demote_ranked`;
-3. otherwise ``keep``.
+1. ``harmful ≥ 2`` and ``harmful > helpful`` ⇒ ``retire``: set the KI's status to ``expired``
+   (:func:`retire_kis`, the store's status field — never a delete; an expired KI is not served)
+   and drop it from rankings;
+2. ``harmful ≥ 1``, ``harmful > helpful`` and ``shown_wrong > shown_right`` ⇒ ``demote``: its
+   ranking score is multiplied by :data:`DEMOTE_FACTOR` (0.5) in :func:`demote_ranked`;
+3. otherwise ``keep`` (score unchanged).
+
+With no helpful record this is the earlier rule on ``harmful`` alone; a helpful record can only
+spare a KI (``harmful = helpful = 2``: kept or demoted, not retired; ``harmful = helpful = 1``:
+kept). The review queue's
+``retire_ki`` proposals read the same verdicts (:func:`load_run_credit`,
+:func:`kitune.service.workflows.proposals.propose`).
 
 Runs are keyed by an id (e.g. ``<loop run>:it3:validation``): recording a run id a second time
 changes nothing, so a resumed loop never double-counts. The ledger is one JSON file written
@@ -51,6 +62,7 @@ __all__ = [
     "credit_verdict",
     "demote_ranked",
     "episodes_from_traces",
+    "load_run_credit",
     "rank_factor",
     "retire_kis",
 ]
@@ -101,13 +113,32 @@ class KICredit:
     harmful: int = 0
     harmful_in: tuple[str, ...] = ()
     """``<run id>:<query id>`` of each flip it was blamed for, oldest first."""
+    helpful: int = 0
+    helpful_in: tuple[str, ...] = ()
+    """``<run id>:<query id>`` of each wrong → right flip it was credited with, oldest first."""
+
+    def __add__(self, other: KICredit) -> KICredit:
+        """The counters of one KI summed over two ledgers (ids must match)."""
+        if other.ki_id != self.ki_id:
+            raise ValueError(f"cannot add the credit of {other.ki_id!r} to {self.ki_id!r}")
+        return KICredit(
+            self.ki_id,
+            self.shown_right + other.shown_right,
+            self.shown_wrong + other.shown_wrong,
+            self.harmful + other.harmful,
+            self.harmful_in + other.harmful_in,
+            self.helpful + other.helpful,
+            self.helpful_in + other.helpful_in,
+        )
 
 
 def credit_verdict(credit: KICredit) -> CreditVerdict:
-    """The documented rule: ``retire`` at harmful ≥ 2; ``demote`` at harmful ≥ 1 and more wrong than right."""
+    """The documented rule: only while harmful > helpful; retire at harmful ≥ 2, else demote if more wrong."""
+    if credit.harmful <= credit.helpful:
+        return "keep"
     if credit.harmful >= RETIRE_AT_HARMFUL:
         return "retire"
-    if credit.harmful >= 1 and credit.shown_wrong > credit.shown_right:
+    if credit.shown_wrong > credit.shown_right:
         return "demote"
     return "keep"
 
@@ -227,14 +258,24 @@ class CreditLedger:
             ids = list(dict.fromkeys(ep.ki_ids))
             for ki_id in ids:
                 c = self.kis.setdefault(
-                    ki_id, {"shown_right": 0, "shown_wrong": 0, "harmful": 0, "harmful_in": []}
+                    ki_id,
+                    {
+                        "shown_right": 0,
+                        "shown_wrong": 0,
+                        "harmful": 0,
+                        "harmful_in": [],
+                        "helpful": 0,
+                        "helpful_in": [],
+                    },
                 )
                 c["shown_right" if ep.correct else "shown_wrong"] += 1
             prev = self.questions.get(ep.query_id)
-            if prev is not None and prev["correct"] and not ep.correct:
+            if prev is not None and bool(prev["correct"]) != ep.correct:
+                flip = "harmful" if prev["correct"] else "helpful"  # right → wrong / wrong → right
                 for ki_id in (k for k in ids if k not in set(prev["shown"])):
-                    self.kis[ki_id]["harmful"] += 1
-                    self.kis[ki_id]["harmful_in"].append(f"{run_id}:{ep.query_id}")
+                    c = self.kis[ki_id]
+                    c[flip] = c.get(flip, 0) + 1
+                    c.setdefault(f"{flip}_in", []).append(f"{run_id}:{ep.query_id}")
             self.questions[ep.query_id] = {"run": run_id, "correct": ep.correct, "shown": ids}
         self.runs.append({"id": run_id, "episodes": len(episodes), "counted": counted})
         self.save()
@@ -245,7 +286,15 @@ class CreditLedger:
         c = self.kis.get(ki_id)
         if c is None:
             return KICredit(ki_id)
-        return KICredit(ki_id, c["shown_right"], c["shown_wrong"], c["harmful"], tuple(c["harmful_in"]))
+        return KICredit(
+            ki_id,
+            c["shown_right"],
+            c["shown_wrong"],
+            c["harmful"],
+            tuple(c["harmful_in"]),
+            int(c.get("helpful", 0)),  # ledgers written before the helpful counter have none
+            tuple(c.get("helpful_in", ())),
+        )
 
     def verdicts(self) -> dict[str, CreditVerdict]:
         """KI id → verdict, for every KI shown at least once."""
@@ -265,12 +314,13 @@ class CreditLedger:
         self.save()
 
     def summary(self) -> dict[str, int]:
-        """Counts: runs, KIs tracked, KIs with a harmful record, demoted, retire verdicts, retired."""
+        """Counts: runs, KIs tracked, with a harmful / helpful record, demoted, retire verdicts, retired."""
         v = list(self.verdicts().values())
         return {
             "runs": len(self.runs),
             "kis": len(self.kis),
             "harmful": sum(c["harmful"] > 0 for c in self.kis.values()),
+            "helpful": sum(c.get("helpful", 0) > 0 for c in self.kis.values()),
             "demoted": v.count("demote"),
             "retire": v.count("retire"),
             "retired": len(self.retired),
@@ -299,8 +349,8 @@ class CreditLedger:
             return "\n".join([*lines, "no KI has a harmful record"]) + "\n"
         lines += [
             "",
-            "| KI | shown right | shown wrong | harmful | verdict | flipped (run:question) |",
-            "|---|---|---|---|---|---|",
+            "| KI | shown right | shown wrong | harmful | helpful | verdict | flipped (run:question) |",
+            "|---|---|---|---|---|---|---|",
         ]
         for c in rows[:limit]:
             cells = (
@@ -308,12 +358,13 @@ class CreditLedger:
                 c.shown_right,
                 c.shown_wrong,
                 c.harmful,
+                c.helpful,
                 credit_verdict(c),
                 ", ".join(c.harmful_in),
             )
             lines.append("| " + " | ".join(map(str, cells)) + " |")
         if len(rows) > limit:
-            lines.append(f"| … {len(rows) - limit} more | | | | | |")
+            lines.append(f"| … {len(rows) - limit} more | | | | | | |")
         return "\n".join(lines) + "\n"
 
     def to_dict(self) -> dict[str, Any]:
@@ -337,3 +388,25 @@ class CreditLedger:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, self.path)
+
+
+def load_run_credit(paths: Sequence[Path]) -> dict[str, KICredit]:
+    """Every KI's credit summed over several loop runs' ledgers (``<workdir>/optimize/*/ki_credit.json``).
+
+    KI ids are content-derived, so one KI can be credited by several runs; its counters add up
+    (:meth:`KICredit.__add__`). A file that is not a credit ledger is skipped (logged by the caller
+    when it cares), never fatal: the review queue must work without any loop run.
+
+    Returns:
+        KI id → summed :class:`KICredit`, sorted by id.
+    """
+    out: dict[str, KICredit] = {}
+    for path in paths:
+        try:
+            ledger = CreditLedger(path)
+        except ValueError:
+            continue
+        for ki_id in ledger.kis:
+            c = ledger.credit(ki_id)
+            out[ki_id] = out[ki_id] + c if ki_id in out else c
+    return dict(sorted(out.items()))
