@@ -243,3 +243,47 @@ def test_rewriter_feedback_goes_through_the_registry_and_back(tmp_path: Path) ->
     assert prod.version == 2 and prod.text == fb.change["new_text"] and prod.tags["kitune.review"] == fb.id
     svc.revert(fb.id, reason="made plans worse")
     assert registry.get("kitune-corpus-rewriter", "production").version == 1
+
+
+def test_retire_ki_follows_the_loop_runs_credit_ledger(tmp_path: Path, store: Store) -> None:
+    from kitune.optimizers.credit import CreditLedger, KICredit, ShownEpisode
+    from kitune.testing.store_contract import make_ki
+
+    cfg, svc, _ = setup(tmp_path, store)
+    sc = scenario()
+    paris = sc.kis[0]  # the signals alone retire it (2 unsupported episodes, no good one)
+    other = make_ki("Lyon", "France", docid="d9", predicate="city_in")  # no trace showed it
+    store.upsert([other])
+    report = report_for(tmp_path, cfg, store)
+    # a ledger that credits paris with more fixes than breaks: the signals' retirement is held back;
+    # one that blames `other` for two right → wrong flips: proposed on the ledger's evidence alone
+    credit = {
+        paris.id: KICredit(paris.id, shown_right=3, harmful=1, helpful=2),
+        other.id: KICredit(
+            other.id, shown_wrong=2, harmful=2, harmful_in=("it1:validation:q1", "it1:tune:q2")
+        ),
+    }
+    result = propose(report, cfg=cfg, store=store, held=set(), credit=credit)
+    retire = [p for p in result.proposals if p.kind == "retire_ki"]
+    assert [p.change["ki_ids"] for p in retire] == [[other.id]]
+    assert result.skipped["credit: helpful"] == 1
+    (p,) = retire
+    assert p.title == (
+        f"retire {other.id}: the loop's credit ledger blames it for 2 right → wrong flips (0 wrong → right)"
+    )
+    assert p.change["credit"] == {"shown_right": 0, "shown_wrong": 2, "harmful": 2, "helpful": 0}
+    assert [(e["trace_id"], e["answer"]) for e in p.evidence] == [
+        ("credit:it1:validation:q1", "right → wrong"),
+        ("credit:it1:tune:q2", "right → wrong"),
+    ]
+    # without a ledger the signals alone decide, as before
+    plain = propose(report, cfg=cfg, store=store, held=set())
+    assert [p.change["ki_ids"] for p in plain.proposals if p.kind == "retire_ki"] == [[paris.id]]
+    # file_proposals reads every loop run's ki_credit.json under <workdir>/optimize by default
+    ledger = CreditLedger(cfg.workdir / "optimize" / "run-a" / "ki_credit.json")
+    ledger.record_run("r1", [ShownEpisode("q1", True, ()), ShownEpisode("q2", True, ())])
+    ledger.record_run("r2", [ShownEpisode("q1", False, (other.id,)), ShownEpisode("q2", False, (other.id,))])
+    rep = file_proposals(svc, report)
+    assert sorted(p.change["ki_ids"][0] for p in rep.filed if p.kind == "retire_ki") == sorted(
+        [paris.id, other.id]
+    )

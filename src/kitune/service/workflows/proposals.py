@@ -17,8 +17,13 @@
     A KI shown in at least ``review.retire_min_episodes`` episodes that were unsupported or
     looped, and in no *good* episode (answer supported and no loop, or graded correct). Removal
     is soft: the KI's status becomes ``expired`` (not served), reversible from the queue.
-    (The counts are the signals' only: the loop's credit ledger, ``ki_credit.json``, which needs
-    graded episodes, is not consulted yet.)
+    **With the credit ledger** (``credit``: the loop runs' ``ki_credit.json`` summed per KI,
+    :func:`kitune.optimizers.credit.load_run_credit`; :func:`kitune.service.workflows.review.file_proposals`
+    reads ``<workdir>/optimize/*/ki_credit.json``), by :func:`kitune.optimizers.credit.credit_verdict`:
+    a KI whose verdict is ``retire`` (blamed for ≥ 2 right → wrong flips and more than it fixed)
+    is proposed even when the signals alone would not propose it — its evidence is the flips —
+    and a KI the signals would retire but the ledger credits with more wrong → right flips than
+    right → wrong ones (``helpful > harmful``) is held back (skipped as ``credit: helpful``).
 ``rewriter_feedback``
     At least ``review.rewriter_min_empty`` distinct KI look-ups that found nothing: a new
     rewriter instruction = the production one plus a feedback block quoting those look-ups
@@ -59,6 +64,7 @@ from kitune.errors import DocumentNotFoundError, ProposalNotFoundError, Proposal
 from kitune.evaluation.signals import SignalReport, TraceSignals, normalise_query
 from kitune.ki import KI, utcnow
 from kitune.optimizers.acceptance import check_instruction
+from kitune.optimizers.credit import KICredit, credit_verdict
 from kitune.schema import Document, Filter
 from kitune.text import contains_answer
 
@@ -368,6 +374,21 @@ def _evidence(traces: Sequence[TraceSignals]) -> list[dict[str, Any]]:
     ]
 
 
+def _credit_evidence(c: KICredit) -> list[dict[str, Any]]:
+    """The credit ledger's flips in the evidence shape ``kitune review show`` prints (one per flip)."""
+    flips = [(f, "right → wrong") for f in c.harmful_in] + [(f, "wrong → right") for f in c.helpful_in]
+    return [
+        {
+            "trace_id": f"credit:{where}",
+            "query_id": where.rsplit(":", 1)[-1],
+            "question": f"loop run {where.rsplit(':', 1)[0]}",
+            "answer": what,
+            "signals": [],
+        }
+        for where, what in flips
+    ]
+
+
 def _ki_line(mark: str, ki: KI | Mapping[str, Any]) -> str:
     if isinstance(ki, KI):
         return f"{mark} [{ki.id}] {ki.title} — {ki.description}"
@@ -418,6 +439,7 @@ def propose(
     extractor_version: str = "",
     rewriter: RewriterPrompt | None = None,
     when: datetime | None = None,
+    credit: Mapping[str, KICredit] | None = None,
 ) -> ProposeResult:
     """Proposals from a signal report (rules in the module docstring); nothing is applied.
 
@@ -431,6 +453,8 @@ def propose(
         extractor_version: ``extractor@<sha8>`` of ``draft`` (part of the re-extract key).
         rewriter: the production rewriter instruction; None: no ``rewriter_feedback``.
         when: the feedback block's date (default: now, UTC).
+        credit: KI id → its credit from the loop runs' ledgers (None: the signals alone decide
+            ``retire_ki``).
 
     Returns:
         The new proposals (status ``pending``, not yet in the queue) and what was skipped why.
@@ -539,11 +563,16 @@ def propose(
         )
         keys.update(p_keys)
 
+    credited = credit or {}
     for ki_id, counts in report.by_ki.items():
         shown = [t for t in report.traces if ki_id in t.kis_shown]
         bad = [t for t in shown if {"answer_unsupported", "looped"} & t.kinds]
         good = [t for t in shown if t.correct is True or (t.supported is True and "looped" not in t.kinds)]
+        c = credited.get(ki_id)
         if len(bad) < r.retire_min_episodes or good:
+            continue
+        if c is not None and c.helpful > c.harmful:
+            out.skip("credit: helpful")
             continue
         key = f"retire_ki:{ki_id}"
         if key in keys:
@@ -566,6 +595,36 @@ def propose(
                     "ki_ids": [ki_id],
                     "kis": [ki.model_dump(mode="json")],
                     "counts": {"shown": counts.get("shown", 0), "unsupported": unsupported, "looped": looped},
+                },
+                diff=_ki_line("-", ki) + f" (status {ki.payload.status} → expired; reversible)",
+                change_keys=[key],
+            )
+        )
+        keys.add(key)
+
+    for ki_id, c in credited.items():
+        if credit_verdict(c) != "retire" or f"retire_ki:{ki_id}" in keys:
+            continue
+        ki = _exists(store, ki_id)
+        if ki is None or ki.payload.status == "expired":
+            continue  # another table's KI, or already retired: nothing to propose
+        key = f"retire_ki:{ki_id}"
+        out.proposals.append(
+            Proposal(
+                id=proposal_id("retire_ki", [key]),
+                kind="retire_ki",
+                title=f"retire {ki_id}: the loop's credit ledger blames it for {c.harmful} right → wrong "
+                f"flips ({c.helpful} wrong → right)",
+                evidence=_credit_evidence(c),
+                change={
+                    "ki_ids": [ki_id],
+                    "kis": [ki.model_dump(mode="json")],
+                    "credit": {
+                        "shown_right": c.shown_right,
+                        "shown_wrong": c.shown_wrong,
+                        "harmful": c.harmful,
+                        "helpful": c.helpful,
+                    },
                 },
                 diff=_ki_line("-", ki) + f" (status {ki.payload.status} → expired; reversible)",
                 change_keys=[key],

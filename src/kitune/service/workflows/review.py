@@ -27,7 +27,7 @@ from __future__ import annotations
 import builtins
 import json
 import threading
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,6 +49,7 @@ from kitune.evaluation.metrics import Trace
 from kitune.evaluation.signals import SignalReport
 from kitune.ki import KI, utcnow
 from kitune.optimizers.acceptance import check_instruction, compare_paired, decide
+from kitune.optimizers.credit import KICredit, load_run_credit
 from kitune.optimizers.objective import LoopWeights
 from kitune.optimizers.routes import kinds_for_proposal
 from kitune.programs.fact_extractor import FactExtractor
@@ -510,6 +511,7 @@ def file_proposals(
     evaluate: Evaluator | None = None,
     measure_kinds: Collection[str] | None = None,
     actor: str = "proposer",
+    credit: Mapping[str, KICredit] | None = None,
 ) -> FileReport:
     """Propose from ``report``, file the new proposals, measure and gate (see the module docstring).
 
@@ -525,6 +527,9 @@ def file_proposals(
         measure_kinds: measure only proposals of these kinds (None: every kind); a kind in
             ``review.auto_approve`` that is not measured is not approved.
         actor: who files (``cli``, ``watch``).
+        credit: KI id → credit for ``retire_ki`` (see :func:`~kitune.service.workflows.proposals.propose`);
+            None: every loop run's ``<workdir>/optimize/*/ki_credit.json`` summed
+            (:func:`~kitune.optimizers.credit.load_run_credit`; none there: the signals alone).
 
     Returns:
         What was proposed, filed, measured and approved; a proposal of a kind in
@@ -540,6 +545,9 @@ def file_proposals(
         draft=draft,
         extractor_version=extractor_version,
         rewriter=rewriter,
+        credit=credit
+        if credit is not None
+        else load_run_credit(sorted((Path(cfg.workdir) / "optimize").glob("*/ki_credit.json"))),
     )
     out = FileReport(proposed=proposed, filed=service.file(proposed.proposals, actor=actor))
     labelled = list(questions)[-cfg.review.effect_questions :]
