@@ -179,7 +179,20 @@ def test_error_table(cfg: KituneConfig, exc: Exception, status: int, type_: str,
 
 
 def test_openapi_and_healthz(client: TestClient) -> None:
-    assert client.get("/healthz").json() == {"status": "ok"}
+    assert client.get("/healthz").json() == {"status": "ok", "kis": 3}
+
+
+def test_healthz_is_not_ok_on_an_empty_served_table(cfg: KituneConfig) -> None:
+    # issue 37: a served table with no active KI answers every look-up with nothing
+    empty = MemoryStore(embedder=HashEmbedder(dim=64))
+    versions = {"extractor": "kitune-x-extractor v2 (production)", "store": "kis-abcd1234"}
+    client = TestClient(create_app(cfg, store=empty, versions=versions), raise_server_exceptions=False)
+    r = client.get("/healthz")
+    assert r.status_code == 503
+    assert r.json() == {"status": "empty", "kis": 0, "serving": versions, "table": "kis-abcd1234"}
+    empty.upsert([_ki("d1", "Acme Corp", "Springfield", "Acme Corp is headquartered in Springfield.")])
+    r = client.get("/healthz")
+    assert r.status_code == 200 and r.json()["status"] == "ok" and r.json()["kis"] == 1
     spec = client.get("/openapi.json").json()
     op = spec["paths"]["/api/_get_context"]["post"]
     assert "200" in op["responses"]

@@ -20,7 +20,8 @@ Every error kitune raises on purpose derives from :class:`KituneError`::
     ├── HarnessError                   # our bug or misconfiguration, never a model mistake
     ├── OptimizationError
     ├── TrackingError
-    │   └── PromptNotFoundError        # no such prompt name / version / alias (also a KeyError)
+    │   ├── PromptNotFoundError        # no such prompt name / version / alias (also a KeyError)
+    │   └── PromotionRefusedError      # promote/rollback to an empty or badly extracted KI table
     └── ReviewError                    # the review queue (kitune review)
         ├── ProposalNotFoundError      # no proposal with this id (also a KeyError)
         └── ProposalStateError         # the action does not fit the proposal's status
@@ -46,6 +47,7 @@ __all__ = [
     "LMTimeoutError",
     "OptimizationError",
     "ParseError",
+    "PromotionRefusedError",
     "PromptNotFoundError",
     "ProposalNotFoundError",
     "ProposalStateError",
@@ -233,6 +235,23 @@ class PromptNotFoundError(TrackingError, KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0])
+
+
+class PromotionRefusedError(TrackingError):
+    """A promote or rollback refused: the version's KI table is empty or its extraction failed too often.
+
+    Nothing was switched; the message names the table, the counts and the override
+    (``--force``).
+    """
+
+    def __init__(
+        self, message: str, *, table: str = "", kis: int = 0, failed: int = 0, total: int = 0
+    ) -> None:
+        super().__init__(message)
+        self.table = table
+        self.kis = kis
+        self.failed = failed
+        self.total = total
 
 
 class ReviewError(KituneError):

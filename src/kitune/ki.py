@@ -159,6 +159,12 @@ class KIPayload(BaseModel):
     status: KIStatus = Field(default="active", description="Lifecycle status.")
     last_seen: datetime = Field(default_factory=utcnow, description="When last (re-)extracted, UTC.")
     expires_at: datetime | None = Field(default=None, description="Hard expiry, UTC, optional.")
+    status_reason: str | None = Field(
+        default=None,
+        exclude_if=lambda v: v is None,  # the published KI shape is unchanged for every other KI
+        description="Why the KI left ``active`` when it was not by age, e.g. ``source_changed`` (its "
+        "document changed or was removed); None for the age-based sweep.",
+    )
 
 
 class KI(BaseModel):

@@ -15,9 +15,11 @@ seconds, so ``kitune prompts promote`` / ``rollback`` change what a running serv
 Other rules: the request body is capped (:data:`MAX_BODY_BYTES`, 413 beyond); the OpenAPI schema
 is served at ``/openapi.json`` and documents every error status with the ``{"error": …}`` body;
 ``/docs`` is Swagger UI served from local assets (no CDN; a plain endpoint list when none are
-installed); ``GET /healthz`` answers without touching the store. ``/api/proposals`` serves the
-review queue (:mod:`kitune.service.workflows.review`): list, show, approve, reject (a reason is required),
-revert; an unknown id is 404, an action that does not fit the proposal's status 409.
+installed); ``GET /healthz`` names the served prompt versions, the KI table and its active KI
+count, and answers 503 (``"status": "empty"``) when that table holds no active KI.
+``/api/proposals`` serves the review queue (:mod:`kitune.service.workflows.review`): list, show,
+approve, reject (a reason is required), revert; an unknown id is 404, an action that does not fit
+the proposal's status 409.
 A rewrite that fell back is logged with its full reason; the response carries only its reason
 code (never provider text). When a bearer token is configured (``KITUNE_API_TOKEN``), ``/api/*``
 requires ``Authorization: Bearer <token>``; ``kitune serve`` refuses to bind a non-loopback host without one.
@@ -56,6 +58,7 @@ from kitune.errors import (
 )
 from kitune.programs.query_rewriter import QueryRewriter
 from kitune.retrieval.base import Store
+from kitune.schema import Filter
 from kitune.service.serving.context import ContextResponse, get_context
 from kitune.service.serving.setting import LiveSetting, ServedSetting
 from kitune.service.workflows.review import ReviewService, review_opener
@@ -408,10 +411,23 @@ def create_app(
             raise StarletteHTTPException(404, f"no docs asset {name!r}")
         return FileResponse(assets / name)
 
-    @app.get("/healthz", summary="Liveness check (does not touch the store); names the served versions.")
-    def healthz() -> dict[str, Any]:
+    @app.get(
+        "/healthz",
+        summary="Served prompt versions, KI table and active KI count; 503 when nothing is served.",
+        responses={503: {"description": "The served KI table holds no active KI, or the store is down."}},
+    )
+    def healthz() -> JSONResponse:
+        try:
+            store, _rewriter = served.current()
+            n = store.count(Filter(statuses=("active",)))
+        except KituneError as e:
+            return JSONResponse({"status": "unavailable", "error": str(e)}, status_code=503)
         now = served.versions()
-        return {"status": "ok", "serving": now} if now else {"status": "ok"}
+        body: dict[str, Any] = {"status": "ok" if n else "empty", "kis": n}
+        if now:
+            body["serving"] = now
+            body["table"] = now.get("store", "")
+        return JSONResponse(body, status_code=200 if n else 503)
 
     return app
 

@@ -92,7 +92,7 @@ def test_cli_index_expire_stats(tmp_path: Path) -> None:
     assert res.exit_code == 1, res.output  # bad lines → exit 1, good KIs still indexed
     assert "6 lines, 3 bad, 3 submitted, 3 indexed, 0 failed (lancedb store)" in res.output
     assert "line 3:" in res.output and "line 5:" in res.output
-    res = runner.invoke(app, ["expire", "--config", str(cfg), "--now", "2026-11-01T12:00:00Z"])
+    res = runner.invoke(app, ["expire", "--config", str(cfg), "--at", "2026-11-01T12:00:00Z"])
     assert res.exit_code == 0, res.output
     assert "1 became stale, 1 became expired" in res.output
     res = runner.invoke(app, ["stats", "--config", str(cfg), "--json"])
@@ -101,7 +101,7 @@ def test_cli_index_expire_stats(tmp_path: Path) -> None:
     assert data["total"] == 3 and data["by_status"] == {"active": 1, "stale": 1, "expired": 1}
     res = runner.invoke(app, ["stats", "--config", str(cfg)])
     assert res.exit_code == 0 and "Top tags" in res.output and "landmark" in res.output
-    res = runner.invoke(app, ["expire", "--config", str(cfg), "--now", "yesterday"])
+    res = runner.invoke(app, ["expire", "--config", str(cfg), "--at", "yesterday"])
     assert res.exit_code == 2 and "not an ISO date" in res.output
 
 
@@ -133,7 +133,7 @@ def test_cli_bad_input_creates_no_store(tmp_path: Path) -> None:
     for args, said in (
         (["index", str(tmp_path)], "is a directory"),
         (["index", str(tmp_path / "nope.jsonl")], "not found"),
-        (["expire", "--now", "yesterday"], "not an ISO date"),
+        (["expire", "--at", "yesterday"], "not an ISO date"),
     ):
         res = runner.invoke(app, [*args, "--config", str(cfg)])
         assert res.exit_code == 2 and said in res.output, res.output

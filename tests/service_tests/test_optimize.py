@@ -59,8 +59,12 @@ def test_optimize_extractor_accepts_a_better_prompt_and_registers_it(tmp_path: P
     assert not hist[1].accepted  # nothing left to gain
     assert hist[0].candidate_val_score > hist[0].val_score
     assert "DATES" in res.loop.setting.prompts["extractor"]
-    prod = registry.get(prompt_name("tiny", "extractor"), "production")
-    assert "DATES" in prod.text and prod.version == 2  # version 1 is the packaged prompt
+    name = prompt_name("tiny", "extractor")
+    staged = registry.get(name, "candidate")
+    assert "DATES" in staged.text and staged.version == 2  # version 1 is the packaged prompt
+    # issue 37: accepted is staged, not served, until `kitune prompts promote`
+    assert res.staged == {name: 2} and res.promoted == {}
+    assert registry.get(name, "production").version == 1
     runs = {r.info.run_name: r for r in tracker.client.search_runs([tracker.experiment_id])}
     m0 = runs["iteration-0"].data.metrics
     assert m0["accepted"] == 1.0

@@ -21,6 +21,7 @@ from kitune.service.serving.setting import (
     served_versions,
 )
 from kitune.testing.embedders import HashEmbedder
+from kitune.testing.store_contract import make_ki
 
 
 class _ClosingStore(MemoryStore):
@@ -94,19 +95,27 @@ def test_follow_production_rebuilds_only_when_the_served_versions_changed(
     from kitune.usage import TokenLedger
 
     opened: list[str] = []
+    held = [0]
 
     def create_store(cfg: KituneConfig) -> MemoryStore:
         opened.append(cfg.store.table)
-        return MemoryStore(embedder=HashEmbedder(dim=8))
+        store = MemoryStore(embedder=HashEmbedder(dim=8))
+        store.upsert([make_ki(f"Thing {i}", f"Place {i}", docid=f"d{i}") for i in range(held[0])])
+        return store
 
     monkeypatch.setattr(kitune.retrieval, "create_store", create_store)
     cfg = _cfg(tmp_path)
     now = served_versions(production_setting(cfg), ("extractor",))
+    (tmp_path / "w" / "lancedb" / f"{now['store']}.lance").mkdir(parents=True)
     source = follow_production(cfg, ("extractor",), use_rewriter=False, ledger=TokenLedger())
     assert source(now) is None and opened == []
-    new = source({**now, "extractor": "kitune-tiny-extractor v1 (production)"})
+    other = {**now, "extractor": "kitune-tiny-extractor v1 (production)"}
+    # issue 37: production names an empty table: the server keeps what it serves
+    assert source(other) is None and opened == [now["store"]]
+    held[0] = 2
+    new = source(other)
     assert new is not None and dict(new.versions) == now and new.rewriter is None
-    assert opened == [now["store"]]
+    assert opened == [now["store"]] * 3  # counted (twice) and opened to serve
 
 
 def test_open_store_read_only_does_not_create_a_missing_embedded_table(tmp_path: Path) -> None:

@@ -353,6 +353,11 @@ def test_prompts_promote_and_rollback_say_what_now_runs(cfg: KituneConfig, cli: 
     assert "rewriter prompt: kitune-fixture-rewriter v2 (production)" in r.output
     r = CliRunner().invoke(app, ["prompts", "promote", "kitune-fixture-extractor", "1", *args])
     sha = _sha("extractor", load_instruction("extractor").text)
+    # issue 37: its table is empty, so the promotion is refused (exit 1) and names the override
+    assert r.exit_code == 1 and f"its KI table kis-{sha} holds 0 active KIs" in r.output
+    assert "--force" in r.output
+    r = CliRunner().invoke(app, ["prompts", "promote", "kitune-fixture-extractor", "1", "--force", *args])
+    assert r.exit_code == 0, r.output
     assert f"KI store: lancedb table kis-{sha}" in r.output and "`kitune extract` fills it" in r.output
 
 

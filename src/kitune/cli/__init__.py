@@ -78,6 +78,7 @@ def _register() -> None:
         mcp_cmds,
         review_cmds,
         signals_cmds,
+        status_cmds,
         store_cmds,
         traces_cmds,
         watch_cmds,
@@ -98,6 +99,7 @@ def _register() -> None:
         review_cmds,
         export_cmds,
         mcp_cmds,
+        status_cmds,
     ):
         module.register(app)
     _REGISTERED = True

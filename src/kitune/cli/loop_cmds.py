@@ -170,18 +170,59 @@ def diff_cmd(
         out.print(line, style=style, markup=False, highlight=False)
 
 
+ForceOption = Annotated[
+    bool,
+    typer.Option(
+        "--force",
+        help="Switch even when the KI table the version serves is empty or its extraction failed on "
+        "more than --max-failed-share of its documents.",
+    ),
+]
+MaxFailedOption = Annotated[
+    float,
+    typer.Option(
+        "--max-failed-share",
+        min=0.0,
+        max=1.0,
+        help="Refuse a version whose extraction failed on more than this share of its documents.",
+    ),
+]
+
+
+def _switch_or_fail(fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+    """A promote/rollback: a refusal exits 1 (nothing switched), bad input 2."""
+    from kitune.errors import PromotionRefusedError
+
+    try:
+        return fn(*args, **kwargs)
+    except PromotionRefusedError as e:
+        fail(str(e), code=1)
+    except KituneError as e:
+        fail(str(e))
+
+
 @prompts_app.command("promote")
 def promote_cmd(
     name: Annotated[str, typer.Argument(help="Prompt name.")],
-    version: Annotated[str, typer.Argument(help="Version to put in production.")],
+    version: Annotated[str, typer.Argument(help="Version (or alias, e.g. candidate) to put in production.")],
+    force: ForceOption = False,
+    max_failed_share: MaxFailedOption = 0.2,
     config: ConfigOption = None,
 ) -> None:
-    """Point the production alias at VERSION (recorded so rollback can undo it)."""
+    """Point the production alias at VERSION (recorded so rollback can undo it).
+
+    An extractor version is checked first: one whose KI table holds no active KI, or whose
+    extraction failed on more than --max-failed-share of its documents, is refused (exit 1,
+    production unchanged) unless --force. A running `kitune serve` / `kitune mcp` switches on
+    its next refresh and never to an empty table.
+
+    Example: kitune prompts promote kitune-fixture-extractor candidate
+    """
     from kitune.service.serving.prompts import promote_prompt
 
     cfg = get_config(config)
     _fail_if_no_registry(cfg, name)  # opening an empty registry would create mlflow.db
-    pv = _or_fail(promote_prompt, cfg, name, version)
+    pv = _switch_or_fail(promote_prompt, cfg, name, version, force=force, max_failed_share=max_failed_share)
     out.print(f"{pv.name}: production → version {pv.version}", highlight=False)
     _now_used(cfg, name)
 
@@ -189,14 +230,16 @@ def promote_cmd(
 @prompts_app.command("rollback")
 def rollback_cmd(
     name: Annotated[str, typer.Argument(help="Prompt name.")],
+    force: ForceOption = False,
+    max_failed_share: MaxFailedOption = 0.2,
     config: ConfigOption = None,
 ) -> None:
-    """Move production back to the previous production version."""
+    """Move production back to the previous production version (checked as a promotion is)."""
     from kitune.service.serving.prompts import rollback_prompt
 
     cfg = get_config(config)
     _fail_if_no_registry(cfg, name)
-    pv = _or_fail(rollback_prompt, cfg, name)
+    pv = _switch_or_fail(rollback_prompt, cfg, name, force=force, max_failed_share=max_failed_share)
     out.print(f"{pv.name}: production rolled back to version {pv.version}", highlight=False)
     _now_used(cfg, name)
 

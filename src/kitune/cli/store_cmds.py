@@ -119,16 +119,33 @@ def _parse_now(value: str | None) -> datetime | None:
     try:
         dt = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
-        fail(f"--now {value!r} is not an ISO date/time: use e.g. 2026-11-30 or 2026-11-30T12:00:00Z")
+        fail(f"--at {value!r} is not an ISO date/time: use e.g. 2026-11-30 or 2026-11-30T12:00:00Z")
     return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
 
 
 def expire(
     config: ConfigOption = None,
-    now: Annotated[
+    now_flag: Annotated[
+        bool,
+        typer.Option(
+            "--now",
+            help="Sweep as of the current time (the default): only KIs past their retention change.",
+        ),
+    ] = False,
+    at: Annotated[
         str | None,
-        typer.Option("--now", help="Reference time, ISO 8601 (default: now, UTC).", show_default=False),
+        typer.Option(
+            "--at", help="Sweep as of this time instead, ISO 8601 (replay or preview).", show_default=False
+        ),
     ] = None,
+    expire_everything: Annotated[
+        bool,
+        typer.Option(
+            "--all",
+            help="Expire EVERY active and stale KI of the served table now, whatever its age (status "
+            "reason expired_by_hand); nothing is deleted.",
+        ),
+    ] = False,
     stale_after_days: Annotated[
         float | None,
         typer.Option(
@@ -136,22 +153,40 @@ def expire(
         ),
     ] = None,
 ) -> None:
-    """Run the KI lifecycle sweep on the configured store.
+    """Run the KI lifecycle sweep on the served KI table.
 
     KIs unseen (not re-extracted, and their document not seen unchanged by `kitune extract`) for
     lifecycle.stale_after_days (default 7) become stale; unseen for twice that, or past their
     expires_at, they become expired. Disambiguation and source-description KIs use
     lifecycle.derived_stale_after_days. Only active KIs are served unless a filter asks for more.
     Status only moves forward and nothing is deleted; re-seeing a KI makes it active again. Running
-    it twice changes nothing the second time. Use --now to replay the sweep at another time.
+    it twice changes nothing the second time. --at replays the sweep at another time; --all is the
+    separate, explicit way to expire everything.
 
-    Example: kitune expire --now 2026-12-31
+    Examples:
+    kitune expire --now
+    kitune expire --at 2026-12-31
     """
-    from kitune.service.serving.stores import expire_kis, retention_from, stale_after_from
+    from kitune.service.serving.stores import expire_all, expire_kis, retention_from, stale_after_from
 
-    when = _parse_now(now)  # before the store opens: a bad --now must not create a table
+    if expire_everything and (at is not None or now_flag):
+        fail("--all expires every KI whatever its age: give it without --now / --at")
+    if now_flag and at is not None:
+        fail("--now and --at each name the sweep time: give one")
+    when = _parse_now(at)  # before the store opens: a bad --at must not create a table
     cfg, store = _open_store(config)
     assert store is not None  # not read-only: created when missing
+    if expire_everything:
+        try:
+            n = expire_all(store)
+        except KituneError as e:
+            fail(str(e))
+        finally:
+            store.close()
+        typer.echo(
+            f"expired all {n} active/stale KI(s) of {_table_name(cfg)} (status reason expired_by_hand)"
+        )
+        return
     window = timedelta(days=stale_after_days) if stale_after_days is not None else stale_after_from(cfg)
     try:
         result = expire_kis(store, now=when, stale_after=window, retention=retention_from(cfg))
@@ -164,6 +199,10 @@ def expire(
         f"(stale after {window.total_seconds() / 86400:g} days): "
         f"{result.stale} became stale, {result.expired} became expired"
     )
+
+
+def _table_name(cfg: KituneConfig) -> str:
+    return cfg.store.table if cfg.store.type == "lancedb" else cfg.store.index
 
 
 def _credit_ledgers(cfg: KituneConfig, run_name: str | None) -> dict[str, Path]:

@@ -26,15 +26,26 @@ def wilson_interval(k: int, n: int, z: float = 1.959963984540054) -> tuple[float
     """Wilson score interval for ``k`` successes in ``n`` trials (95% by default).
 
     Returns:
-        ``(low, high)`` in 0.0–1.0; ``(0.0, 0.0)`` when ``n == 0``.
+        ``(low, high)`` in 0.0–1.0 with ``low <= k / n <= high`` exactly (float noise such as
+        ``5.55e-17`` above the point at ``k = 0`` or ``0.9999999999999999`` at ``k = n`` is
+        clamped, so an error bar drawn from it never has a negative length); ``low`` is exactly
+        0.0 when ``k == 0`` and ``high`` exactly 1.0 when ``k == n``; ``(0.0, 0.0)`` when
+        ``n == 0``.
+
+    Raises:
+        ValueError: ``k`` outside 0..``n``.
     """
     if n <= 0:
         return 0.0, 0.0
+    if not 0 <= k <= n:
+        raise ValueError(f"wilson_interval: k={k} successes must lie in 0..n={n}")
     p = k / n
     denom = 1 + z * z / n
     center = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return max(0.0, center - half), min(1.0, center + half)
+    low = 0.0 if k == 0 else min(p, max(0.0, center - half))
+    high = 1.0 if k == n else max(p, min(1.0, center + half))
+    return low, high
 
 
 @dataclass(frozen=True)

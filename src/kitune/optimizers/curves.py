@@ -217,6 +217,25 @@ def _num(x: Any, fmt: str = "+.3f") -> str:
     return "-" if x is None else format(float(x), fmt)
 
 
+def _error_bars(
+    ys: Sequence[float], cis: Sequence[tuple[float, float] | None]
+) -> tuple[list[float], list[float]]:
+    """Matplotlib ``yerr`` (distances below and above each point) from the stored intervals.
+
+    An interval read back from ``loop_state.json`` (or computed by an older kitune) may sit a
+    float's breadth on the wrong side of its point (``5.55e-17`` above an accuracy of 0.0,
+    ``0.9999999999999999`` below 1.0); matplotlib refuses a negative ``yerr``. Each distance is
+    clamped at 0.0, so an interval never crosses its point. A missing interval draws no bar.
+    """
+    lo: list[float] = []
+    hi: list[float] = []
+    for y, ci in zip(ys, cis, strict=True):
+        low, high = ci if ci is not None else (y, y)
+        lo.append(max(0.0, y - low))
+        hi.append(max(0.0, high - y))
+    return lo, hi
+
+
 def write_curves(history: Sequence[IterationRecord], out_dir: Path) -> tuple[Path, Path | None]:
     """Write ``curves.md`` (tables) and ``curves.png`` (tuning vs validation per iteration).
 
@@ -295,8 +314,7 @@ def write_curves(history: Sequence[IterationRecord], out_dir: Path) -> tuple[Pat
         ("validation", "val_accuracy", "val_ci", "s-"),
     ):
         ys = [getattr(r, acc) or 0.0 for r in history]
-        lo = [y - (getattr(r, ci) or (y, y))[0] for r, y in zip(history, ys, strict=True)]
-        hi = [(getattr(r, ci) or (y, y))[1] - y for r, y in zip(history, ys, strict=True)]
+        lo, hi = _error_bars(ys, [getattr(r, ci) for r in history])
         ax.errorbar(xs, ys, yerr=[lo, hi], fmt=mark, capsize=3, label=split)
     ax.set_xlabel("iteration")
     ax.set_ylabel("accuracy, graded questions (95% CI)")

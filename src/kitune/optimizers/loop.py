@@ -23,8 +23,9 @@ One iteration:
 6. :func:`~kitune.optimizers.acceptance.decide` accepts, rejects, or — when too many questions
    failed (an outage, not a worse prompt) — decides nothing; a proposal that changes only
    write-only programs is judged by their own task metric (the validation runs cannot see it);
-   an accepted prompt is registered as a new version, aliased ``candidate`` and promoted to
-   ``production``;
+   an accepted prompt is registered as a new version, aliased ``candidate`` (and promoted to
+   ``production`` only with ``promote=True``; ``kitune optimize`` stages and promotes through
+   the checked :func:`kitune.service.serving.prompts.promote_prompt`);
 7. the iteration is one tracking run, nested under the invocation's parent run (params,
    metrics — ``tune_*``, ``val_*``, ``val_after_*``, ``candidate_val_*`` including the stage
    metrics, ``improve_*``, ``credit_*`` —, prompt texts, program state, traces, the ledger), and
@@ -214,6 +215,7 @@ def _register(
     setting: Setting,
     programs: Sequence[str],
     tags: Mapping[str, str],
+    promote: bool = True,
 ) -> dict[str, int]:
     versions: dict[str, int] = {}
     for program in programs:
@@ -225,7 +227,8 @@ def _register(
             commit_message=f"accepted by kitune optimize ({program})",
         )
         registry.set_alias(name, "candidate", pv.version)
-        registry.promote(name, pv.version)
+        if promote:
+            registry.promote(name, pv.version)
         versions[program] = pv.version
     return versions
 
@@ -246,6 +249,7 @@ def run_loop(
     max_failed_share: float = 0.2,
     require_significance: bool = False,
     seed: int = 0,
+    promote: bool = True,
 ) -> LoopResult:
     """Run (or resume) ``iterations`` iterations of the loop (see the module docstring).
 
@@ -264,6 +268,7 @@ def run_loop(
         max_failed_share: above this share of failed questions in a run the loop decides nothing.
         require_significance: also require the paired bootstrap interval above 0 to accept.
         seed: seeds the paired bootstrap.
+        promote: point ``production`` at an accepted version (False: ``candidate`` only, staged).
 
     Returns:
         The :class:`LoopResult`.
@@ -318,7 +323,9 @@ def run_loop(
                     "kitune.val_score": f"{record.candidate_val_score:.4f}",
                     "kitune.iteration": str(i),
                 }
-                registered = _register(registry, corpus, proposed.proposal.setting, proposed.changed, tags)
+                registered = _register(
+                    registry, corpus, proposed.proposal.setting, proposed.changed, tags, promote
+                )
                 record = replace(record, registered=registered)
         write_proposal(state_dir, record, current, proposed.proposal)
         if decision.accepted:

@@ -201,6 +201,19 @@ class PromptRegistry:
             PromptNotFoundError: unknown name, no production version, or nothing earlier to
                 roll back to.
         """
+        current, target = self.rollback_target(name)
+        client = self.client
+        client.set_prompt_version_tag(name, current.version, _ROLLED_BACK_TAG, "true")
+        client.set_prompt_alias(name, "production", target.version)
+        return self._get_version(name, target.version)
+
+    # -- reads ------------------------------------------------------------------------------
+    def rollback_target(self, name: str) -> tuple[PromptVersion, PromptVersion]:
+        """``(current production, the version rollback would put back)``, without changing anything.
+
+        Raises:
+            PromptNotFoundError: unknown name, no production version, or nothing earlier.
+        """
         current = self.get(name, "production")
         cur_seq = self._seq(current) or 0
         earlier = [
@@ -215,13 +228,8 @@ class PromptRegistry:
                 name=name,
                 version="production",
             )
-        target = max(earlier, key=lambda v: self._seq(v) or 0)
-        client = self.client
-        client.set_prompt_version_tag(name, current.version, _ROLLED_BACK_TAG, "true")
-        client.set_prompt_alias(name, "production", target.version)
-        return self._get_version(name, target.version)
+        return current, max(earlier, key=lambda v: self._seq(v) or 0)
 
-    # -- reads ------------------------------------------------------------------------------
     def get(self, name: str, version_or_alias: int | str | None = None) -> PromptVersion:
         """Fetch one version.
 

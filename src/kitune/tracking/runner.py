@@ -40,6 +40,7 @@ def run_experiment(
     registry: PromptRegistry | None = None,
     params: Mapping[str, Any] | None = None,
     log: Callable[[str], None] = lambda _m: None,
+    promote: bool = True,
 ) -> LoopResult:
     """Run (or resume) the loop with tracking and the prompt registry.
 
@@ -53,6 +54,7 @@ def run_experiment(
         registry: None: ``PromptRegistry(cfg.mlflow_uri)`` (skipped for a non-database URI).
         params: logged on every iteration run.
         log: progress lines.
+        promote: accepted versions become ``production`` (False: only ``candidate``, staged).
 
     Raises:
         TrackingError: an accepted prompt could not be registered.
@@ -129,4 +131,5 @@ def run_experiment(
             max_failed_share=o.max_failed_share,
             require_significance=o.require_significance,
             seed=o.seed,
+            promote=promote,
         )

@@ -61,7 +61,7 @@ from kitune.errors import ConfigError, LMAuthError, StoreUnavailableError
 from kitune.ki import KI, utcnow
 from kitune.programs.fact_extractor import DocExtraction, FactExtractor, ParseFailure
 from kitune.schema import Document
-from kitune.service.serving.stores import refresh_derived, refresh_documents
+from kitune.service.serving.stores import expire_documents, refresh_derived, refresh_documents
 
 if TYPE_CHECKING:
     from kitune.config import KituneConfig
@@ -128,6 +128,8 @@ class ExtractionReport:
     """KIs of skipped (unchanged) documents whose ``last_seen`` was refreshed, without an LLM call."""
     derived_refreshed: int = 0
     """Disambiguation/source-description KIs refreshed because all their evidence documents are present."""
+    kis_source_changed: int = 0
+    """Old KIs of changed documents expired (reason ``source_changed``) once the new ones were stored."""
     too_large: dict[str, str] = field(default_factory=dict)
     """Docid → reason for documents over ``extraction.max_doc_chars``: skipped (no LLM call, not
     failed, not retried until the limit is raised); counted in ``docs_skipped``."""
@@ -145,6 +147,7 @@ class ExtractionReport:
             ("skipped (already done or too large)", str(self.docs_skipped)),
             ("too large (skipped)", str(len(self.too_large))),
             ("re-extracted (content changed)", str(self.docs_changed)),
+            ("old KIs expired (source changed)", str(self.kis_source_changed)),
             ("KIs refreshed (unchanged docs)", str(self.kis_refreshed)),
             ("derived KIs refreshed", str(self.derived_refreshed)),
             ("failed", str(self.docs_failed)),
@@ -464,10 +467,10 @@ def extract_corpus(
     truncated: set[str] = set()
     buffer: list[KI] = []
     pending: list[DocExtraction] = []  # ok docs whose KIs are in ``buffer``
-    written = write_failures = done = finished = 0
+    written = write_failures = done = finished = source_changed = 0
 
     def flush() -> None:
-        nonlocal written, write_failures, done, last_flush
+        nonlocal written, write_failures, done, last_flush, source_changed
         last_flush = time.monotonic()
         if not pending:
             return
@@ -490,6 +493,10 @@ def extract_corpus(
                 writer.write(
                     res.docid, res.status, len(res.kis), content=hashes.get(res.docid, "") if final else ""
                 )
+                if res.docid in changed:  # the new text's KIs are stored: the old text's facts expire
+                    source_changed += expire_documents(
+                        store, [res.docid], now=run_now, keep=[k.id for k in res.kis]
+                    )
         writer.sync()
         buffer.clear()
         pending.clear()
@@ -582,6 +589,7 @@ def extract_corpus(
         prompt_version=extractor.prompt_version,
         wall_s=time.monotonic() - started,
         docs_changed=len(changed),
+        kis_source_changed=source_changed,
         kis_refreshed=kis_refreshed,
         derived_refreshed=derived_refreshed,
     )

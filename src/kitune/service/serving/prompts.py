@@ -10,22 +10,36 @@ extractor in use (``<store.table>-<sha8>``, :func:`versioned_store_cfg`, the tab
 writes). A program with no production version runs its packaged prompt, labelled as such.
 So ``kitune prompts promote`` / ``rollback`` change what the next command (or a running
 server, see :mod:`kitune.server`) uses.
+
+**Staged versions.** A version registered with the tag ``kitune.table`` (:data:`TABLE_TAG`;
+``kitune drift run`` stages one) names its own KI table; while it is only ``candidate`` nothing
+serves it. :func:`promote_prompt` and :func:`rollback_prompt` check the table the switch would
+serve first (:func:`check_promotable`): an empty table, or one whose extraction failed on more
+than ``max_failed_share`` of its documents, is refused with the counts and the override
+(``--force``), and nothing moves. The switch itself is one alias move; a running server
+swaps its whole setting at once (:class:`kitune.service.serving.setting.LiveSetting`).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import kitune.retrieval
 from kitune.config import KituneConfig, with_overrides
-from kitune.errors import ConfigError, PromptNotFoundError, TrackingError
+from kitune.errors import ConfigError, PromotionRefusedError, PromptNotFoundError, TrackingError
 from kitune.optimizers.program_task import get_program_task, served_programs, store_program
 from kitune.programs.instructions import instruction_version
+from kitune.schema import Filter
 from kitune.tracking.prompts import PromptRegistry, PromptSummary, PromptVersion, prompt_name
 
 __all__ = [
+    "DEFAULT_MAX_FAILED_SHARE",
+    "TABLE_TAG",
     "ProductionSetting",
+    "Promotable",
     "describe_setting",
     "diff_prompt_versions",
     "list_prompts",
@@ -35,12 +49,21 @@ __all__ = [
     "promote_prompt",
     "prompt_versions",
     "rollback_prompt",
+    "served_table",
     "setting_summary",
     "show_prompt",
+    "state_path_for",
+    "table_store_cfg",
     "versioned_store_cfg",
 ]
 
 DEFAULT_ALIAS = "production"
+
+TABLE_TAG = "kitune.table"
+"""Version tag naming the KI table (LanceDB) or index (Elasticsearch) a staged extractor version serves."""
+
+DEFAULT_MAX_FAILED_SHARE = 0.2
+"""Promotion refuses a version whose extraction failed on more than this share of its documents."""
 
 
 class ProductionSetting(NamedTuple):
@@ -74,6 +97,33 @@ def versioned_store_cfg(cfg: KituneConfig, extractor_version: str) -> KituneConf
     suffix = extractor_version.split("@", 1)[-1]
     store = cfg.store
     return with_overrides(cfg, {f"store.{store.collection_field}": f"{store.collection}-{suffix}"})
+
+
+def table_store_cfg(cfg: KituneConfig, table: str) -> KituneConfig:
+    """``cfg`` whose KI table (LanceDB) or index (Elasticsearch) is exactly ``table``."""
+    key = "store.table" if cfg.store.type == "lancedb" else "store.index"
+    return with_overrides(cfg, {key: table})
+
+
+def served_table(store_cfg: KituneConfig) -> str:
+    """The table (LanceDB) or index (Elasticsearch) name ``store_cfg`` points at."""
+    return store_cfg.store.table if store_cfg.store.type == "lancedb" else store_cfg.store.index
+
+
+def state_path_for(store_cfg: KituneConfig, prompt_version: str) -> Path:
+    """The extraction resume file of ``prompt_version`` writing into ``store_cfg``'s table.
+
+    The default table of a version (``<table>-<sha8>``) keeps the historical name
+    ``<workdir>/extraction/<corpus>.<version>.state.jsonl``; a staged table (``kitune drift run``)
+    gets ``…state.<table>.jsonl`` beside it, so the two never share resume lines.
+    """
+    safe = prompt_version.replace("@", "-").replace("/", "-")
+    folder = Path(store_cfg.workdir) / "extraction"
+    table = served_table(store_cfg)
+    suffix = prompt_version.split("@", 1)[-1]
+    if table.endswith(f"-{suffix}"):
+        return folder / f"{store_cfg.corpus_name}.{safe}.state.jsonl"
+    return folder / f"{store_cfg.corpus_name}.{safe}.state.{table}.jsonl"
 
 
 def parse_prompt_selection(specs: Sequence[str]) -> dict[str, str]:
@@ -163,6 +213,7 @@ def production_setting(
     reg = None if packaged else (registry if registry is not None else _registry_or_none(cfg))
     prompts: dict[str, str] = {}
     versions: dict[str, str] = {}
+    pinned: str | None = None
     for program in programs:
         name = prompt_name(cfg.corpus_name, program)
         explicit = program in chosen
@@ -185,6 +236,8 @@ def production_setting(
             prompts[program] = found.text
             shown = key if not key.lstrip("v").isdigit() else ", ".join(found.aliases) or "no alias"
             versions[program] = f"{name} v{found.version} ({shown})"
+            if program == store_program() and found.tags.get(TABLE_TAG):
+                pinned = found.tags[TABLE_TAG]
             continue
         text = get_program_task(program).start_instruction()
         prompts[program] = text
@@ -192,7 +245,11 @@ def production_setting(
         versions[program] = f"packaged {instruction_version(program, text)} ({why})"
     writer = store_program()
     writer_text = prompts.get(writer) or get_program_task(writer).start_instruction()
-    store_cfg = versioned_store_cfg(cfg, instruction_version(writer, writer_text))
+    store_cfg = (
+        table_store_cfg(cfg, pinned)
+        if pinned
+        else versioned_store_cfg(cfg, instruction_version(writer, writer_text))
+    )
     return ProductionSetting(prompts, versions, store_cfg)
 
 
@@ -271,19 +328,156 @@ def diff_prompt_versions(cfg: KituneConfig, name: str, v1: int | str, v2: int | 
     return open_registry(cfg).diff(name, v1, v2)
 
 
-def promote_prompt(cfg: KituneConfig, name: str, version: int | str) -> PromptVersion:
-    """Point ``production`` at ``version`` and record the promotion.
+class Promotable(NamedTuple):
+    """What :func:`check_promotable` found in the KI table a switch would serve."""
+
+    table: str
+    """Table (LanceDB) or index (Elasticsearch) name."""
+    kis: int
+    """Active KIs in it (what would be served)."""
+    failed: int
+    """Documents whose last extraction into it failed (its resume file)."""
+    documents: int
+    """Documents its resume file names."""
+
+
+def _version_store_cfg(cfg: KituneConfig, pv: PromptVersion) -> KituneConfig:
+    """The KI table an extractor version serves: its :data:`TABLE_TAG`, else ``<table>-<sha8>``."""
+    pinned = pv.tags.get(TABLE_TAG)
+    if pinned:
+        return table_store_cfg(cfg, pinned)
+    return versioned_store_cfg(cfg, instruction_version(store_program(), pv.text))
+
+
+def _count_active(store_cfg: KituneConfig) -> int:
+    """Active KIs in ``store_cfg``'s table; 0 when an embedded table does not exist (none is created)."""
+    if store_cfg.store.type == "lancedb":
+        folder = Path(store_cfg.store.path or Path(store_cfg.workdir) / "lancedb")
+        if not (folder / f"{store_cfg.store.table}.lance").exists():
+            return 0
+    store = kitune.retrieval.create_store(store_cfg)
+    try:
+        return store.count(Filter(statuses=("active",)))
+    finally:
+        store.close()
+
+
+def _extraction_failures(store_cfg: KituneConfig, prompt_version: str) -> tuple[int, int]:
+    """``(failed, documents)`` from the table's extraction resume file (last line per document wins)."""
+    path = state_path_for(store_cfg, prompt_version)
+    if not path.is_file():
+        return 0, 0
+    last: dict[str, str] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue  # a line cut by a crash: the extraction's own reader skips it too
+        if isinstance(rec, dict) and isinstance(rec.get("docid"), str):
+            last[rec["docid"]] = str(rec.get("status", ""))
+    return sum(1 for v in last.values() if v == "failed"), len(last)
+
+
+def check_promotable(
+    cfg: KituneConfig,
+    name: str,
+    pv: PromptVersion,
+    *,
+    max_failed_share: float = DEFAULT_MAX_FAILED_SHARE,
+    force: bool = False,
+    action: str = "promote",
+) -> Promotable | None:
+    """Refuse a switch to ``pv`` when the KI table it would serve is empty or badly extracted.
+
+    Only the corpus's extractor prompt names a KI table; any other prompt passes (None). With
+    ``force`` the counts are returned and nothing is refused.
+
+    Args:
+        cfg: configuration (corpus name, store, workdir).
+        name: the prompt name.
+        pv: the version that would be served.
+        max_failed_share: refuse when failed documents / documents exceeds this (0.0–1.0).
+        force: report, never refuse.
+        action: ``"promote"`` or ``"rollback"`` (the message's wording).
+
+    Returns:
+        The counts, or None for a prompt that names no KI table.
+
+    Raises:
+        ValueError: ``max_failed_share`` outside 0–1.
+        PromotionRefusedError: an empty table, or too many failed documents (nothing switched).
+    """
+    if not 0.0 <= max_failed_share <= 1.0:
+        raise ValueError(f"--max-failed-share {max_failed_share}: use a share between 0 and 1")
+    if name != prompt_name(cfg.corpus_name, store_program()):
+        return None
+    store_cfg = _version_store_cfg(cfg, pv)
+    table = served_table(store_cfg)
+    kis = _count_active(store_cfg)
+    failed, docs = _extraction_failures(store_cfg, instruction_version(store_program(), pv.text))
+    found = Promotable(table, kis, failed, docs)
+    if force:
+        return found
+    verb = "promote" if action == "promote" else "roll back to"
+    if kis == 0:
+        raise PromotionRefusedError(
+            f"refusing to {verb} {name} v{pv.version}: its KI table {table} holds 0 active KIs, so every "
+            "look-up would come back empty (production is unchanged). Extract into it first "
+            f"(`kitune extract --data DIR --prompt-alias {pv.version}`), or pass --force to {action} anyway",
+            table=table,
+            kis=kis,
+            failed=failed,
+            total=docs,
+        )
+    if docs and failed / docs > max_failed_share:
+        raise PromotionRefusedError(
+            f"refusing to {verb} {name} v{pv.version}: extraction into {table} failed on {failed} of "
+            f"{docs} documents ({failed / docs:.0%} > --max-failed-share {max_failed_share:.0%}; production "
+            "is unchanged). Rerun the extraction to retry them, raise --max-failed-share, or pass --force",
+            table=table,
+            kis=kis,
+            failed=failed,
+            total=docs,
+        )
+    return found
+
+
+def promote_prompt(
+    cfg: KituneConfig,
+    name: str,
+    version: int | str,
+    *,
+    force: bool = False,
+    max_failed_share: float = DEFAULT_MAX_FAILED_SHARE,
+) -> PromptVersion:
+    """Point ``production`` at ``version`` and record the promotion, after :func:`check_promotable`.
 
     Raises:
         PromptNotFoundError: unknown name or version.
+        PromotionRefusedError: the version's KI table is empty or badly extracted (nothing moved).
     """
-    return open_registry(cfg).promote(name, version)
+    registry = open_registry(cfg)
+    pv = registry.get(name, version)
+    check_promotable(cfg, name, pv, max_failed_share=max_failed_share, force=force)
+    return registry.promote(name, pv.version)
 
 
-def rollback_prompt(cfg: KituneConfig, name: str) -> PromptVersion:
+def rollback_prompt(
+    cfg: KituneConfig,
+    name: str,
+    *,
+    force: bool = False,
+    max_failed_share: float = DEFAULT_MAX_FAILED_SHARE,
+) -> PromptVersion:
     """Move ``production`` back to the previous production version; returns it.
+
+    The version rolled back to is checked as a promotion is (:func:`check_promotable`).
 
     Raises:
         PromptNotFoundError: unknown name, no production version, or no earlier one.
+        PromotionRefusedError: the earlier version's KI table is empty or badly extracted.
     """
-    return open_registry(cfg).rollback(name)
+    registry = open_registry(cfg)
+    _current, target = registry.rollback_target(name)
+    check_promotable(cfg, name, target, max_failed_share=max_failed_share, force=force, action="rollback")
+    return registry.rollback(name)

@@ -34,6 +34,7 @@ from kitune.errors import KituneError
 from kitune.optimizers.program_task import store_program
 from kitune.programs.query_rewriter import QueryRewriter
 from kitune.retrieval.base import Store
+from kitune.schema import Filter
 from kitune.service.serving.prompts import ProductionSetting, production_setting, setting_summary
 from kitune.usage import TokenLedger
 
@@ -42,6 +43,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "LiveSetting",
     "ServedSetting",
+    "active_kis",
     "build_served",
     "empty_store_message",
     "follow_production",
@@ -178,6 +180,21 @@ def open_serving_store(cfg: KituneConfig, *, read_only: bool = False) -> Store |
     return open_store(production_setting(cfg, programs=(store_program(),)).store_cfg, read_only=read_only)
 
 
+def active_kis(store_cfg: KituneConfig) -> int:
+    """Active KIs in ``store_cfg``'s table (0 when an embedded table does not exist; none is created).
+
+    Raises:
+        ConfigError, StoreUnavailableError: the store cannot be opened.
+    """
+    store = open_store(store_cfg, read_only=True)
+    if store is None:
+        return 0
+    try:
+        return store.count(Filter(statuses=("active",)))
+    finally:
+        store.close()
+
+
 def served_versions(setting: ProductionSetting, programs: Sequence[str]) -> dict[str, str]:
     """Program → version label for ``programs``, plus ``"store"`` → the KI table or index."""
     summary = setting_summary(setting)
@@ -249,12 +266,24 @@ def follow_production(
 
     The source is called with the served versions; it resolves production again and returns a
     new :class:`ServedSetting` (:func:`build_served`) only when the versions differ (a promote
-    or rollback happened), else None.
+    or rollback happened), else None. A new setting whose KI table holds no active KI (a
+    promotion forced past :func:`~kitune.service.serving.prompts.check_promotable`, or a table
+    emptied by hand) is not switched to: the server keeps answering from what it serves and
+    logs a warning naming the table, on every refresh until production changes again.
     """
 
     def source(current: Mapping[str, str]) -> ServedSetting | None:
         setting = production_setting(cfg)
         if served_versions(setting, programs) == dict(current):
+            return None
+        n = active_kis(setting.store_cfg)
+        if n == 0:
+            logger.warning(
+                "production now names the KI table %s, which holds no active KI: still serving %s "
+                "(extract into it, or roll back)",
+                setting_summary(setting)["store"],
+                dict(current),
+            )
             return None
         return build_served(cfg, setting, programs=programs, use_rewriter=use_rewriter, ledger=ledger)
 

@@ -36,10 +36,13 @@ if TYPE_CHECKING:
     from kitune.config import KituneConfig
 
 __all__ = [
+    "SOURCE_CHANGED",
     "IndexReport",
     "LineError",
     "StoreStats",
     "check_ki_file",
+    "expire_all",
+    "expire_documents",
     "expire_kis",
     "index_jsonl",
     "iter_ki_jsonl",
@@ -244,6 +247,90 @@ def expire_kis(
         retention: subtype → its own window (see :func:`retention_from`).
     """
     return store.sweep(now or utcnow(), stale_after, retention=retention)
+
+
+SOURCE_CHANGED = "source_changed"
+"""``payload.status_reason`` of a KI expired because its document changed or left the corpus."""
+
+
+def expire_documents(
+    store: Store,
+    docids: Iterable[str],
+    *,
+    now: datetime | None = None,
+    keep: Iterable[str] = (),
+    reason: str = SOURCE_CHANGED,
+) -> int:
+    """Expire the dataset-fact KIs of ``docids`` (a changed or removed document), except ``keep``.
+
+    Called when a changed document's new KIs are stored (``keep`` = their ids: a fact extracted
+    again from the new text stays active) and for documents that left the corpus. Each KI is
+    re-written with ``status = "expired"``, ``expires_at = now`` and ``status_reason = reason``
+    (the store's lifecycle columns follow the payload), so the reason survives a restart. Only
+    active or stale KIs change; nothing is deleted; a second call changes nothing.
+
+    Args:
+        store: the KI store (any backend).
+        docids: the documents whose old KIs expire.
+        now: the expiry time (UTC); default the current time.
+        keep: KI ids left alone.
+        reason: the lifecycle reason recorded (default :data:`SOURCE_CHANGED`).
+
+    Returns:
+        How many KIs were expired.
+    """
+    ids = tuple(dict.fromkeys(docids))
+    if not ids:
+        return 0
+    when = now or utcnow()
+    kept = set(keep)
+    old = [
+        k
+        for k in store.iter_kis(Filter(statuses=("active", "stale"), doc_ids=ids, subtypes=("dataset_fact",)))
+        if k.id not in kept and k.payload.properties.docid in ids
+    ]
+    if not old:
+        return 0
+    expired = [
+        k.model_copy(
+            update={
+                "payload": k.payload.model_copy(
+                    update={"status": "expired", "expires_at": when, "status_reason": reason}
+                )
+            }
+        )
+        for k in old
+    ]
+    result = store.upsert(expired)
+    return result.indexed
+
+
+def expire_all(store: Store, *, now: datetime | None = None, reason: str = "expired_by_hand") -> int:
+    """Expire every active or stale KI of ``store`` (``kitune expire --all``), whatever its age.
+
+    The explicit "empty the served set" operation, kept apart from the age-based sweep
+    (:func:`expire_kis`). Each KI is re-written with ``status = "expired"``, ``expires_at = now``
+    and ``status_reason = reason``; nothing is deleted.
+
+    Returns:
+        How many KIs were expired.
+    """
+    when = now or utcnow()
+    old = list(store.iter_kis(Filter(statuses=("active", "stale"))))
+    if not old:
+        return 0
+    return store.upsert(
+        [
+            k.model_copy(
+                update={
+                    "payload": k.payload.model_copy(
+                        update={"status": "expired", "expires_at": when, "status_reason": reason}
+                    )
+                }
+            )
+            for k in old
+        ]
+    ).indexed
 
 
 def stale_after_from(cfg: KituneConfig) -> timedelta:

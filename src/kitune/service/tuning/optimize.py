@@ -22,19 +22,20 @@ import kitune.retrieval
 from kitune.config import KituneConfig
 from kitune.data.checksum import dataset_checksum
 from kitune.data.loaders import load_questions
-from kitune.errors import TrackingError
+from kitune.errors import PromotionRefusedError, TrackingError
 from kitune.optimizers.loop import LoopResult, Setting, start_prompts
 from kitune.optimizers.loop_state import read_state
 from kitune.optimizers.objective import LoopWeights
 from kitune.optimizers.program_task import PROGRAM_TASKS
 from kitune.optimizers.registry import check_optimizer
 from kitune.service.pipelines.evaluation import make_judge
+from kitune.service.serving.prompts import promote_prompt
 from kitune.service.tuning.final_eval import FinalEvaluation, final_evaluation, start_setting
 from kitune.service.tuning.loop_env import LoopDeps, ServiceLoopEnv
 from kitune.service.tuning.options import OptimizeOptions
 from kitune.service.tuning.slice_fingerprint import write_fingerprint
 from kitune.service.tuning.slicing import load_slice, write_question_ids
-from kitune.tracking.prompts import PromptRegistry
+from kitune.tracking.prompts import PromptRegistry, prompt_name
 from kitune.tracking.runner import run_experiment
 from kitune.usage import TokenLedger
 
@@ -78,6 +79,12 @@ class OptimizeResult:
     usage: dict[str, dict[str, int]] = field(default_factory=dict)
     final: FinalEvaluation | None = None
     """The start vs final setting on every validation question (``--final-eval``), else None."""
+    staged: dict[str, int] = field(default_factory=dict)
+    """Prompt name → version this run accepted, staged as ``candidate`` (not served until promoted)."""
+    promoted: dict[str, int] = field(default_factory=dict)
+    """Prompt name → version promoted to ``production`` at the end (``OptimizeOptions.promote``)."""
+    promotion_refused: str = ""
+    """Why the end-of-run promotion was refused (empty: not asked or done)."""
 
 
 def run_optimize(
@@ -136,12 +143,26 @@ def run_optimize(
                 "e2e_sample": opts.e2e_sample,
             },
             log=log,
+            promote=False,  # staged; promoted below through the checked promotion when asked
         )
         final = _final(cfg, env, loop) if opts.final_eval else None
     finally:
         env.close()
+        # a run that ended (or stopped) with a kept or accepted version has a state drift reads
+        if (state_dir / "loop_state.json").is_file():
+            write_fingerprint(state_dir, questions, documents, opts)
 
-    write_fingerprint(state_dir, questions, documents, opts)
+    staged = _staged_versions(cfg, loop)
+    promoted: dict[str, int] = {}
+    refused = ""
+    if staged:
+        log("staged (alias candidate, not served): " + ", ".join(f"{n} v{v}" for n, v in staged.items()))
+    if opts.promote and staged:
+        try:
+            for name, version in staged.items():
+                promoted[name] = promote_prompt(cfg, name, version).version
+        except PromotionRefusedError as e:
+            refused = str(e)
     usage = {f"{r}/{s}": t for (r, s), t in ledger.by_role_stage().items()}
     return OptimizeResult(
         loop=loop,
@@ -150,6 +171,9 @@ def run_optimize(
         validation_ids=tuple(q.query_id for q in env.validation),
         mlflow_uri=cfg.mlflow_uri,
         usage=usage,
+        staged=staged,
+        promoted=promoted,
+        promotion_refused=refused,
         final=final,
     )
 
@@ -164,6 +188,15 @@ def _final(cfg: KituneConfig, env: ServiceLoopEnv, loop: LoopResult) -> FinalEva
     return final_evaluation(
         env, start, loop.setting, weights=LoopWeights.from_config(cfg), seed=cfg.optimize.seed
     )
+
+
+def _staged_versions(cfg: KituneConfig, loop: LoopResult) -> dict[str, int]:
+    """Prompt name → the latest version the loop registered for it (accepted, alias ``candidate``)."""
+    out: dict[str, int] = {}
+    for record in loop.history:
+        for program, version in record.registered.items():
+            out[prompt_name(cfg.corpus_name, program)] = int(version)
+    return out
 
 
 def _record_questions(cfg: KituneConfig, opts: OptimizeOptions, env: ServiceLoopEnv) -> Path:

@@ -65,3 +65,7 @@ class OptimizeOptions:
     final_eval: bool = False
     """After the last iteration, run the start and the final setting end to end on every
     validation question and compare them paired (``<state>/final_eval.json|md``)."""
+    promote: bool = False
+    """Promote the versions the run accepts to ``production`` when it ends (through the checked
+    :func:`~kitune.service.serving.prompts.promote_prompt`); False: they are only staged
+    (alias ``candidate``) until ``kitune prompts promote``."""
