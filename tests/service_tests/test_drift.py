@@ -1,4 +1,4 @@
-"""kitune drift: detect changed questions/documents, re-evaluate, re-run on a drop."""
+"""kitune drift: exact read-only checks by content hash; a staged refresh served only once promoted."""
 
 from __future__ import annotations
 
@@ -11,58 +11,122 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[1] / "optimizers_tests"))
 
-from loop_fakes import QUESTIONS, extractor_rule, make_deps, reflection_rule, tiny_config, write_dataset
+from loop_fakes import DOCS, QUESTIONS, extractor_rule, make_deps, reflection_rule, tiny_config, write_dataset
 from opt_fakes import RuleLM
 
 from kitune.errors import DataError
+from kitune.retrieval.memory import MemoryStore
+from kitune.schema import Filter
+from kitune.service.serving.prompts import TABLE_TAG, open_registry, production_setting
+from kitune.service.serving.stores import SOURCE_CHANGED
 from kitune.service.tuning.optimize import run_optimize
 from kitune.service.tuning.options import OptimizeOptions
 from kitune.service.workflows.drift import drift_check, drift_run
 from kitune.testing.tracking import RecordingTracker
+from kitune.tracking.prompts import prompt_name
 
 
-def test_drift_check_detects_changed_question_set_and_reruns(tmp_path: Path) -> None:
+def _snapshot(store: MemoryStore) -> list[str]:
+    return sorted(k.model_dump_json() for k in store.iter_kis(Filter(statuses=())))
+
+
+def _write(root: Path, docs: list[tuple[str, str, str]], questions: list[tuple[str, str, str, str]]) -> None:
+    write_dataset(root, questions)
+    with (root / "corpus.jsonl").open("w") as fh:
+        for docid, title, text in docs:
+            fh.write(json.dumps({"docid": docid, "title": title, "text": text}) + "\n")
+
+
+def test_drift_check_is_exact_and_read_only_and_run_stages(tmp_path: Path) -> None:
     cfg = tiny_config(tmp_path)
     data = write_dataset(tmp_path / "data")
-    deps = make_deps(RuleLM(extractor_rule), RuleLM(reflection_rule, json=True))
+    stores: dict[str, MemoryStore] = {}
+    deps = make_deps(RuleLM(extractor_rule), RuleLM(reflection_rule, json=True), stores=stores)
     opts = OptimizeOptions(
         data_dir=data,
         iterations=1,
         programs=("extractor",),
-        max_metric_calls=3,  # the minimum that pays for one GEPA proposal on 2 validation documents
-        distractors=1,
+        max_metric_calls=3,
+        distractors=6,
         progress=False,
     )
     first = run_optimize(cfg, opts, deps=deps, tracker=RecordingTracker())
-    assert (first.state_dir / "fingerprint.json").is_file()
+    fp = json.loads((first.state_dir / "fingerprint.json").read_text())
+    assert fp["hash"] == "document_hash" and sorted(fp["corpus"]) == [d[0] for d in DOCS]
 
-    # unchanged data: nothing affected, nothing evaluated
+    served = production_setting(cfg).store_cfg.store.table
+    assert stores[served].count() > 0
+
+    # unchanged data: nothing changed, nothing affected, no agent run
     same = drift_check(cfg, data, deps=deps, progress=False)
     assert not same.has_changes and same.affected_questions == () and same.score is None
-    assert same.kis_by_status["active"] > 0 and same.kis_by_status["expired"] == 0
+    assert same.unchanged_documents == len(DOCS) and same.served_table == served
+    assert drift_run(cfg, data, deps=deps, progress=False).ran is False
 
-    # change one question's answer and one question's text: both affected, production re-evaluated
-    changed = [list(q) for q in QUESTIONS]
-    changed[0][2] = "Krakow"  # q1's gold changes: the agent will now be wrong
-    changed[3][1] = "What is the capital city of Ecuador? Name the city."
-    changed[3][2] = "Guayaquil"  # and q4's gold: wrong too
-    write_dataset(tmp_path / "data", [tuple(q) for q in changed])  # type: ignore[misc]
+    # change d1, remove d6, add d7; change q1's answer, add q5 and q6, remove q4
+    docs = [list(d) for d in DOCS if d[0] != "d6"]
+    docs[0][2] = "Marie Curie was born in the city of Krakow. Marie Curie moved to Lyon in the year 1893."
+    docs.append(["d7", "Rome", "Rome is the capital city of Italy. Rome lies on the river Tiber."])
+    questions = [list(q) for q in QUESTIONS if q[0] != "q4"]
+    questions[0][2] = "Krakow"
+    questions += [
+        ["q5", "What is the capital city of Italy?", "Rome", "d7"],
+        ["q6", "What is the capital city of Norway?", "Oslo", "d5"],
+    ]
+    _write(tmp_path / "data", [tuple(d) for d in docs], [tuple(q) for q in questions])  # type: ignore[misc]
+    before = _snapshot(stores[served])
     report = drift_check(cfg, data, deps=deps, progress=False)
-    assert report.changed_questions == ("q1", "q4") and report.new_questions == ()
-    assert report.affected_questions == ("q1", "q4")
-    assert report.accuracy == 0.0
-    assert report.reference_score is not None and report.score is not None
-    assert report.drop == pytest.approx(report.reference_score - report.score)
-    assert json.loads(json.dumps(report.to_dict()))["changed_questions"] == ["q1", "q4"]
+    assert report.changed_documents == ("d1",)
+    assert report.new_documents == ("d7",) and report.removed_documents == ("d6",)
+    assert report.unchanged_documents == 4
+    assert report.new_questions == ("q5", "q6") and report.removed_questions == ("q4",)
+    assert report.changed_questions == ("q1",)
+    assert report.affected_questions == ("q1", "q5", "q6")  # q1 (changed, its d1 changed), q5, q6
+    assert report.accuracy is not None and report.score == report.accuracy
+    assert _snapshot(stores[served]) == before  # the check wrote nothing to the served table
 
-    # a threshold above the drop does not re-run; below it runs one more iteration
-    assert report.drop > 0.4  # both affected questions are now wrong
-    _, none = drift_run(cfg, data, threshold=report.drop + 1, deps=deps, progress=False)
-    assert none is None
-    _, rerun = drift_run(cfg, data, threshold=0.0, deps=deps, progress=False, max_metric_calls=3)
-    assert rerun is not None and len(rerun.loop.history) == 2
+    run = drift_run(cfg, data, deps=deps, progress=False)
+    assert run.ran and run.table == f"{served}-drift-" + run.table.rsplit("-", 1)[-1]
+    assert run.expired_removed > 0 and run.expired_changed > 0
+    assert _snapshot(stores[served]) == before  # staged, not served
+    name = prompt_name("tiny", "extractor")
+    registry = open_registry(cfg)
+    staged = registry.get(name, "candidate")
+    assert staged.version == run.version and staged.tags[TABLE_TAG] == run.table
+    assert production_setting(cfg).store_cfg.store.table == served
+    new = stores[run.table]
+    gone = [
+        k for k in new.iter_kis(Filter(statuses=("expired",))) if k.payload.properties.docid in ("d1", "d6")
+    ]
+    assert gone and {k.payload.status_reason for k in gone} == {SOURCE_CHANGED}
+    assert any("Krakow" in k.title for k in new.iter_kis(Filter(statuses=("active",))))
+    assert [k.title for k in gone if k.payload.properties.docid == "d1"] == [
+        "Marie Curie was born in Warsaw in Poland."
+    ]
+    assert not any(k.payload.properties.docid == "d6" for k in new.iter_kis(Filter(statuses=("active",))))
 
 
 def test_drift_without_a_run_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="kitune optimize"):
         drift_check(tiny_config(tmp_path), write_dataset(tmp_path / "data"), deps=None)
+
+
+def test_force_stages_even_without_a_change(tmp_path: Path) -> None:
+    cfg = tiny_config(tmp_path)
+    data = write_dataset(tmp_path / "data")
+    stores: dict[str, MemoryStore] = {}
+    deps = make_deps(RuleLM(extractor_rule), RuleLM(reflection_rule, json=True), stores=stores)
+    opts = OptimizeOptions(
+        data_dir=data,
+        iterations=1,
+        programs=("extractor",),
+        max_metric_calls=3,
+        distractors=6,
+        progress=False,
+    )
+    run_optimize(cfg, opts, deps=deps, tracker=RecordingTracker())
+    run = drift_run(cfg, data, deps=deps, progress=False, force=True)
+    assert run.ran and run.expired_changed == 0 and run.expired_removed == 0
+    assert run.kis_active == stores[production_setting(cfg).store_cfg.store.table].count(
+        Filter(statuses=("active",))
+    )

@@ -172,10 +172,11 @@ def test_kitune_optimize_and_drift_cli(tmp_path: Path, monkeypatch: pytest.Monke
 
     check = runner.invoke(app, ["drift", "check", "--data", str(data), "-c", str(cfg_path), "--no-progress"])
     assert check.exit_code == 0, check.output
-    assert "affected questions" in check.output and "KIs active" in check.output
-    run = runner.invoke(app, ["drift", "run", "--data", str(data), "-c", str(cfg_path), "--threshold", "0.5"])
+    assert "affected questions" in check.output and "documents unchanged" in check.output
+    assert "nothing changed since the run" in check.output
+    run = runner.invoke(app, ["drift", "run", "--data", str(data), "-c", str(cfg_path)])
     assert run.exit_code == 0, run.output
-    assert "the loop was not re-run" in run.output
+    assert "nothing staged (pass --force to re-extract anyway)" in run.output
 
 
 def test_optimize_rewriter_and_disambiguator_run_their_tasks(tmp_path: Path) -> None:

@@ -109,7 +109,7 @@ def test_follow_production_rebuilds_only_when_the_served_versions_changed(
     (tmp_path / "w" / "lancedb" / f"{now['store']}.lance").mkdir(parents=True)
     source = follow_production(cfg, ("extractor",), use_rewriter=False, ledger=TokenLedger())
     assert source(now) is None and opened == []
-    other = {**now, "extractor": "kitune-tiny-extractor v1 (production)"}
+    other = {**now, "extractor": "kitune-tiny-extractor v1 (production)", "store": "kis-old"}
     # issue 37: production names an empty table: the server keeps what it serves
     assert source(other) is None and opened == [now["store"]]
     held[0] = 2

@@ -546,29 +546,36 @@ def optimize_cmd(
     out.print(_mlflow_hint(res.mlflow_uri), soft_wrap=True, highlight=False)
 
 
+def _names(ids: Sequence[str], limit: int = 8) -> str:
+    if not ids:
+        return "0"
+    shown = ", ".join(ids[:limit]) + (f", … {len(ids) - limit} more" if len(ids) > limit else "")
+    return f"{len(ids)}: {shown}"
+
+
 def _drift_table(report: Any) -> Table:
-    table = Table(title="kitune drift")
+    table = Table(title=f"kitune drift (served table {report.served_table})")
     table.add_column("item")
-    table.add_column("value", justify="right")
+    table.add_column("value", overflow="fold")
     rows = [
-        ("new questions", len(report.new_questions)),
-        ("changed questions", len(report.changed_questions)),
-        ("new documents", len(report.new_documents)),
-        ("changed documents", len(report.changed_documents)),
-        ("removed documents", len(report.removed_documents)),
-        ("affected questions", len(report.affected_questions)),
+        ("documents added", _names(report.new_documents)),
+        ("documents removed", _names(report.removed_documents)),
+        ("documents changed", _names(report.changed_documents)),
+        ("documents unchanged", str(report.unchanged_documents)),
+        ("questions new", _names(report.new_questions)),
+        ("questions removed", _names(report.removed_questions)),
+        ("questions changed", _names(report.changed_questions)),
+        ("affected questions", _names(report.affected_questions)),
         (
             "reference accuracy (last accepted)",
             "-" if report.reference_score is None else f"{report.reference_score:.3f}",
         ),
-        ("score on affected questions", "-" if report.score is None else f"{report.score:.3f}"),
         ("accuracy on affected questions", "-" if report.accuracy is None else f"{report.accuracy:.1%}"),
         ("drop", f"{report.drop:.3f}"),
     ]
-    rows += [(f"KIs {status}", n) for status, n in report.kis_by_status.items()]
-    rows += [(f"KIs newly {status}", n) for status, n in report.swept.items()]
+    rows += [(f"served KIs {status}", str(n)) for status, n in report.kis_by_status.items()]
     for label, value in rows:
-        table.add_row(label, str(value))
+        table.add_row(label, value)
     return table
 
 
@@ -588,39 +595,68 @@ def drift_check_cmd(
     run_name: RunNameOption = "optimize",
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help=PROGRESS_HELP)] = True,
 ) -> None:
-    """Compare the data with what the last optimisation run saw and re-evaluate what changed."""
+    """Compare the data with what the last optimisation run saw; evaluate the served setting on what changed.
+
+    Read-only: names the added / removed / changed documents and new / removed / changed
+    questions, and runs the agent with the served prompts and KI table on the affected
+    questions. Nothing is extracted, swept or written to any KI table.
+
+    Example: kitune drift check --data my-corpus
+    """
     from kitune.service.workflows.drift import drift_check
 
     _require_data(data)
     cfg = get_config(config)
     report = _or_exit_1(drift_check, cfg, data, run_name=run_name, progress=progress, log=_log)
     out.print(_drift_table(report))
+    if report.note:
+        out.print(f"[yellow]{escape(report.note)}[/]")
+    if not report.has_changes:
+        out.print("nothing changed since the run")
 
 
 @drift_app.command("run")
 def drift_run_cmd(
     data: DataOption,
-    threshold: Annotated[
-        float, typer.Option(min=0.0, help="Re-run the loop when the score drop exceeds this.")
-    ] = 0.05,
+    force: Annotated[
+        bool, typer.Option("--force", help="Stage a re-extraction even when the check finds no change.")
+    ] = False,
     config: ConfigOption = None,
     run_name: RunNameOption = "optimize",
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help=PROGRESS_HELP)] = True,
 ) -> None:
-    """Check drift and re-run one loop iteration when the drop passes --threshold."""
+    """Stage the changed data in a new KI table and prompt version (not served until promoted).
+
+    Copies the served KI table, re-extracts the changed and added documents there (their old
+    facts expire, reason source_changed), expires the removed documents' facts, and registers the
+    production extractor prompt again as a version tagged with that table, alias candidate.
+    `kitune prompts promote <name> candidate` serves it; `rollback` switches back.
+
+    Example: kitune drift run --data my-corpus
+    """
     from kitune.service.workflows.drift import drift_run
 
     _require_data(data)
     cfg = get_config(config)
-    report, result = _or_exit_1(
-        drift_run, cfg, data, threshold=threshold, run_name=run_name, progress=progress, log=_log
-    )
-    out.print(_drift_table(report))
-    if result is None:
-        out.print(f"drop {report.drop:.3f} ≤ {threshold:.3f}: the loop was not re-run")
+    res = _or_exit_1(drift_run, cfg, data, force=force, run_name=run_name, progress=progress, log=_log)
+    out.print(_drift_table(res.report))
+    if not res.ran:
+        out.print(
+            "nothing changed since the run: nothing staged (--force re-extracts anyway)", soft_wrap=True
+        )
         return
-    out.print(_history_table(result.loop.history, f"kitune optimize ({run_name})"))
-    out.print(_mlflow_hint(result.mlflow_uri), soft_wrap=True, highlight=False)
+    out.print(
+        f"staged {res.prompt} v{res.version} (alias candidate, NOT served): table {res.table} with "
+        f"{res.kis_active} active KIs; {res.extracted} document(s) extracted, "
+        f"{res.expired_changed} old KI(s) of changed and {res.expired_removed} of removed documents expired",
+        highlight=False,
+        soft_wrap=True,
+    )
+    if res.failed:
+        out.print(f"[yellow]extraction failed for {len(res.failed)}: {', '.join(res.failed[:10])}[/] (rerun)")
+    out.print(f"serve it: kitune prompts promote {res.prompt} {res.version}", highlight=False, soft_wrap=True)
+    if res.failed:
+        raise typer.Exit(1)
 
 
 def _demo_table(summaries: Sequence[Any], grader: str) -> Table:

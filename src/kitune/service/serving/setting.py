@@ -266,18 +266,18 @@ def follow_production(
 
     The source is called with the served versions; it resolves production again and returns a
     new :class:`ServedSetting` (:func:`build_served`) only when the versions differ (a promote
-    or rollback happened), else None. A new setting whose KI table holds no active KI (a
-    promotion forced past :func:`~kitune.service.serving.prompts.check_promotable`, or a table
-    emptied by hand) is not switched to: the server keeps answering from what it serves and
+    or rollback happened), else None. A new setting that names another KI table holding no
+    active KI (a promotion forced past :func:`~kitune.service.serving.prompts.check_promotable`,
+    or a table emptied by hand) is not switched to: the server keeps answering from what it serves and
     logs a warning naming the table, on every refresh until production changes again.
     """
 
     def source(current: Mapping[str, str]) -> ServedSetting | None:
         setting = production_setting(cfg)
-        if served_versions(setting, programs) == dict(current):
+        wanted = served_versions(setting, programs)
+        if wanted == dict(current):
             return None
-        n = active_kis(setting.store_cfg)
-        if n == 0:
+        if wanted.get("store") != current.get("store") and active_kis(setting.store_cfg) == 0:
             logger.warning(
                 "production now names the KI table %s, which holds no active KI: still serving %s "
                 "(extract into it, or roll back)",

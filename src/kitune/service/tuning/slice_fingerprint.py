@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kitune.data.loaders import Question
+from kitune.data.checksum import document_hash
+from kitune.data.loaders import Question, load_corpus, load_questions
 from kitune.errors import DataError
 from kitune.ki import utcnow
 from kitune.schema import Document
@@ -21,7 +22,15 @@ from kitune.schema import Document
 if TYPE_CHECKING:
     from kitune.service.tuning.options import OptimizeOptions
 
-__all__ = ["FINGERPRINT", "fingerprint", "read_fingerprint", "write_fingerprint"]
+__all__ = [
+    "FINGERPRINT",
+    "HASH_SCHEME",
+    "fingerprint",
+    "legacy_document_hash",
+    "question_hash",
+    "read_fingerprint",
+    "write_fingerprint",
+]
 
 
 def _sha(*parts: Any) -> str:
@@ -33,24 +42,46 @@ def _sha(*parts: Any) -> str:
 FINGERPRINT = "fingerprint.json"
 
 
+HASH_SCHEME = "document_hash"
+"""Which document hash a fingerprint holds: :func:`kitune.data.checksum.document_hash` (the one the
+extraction resume file and the extraction cache use). Fingerprints without the marker hold the
+older ``_sha(title, text)``; :func:`legacy_document_hash` recomputes that for a comparison."""
+
+
+def question_hash(q: Question) -> str:
+    """16 hex characters over a question's text, answer, aliases and evidence/gold document ids."""
+    return _sha(q.query, q.answer, list(q.aliases), list(q.evidence_docids), list(q.gold_docids))
+
+
+def legacy_document_hash(d: Document) -> str:
+    """The document hash of fingerprints written before :data:`HASH_SCHEME`."""
+    return _sha(d.title, d.text)
+
+
 def fingerprint(questions: Sequence[Question], documents: Sequence[Document]) -> dict[str, dict[str, str]]:
-    """``{"questions": {id: hash}, "documents": {id: hash}}`` (deterministic content hashes)."""
+    """``{"questions": {id: hash}, "documents": {id: document_hash}}`` (deterministic content hashes)."""
     return {
-        "questions": {
-            q.query_id: _sha(q.query, q.answer, list(q.aliases), list(q.evidence_docids), list(q.gold_docids))
-            for q in questions
-        },
-        "documents": {d.docid: _sha(d.title, d.text) for d in documents},
+        "questions": {q.query_id: question_hash(q) for q in questions},
+        "documents": {d.docid: document_hash(d) for d in documents},
     }
 
 
 def write_fingerprint(
     state_dir: Path, questions: Sequence[Question], documents: Sequence[Document], opts: OptimizeOptions
 ) -> Path:
-    """Store what a run saw (and its slice options) as ``<state_dir>/fingerprint.json``."""
+    """Store what a run saw (and its slice options) as ``<state_dir>/fingerprint.json``.
+
+    Besides the slice (``questions``, ``documents``) it records every question and every corpus
+    document of ``opts.data_dir`` (``all_questions``, ``corpus``): ``kitune drift check`` compares
+    the whole data folder with them, so a question or document added outside the slice counts.
+    """
     state_dir.mkdir(parents=True, exist_ok=True)
+    everything = fingerprint(load_questions(opts.data_dir), load_corpus(opts.data_dir))
     data = {
         **fingerprint(questions, documents),
+        "hash": HASH_SCHEME,
+        "all_questions": everything["questions"],
+        "corpus": everything["documents"],
         "options": {
             "questions": opts.questions,
             "sample_seed": opts.sample_seed,
