@@ -202,7 +202,7 @@ def expire(
 
 
 def _table_name(cfg: KituneConfig) -> str:
-    return cfg.store.table if cfg.store.type == "lancedb" else cfg.store.index
+    return cfg.store.collection
 
 
 def _credit_ledgers(cfg: KituneConfig, run_name: str | None) -> dict[str, Path]:

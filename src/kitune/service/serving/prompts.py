@@ -101,13 +101,12 @@ def versioned_store_cfg(cfg: KituneConfig, extractor_version: str) -> KituneConf
 
 def table_store_cfg(cfg: KituneConfig, table: str) -> KituneConfig:
     """``cfg`` whose KI table (LanceDB) or index (Elasticsearch) is exactly ``table``."""
-    key = "store.table" if cfg.store.type == "lancedb" else "store.index"
-    return with_overrides(cfg, {key: table})
+    return with_overrides(cfg, {f"store.{cfg.store.collection_field}": table})
 
 
 def served_table(store_cfg: KituneConfig) -> str:
     """The table (LanceDB) or index (Elasticsearch) name ``store_cfg`` points at."""
-    return store_cfg.store.table if store_cfg.store.type == "lancedb" else store_cfg.store.index
+    return store_cfg.store.collection
 
 
 def state_path_for(store_cfg: KituneConfig, prompt_version: str) -> Path:
@@ -350,11 +349,9 @@ def _version_store_cfg(cfg: KituneConfig, pv: PromptVersion) -> KituneConfig:
 
 
 def _count_active(store_cfg: KituneConfig) -> int:
-    """Active KIs in ``store_cfg``'s table; 0 when an embedded table does not exist (none is created)."""
-    if store_cfg.store.type == "lancedb":
-        folder = Path(store_cfg.store.path or Path(store_cfg.workdir) / "lancedb")
-        if not (folder / f"{store_cfg.store.table}.lance").exists():
-            return 0
+    """Active KIs in ``store_cfg``'s table; 0 when it does not exist (none is created)."""
+    if not kitune.retrieval.store_exists(store_cfg):
+        return 0
     store = kitune.retrieval.create_store(store_cfg)
     try:
         return store.count(Filter(statuses=("active",)))

@@ -294,11 +294,9 @@ def drift_check(
 
 
 def _open_read_only(store_cfg: KituneConfig) -> Store | None:
-    """The store ``store_cfg`` names, or None when its embedded table does not exist (none is created)."""
-    if store_cfg.store.type == "lancedb":
-        folder = Path(store_cfg.store.path or Path(store_cfg.workdir) / "lancedb")
-        if not (folder / f"{store_cfg.store.table}.lance").exists():
-            return None
+    """The store ``store_cfg`` names, or None when its table does not exist (none is created)."""
+    if not kitune.retrieval.store_exists(store_cfg):
+        return None
     return kitune.retrieval.create_store(store_cfg)
 
 
