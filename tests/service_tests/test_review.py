@@ -287,3 +287,62 @@ def test_retire_ki_follows_the_loop_runs_credit_ledger(tmp_path: Path, store: St
     assert sorted(p.change["ki_ids"][0] for p in rep.filed if p.kind == "retire_ki") == sorted(
         [paris.id, other.id]
     )
+
+
+def test_a_ki_change_that_lowers_a_labelled_questions_gold_retrieval_is_rejected(tmp_path: Path) -> None:
+    from kitune.data.loaders import Question
+    from kitune.evaluation.metrics import Trace
+    from kitune.service.workflows.proposals import Proposal
+    from kitune.service.workflows.review import measure_effect
+    from kitune.testing.store_contract import make_ki
+
+    cfg = KituneConfig(workdir=tmp_path / "w", optimize={"gate_rank_tolerance": 0.0})
+    store = MemoryStore(HashEmbedder())
+    gold = make_ki("Eiffel Tower", "Stephen Sauvestre", docid="d8", predicate="designed_by")
+    store.upsert([gold])
+    q = Question("g1", "Who designed the Eiffel Tower?", "Stephen Sauvestre", gold_docids=("d8",))
+    # the proposal adds two facts from another document that match the question better
+    louder = [
+        make_ki(
+            "Eiffel Tower",
+            f"Gustave Eiffel {i}",
+            docid="d9",
+            predicate=f"designer_{i}",
+            title=f"Who designed the Eiffel Tower? The Eiffel Tower was designed by Gustave Eiffel ({i}).",
+        )
+        for i in range(2)
+    ]
+    p = Proposal(
+        id="p-test",
+        kind="add_ki",
+        title="add two facts",
+        evidence=[],
+        change={"docid": "d9", "kis": [k.model_dump(mode="json") for k in louder], "answers": []},
+        diff="",
+        change_keys=[f"add_ki:{k.id}" for k in louder],
+    )
+
+    def evaluate(questions, kis, rewriter, label):  # type: ignore[no-untyped-def]
+        # the answers say the proposal fixed g1: only the retrieval check can refuse it
+        right = label.endswith("-proposal")
+        answer = "Stephen Sauvestre" if right else "Gustave Eiffel"
+        return [
+            Trace(
+                query_id="g1",
+                skill="in-context",
+                question=q.query,
+                gold_answer=q.answer,
+                status="answered",
+                exact_answer=answer,
+                em=right,
+            )
+        ]
+
+    effect = measure_effect(cfg, p, [q], store=store, evaluate=evaluate)
+    assert effect["comparison"]["fixed"] == ["g1"]
+    (drop,) = effect["retrieval"]["drops"]
+    assert drop["query_id"] == "g1" and drop["before"] == 1.0 and drop["after"] < 1.0
+    assert effect["retrieval"]["checked"] == 1 and effect["retrieval"]["tolerance"] == 0.0
+    assert effect["decision"]["outcome"] == "rejected"
+    assert effect["decision"]["reason"].startswith("retrieval: g1 gold reciprocal rank 1.00 → ")
+    assert store.get(gold.id).payload.status == "active" and len(list(store.iter_kis())) == 1  # a copy

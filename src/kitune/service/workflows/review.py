@@ -17,6 +17,12 @@
   measured on an in-memory copy of the KI table (:func:`scratch_copy`: same KIs and statuses,
   same RRF and weights, the embedded store's BM25 and vectors), so production never serves a
   change under test; rewriter feedback runs the two instructions on the table itself (read only).
+  A KI change (re-extraction, added or retired KIs) is also checked on retrieval, with no LLM
+  call: each labelled question with gold documents is looked up (plain plan,
+  ``retrieval.default_size`` KIs) on the copy before and after the change, and a question whose
+  gold recall@k is lost or whose gold reciprocal rank falls by more than
+  ``optimize.gate_rank_tolerance`` makes the decision ``rejected`` (reason ``retrieval: …``),
+  whatever the answers said (the rule of :mod:`kitune.optimizers.gate`);
 * :func:`file_proposals` — propose from a signal report, file what is new, measure effects when
   labelled questions and an evaluator are given, and approve automatically only the kinds in
   ``review.auto_approve`` whose gate decision is ``accepted``.
@@ -47,15 +53,18 @@ from kitune.errors import (
 )
 from kitune.evaluation.metrics import Trace
 from kitune.evaluation.signals import SignalReport
+from kitune.evaluation.stage_metrics import gold_documents, reciprocal_rank
 from kitune.ki import KI, utcnow
 from kitune.optimizers.acceptance import check_instruction, compare_paired, decide
 from kitune.optimizers.credit import KICredit, load_run_credit
+from kitune.optimizers.gate import RankChange, rank_changes
 from kitune.optimizers.objective import LoopWeights
 from kitune.optimizers.routes import kinds_for_proposal
 from kitune.programs.fact_extractor import FactExtractor
 from kitune.retrieval.memory import MemoryStore
 from kitune.schema import Document, Filter
 from kitune.service.pipelines.evaluation import make_context_fn, run_eval
+from kitune.service.serving.context import get_context
 from kitune.service.serving.prompts import open_registry, production_setting
 from kitune.service.serving.setting import open_serving_store, rewriter_for
 from kitune.service.workflows.proposals import (
@@ -273,7 +282,9 @@ def measure_effect(
         ``{"questions", "targets", "comparison": PairedComparison.to_dict(), "decision":
         {"outcome", "reason"}, "measured_at"}``; ``targets`` are the failure kinds this
         proposal's kind addresses (the feedback route table,
-        :func:`kitune.optimizers.routes.kinds_for_proposal`).
+        :func:`kitune.optimizers.routes.kinds_for_proposal`). KI changes add ``retrieval``:
+        ``{"checked", "tolerance", "drops": [{"query_id", "before", "after"}]}`` (see the module
+        docstring); a drop makes the outcome ``rejected``.
 
     Raises:
         ValueError: no questions.
@@ -282,6 +293,7 @@ def measure_effect(
         raise ValueError("measuring an effect needs labelled questions (gold answers)")
     o = cfg.optimize
     problems: list[str] = []
+    changes: list[RankChange] = []
     if p.kind == "rewriter_feedback":
         base_text, new_text = str(p.change["base_text"]), str(p.change["new_text"])
         problems = check_instruction("rewriter", base_text, new_text)
@@ -290,8 +302,12 @@ def measure_effect(
     else:
         copy = (scratch or (lambda s: scratch_copy(s, cfg)))(store)
         current = evaluate(questions, copy, None, f"{p.id}-current")
+        before = _gold_ranks(cfg, questions, copy)
         apply_change(p, store=copy)
         candidate = evaluate(questions, copy, None, f"{p.id}-proposal")
+        after = _gold_ranks(cfg, questions, copy)
+        added = [str(k["id"]) for k in p.change.get("kis", ()) if isinstance(k, dict) and "id" in k]
+        changes = rank_changes(before[0], after[0], after[1], added if p.kind != "retire_ki" else ())
     weights = LoopWeights.from_config(cfg)
     comparison = compare_paired(current, candidate, weights, seed=o.seed)
     decision = decide(
@@ -303,13 +319,46 @@ def measure_effect(
         require_significance=o.require_significance,
         sanity_problems=problems,
     )
-    return {
+    outcome, reason = decision.outcome, decision.reason
+    out: dict[str, Any] = {
         "questions": len(questions),
         "targets": list(kinds_for_proposal(p.kind)),
         "comparison": comparison.to_dict(),
-        "decision": {"outcome": decision.outcome, "reason": decision.reason},
-        "measured_at": utcnow().isoformat(),
     }
+    if p.kind != "rewriter_feedback":
+        drops: list[RankChange] = [c for c in changes if c.dropped(o.gate_rank_tolerance)]
+        out["retrieval"] = {
+            "checked": len(changes),
+            "tolerance": o.gate_rank_tolerance,
+            "drops": [{"query_id": c.query_id, "before": c.before, "after": c.after} for c in drops],
+        }
+        if drops:
+            outcome = "rejected"
+            reason = "retrieval: " + "; ".join(c.describe() for c in drops) + f" (answers: {reason})"
+    out["decision"] = {"outcome": outcome, "reason": reason}
+    out["measured_at"] = utcnow().isoformat()
+    return out
+
+
+def _gold_ranks(
+    cfg: KituneConfig, questions: Sequence[Question], store: Store
+) -> tuple[dict[str, float], dict[str, list[str]]]:
+    """Per labelled question with gold documents: its gold reciprocal rank in the top ``k`` and those KI ids.
+
+    One plain-plan ``get_context`` per question (no rewriter, no LLM call), ``k =
+    retrieval.default_size``.
+    """
+    k = cfg.retrieval.default_size
+    ranks: dict[str, float] = {}
+    ids: dict[str, list[str]] = {}
+    for q in questions:
+        golds = gold_documents(q)
+        if not golds:
+            continue
+        kis = get_context(q.query, store=store, size=k, cfg=cfg).kis
+        ranks[q.query_id] = reciprocal_rank(golds, kis, k)
+        ids[q.query_id] = [x.id for x in kis[:k]]
+    return ranks, ids
 
 
 # -- the service ---------------------------------------------------------------------------------
