@@ -2,12 +2,19 @@
 
 :func:`import_edges` walks the whole syntax tree (``ast.walk``), so it sees module-level,
 function-level and ``if TYPE_CHECKING:`` imports alike (a type-only import is still a dependency:
-the protocol it names belongs at the layer of its users), plus the lazy ``_EXPORTS`` maps of the
-packages' ``__init__`` (:mod:`kitune.lazy`). Two rules:
+the protocol it names belongs at the layer of its users), and every *string* import: any string
+constant that names a kitune module (the lazy ``_EXPORTS`` maps of the packages' ``__init__``
+(:mod:`kitune.lazy`) and any other lazy map, ``importlib.import_module("kitune.x")``, a
+registry's built-in ``modules=``, ``python -m`` targets), and a registry's ``packages=``, which
+stands for every module of that package (:class:`kitune.plugins.Registry` imports them all).
+Logger names (``getLogger("kitune.x")``) are not imports. Three rules:
 
+* every module under ``src/kitune`` sits in a layer of :data:`LAYERS` (a new top-level module or
+  package must be placed there, and in AGENTS.md);
 * nothing imports a higher layer (:data:`LAYERS`, lower number = lower layer; the four tiers of
   ``service/`` are layers of their own, serving → pipelines → tuning → workflows upward);
-* no import cycle between modules (:func:`find_cycle`, a depth-first search over module edges).
+* no import cycle between modules, string imports included (:func:`find_cycle`, a depth-first
+  search over module edges).
 
 Violations that exist today and are being removed are listed in :data:`KNOWN_UPWARD` and
 :data:`KNOWN_CYCLE_EDGES`, each with the fix; the tests fail on any other violation and on a
@@ -35,6 +42,7 @@ LAYERS = {
     "ki": 0,
     "schema": 0,
     "plugins": 0,
+    "lazy": 0,
     "lm": 1,
     "localmodel": 1,
     "recording": 1,
@@ -78,32 +86,56 @@ def _module_name(path: Path, root: Path) -> str:
     return ".".join(parts)
 
 
-def _lazy_export_targets(node: ast.AST) -> list[str]:
-    """Modules named in a package's ``_EXPORTS = {"Name": "kitune.x.y", ...}`` map (imported on use)."""
-    if isinstance(node, ast.AnnAssign | ast.Assign):
-        targets = [node.target] if isinstance(node, ast.AnnAssign) else node.targets
-        if any(isinstance(t, ast.Name) and t.id == "_EXPORTS" for t in targets) and isinstance(
-            node.value, ast.Dict
-        ):
-            return [
-                v.value for v in node.value.values if isinstance(v, ast.Constant) and isinstance(v.value, str)
-            ]
-    return []
+def _string_targets(tree: ast.AST, modules: Collection[str]) -> list[tuple[str, int]]:
+    """Kitune modules a file names in strings: ``(module, line)`` (see the module docstring).
+
+    A string equal to a module name is an import of it; inside a ``packages=`` keyword it is an
+    import of every module of that package; inside a ``getLogger(...)`` call it is a logger name.
+    """
+    skip: set[int] = set()
+    package_args: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if name == "getLogger":
+                skip.update(id(a) for a in ast.walk(node))
+            for kw in node.keywords:
+                if kw.arg == "packages":
+                    package_args.update(id(a) for a in ast.walk(kw.value))
+    out: list[tuple[str, int]] = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Constant) and isinstance(node.value, str)) or id(node) in skip:
+            continue
+        text, line = node.value, getattr(node, "lineno", 0)
+        if id(node) in package_args:
+            out += [(m, line) for m in sorted(modules) if m.startswith(text + ".")]
+        elif text in modules:
+            out.append((text, line))
+    return out
+
+
+def all_modules(root: Path) -> set[str]:
+    """Every module and package under ``root`` (``kitune``, ``kitune.cli``, ``kitune.cli.app`` …)."""
+    return {_module_name(p, root) for p in root.rglob("*.py")}
 
 
 def import_edges(root: Path) -> list[tuple[str, str, int]]:
     """(importing module, imported kitune module, line) for every import under ``root``.
 
-    Module-level, function-level and ``TYPE_CHECKING`` imports all count, and so do the modules a
-    package's lazy ``_EXPORTS`` map names.
+    Module-level, function-level and ``TYPE_CHECKING`` imports all count, and so do the string
+    imports of :func:`_string_targets` (lazy maps, ``importlib``, registries).
     """
-    modules = {_module_name(p, root) for p in root.rglob("*.py")}
+    modules = all_modules(root)
     edges: list[tuple[str, str, int]] = []
     for path in root.rglob("*.py"):
         here = _module_name(path, root)
         tree = ast.parse(path.read_text(encoding="utf-8"))
+        for target, line in _string_targets(tree, modules):
+            if target != here:
+                edges.append((here, target, line))
         for node in ast.walk(tree):
-            targets: list[str] = _lazy_export_targets(node)
+            targets: list[str] = []
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -116,6 +148,11 @@ def import_edges(root: Path) -> list[tuple[str, str, int]]:
                 if t.startswith("kitune") and t != here:
                     edges.append((here, t, getattr(node, "lineno", 0)))
     return edges
+
+
+def modules_outside_the_map(root: Path) -> list[str]:
+    """Modules whose layer :data:`LAYERS` does not name (the root package ``kitune`` excepted)."""
+    return sorted(m for m in all_modules(root) if m != "kitune" and _area(m) not in LAYERS)
 
 
 def upward_imports(edges: Iterable[tuple[str, str, int]]) -> list[str]:
@@ -215,6 +252,42 @@ KNOWN_CYCLE_EDGES: set[tuple[str, str]] = set()
 
 def test_the_tree_follows_the_layer_rule_every_import_counted():
     assert layer_problems(import_edges(SRC), KNOWN_UPWARD, KNOWN_CYCLE_EDGES) == []
+
+
+def test_every_module_sits_in_a_layer():
+    assert modules_outside_the_map(SRC) == [], "add the module's package to LAYERS and to AGENTS.md"
+
+
+def test_the_checker_fails_on_a_module_outside_the_map(tmp_path: Path):
+    root = _plant(tmp_path, {"config.py": "", "widgets/gadget.py": "", "helpers.py": ""})
+    assert modules_outside_the_map(root) == ["kitune.helpers", "kitune.widgets", "kitune.widgets.gadget"]
+
+
+def test_the_checker_sees_string_imports_importlib_registries_and_lazy_maps(tmp_path: Path):
+    root = _plant(
+        tmp_path,
+        {
+            # an upward import through importlib, and one through a lazy map of another name
+            "programs/loader.py": "import importlib\n\ndef f():\n"
+            "    return importlib.import_module('kitune.optimizers.loop')\n",
+            "data/__init__.py": '_COMMANDS = {"run": "kitune.service.optimize"}\n',
+            "optimizers/loop.py": "",
+            "service/optimize.py": "",
+            # a registry whose built-ins import it back: a cycle through a registry string
+            "optimizers/registry.py": "from kitune.plugins import Registry\n"
+            'R = Registry("x", packages=("kitune.optimizers.builtins",))\n',
+            "optimizers/builtins/one.py": "from kitune.optimizers.registry import R\n",
+            "plugins.py": "",
+            # a logger name is not an import
+            "ki.py": 'import logging\nlog = logging.getLogger("kitune.service.optimize")\n',
+        },
+    )
+    assert layer_problems(import_edges(root)) == [
+        "kitune.data:1 imports kitune.service.optimize (layer service above data)",
+        "kitune.programs.loader:4 imports kitune.optimizers.loop (layer optimizers above programs)",
+        "import cycle: kitune.optimizers.builtins.one -> kitune.optimizers.registry"
+        " -> kitune.optimizers.builtins.one",
+    ]
 
 
 def _plant(tmp_path: Path, files: dict[str, str]) -> Path:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from kitune.errors import ConfigError
-from kitune.optimizers.improver import Improvement, fold, get_improver, improver_names, run_improvers
+from kitune.optimizers.improve_env import Improvement
+from kitune.optimizers.improver import fold, get_improver, improver_names, run_improvers
 from kitune.optimizers.setting import Setting
 
 

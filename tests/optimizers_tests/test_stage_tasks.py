@@ -155,7 +155,7 @@ def test_split_examples_gives_gepa_a_pareto_set_the_budget_can_pay_for() -> None
     from kitune.config import KituneConfig
     from kitune.optimizers.budget import OptimizerBudget
     from kitune.optimizers.improvers.prompts import split_examples
-    from kitune.optimizers.program_task import TaskSetup
+    from kitune.optimizers.program_spec import TaskSetup
 
     class Env:
         cfg = KituneConfig(optimize={"max_pareto_examples": 6})

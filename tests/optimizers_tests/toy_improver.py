@@ -5,8 +5,8 @@ It proposes ``retrieval.rrf_k = 7``, counts its calls and notes the iteration it
 
 from __future__ import annotations
 
-from kitune.optimizers.improve_env import ImproveEnv, ImproveInput
-from kitune.optimizers.improver import Improvement, register_improver
+from kitune.optimizers.improve_env import ImproveEnv, ImproveInput, Improvement
+from kitune.optimizers.improver import register_improver
 
 
 class ToyKnob:

@@ -13,7 +13,8 @@ from typing import Any
 import dspy
 
 from kitune.optimizers.improve_env import ImproveEnv, ImproveInput
-from kitune.optimizers.program_task import ProgramTask, TaskSetup, register_program_task
+from kitune.optimizers.program_spec import ProgramTask, TaskSetup
+from kitune.optimizers.program_task import register_program_task
 
 START = "Summarise the facts of the toy text in a few words."
 

@@ -18,8 +18,8 @@ import pytest
 
 import kitune.retrieval
 from kitune.config import KituneConfig
+from kitune.optimizers.program_spec import ProgramTask
 from kitune.optimizers.program_task import (
-    ProgramTask,
     program_names,
     read_programs,
     register_program_task,

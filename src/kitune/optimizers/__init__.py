@@ -22,7 +22,7 @@ _EXPORTS: dict[str, str] = {
     "LoopResult": "kitune.optimizers.loop",
     "initial_prompts": "kitune.optimizers.loop",
     "start_prompts": "kitune.optimizers.loop",
-    "ProgramTask": "kitune.optimizers.program_task",
+    "ProgramTask": "kitune.optimizers.program_spec",
     "program_names": "kitune.optimizers.program_task",
     "register_program_task": "kitune.optimizers.program_task",
     "write_curves": "kitune.optimizers.curves",

@@ -1,4 +1,9 @@
-"""What program tasks and improvers may use: :class:`ImproveEnv` and one iteration's :class:`ImproveInput`.
+"""What program tasks and improvers receive and return: the environment, the input, the improvement.
+
+:class:`ImproveEnv`, :class:`ImproveInput`, :class:`Improvement`.
+
+An improver (:class:`Improver`) is one room of the improve step; its module imports only this
+one (and what it uses), never the registry that lists it (:mod:`kitune.optimizers.improver`).
 
 The loop's environment (:class:`kitune.service.tuning.loop_env.ServiceLoopEnv` in the service layer)
 owns every LLM, store and cache; the optimisers' code sees it only through this protocol, so the
@@ -12,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from kitune.optimizers.setting import Evaluation, Setting
 
@@ -28,7 +33,7 @@ if TYPE_CHECKING:
     from kitune.retrieval.base import Store
     from kitune.schema import Document
 
-__all__ = ["ImproveEnv", "ImproveInput", "LoopDepsLike", "LoopOptionsLike"]
+__all__ = ["ImproveEnv", "ImproveInput", "Improvement", "Improver", "LoopDepsLike", "LoopOptionsLike"]
 
 
 class LoopOptionsLike(Protocol):
@@ -223,3 +228,37 @@ class ImproveInput:
     """Query id → failure kind (None: correct)."""
     ledger: FailureLedger | None = None
     """The failure ledger (routes feedback, records attempts)."""
+
+
+@dataclass
+class Improvement:
+    """What one improver proposes (every field optional)."""
+
+    prompts: dict[str, str] = field(default_factory=dict)
+    """Program → new instruction."""
+    knobs: dict[str, int | float] = field(default_factory=dict)
+    """Dotted config key → new value."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """Logged as ``improve_<key>`` on the iteration's run."""
+    notes: dict[str, Any] = field(default_factory=dict)
+    """JSON-able details, logged in ``improve.json``."""
+    programs: dict[str, Any] = field(default_factory=dict)
+    """Program → optimised ``dspy.Module`` (its state is logged)."""
+
+
+@runtime_checkable
+class Improver(Protocol):
+    """One room of the improve step.
+
+    Contract: ``improve`` never mutates ``inp``; a failure of one of its own parts (one program's
+    optimiser) is recorded in the metrics/notes, not raised; a misconfiguration raises
+    :class:`~kitune.errors.ConfigError`. It may write to the KI store (feedback KIs) — the loop
+    re-measures the current setting afterwards.
+    """
+
+    name: str
+    """The name ``optimize.improvers`` lists."""
+
+    def improve(self, env: ImproveEnv, inp: ImproveInput) -> Improvement:
+        """Propose changes to ``inp.setting`` from the tuning run."""
+        ...

@@ -1,30 +1,29 @@
 """The improve step as a fold over :class:`Improver` rooms, one file each under ``optimizers/improvers/``.
 
-An improver looks at one iteration's :class:`~kitune.optimizers.improve_env.ImproveInput` (the
-current setting, its tuning run, the failures and their kinds, the ledger) and returns an
-:class:`Improvement`: new instructions, knob values, metrics, notes and optimised modules.
+An improver (:class:`~kitune.optimizers.improve_env.Improver`) looks at one iteration's
+:class:`~kitune.optimizers.improve_env.ImproveInput` (the current setting, its tuning run, the
+failures and their kinds, the ledger) and returns an
+:class:`~kitune.optimizers.improve_env.Improvement`: new instructions, knob values, metrics, notes
+and optimised modules.
 :func:`run_improvers` calls the configured ones in order (``optimize.improvers``, default
 ``prompts``, ``knobs``, ``disambiguation``) on the same input and folds their results into one
 :class:`~kitune.optimizers.setting.Proposal` — later improvers win on the same key. Every module
-of :mod:`kitune.optimizers.improvers` registers its improver when imported; adding a feedback
-route or a new kind of proposal is one new file there (a plug-in elsewhere registers by being
-imported).
+of :mod:`kitune.optimizers.improvers` declares its improver as ``PLUGINS = {name: improver}``
+(importing only :mod:`kitune.optimizers.improve_env`, never this registry); adding a new kind of
+proposal is one new file there (a plug-in elsewhere registers by being imported).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
-from kitune.optimizers.improve_env import ImproveEnv, ImproveInput
+from kitune.optimizers.improve_env import ImproveEnv, ImproveInput, Improvement, Improver
 from kitune.optimizers.setting import Proposal, Setting
 from kitune.plugins import Registry
 
 __all__ = [
     "IMPROVERS",
-    "Improvement",
-    "Improver",
     "fold",
     "get_improver",
     "improver_names",
@@ -32,40 +31,6 @@ __all__ = [
     "run_improvers",
     "unregister_improver",
 ]
-
-
-@dataclass
-class Improvement:
-    """What one improver proposes (every field optional)."""
-
-    prompts: dict[str, str] = field(default_factory=dict)
-    """Program → new instruction."""
-    knobs: dict[str, int | float] = field(default_factory=dict)
-    """Dotted config key → new value."""
-    metrics: dict[str, float] = field(default_factory=dict)
-    """Logged as ``improve_<key>`` on the iteration's run."""
-    notes: dict[str, Any] = field(default_factory=dict)
-    """JSON-able details, logged in ``improve.json``."""
-    programs: dict[str, Any] = field(default_factory=dict)
-    """Program → optimised ``dspy.Module`` (its state is logged)."""
-
-
-@runtime_checkable
-class Improver(Protocol):
-    """One room of the improve step.
-
-    Contract: ``improve`` never mutates ``inp``; a failure of one of its own parts (one program's
-    optimiser) is recorded in the metrics/notes, not raised; a misconfiguration raises
-    :class:`~kitune.errors.ConfigError`. It may write to the KI store (feedback KIs) — the loop
-    re-measures the current setting afterwards.
-    """
-
-    name: str
-    """The name ``optimize.improvers`` lists."""
-
-    def improve(self, env: ImproveEnv, inp: ImproveInput) -> Improvement:
-        """Propose changes to ``inp.setting`` from the tuning run."""
-        ...
 
 
 IMPROVERS: Registry[Improver] = Registry(

@@ -1,4 +1,4 @@
-"""The improve step's rooms, one file per improver, each registering its ``Improver`` when imported.
+"""The improve step's rooms, one file per improver, each declaring its ``Improver`` in ``PLUGINS``.
 
 Built-ins: ``prompts`` (the configured optimiser on each tuned program's task), ``knobs`` (Optuna
 over the retrieval knobs with an LLM-free objective), ``disambiguation`` (feedback KIs from the

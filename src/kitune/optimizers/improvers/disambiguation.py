@@ -31,8 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from kitune.optimizers.feedback import FeedbackReport, count_flips, write_disambiguation_kis
 from kitune.optimizers.gate import GateReport, RankChange, attribute_changes, rank_changes, run_gate
-from kitune.optimizers.improve_env import ImproveEnv, ImproveInput
-from kitune.optimizers.improver import Improvement, register_improver
+from kitune.optimizers.improve_env import ImproveEnv, ImproveInput, Improvement
 from kitune.optimizers.ledger import FailureLedger
 from kitune.optimizers.routes import kinds_routed_to
 from kitune.optimizers.setting import Setting
@@ -261,4 +260,7 @@ class DisambiguationFeedback:
         return out
 
 
-DISAMBIGUATION = register_improver(DisambiguationFeedback())
+DISAMBIGUATION = DisambiguationFeedback()
+
+PLUGINS = {DISAMBIGUATION.name: DISAMBIGUATION}
+"""This module's improver, registered by :data:`kitune.optimizers.improver.IMPROVERS`."""

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from kitune.optimizers.improve_env import ImproveEnv, ImproveInput
-from kitune.optimizers.improver import Improvement, register_improver
+from kitune.optimizers.improve_env import ImproveEnv, ImproveInput, Improvement
 from kitune.optimizers.knobs import DEFAULT_KNOBS, KnobSpace, KnobStudy
 from kitune.optimizers.objective import text_contains_answer
 from kitune.optimizers.setting import Setting
@@ -86,4 +85,7 @@ class KnobTuning:
         return out
 
 
-KNOBS = register_improver(KnobTuning())
+KNOBS = KnobTuning()
+
+PLUGINS = {KNOBS.name: KNOBS}
+"""This module's improver, registered by :data:`kitune.optimizers.improver.IMPROVERS`."""

@@ -28,9 +28,9 @@ import dspy
 from kitune.errors import OptimizationError
 from kitune.optimizers.base import OptimizationResult, Optimizer
 from kitune.optimizers.gepa import pareto_size
-from kitune.optimizers.improve_env import ImproveEnv, ImproveInput
-from kitune.optimizers.improver import Improvement, register_improver
-from kitune.optimizers.program_task import TaskSetup, get_program_task
+from kitune.optimizers.improve_env import ImproveEnv, ImproveInput, Improvement
+from kitune.optimizers.program_spec import TaskSetup
+from kitune.optimizers.program_task import get_program_task
 from kitune.optimizers.registry import make_optimizer
 
 __all__ = ["PromptOptimization", "make_program_optimizer", "optimize_program", "split_examples"]
@@ -171,4 +171,7 @@ class PromptOptimization:
         return out
 
 
-PROMPTS = register_improver(PromptOptimization())
+PROMPTS = PromptOptimization()
+
+PLUGINS = {PROMPTS.name: PROMPTS}
+"""This module's improver, registered by :data:`kitune.optimizers.improver.IMPROVERS`."""

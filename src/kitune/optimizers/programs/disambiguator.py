@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from kitune.optimizers import tasks
 from kitune.optimizers.improve_env import ImproveEnv, ImproveInput
-from kitune.optimizers.program_task import ProgramTask, TaskSetup, register_program_task
+from kitune.optimizers.program_spec import ProgramTask, TaskSetup
 from kitune.programs.disambiguator import Disambiguator
 
-__all__ = ["DISAMBIGUATOR", "disambiguator_setup"]
+__all__ = ["DISAMBIGUATOR", "PLUGINS", "disambiguator_setup"]
 
 
 def disambiguator_setup(env: ImproveEnv, inp: ImproveInput) -> TaskSetup:
@@ -28,14 +28,15 @@ def disambiguator_setup(env: ImproveEnv, inp: ImproveInput) -> TaskSetup:
     return TaskSetup(module, examples, metric)
 
 
-DISAMBIGUATOR = register_program_task(
-    ProgramTask(
-        "disambiguator",
-        predictor="program.writer",
-        lm_role="extract",
-        setup=disambiguator_setup,
-        write_only=True,
-        task_words=("answer", "distinguish", "tell apart", "disambig"),
-        order=30,
-    )
+DISAMBIGUATOR = ProgramTask(
+    "disambiguator",
+    predictor="program.writer",
+    lm_role="extract",
+    setup=disambiguator_setup,
+    write_only=True,
+    task_words=("answer", "distinguish", "tell apart", "disambig"),
+    order=30,
 )
+
+PLUGINS = {"disambiguator": DISAMBIGUATOR}
+"""This module's program task, registered by :data:`kitune.optimizers.program_task.PROGRAM_TASKS`."""

@@ -28,10 +28,10 @@ from typing import Any
 from kitune.evaluation.stage_feedback import document_coverage
 from kitune.optimizers import stage_tasks, tasks
 from kitune.optimizers.improve_env import ImproveEnv, ImproveInput
-from kitune.optimizers.program_task import ProgramTask, TaskSetup, register_program_task
+from kitune.optimizers.program_spec import ProgramTask, TaskSetup
 from kitune.optimizers.routes import kinds_routed_to, route_out_of_budget
 
-__all__ = ["EXTRACTOR", "extractor_setup"]
+__all__ = ["EXTRACTOR", "PLUGINS", "extractor_setup"]
 
 
 def extractor_setup(env: ImproveEnv, inp: ImproveInput) -> TaskSetup:
@@ -75,15 +75,16 @@ def extractor_setup(env: ImproveEnv, inp: ImproveInput) -> TaskSetup:
     )
 
 
-EXTRACTOR = register_program_task(
-    ProgramTask(
-        "extractor",
-        predictor="extract",
-        lm_role="extract",
-        setup=extractor_setup,
-        task_words=("fact",),
-        order=10,
-        names_store=True,
-        stage_metric="answer_coverage",
-    )
+EXTRACTOR = ProgramTask(
+    "extractor",
+    predictor="extract",
+    lm_role="extract",
+    setup=extractor_setup,
+    task_words=("fact",),
+    order=10,
+    names_store=True,
+    stage_metric="answer_coverage",
 )
+
+PLUGINS = {"extractor": EXTRACTOR}
+"""This module's program task, registered by :data:`kitune.optimizers.program_task.PROGRAM_TASKS`."""

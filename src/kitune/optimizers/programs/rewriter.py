@@ -24,11 +24,11 @@ from typing import Any
 from kitune.evaluation.stage_metrics import reciprocal_rank
 from kitune.optimizers import stage_tasks
 from kitune.optimizers.improve_env import ImproveEnv, ImproveInput
-from kitune.optimizers.program_task import ProgramTask, TaskSetup, register_program_task
+from kitune.optimizers.program_spec import ProgramTask, TaskSetup
 from kitune.optimizers.routes import describe_document, kinds_routed_to, route_out_of_budget
 from kitune.programs.query_rewriter import QueryRewriter
 
-__all__ = ["REWRITER", "rewriter_setup"]
+__all__ = ["PLUGINS", "REWRITER", "rewriter_setup"]
 
 
 def rewriter_setup(env: ImproveEnv, inp: ImproveInput) -> TaskSetup:
@@ -66,14 +66,15 @@ def rewriter_setup(env: ImproveEnv, inp: ImproveInput) -> TaskSetup:
     return TaskSetup(module, train, stage_tasks.recall_metric(k), valset=examples, metrics=metrics)
 
 
-REWRITER = register_program_task(
-    ProgramTask(
-        "rewriter",
-        predictor="rewriter.planner",
-        lm_role="rewrite",
-        setup=rewriter_setup,
-        task_words=("query", "search", "look-up", "lookup", "plan"),
-        order=20,
-        stage_metric="mrr",
-    )
+REWRITER = ProgramTask(
+    "rewriter",
+    predictor="rewriter.planner",
+    lm_role="rewrite",
+    setup=rewriter_setup,
+    task_words=("query", "search", "look-up", "lookup", "plan"),
+    order=20,
+    stage_metric="mrr",
 )
+
+PLUGINS = {"rewriter": REWRITER}
+"""This module's program task, registered by :data:`kitune.optimizers.program_task.PROGRAM_TASKS`."""
