@@ -17,8 +17,10 @@ an agent to read first.
 
 What is served follows production like ``kitune serve``: with a ``setting_source`` (``kitune
 mcp`` passes the production rewriter prompt and the production extractor's KI table) the server
-re-resolves them at most every ``refresh_s`` seconds, on a call, so ``kitune prompts promote`` /
-``rollback`` change what a running ``kitune mcp`` answers with, no restart.
+re-resolves them on the first call after a ``kitune prompts promote`` / ``rollback`` (the
+registry's production stamp changed) and otherwise at most every ``refresh_s`` seconds, so a
+promotion changes what a running ``kitune mcp`` answers with from its next call, no restart. With
+a ``request_log`` every ``get_context`` call is recorded in the tracking store with its versions.
 
 Transports: ``stdio`` (the client starts ``kitune mcp`` as a subprocess; stdout carries only
 MCP messages, see :mod:`kitune.cli.mcp_cmds`) and ``http``
@@ -60,7 +62,7 @@ from kitune.service.serving.mcp import (
     search_documents_tool,
     source_description_kis,
 )
-from kitune.service.serving.setting import LiveSetting, ServedSetting
+from kitune.service.serving.setting import LiveSetting, ServedRequestLog, ServedSetting
 from kitune.service.workflows.review import ReviewService, review_opener
 
 if TYPE_CHECKING:
@@ -212,6 +214,7 @@ def create_mcp_server(
     refresh_s: float = 30.0,
     clock: Callable[[], float] = time.monotonic,
     review: ReviewService | None = None,
+    request_log: ServedRequestLog | None = None,
 ) -> MCPServer[Any]:
     """Build the MCP server with kitune's three tools and the source-description resource.
 
@@ -231,6 +234,8 @@ def create_mcp_server(
         clock: monotonic clock in seconds (tests).
         review: the review queue behind the review tools, which are registered only when
             ``review.mcp_tools`` is true (None: ``open_review(cfg)`` on first use).
+        request_log: records every ``get_context`` call in the tracking store with the prompt
+            versions that answered it (None: not recorded).
 
     Returns:
         An ``mcp.server.mcpserver.MCPServer``; run it with :func:`run_mcp` or its own ``run``.
@@ -250,6 +255,7 @@ def create_mcp_server(
         source=setting_source,
         refresh_s=refresh_s,
         clock=clock,
+        request_log=request_log,
     )
     lock = threading.Lock()
     held: dict[str, Any] = {}
@@ -305,10 +311,10 @@ def create_mcp_server(
         """
 
         def run() -> dict[str, Any]:
-            store, rewriter = served.current()
-            return context_tool(
-                query, store=store, cfg=cfg, size=size, filters=filters, rewriter=rewriter, ledger=ledger
-            )
+            with served.serve("mcp get_context", query) as (store, rewriter):
+                return context_tool(
+                    query, store=store, cfg=cfg, size=size, filters=filters, rewriter=rewriter, ledger=ledger
+                )
 
         return _guard("get_context", run)
 

@@ -9,8 +9,10 @@ carry a stack trace or a secret.
 What is served: the store and rewriter given to :func:`create_app` (``kitune serve`` passes
 the production rewriter prompt and the production extractor's KI table, see
 :func:`kitune.service.serving.prompts.production_setting`), named in ``GET /healthz`` under
-``serving``. With a ``setting_source`` the app re-resolves them at most every ``refresh_s``
-seconds, so ``kitune prompts promote`` / ``rollback`` change what a running server serves.
+``serving``. With a ``setting_source`` the app re-resolves them on the first request after a
+``kitune prompts promote`` / ``rollback`` (the registry's production stamp changed; checked on
+every request without a registry query) and otherwise at most every ``refresh_s`` seconds. With a
+``request_log`` every request is recorded in the tracking store with the versions that answered it.
 
 Other rules: the request body is capped (:data:`MAX_BODY_BYTES`, 413 beyond); the OpenAPI schema
 is served at ``/openapi.json`` and documents every error status with the ``{"error": …}`` body;
@@ -60,7 +62,7 @@ from kitune.programs.query_rewriter import QueryRewriter
 from kitune.retrieval.base import Store
 from kitune.schema import Filter
 from kitune.service.serving.context import ContextResponse, get_context
-from kitune.service.serving.setting import LiveSetting, ServedSetting
+from kitune.service.serving.setting import LiveSetting, ServedRequestLog, ServedSetting
 from kitune.service.workflows.review import ReviewService, review_opener
 from kitune.usage import TokenLedger
 
@@ -252,6 +254,7 @@ def create_app(
     refresh_s: float = 30.0,
     clock: Callable[[], float] = time.monotonic,
     review: ReviewService | None = None,
+    request_log: ServedRequestLog | None = None,
 ) -> FastAPI:
     """Build the FastAPI app.
 
@@ -273,6 +276,8 @@ def create_app(
         clock: monotonic clock in seconds (tests).
         review: the review queue behind ``/api/proposals`` (None: ``open_review(cfg)`` on the
             first such request, logging to ``create_tracker(cfg)``).
+        request_log: records every ``_get_context`` request in the tracking store with the
+            prompt versions that answered it (None: not recorded).
 
     Returns:
         The app; routes: ``POST /api/_get_context``, ``GET /api/proposals``,
@@ -290,6 +295,7 @@ def create_app(
         source=setting_source,
         refresh_s=refresh_s,
         clock=clock,
+        request_log=request_log,
     )
 
     class ContextRequest(BaseModel):
@@ -365,16 +371,16 @@ def create_app(
         app.add_exception_handler(cls, _any)
 
     def context_endpoint(body: Any) -> ContextResponse:
-        served_store, served_rewriter = served.current()
-        resp = get_context(
-            body.query,
-            store=served_store,
-            rewriter=served_rewriter,
-            size=body.size,
-            execute=body.execute,
-            cfg=cfg,
-            ledger=ledger,
-        )
+        with served.serve("http /api/_get_context", body.query) as (served_store, served_rewriter):
+            resp = get_context(
+                body.query,
+                store=served_store,
+                rewriter=served_rewriter,
+                size=body.size,
+                execute=body.execute,
+                cfg=cfg,
+                ledger=ledger,
+            )
         return _public_reason(resp)
 
     # The request model is built here (its bounds come from cfg), so its annotation is set as an

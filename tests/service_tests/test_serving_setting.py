@@ -122,3 +122,78 @@ def test_open_store_read_only_does_not_create_a_missing_embedded_table(tmp_path:
     cfg = _cfg(tmp_path)
     assert open_store(cfg, read_only=True) is None
     assert not (tmp_path / "w" / "lancedb").exists()
+
+
+# --- issue 40: a promotion reaches a running server at once; every request is recorded --------
+
+
+def test_a_changed_stamp_refreshes_on_the_next_request_and_each_request_is_recorded(tmp_path: Path) -> None:
+    from kitune.service.serving.setting import LiveSetting, ServedRequestLog, ServedSetting
+    from kitune.testing.tracking import RecordingTracker
+
+    old, new = MemoryStore(embedder=HashEmbedder(dim=8)), MemoryStore(embedder=HashEmbedder(dim=8))
+    stamp = ["1 kitune-tiny-rewriter 1"]
+    asked: list[dict[str, str]] = []
+
+    def source(current: Any) -> ServedSetting | None:
+        asked.append(dict(current))
+        if stamp[0].endswith(" 2"):
+            return ServedSetting(store=new, rewriter=None, versions={"rewriter": "v2", "store": "kis_b"})
+        return None
+
+    tracker = RecordingTracker()
+    log = ServedRequestLog(tracker)
+    live = LiveSetting(
+        _cfg(tmp_path),
+        store=old,
+        rewriter=None,
+        versions={"rewriter": "v1", "store": "kis_a"},
+        source=source,
+        refresh_s=30.0,
+        clock=lambda: 0.0,
+        stamp=lambda: stamp[0],
+        request_log=log,
+    )
+    with live.serve("mcp get_context", "q1") as (store, _):
+        assert store is old
+    stamp[0] = "2 kitune-tiny-rewriter 2"  # a promotion
+    with live.serve("mcp get_context", "q2") as (store, _):
+        assert store is new
+    with pytest.raises(RuntimeError), live.serve("mcp get_context", "q3"):
+        raise RuntimeError("store down")
+    log.close()
+    assert len(asked) == 1  # only the promotion made it look; the clock never reached refresh_s
+    traces = tracker.by_name("serve").episodes
+    assert [
+        (t.inputs["query"], t.tags["kitune.prompt.rewriter"], t.tags["kitune.store"]) for t in traces
+    ] == [
+        ("q1", "v1", "kis_a"),
+        ("q2", "v2", "kis_b"),
+        ("q3", "v2", "kis_b"),
+    ]
+    assert [t.tags["kitune.status"] for t in traces] == ["ok", "ok", "error"]
+    assert traces[2].attributes["kitune.error"] == "RuntimeError: store down" and not traces[2].ok
+    assert log.written == 3
+
+
+def test_promote_and_rollback_rewrite_the_registrys_production_stamp(tmp_path: Path) -> None:
+    from kitune.tracking.prompts import PromptRegistry, production_stamp_path, read_production_stamp
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert production_stamp_path(uri) == tmp_path / "mlflow.db.production"
+    assert production_stamp_path("http://mlflow:5000") is None and read_production_stamp(uri) is None
+    reg = PromptRegistry(uri)
+    v1 = reg.register("kitune-tiny-rewriter", "one")
+    v2 = reg.register("kitune-tiny-rewriter", "two")
+    reg.promote("kitune-tiny-rewriter", v1.version)
+    first = read_production_stamp(uri)
+    reg.promote("kitune-tiny-rewriter", v2.version)
+    second = read_production_stamp(uri)
+    reg.rollback("kitune-tiny-rewriter")
+    third = read_production_stamp(uri)
+    assert first and second and third and len({first, second, third}) == 3
+    assert [s.split()[1:] for s in (first, second, third)] == [
+        ["kitune-tiny-rewriter", "1"],
+        ["kitune-tiny-rewriter", "2"],
+        ["kitune-tiny-rewriter", "1"],
+    ]

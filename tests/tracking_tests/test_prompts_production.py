@@ -293,7 +293,8 @@ def test_server_follows_a_promotion_without_restart(cfg: KituneConfig) -> None:
 
     from kitune.server import create_app
     from kitune.service.serving.prompts import setting_summary
-    from kitune.service.serving.setting import ServedSetting
+    from kitune.service.serving.setting import ServedRequestLog, ServedSetting
+    from kitune.testing.tracking import RecordingTracker
 
     stores = {
         "old": MemoryStore(embedder=HashEmbedder(dim=64)),
@@ -317,23 +318,48 @@ def test_server_follows_a_promotion_without_restart(cfg: KituneConfig) -> None:
 
     first = production_setting(cfg)
     versions = {"extractor": first.versions["extractor"], "store": first.store_cfg.store.table}
+    tracker = RecordingTracker()
+    log = ServedRequestLog(tracker)
     app = create_app(
-        cfg, store=stores["old"], versions=versions, setting_source=source, refresh_s=30, clock=lambda: now[0]
+        cfg,
+        store=stores["old"],
+        versions=versions,
+        setting_source=source,
+        refresh_s=30,
+        clock=lambda: now[0],
+        request_log=log,
     )
     client = TestClient(app)
     assert client.get("/healthz").json()["serving"] == versions
     ask = {"query": "Where is the LaHave River?"}
     assert client.post("/api/_get_context", json=ask).json()["kis"] == []
+    assert calls == []  # no promotion, within refresh_s: the registry is not asked
     _promote(cfg, "extractor", NEW_EXTRACTOR)
-    assert client.post("/api/_get_context", json=ask).json()["kis"] == []  # within refresh_s: unchanged
-    assert calls == []
-    now[0] = 31.0
+    # issue 40: the very next request is answered by the promoted version (the promotion rewrote
+    # the registry's production stamp; the clock has not moved, no refresh tick was needed)
     kis = client.post("/api/_get_context", json=ask).json()["kis"]
     assert [k["evidence_doc_ids"] for k in kis] == [["100818"]]
-    assert client.get("/healthz").json()["serving"]["extractor"] == "kitune-fixture-extractor v2 (production)"
-    now[0] = 62.0
+    assert len(calls) == 1
+    promoted = "kitune-fixture-extractor v2 (production)"
+    assert client.get("/healthz").json()["serving"]["extractor"] == promoted
     client.post("/api/_get_context", json=ask)
-    assert len(calls) == 2  # asked again after another refresh_s; unchanged → same store kept
+    assert len(calls) == 1  # stamp unchanged, within refresh_s: not asked again
+    now[0] = 31.0
+    client.post("/api/_get_context", json=ask)
+    assert len(calls) == 2  # asked again after refresh_s; unchanged → same store kept
+    # every served request is a trace in the tracking store naming the versions that answered it
+    log.close()
+    traces = tracker.by_name("serve").episodes
+    assert [t.tags["kitune.prompt.extractor"] for t in traces] == [
+        versions["extractor"],
+        promoted,
+        promoted,
+        promoted,
+    ]
+    assert {t.tags["kitune.endpoint"] for t in traces} == {"http /api/_get_context"}
+    assert [t.inputs["query"] for t in traces] == [ask["query"]] * 4
+    assert traces[1].tags["kitune.store"] != traces[0].tags["kitune.store"] == versions["store"]
+    assert all(t.ok and t.tags["kitune.status"] == "ok" for t in traces)
 
 
 def test_prompts_promote_and_rollback_say_what_now_runs(cfg: KituneConfig, cli: dict[str, Any]) -> None:

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from kitune.retrieval.base import Store
     from kitune.service.serving.context import ContextResponse
     from kitune.service.serving.prompts import ProductionSetting
-    from kitune.service.serving.setting import ServedSetting
+    from kitune.service.serving.setting import ServedRequestLog, ServedSetting
     from kitune.usage import TokenLedger
 
 __all__ = [
@@ -262,7 +262,9 @@ def serve(
     """Serve POST /api/_get_context (OpenAPI at /docs and /openapi.json, liveness at /healthz).
 
     Serves the production rewriter prompt and the production extractor's KI table (printed at
-    start, and in GET /healthz); promote/rollback take effect within --refresh-s seconds.
+    start, and in GET /healthz); a kitune promote/rollback takes effect from the next request
+    (other registry changes within --refresh-s seconds). Every request is recorded in the
+    tracking store (MLflow, run "serve") with the prompt versions that answered it.
 
     Examples:
     kitune serve
@@ -294,10 +296,13 @@ def serve(
         versions=serving.served.versions,
         setting_source=serving.source,
         refresh_s=refresh_s,
+        request_log=serving.request_log,
     )
     try:
         uvicorn.run(app, host=host, port=port, log_level="info")
     finally:
+        if serving.request_log is not None:
+            serving.request_log.close()
         store.close()
 
 
@@ -312,6 +317,9 @@ class Serving:
     source: Callable[[Mapping[str, str]], ServedSetting | None] | None
     """:func:`kitune.service.serving.setting.follow_production` when production is followed (no
     ``--prompt-version``, no ``--packaged``, ``--refresh-s`` > 0), else None (fixed)."""
+    request_log: ServedRequestLog | None = None
+    """Every served request recorded in the tracking store (``cfg.mlflow_uri``) with its prompt
+    versions; close it when the server stops."""
 
 
 def start_serving(
@@ -328,14 +336,18 @@ def start_serving(
     extraction.
     """
     from kitune.optimizers.program_task import read_programs
-    from kitune.service.serving.setting import follow_production
+    from kitune.service.serving.setting import ServedRequestLog, follow_production
+    from kitune.tracking.tracker_base import BaseTracker
+    from kitune.tracking.trackers import create_tracker
 
     shown = read_programs(rewrite=not no_rewrite)
     setting = resolve_setting(cfg, prompt_version, packaged, programs=shown)
     served, ledger = _build(cfg, setting, programs=shown, use_rewriter=not no_rewrite, on_empty=_warn_empty)
     follow = not packaged and not prompt_version and refresh_s > 0
     source = follow_production(cfg, shown, use_rewriter=not no_rewrite, ledger=ledger) if follow else None
-    return Serving(served=served, ledger=ledger, source=source)
+    tracker = create_tracker(cfg)
+    request_log = ServedRequestLog(tracker) if isinstance(tracker, BaseTracker) else None
+    return Serving(served=served, ledger=ledger, source=source, request_log=request_log)
 
 
 def register(app: typer.Typer) -> None:

@@ -149,6 +149,7 @@ def _serve(
         versions=serving.served.versions,
         setting_source=serving.source,
         refresh_s=refresh_s if serving.source is not None else 30.0,
+        request_log=serving.request_log,
     )
     try:
         with wire.handed_to_transport() if wire is not None else nullcontext():
@@ -162,6 +163,8 @@ def _serve(
     except KeyboardInterrupt:
         pass
     finally:
+        if serving.request_log is not None:
+            serving.request_log.close()
         store.close()
 
 

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import builtins
 import difflib
+import os
 import re
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -30,7 +32,9 @@ __all__ = [
     "PromptRegistry",
     "PromptSummary",
     "PromptVersion",
+    "production_stamp_path",
     "prompt_name",
+    "read_production_stamp",
     "register_packaged",
 ]
 
@@ -44,6 +48,42 @@ _NAME_BAD = re.compile(r"[^A-Za-z0-9_.\-]+")
 
 PACKAGED_TAG = "kitune.packaged"
 """Tag set to the instruction version (``<program>@<sha8>``) on a version holding the packaged text."""
+
+
+def production_stamp_path(tracking_uri: str) -> Path | None:
+    """The production stamp file of a SQLite registry: ``<db file>.production``; None for other URIs.
+
+    Every :meth:`PromptRegistry.promote` and :meth:`PromptRegistry.rollback` rewrites it, so a
+    running server learns of a promotion by reading one small file per request (no registry query,
+    no LLM call; :class:`kitune.service.serving.setting.LiveSetting`). A remote registry has no
+    such file: servers then notice a promotion on their periodic refresh.
+    """
+    if not tracking_uri.startswith("sqlite:///"):
+        return None
+    db = tracking_uri[len("sqlite:///") :]
+    return Path(db + ".production") if db and db != ":memory:" else None
+
+
+def read_production_stamp(tracking_uri: str) -> str | None:
+    """The production stamp's content (changes with every promotion), or None when there is none."""
+    path = production_stamp_path(tracking_uri)
+    if path is None:
+        return None
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError:
+        return None
+
+
+def _write_production_stamp(tracking_uri: str, name: str, version: int) -> None:
+    """Rewrite the production stamp (atomically: a reader sees the old or the new one, never half)."""
+    path = production_stamp_path(tracking_uri)
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text(f"{time.time_ns()} {name} {version}\n", encoding="utf-8")
+    os.replace(tmp, path)
 
 
 @dataclass(frozen=True)
@@ -171,6 +211,9 @@ class PromptRegistry:
     def promote(self, name: str, version: int | str) -> PromptVersion:
         """Make ``version`` the ``production`` version and record the promotion in its tags.
 
+        The production stamp (:func:`production_stamp_path`) is rewritten, so running servers
+        serve the new version from their next request.
+
         Returns:
             The promoted version (with its new tags and aliases).
 
@@ -186,6 +229,7 @@ class PromptRegistry:
         )
         client.set_prompt_version_tag(name, pv.version, _ROLLED_BACK_TAG, "false")
         client.set_prompt_alias(name, "production", pv.version)
+        _write_production_stamp(self.tracking_uri, name, pv.version)
         return self._get_version(name, pv.version)
 
     def rollback(self, name: str) -> PromptVersion:
@@ -205,6 +249,7 @@ class PromptRegistry:
         client = self.client
         client.set_prompt_version_tag(name, current.version, _ROLLED_BACK_TAG, "true")
         client.set_prompt_alias(name, "production", target.version)
+        _write_production_stamp(self.tracking_uri, name, target.version)
         return self._get_version(name, target.version)
 
     # -- reads ------------------------------------------------------------------------------

@@ -217,6 +217,28 @@ class BaseTracker:
                 self._record("log_episodes", target, e, rid)
         return ids
 
+    def log_records(self, records: Sequence[EpisodeRecord], *, run_id: str | None = None) -> list[str]:
+        """Log ready-made trace records (e.g. served requests) linked to the run; never raises.
+
+        Args:
+            records: one :class:`~kitune.tracking.episodes.EpisodeRecord` per trace.
+            run_id: the run to link them to (else the current run).
+
+        Returns:
+            Backend trace ids of the records logged, in input order (failed ones recorded in
+            :attr:`failures` and left out); ``[]`` when no run resolves.
+        """
+        rid = self._resolve("log_records", run_id, records[0].name if records else "records")
+        if rid is None:
+            return []
+        ids: list[str] = []
+        for record in records:
+            try:
+                ids.append(self._backend_log_episode(rid, record))
+            except Exception as e:
+                self._record("log_records", record.name, e, rid)
+        return ids
+
     # -- backend hooks (may raise) ----------------------------------------------------------
     def _backend_log_episode(self, run_id: str, record: EpisodeRecord) -> str:
         raise NotImplementedError

@@ -12,7 +12,14 @@ One place wires them, for every path that serves or measures a prompt version:
   :class:`~kitune.service.serving.prompts.ProductionSetting`, as a :class:`ServedSetting`, for
   ``kitune context``, ``kitune serve`` (:mod:`kitune.server`) and ``kitune mcp``
   (:mod:`kitune.mcp_server`); :func:`follow_production` rebuilds it when a promote or rollback
-  changed production, which is how a running server or MCP server follows the registry.
+  changed production, which is how a running server or MCP server follows the registry;
+* :class:`LiveSetting` — what a running server answers with. Before every request it reads the
+  registry's production stamp (one small file that every promote and rollback rewrites,
+  :func:`kitune.tracking.prompts.production_stamp_path`; no registry query, no LLM call), so a
+  promotion is served from the next request on, not the next refresh tick;
+* :class:`ServedRequestLog` — every served request as one trace in the tracking store (MLflow),
+  tagged with the prompt versions and the KI table that answered it (``kitune.prompt.<program>``,
+  ``kitune.store``), written off the request path by one background thread.
 
 ``kitune.lm.build_lm``, ``kitune.lm.adapter_for`` and ``kitune.retrieval.create_store`` are
 looked up on their packages at call time (``kitune.lm.build_lm(...)``), so a replacement patched
@@ -21,9 +28,12 @@ there (tests, AGENTS.md) is the one used.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import queue
 import threading
-from collections.abc import Callable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,12 +46,17 @@ from kitune.programs.query_rewriter import QueryRewriter
 from kitune.retrieval.base import Store
 from kitune.schema import Filter
 from kitune.service.serving.prompts import ProductionSetting, production_setting, setting_summary
+from kitune.tracking.episodes import MAX_ATTR_CHARS, EpisodeRecord
+from kitune.tracking.prompts import read_production_stamp
+from kitune.tracking.tracker_base import BaseTracker
 from kitune.usage import TokenLedger
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "LiveSetting",
+    "ServedRequest",
+    "ServedRequestLog",
     "ServedSetting",
     "active_kis",
     "build_served",
@@ -50,6 +65,7 @@ __all__ = [
     "open_serving_store",
     "open_store",
     "rewriter_for",
+    "served_request_record",
     "served_versions",
 ]
 
@@ -64,24 +80,139 @@ class ServedSetting:
     """Program → prompt version label, plus ``"store"`` → KI table/index (shown in /healthz)."""
 
 
+@dataclass(frozen=True)
+class ServedRequest:
+    """One served request: what answered it and how it ended."""
+
+    endpoint: str
+    """Where it came in: ``http /api/_get_context``, ``mcp get_context``."""
+    query: str
+    """The question asked."""
+    versions: Mapping[str, str]
+    """Program → prompt version label and ``"store"`` → KI table, as served for this request."""
+    start_ns: int
+    """Start, ns since the epoch."""
+    end_ns: int
+    """End, ns since the epoch."""
+    ok: bool
+    """False when the request raised."""
+    error: str = ""
+    """``<Type>: <message>`` when it raised (cut to 2,000 characters)."""
+
+
+def served_request_record(request: ServedRequest, seq: int) -> EpisodeRecord:
+    """A served request as one trace record (no steps), tagged with the versions that answered it.
+
+    Tags and root attributes: ``kitune.served`` (``true``), ``kitune.endpoint``,
+    ``kitune.prompt.<program>`` (each served program's version label), ``kitune.store`` (the KI
+    table), ``kitune.status`` (``ok`` / ``error``).
+    """
+    tags = {"kitune.served": "true", "kitune.endpoint": request.endpoint}
+    tags |= {f"kitune.prompt.{p}": v for p, v in sorted(request.versions.items()) if p != "store"}
+    tags["kitune.store"] = request.versions.get("store", "")
+    tags["kitune.status"] = "ok" if request.ok else "error"
+    return EpisodeRecord(
+        name=f"serve/{request.endpoint.split()[0]}/{seq}",
+        query_id=str(seq),
+        start_ns=request.start_ns,
+        end_ns=max(request.end_ns, request.start_ns),
+        inputs={"query": request.query[:MAX_ATTR_CHARS]},
+        outputs={"status": tags["kitune.status"]},
+        attributes={**tags, "kitune.error": request.error[:MAX_ATTR_CHARS]},
+        tags=tags,
+        ok=request.ok,
+    )
+
+
+_STOP = object()
+
+
+class ServedRequestLog:
+    """Writes every served request to the tracking store, off the request path (thread-safe).
+
+    One background thread takes :class:`ServedRequest` s from a queue and logs each as a trace
+    (:func:`served_request_record`) in one run named ``run_name`` that stays open until
+    :meth:`close`. A tracking failure is recorded by the tracker (``tracker.failures``) and never
+    reaches a request.
+
+    Args:
+        tracker: where to write (``kitune.tracking.trackers.create_tracker(cfg)``: MLflow at
+            ``cfg.mlflow_uri``).
+        run_name: the run the traces are linked to.
+    """
+
+    def __init__(self, tracker: BaseTracker, *, run_name: str = "serve") -> None:
+        self.tracker = tracker
+        self.run_name = run_name
+        self.written = 0
+        """Requests logged so far."""
+        self._seq = 0
+        self._queue: queue.Queue[Any] = queue.Queue()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="kitune-served-log", daemon=True)
+        self._thread.start()
+
+    def record(self, request: ServedRequest) -> None:
+        """Queue ``request`` for the tracking store (returns at once)."""
+        self._queue.put(request)
+
+    def flush(self) -> None:
+        """Wait until every queued request is written."""
+        self._queue.join()
+
+    def close(self) -> None:
+        """Write what is queued, end the run, stop the thread (idempotent)."""
+        if self._thread.is_alive():
+            self._queue.put(_STOP)
+            self._thread.join()
+
+    def _run(self) -> None:
+        with contextlib.ExitStack() as stack:
+            handle = None
+            while True:
+                item = self._queue.get()
+                try:
+                    if item is _STOP:
+                        return
+                    if handle is None:
+                        handle = stack.enter_context(
+                            self.tracker.run(self.run_name, tags={"kitune.kind": "serve"}, nested=False)
+                        )
+                    with self._lock:
+                        self._seq += 1
+                        seq = self._seq
+                    if self.tracker.log_records([served_request_record(item, seq)], run_id=handle.run_id):
+                        self.written += 1
+                except Exception:  # the log must never stop: the next request is written again
+                    logger.exception("could not log a served request")
+                finally:
+                    self._queue.task_done()
+
+
 class LiveSetting:
     """The store and rewriter a running server answers with, following a setting source (thread-safe).
 
-    :meth:`current` asks ``source`` (with the served versions) at most every ``refresh_s``
-    seconds, on a request or tool call, and swaps in what it returns; None means unchanged, and
-    a failing source keeps the current setting (logged, so a registry hiccup never takes the
-    server down). Without a store, one is created from ``cfg`` on first use
-    (``kitune.retrieval.create_store``). Shared by the HTTP API (:mod:`kitune.server`) and the
-    MCP server (:mod:`kitune.mcp_server`).
+    :meth:`current` asks ``source`` (with the served versions) when the production stamp changed
+    since the last look — a promote or rollback through kitune rewrites it, and reading it costs
+    one small file read per request (``stamp``) — and otherwise at most every ``refresh_s`` seconds
+    (a change made outside kitune, a registry without a stamp file), on a request or tool call, and
+    swaps in what it returns; None means unchanged, and a failing source keeps the current setting
+    (logged, so a registry hiccup never takes the server down). Without a store, one is created
+    from ``cfg`` on first use (``kitune.retrieval.create_store``). Shared by the HTTP API
+    (:mod:`kitune.server`) and the MCP server (:mod:`kitune.mcp_server`).
 
     Args:
-        cfg: configuration (the store created when none is given).
+        cfg: configuration (the store created when none is given; ``mlflow_uri`` names the stamp).
         store: the KI store served first (None: created on first use).
         rewriter: the query rewriter with its LM, or None (plain plans).
         versions: what ``store``/``rewriter`` are (program → label, ``"store"`` → table).
         source: e.g. :func:`follow_production`; None serves what was given until exit.
-        refresh_s: seconds between ``source`` calls.
+        refresh_s: seconds between ``source`` calls when the stamp has not changed.
         clock: monotonic clock in seconds.
+        stamp: returns the production stamp (any string that changes with every promotion, None
+            when there is none); None with a ``source``: the registry's
+            (:func:`kitune.tracking.prompts.read_production_stamp` of ``cfg.mlflow_uri``).
+        request_log: where :meth:`serve` records each request (None: not recorded).
     """
 
     def __init__(
@@ -94,6 +225,8 @@ class LiveSetting:
         source: Callable[[Mapping[str, str]], ServedSetting | None] | None,
         refresh_s: float,
         clock: Callable[[], float],
+        stamp: Callable[[], str | None] | None = None,
+        request_log: ServedRequestLog | None = None,
     ) -> None:
         self.cfg = cfg
         self.store = store
@@ -104,9 +237,19 @@ class LiveSetting:
         self.clock = clock
         self.checked = clock()
         self.lock = threading.Lock()
+        if stamp is None and source is not None:
+            uri = cfg.mlflow_uri
+            stamp = lambda: read_production_stamp(uri)  # noqa: E731
+        self.stamp = stamp
+        self._stamp_seen = stamp() if stamp is not None else None
+        self.request_log = request_log
 
     def _refresh(self) -> None:
-        if self.source is None or self.clock() - self.checked < self.refresh_s:
+        if self.source is None:
+            return
+        stamp = self.stamp() if self.stamp is not None else None
+        promoted = stamp != self._stamp_seen
+        if not promoted and self.clock() - self.checked < self.refresh_s:
             return
         self.checked = self.clock()
         try:
@@ -114,17 +257,48 @@ class LiveSetting:
         except Exception:  # a registry hiccup must not take the server down: keep serving
             logger.exception("could not re-resolve the production setting; serving %s", self._versions)
             return
+        self._stamp_seen = stamp  # only once the source answered: a failed look is tried again
         if new is not None:
             logger.info("now serving %s (was %s)", dict(new.versions), self._versions)
             self.store, self.rewriter, self._versions = new.store, new.rewriter, dict(new.versions)
 
-    def current(self) -> tuple[Store, QueryRewriter | None]:
-        """The store (created from the config on first use when none was given) and the rewriter."""
+    def _current(self) -> tuple[Store, QueryRewriter | None, dict[str, str]]:
         with self.lock:
             self._refresh()
             if self.store is None:
                 self.store = kitune.retrieval.create_store(self.cfg)
-            return self.store, self.rewriter
+            return self.store, self.rewriter, dict(self._versions)
+
+    def current(self) -> tuple[Store, QueryRewriter | None]:
+        """The store (created from the config on first use when none was given) and the rewriter."""
+        store, rewriter, _versions = self._current()
+        return store, rewriter
+
+    @contextlib.contextmanager
+    def serve(self, endpoint: str, query: str) -> Iterator[tuple[Store, QueryRewriter | None]]:
+        """One request: the current store and rewriter, and the request recorded with their versions.
+
+        The versions recorded are the ones read with the store and rewriter (one lock), so a
+        promotion during the request never mislabels it. Recording happens on exit, ok or not
+        (``request_log``; nothing when None).
+
+        Args:
+            endpoint: where the request came in (``http /api/_get_context``, ``mcp get_context``).
+            query: the question.
+        """
+        start = time.time_ns()
+        store, rewriter, versions = self._current()
+        error = ""
+        try:
+            yield store, rewriter
+        except BaseException as e:
+            error = f"{type(e).__name__}: {e}"[:MAX_ATTR_CHARS]
+            raise
+        finally:
+            if self.request_log is not None:
+                self.request_log.record(
+                    ServedRequest(endpoint, query, versions, start, time.time_ns(), not error, error)
+                )
 
     def versions(self) -> dict[str, str]:
         """What is served now (program → label, ``"store"`` → table); no refresh."""
