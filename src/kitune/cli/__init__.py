@@ -1,16 +1,44 @@
 """The ``kitune`` command line (Typer). Thin: parse arguments → :mod:`kitune.service` → print.
 
 Each command group lives in its own module in this package and exposes ``register(app)``.
+``kitune --help`` lists the commands by the job a user is doing (:data:`PANELS`: build KIs,
+serve, measure, tune, operate), in the order the README meets them, not in registration order;
+a new command must be placed in :data:`PANELS` (``tests/cli_tests/test_help_panels.py``).
 """
 
 from __future__ import annotations
 
-import typer
+from typing import Any
 
-__all__ = ["app", "main"]
+import typer
+from typer.core import TyperGroup
+from typer.models import CommandInfo, TyperInfo
+
+__all__ = ["PANELS", "app", "main"]
+
+PANELS: dict[str, tuple[str, ...]] = {
+    "Build KIs": ("extract", "bootstrap", "index", "export"),
+    "Serve": ("context", "serve", "mcp"),
+    "Measure": ("eval", "report", "signals"),
+    "Tune": ("demo", "optimize", "traces", "loop", "prompts", "drift", "review"),
+    "Operate": ("config", "lm", "status", "stats", "expire", "reindex"),
+}
+"""Help panel → its commands and command groups, in the order ``--help`` shows them."""
+
+_ORDER = {name: i for i, name in enumerate(n for names in PANELS.values() for n in names)}
+_PANEL_OF = {name: panel for panel, names in PANELS.items() for name in names}
+
+
+class _JobOrderedGroup(TyperGroup):
+    """Lists the commands in :data:`PANELS` order (unplaced ones last, by name)."""
+
+    def list_commands(self, ctx: Any) -> list[str]:  # typer's vendored click.Context
+        return sorted(super().list_commands(ctx), key=lambda n: (_ORDER.get(n, len(_ORDER)), n))
+
 
 app = typer.Typer(
     name="kitune",
+    cls=_JobOrderedGroup,
     help=(
         "kitune pre-computes Knowledge Indicators (KIs) from a corpus for LLM agents, measures an "
         "agent with them against a search-and-fetch baseline, and tunes its own prompts.\n\n"
@@ -102,7 +130,17 @@ def _register() -> None:
         status_cmds,
     ):
         module.register(app)
+    _place_in_panels()
     _REGISTERED = True
+
+
+def _place_in_panels() -> None:
+    """Put every registered command and group in its :data:`PANELS` help panel."""
+    infos: list[CommandInfo | TyperInfo] = [*app.registered_commands, *app.registered_groups]
+    for info in infos:
+        name = info.name or (info.callback.__name__.replace("_", "-") if info.callback else None)
+        if name in _PANEL_OF:
+            info.rich_help_panel = _PANEL_OF[name]
 
 
 def main() -> None:
