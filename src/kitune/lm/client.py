@@ -50,6 +50,7 @@ from kitune.lm.formats import (
     remembered_level,
 )
 from kitune.lm.roles import LOCAL_KEY, ResolvedLM, resolve_offline, resolve_role
+from kitune.lm.timeouts import RateMeter, current_timeout_scale, derived_timeout, meter_for
 from kitune.recording import CallRecorder, get_recorder, request_hash
 from kitune.recording import capture as recording_capture
 from kitune.recording import rebuild_error as rebuild_recorded_error
@@ -97,6 +98,11 @@ class KituneLM(dspy.LM):  # type: ignore[misc]
         """Records or replays every call (``--record``/``--replay``; set by :func:`build_lm`)."""
         self.model_identity = resolved.model
         """The model as configured (before the local server's alias): part of the recording hash."""
+        self.rate_meter: RateMeter | None = None
+        """The local server's measured rates (set by :func:`build_lm` for the server kitune started):
+        the per-call timeout is then derived from them (:mod:`kitune.lm.timeouts`)."""
+        self.local_slots = 1
+        """Requests the local server decodes together (the derived timeout's ``slots``)."""
         self._rng = random.Random(seed)
         self._counts_lock = threading.Lock()
         super().__init__(
@@ -326,6 +332,7 @@ class KituneLM(dspy.LM):  # type: ignore[misc]
             body = dict(request)
             if rf is not None:
                 body["response_format"] = rf
+            timeout = self.timeout_for(messages, body)
             started = time.monotonic()
             try:
                 response = litellm.completion(
@@ -333,7 +340,7 @@ class KituneLM(dspy.LM):  # type: ignore[misc]
                     messages=messages,
                     api_base=r.api_base,
                     api_key=r.api_key,
-                    timeout=r.timeout_s,
+                    timeout=timeout,
                     num_retries=0,
                     max_retries=0,
                     **body,
@@ -345,13 +352,15 @@ class KituneLM(dspy.LM):  # type: ignore[misc]
                 self._record(
                     input_tokens=sent_tokens, output_tokens=0, latency_s=latency, estimated=True, failed=True
                 )
-                err = classify_error(exc, r, format_sent=rf is not None)
+                err = classify_error(exc, replace(r, timeout_s=timeout), format_sent=rf is not None)
                 if isinstance(err, ResponseFormatError):
                     sent_level = format_level_of(rf)
                     if sent_level is not None and self._downgrade(sent_level):
                         continue  # exactly one retry per rung, not counted as a transient retry
                 raise err from exc
             latency = time.monotonic() - started
+            if self.rate_meter is not None:  # llama.cpp's own timings of this reply
+                self.rate_meter.observe_timings(getattr(response, "timings", None))
             prompt_toks, completion_toks, estimated = self._usage(response, messages)
             try:
                 self._check_completion(response)
@@ -379,6 +388,29 @@ class KituneLM(dspy.LM):  # type: ignore[misc]
                 "cache_hit": False,
             }
             return response
+
+    def timeout_for(self, messages: Sequence[dict[str, Any]], request: dict[str, Any]) -> float:
+        """The timeout (seconds) of one call: derived from the local server's rates, else ``timeout_s``.
+
+        For the server kitune started: :func:`kitune.lm.timeouts.derived_timeout` of the request's
+        ``max_tokens``, its estimated prompt tokens, the measured rates and the server's slots, never
+        below ``lm.<role>.timeout_s``. Either is multiplied by
+        :func:`kitune.lm.timeouts.timeout_scale`.
+        """
+        r = self.resolved
+        scale = current_timeout_scale()
+        if self.rate_meter is None:
+            return r.timeout_s * scale
+        prompt_tps, gen_tps = self.rate_meter.rates()
+        base = derived_timeout(
+            max_tokens=int(request.get("max_tokens") or r.max_tokens or 1024),
+            prompt_tokens=estimate_tokens(messages_text(messages)),
+            prompt_tps=prompt_tps,
+            gen_tps=gen_tps,
+            slots=self.local_slots,
+            floor_s=r.timeout_s,
+        )
+        return base * scale
 
     def _cache_key(self, messages: list[dict[str, Any]], request: dict[str, Any]) -> dict[str, Any]:
         key = {"_kitune": "chat", "model": self.resolved.model, "messages": messages}
@@ -548,12 +580,19 @@ def build_lm(
         return lm
     resolved = resolve_role(cfg, role)
     identity = resolved.model
+    meter: RateMeter | None = None
     if resolved.is_local:
         server = kitune.localmodel.get_local_server(cfg.lm.local)
         resolved = replace(
             resolved, model=f"openai/{server.model_alias}", api_base=server.api_base, api_key=LOCAL_KEY
         )
+        meter = meter_for(server.api_base)
+        if meter.claim_probe():  # once per server: its rates, measured at start, before any real reply
+            meter.observe_timings(getattr(server, "startup_timings", None))
     lm = KituneLM(resolved, ledger=ledger, cache=cfg.lm.cache, **lm_kwargs)
+    if meter is not None:
+        lm.rate_meter = meter
+        lm.local_slots = cfg.lm.local.slots
     lm.model_identity = identity
     lm.recorder = get_recorder(cfg.lm.record_dir, "record")
     return lm

@@ -142,9 +142,15 @@ def classify_error(exc: BaseException, resolved: ResolvedLM, *, format_sent: boo
             retryable=False,
         )
     if isinstance(exc, lx.Timeout) or status == 408:
+        where_still = (
+            "the embedded server stopped the abandoned generation when the connection closed"
+            if resolved.is_local
+            else "a gateway or provider may still be generating the abandoned request (it does not stop when "
+            "kitune gives up; a retry can queue behind it)"
+        )
         return LMTimeoutError(
             f"{model} at {resolved.where} did not answer within timeout_s={resolved.timeout_s:g} "
-            f"(lm.{resolved.role}.timeout_s); raise it or check the server.",
+            f"(lm.{resolved.role}.timeout_s); raise it or check the server; {where_still}.",
             timeout_s=resolved.timeout_s,
             model=model,
             api_base=base,

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import logging
 import os
 import socket
@@ -37,6 +38,7 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from kitune.config import LocalModelConfig
 from kitune.errors import ConfigError, LMConnectionError
@@ -295,6 +297,8 @@ class LocalModelServer:
         self.ready_path = ready_path if ready_path.startswith("/") else f"/{ready_path}"
         self.slots = slots
         self.runtime = runtime
+        self.startup_timings: dict[str, Any] | None = None
+        """llama.cpp's ``timings`` of the start-up probe (:meth:`probe`), or None."""
         self._proc: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
 
@@ -358,6 +362,38 @@ class LocalModelServer:
                 return bool(resp.status == 200)
         except (urllib.error.URLError, OSError, ValueError):
             return False
+
+    _PROBE_PROMPT = " ".join(["The quick brown fox jumps over the lazy dog."] * 12)
+
+    def probe(self, timeout_s: float = 120.0) -> dict[str, Any] | None:
+        """Measure the running server once: a ~130-token prompt, 16 generated tokens (llama.cpp's API).
+
+        Sends ``/completion`` (prompt cache off, ``ignore_eos``) and keeps its ``timings``
+        (``prompt_per_second``, ``predicted_per_second`` …) in :attr:`startup_timings`: the rates
+        kitune sizes its first timeouts by (:mod:`kitune.lm.timeouts`). Best effort: a server that
+        does not answer this way (llama-cpp-python) leaves it None. Costs a few seconds once.
+        """
+        body = {"prompt": self._PROBE_PROMPT, "n_predict": 16, "cache_prompt": False, "ignore_eos": True}
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/completion",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never a proxy
+        try:
+            with opener.open(request, timeout=timeout_s) as resp:
+                timings = json.loads(resp.read()).get("timings")
+        except (urllib.error.URLError, OSError, ValueError):
+            return None
+        self.startup_timings = timings if isinstance(timings, dict) else None
+        if self.startup_timings:
+            logger.info(
+                "local model server measured at start: %.1f prompt tokens/s, %.1f generated tokens/s",
+                float(self.startup_timings.get("prompt_per_second") or 0),
+                float(self.startup_timings.get("predicted_per_second") or 0),
+            )
+        return self.startup_timings
 
     def _log_tail(self, n_chars: int = 1500) -> str:
         try:
@@ -521,6 +557,8 @@ def get_local_server(
                 return server.start()
         server = (factory or LocalModelServer.from_config)(cfg)
         server.start()
+        if factory is None and server.ready_path == "/health":  # llama.cpp's server: measure it once
+            server.probe()
         _SINGLETON = (key, server)
         return server
 

@@ -57,8 +57,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from kitune.data.checksum import document_hash
 from kitune.data.loaders import load_corpus
-from kitune.errors import ConfigError, LMAuthError, StoreUnavailableError
+from kitune.errors import ConfigError, LMAuthError, LMTimeoutError, StoreUnavailableError
 from kitune.ki import KI, utcnow
+from kitune.lm.timeouts import timeout_scale
 from kitune.programs.fact_extractor import DocExtraction, FactExtractor, ParseFailure
 from kitune.schema import Document
 from kitune.service.serving.stores import expire_documents, refresh_derived, refresh_documents
@@ -77,6 +78,9 @@ __all__ = [
 ]
 
 _FATAL = (LMAuthError, ConfigError, StoreUnavailableError)
+
+TIMEOUT_RETRY_SCALE = 2.0
+"""A document whose extraction timed out is tried once more with its timeouts multiplied by this."""
 
 
 @dataclass(frozen=True)
@@ -133,6 +137,9 @@ class ExtractionReport:
     too_large: dict[str, str] = field(default_factory=dict)
     """Docid → reason for documents over ``extraction.max_doc_chars``: skipped (no LLM call, not
     failed, not retried until the limit is raised); counted in ``docs_skipped``."""
+    retried: tuple[str, ...] = ()
+    """Docids (sorted) whose extraction timed out and was tried once more with twice the timeout
+    (:data:`TIMEOUT_RETRY_SCALE`); each is also in ``failed`` when the second try failed too."""
 
     @property
     def kis_per_doc(self) -> float:
@@ -151,6 +158,7 @@ class ExtractionReport:
             ("KIs refreshed (unchanged docs)", str(self.kis_refreshed)),
             ("derived KIs refreshed", str(self.derived_refreshed)),
             ("failed", str(self.docs_failed)),
+            ("retried after a timeout", str(len(self.retried))),
             ("KIs written", str(self.kis_written)),
             ("KIs per doc", f"{self.kis_per_doc:.1f}"),
             ("write failures", str(self.write_failures)),
@@ -373,7 +381,11 @@ def _ledger_totals(ledger: TokenLedger | None, marker: int) -> dict[str, int]:
 
 
 def _run_one(
-    extractor: FactExtractor, doc: Document, now: datetime, max_chars: int | None = None
+    extractor: FactExtractor,
+    doc: Document,
+    now: datetime,
+    max_chars: int | None = None,
+    retried: set[str] | None = None,
 ) -> DocExtraction:
     if max_chars is not None and len(doc.text) > max_chars:
         return DocExtraction(
@@ -386,8 +398,26 @@ def _run_one(
         return extractor.extract_document(doc, now=now)
     except _FATAL:
         raise
+    except LMTimeoutError as e:
+        first = f"{type(e).__name__}: {e}"
     except Exception as e:  # one document's LM/transport failure never aborts the run
         return DocExtraction(docid=doc.docid, status="failed", error=f"{type(e).__name__}: {e}")
+    # Timed out: tried once more with twice the timeout. On the server kitune starts, the abandoned
+    # generation stopped when its connection closed, so the retry does not queue behind it.
+    if retried is not None:
+        retried.add(doc.docid)
+    try:
+        with timeout_scale(TIMEOUT_RETRY_SCALE):
+            return extractor.extract_document(doc, now=now)
+    except _FATAL:
+        raise
+    except Exception as e:
+        return DocExtraction(
+            docid=doc.docid,
+            status="failed",
+            error=f"{type(e).__name__}: {e} (the second try, with {TIMEOUT_RETRY_SCALE:g}x the timeout, "
+            f"after: {first})",
+        )
 
 
 def extract_corpus(
@@ -465,6 +495,7 @@ def extract_corpus(
     failed: dict[str, str] = {}
     parse_failed: dict[str, ParseFailure] = {}
     truncated: set[str] = set()
+    retried: set[str] = set()  # filled by the worker threads (set.add is atomic)
     buffer: list[KI] = []
     pending: list[DocExtraction] = []  # ok docs whose KIs are in ``buffer``
     written = write_failures = done = finished = source_changed = 0
@@ -548,7 +579,13 @@ def extract_corpus(
                         ctx = contextvars.copy_context()  # one copy per task: stage + dspy.context
                         futures.add(
                             pool.submit(
-                                ctx.run, _run_one, extractor, doc, run_now, cfg.extraction.max_doc_chars
+                                ctx.run,
+                                _run_one,
+                                extractor,
+                                doc,
+                                run_now,
+                                cfg.extraction.max_doc_chars,
+                                retried,
                             )
                         )
                     if not futures:
@@ -586,6 +623,7 @@ def extract_corpus(
         failed=failed,
         parse_failed=parse_failed,
         truncated=tuple(sorted(truncated)),
+        retried=tuple(sorted(retried)),
         prompt_version=extractor.prompt_version,
         wall_s=time.monotonic() - started,
         docs_changed=len(changed),

@@ -179,6 +179,7 @@ class ServiceLoopEnv:
         self._stores: dict[str, Store] = {}
         self._extracted: set[tuple[str, frozenset[str]]] = set()
         self._failed: dict[str, set[str]] = {}
+        self._retried: dict[str, set[str]] = {}  # extractor version -> docids retried after a timeout
         """Extractor version → documents that failed in this process (retried by the next run only)."""
         self.lock = threading.RLock()
         self.evals = EvalCache(state_dir / "evals", self.lock)
@@ -502,6 +503,7 @@ class ServiceLoopEnv:
             )
         self._extracted.add(key)
         failed_here.update(report.failed)
+        self._retried.setdefault(extractor.prompt_version, set()).update(report.retried)
         retired = self._retired()
         if retired:  # extraction re-sights unchanged documents and refreshes feedback KIs: retire again
             with self.lock:
@@ -524,6 +526,10 @@ class ServiceLoopEnv:
         (:func:`~kitune.service.pipelines.extraction.default_state_path`); a rerun retries them.
         """
         return tuple(sorted(self._failed.get(self.extractor(setting).prompt_version, set())))
+
+    def retried_documents(self, setting: Setting) -> tuple[str, ...]:
+        """Document ids whose extraction with ``setting``'s extractor timed out and was tried once more."""
+        return tuple(sorted(self._retried.get(self.extractor(setting).prompt_version, set())))
 
     def kis_by_doc(self, setting: Setting) -> dict[str, list[KI]]:
         """Extracted (non-disambiguation) KIs of the setting's store, by evidence document."""

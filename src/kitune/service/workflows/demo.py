@@ -108,6 +108,8 @@ class DemoResult:
     usage: dict[str, dict[str, int]] = field(default_factory=dict)
     extract_failed: tuple[str, ...] = ()
     """Documents whose extraction failed (their KIs are missing from every arm); a rerun retries them."""
+    extract_retried: tuple[str, ...] = ()
+    """Documents whose extraction timed out and was tried once more with twice the timeout."""
 
 
 def failed_documents_line(docids: Sequence[str]) -> str:
@@ -221,6 +223,11 @@ def run_demo(
         log("step 1/5: extract KIs")
         env.ensure_extracted(start, questions)
         extract_failed = env.failed_documents(start)
+        extract_retried = env.retried_documents(start)
+        log(
+            f"extraction: {len(documents) - len(extract_failed)} of {len(documents)} documents extracted, "
+            f"{len(extract_failed)} failed, {len(extract_retried)} retried after a timeout"
+        )
         if extract_failed:
             log(f"extraction: {failed_documents_line(extract_failed)}")
         log("step 2/5: baseline (search and fetch)")
@@ -282,4 +289,5 @@ def run_demo(
         mlflow_uri=dcfg.mlflow_uri,
         usage=usage,
         extract_failed=extract_failed,
+        extract_retried=extract_retried,
     )
