@@ -51,6 +51,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+import numpy as np
+
 from kitune.evaluation.failures import is_correct
 from kitune.optimizers.feedback import count_flips
 from kitune.optimizers.objective import LoopWeights, RunStats, loop_score
@@ -358,3 +360,389 @@ def _decide_write_only(changed: Sequence[str], metrics: Mapping[str, float]) -> 
     if all(a is not None and b is not None and a > b for a, b in gains.values()):
         return Decision("accepted", f"task metric improved ({text}); validation reads no change")
     return Decision("rejected", f"task metric not improved ({text}); validation reads no change")
+
+
+# -- the stage rule (issue 36): a paired test on the program's own stage metric ----------------
+
+DecisionRuleName = Literal["stage", "permissive"]
+"""``stage``: :func:`decide_change` on each change's stage metric (the default); ``permissive``:
+:func:`decide`, the old rule (any paired end-to-end score gain; no test), kept by configuration."""
+
+ChangeOutcome = Literal["accepted", "rejected", "not_enough_evidence", "undecided"]
+
+STAGE_METRICS: dict[str, str] = {
+    "extractor": "extractor_answer_coverage",
+    "rewriter": "rewriter_mrr",
+}
+"""Program → the per-question stage value it is decided on (keys of
+:attr:`kitune.evaluation.stage_metrics.StageReport.per_question`): the extractor on answer
+coverage (0/1 per question), the rewriter on the reciprocal rank of the first gold KI (0–1)."""
+
+_EXACT_SIGN_FLIPS = 16
+"""Up to this many non-zero differences the permutation test enumerates every sign pattern."""
+
+
+@dataclass(frozen=True)
+class PairedTest:
+    """A one-sided paired test of candidate vs incumbent on per-question values.
+
+    0/1 values (every value 0 or 1): the exact sign test on the discordant questions (McNemar's
+    exact test, one-sided). Other values: the paired sign-flip permutation test of the mean
+    difference (exact up to 16 non-zero differences, else ``resamples`` seeded random flips,
+    ``p = (1 + hits) / (1 + resamples)``). The interval is the paired bootstrap's two-sided
+    ``1 − 2α`` percentile interval of the mean difference, so its low end is the one-sided
+    ``1 − α`` lower bound the test's ``α`` goes with.
+    """
+
+    metric: str
+    """What was compared (``rewriter_mrr``, ``end_to_end_accuracy`` …)."""
+    method: Literal["sign", "permutation", "none"]
+    """``sign`` (0/1 values), ``permutation`` (others), ``none`` (no pairs)."""
+    n: int
+    """Paired questions."""
+    current: float
+    candidate: float
+    """Mean value per question of each side (0.0 with no pairs)."""
+    effect: float
+    """Mean difference candidate − incumbent."""
+    ci_low: float
+    ci_high: float
+    """Two-sided ``1 − 2·alpha`` paired-bootstrap interval of :attr:`effect`."""
+    p_better: float
+    """One-sided p-value of "the candidate is better" (1.0 with no pairs)."""
+    p_worse: float
+    """One-sided p-value of "the candidate is worse"."""
+    better: int
+    """Questions on which the candidate's value is higher."""
+    worse: int
+    """Questions on which it is lower."""
+    alpha: float
+    """The one-sided level the interval was computed at."""
+
+    def net(self) -> str:
+        """``+1/24`` for 0/1 values (better − worse over n), else ``+0.042`` (the mean difference)."""
+        if self.method == "sign":
+            return f"{self.better - self.worse:+d}/{self.n}"
+        return f"{self.effect:+.3f}"
+
+    def summary(self) -> str:
+        """One line with the numbers.
+
+        E.g. ``rewriter_mrr +0.176 (0.428 → 0.604), n=24, better 9 / worse 2, 90.0% CI [+0.020,
+        +0.330], p=0.03 (permutation)``.
+        """
+        level = 1.0 - 2.0 * self.alpha
+        return (
+            f"{self.metric} {self.net()} ({self.current:.3f} → {self.candidate:.3f}), n={self.n}, "
+            f"better {self.better} / worse {self.worse}, "
+            f"{level:.1%} CI [{self.ci_low:+.3f}, {self.ci_high:+.3f}], "
+            f"p={_p(self.p_better)} ({self.method})"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able dict."""
+        return asdict(self)
+
+
+def _p(p: float) -> str:
+    return f"{p:.2g}" if p < 0.01 else f"{p:.2f}"
+
+
+def sign_test_p(better: int, worse: int) -> float:
+    """One-sided exact sign test: ``P(X ≥ better)`` for ``X ~ Binomial(better + worse, 1/2)``.
+
+    Exact integer arithmetic (no overflow at any n). 1.0 when ``better + worse == 0``.
+    """
+    if better < 0 or worse < 0:
+        raise ValueError(f"better={better}, worse={worse}: counts must be ≥ 0")
+    n = better + worse
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(better, n + 1))
+    return min(1.0, tail / (1 << n))
+
+
+def _permutation_p(diffs: np.ndarray, *, resamples: int, rng: np.random.Generator) -> tuple[float, float]:
+    """One-sided sign-flip p-values (better, worse) of the mean of ``diffs``."""
+    nz = diffs[diffs != 0.0]
+    k = int(nz.size)
+    if k == 0:
+        return 1.0, 1.0
+    observed = float(nz.sum())
+    tol = 1e-12 * max(1.0, float(np.abs(nz).sum()))
+    if k <= _EXACT_SIGN_FLIPS:
+        codes = np.arange(1 << k, dtype=np.int64)[:, None]
+        signs = 1 - 2 * ((codes >> np.arange(k, dtype=np.int64)) & 1)
+        sums = signs @ np.abs(nz)
+        total = float(sums.size)
+        return float((sums >= observed - tol).sum()) / total, float((sums <= observed + tol).sum()) / total
+    signs = rng.choice(np.array([-1.0, 1.0]), size=(resamples, k))
+    sums = signs @ np.abs(nz)
+    hi = float((sums >= observed - tol).sum())
+    lo = float((sums <= observed + tol).sum())
+    return (1.0 + hi) / (1.0 + resamples), (1.0 + lo) / (1.0 + resamples)
+
+
+def paired_test(
+    current: Mapping[str, float],
+    candidate: Mapping[str, float],
+    *,
+    metric: str,
+    alpha: float = 0.05,
+    seed: int = 0,
+    resamples: int = 4000,
+) -> PairedTest:
+    """Test "candidate better than incumbent" on the questions both have a value for.
+
+    Args:
+        current: question id → the incumbent's value (0/1 or a score such as a reciprocal rank).
+        candidate: question id → the candidate's value on the same questions; ids missing on
+            either side are left out of the pairs.
+        metric: name recorded with the result.
+        alpha: one-sided level of the reported interval, 0 < alpha < 0.5.
+        seed: seeds the bootstrap and, above 16 non-zero differences, the permutation draws.
+        resamples: bootstrap resamples and random sign flips, ≥ 100.
+
+    Returns:
+        The :class:`PairedTest` (see its docstring for the methods). Same inputs and seed ⇒ same result.
+
+    Raises:
+        ValueError: ``alpha`` or ``resamples`` out of range.
+    """
+    if not 0.0 < alpha < 0.5:
+        raise ValueError(f"alpha={alpha}: use a one-sided level between 0 and 0.5 (e.g. 0.05)")
+    if resamples < 100:
+        raise ValueError(f"resamples={resamples}: use at least 100")
+    ids = [q for q in current if q in candidate]
+    if not ids:
+        return PairedTest(metric, "none", 0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0, 0, alpha)
+    a = np.array([float(current[q]) for q in ids])
+    b = np.array([float(candidate[q]) for q in ids])
+    d = b - a
+    better, worse = int((d > 0).sum()), int((d < 0).sum())
+    rng = np.random.default_rng(seed)
+    binary = bool(np.isin(a, (0.0, 1.0)).all() and np.isin(b, (0.0, 1.0)).all())
+    if binary:
+        method: Literal["sign", "permutation", "none"] = "sign"
+        p_better, p_worse = sign_test_p(better, worse), sign_test_p(worse, better)
+    else:
+        method = "permutation"
+        p_better, p_worse = _permutation_p(d, resamples=resamples, rng=rng)
+    n = len(ids)
+    boots = d[rng.integers(0, n, size=(resamples, n))].mean(axis=1)
+    lo, hi = np.quantile(boots, [alpha, 1.0 - alpha])
+    return PairedTest(
+        metric=metric,
+        method=method,
+        n=n,
+        current=float(a.mean()),
+        candidate=float(b.mean()),
+        effect=float(d.mean()),
+        ci_low=float(lo),
+        ci_high=float(hi),
+        p_better=p_better,
+        p_worse=p_worse,
+        better=better,
+        worse=worse,
+        alpha=alpha,
+    )
+
+
+def trace_values(traces: Sequence[Trace]) -> dict[str, float]:
+    """Query id → 1.0 right / 0.0 wrong (:func:`~kitune.evaluation.failures.is_correct`).
+
+    Failed traces (LLM calls that did not go through) are left out, as in :func:`compare_paired`.
+    """
+    return {t.query_id: float(is_correct(t)) for t in traces if t.status != "failed"}
+
+
+@dataclass(frozen=True)
+class ChangeDecision:
+    """The stage rule's verdict on one change (a program's instruction, a knob set, a KI batch)."""
+
+    change: str
+    """``rewriter``, ``extractor``, ``knobs``, ``feedback KIs`` …"""
+    outcome: ChangeOutcome
+    reason: str
+    """One sentence with the numbers (n, effect, interval, p, the level it had to reach)."""
+    test: PairedTest | None
+    """The paired test on the change's stage metric (None: no test was possible)."""
+    end_to_end: PairedTest | None = None
+    """The end-to-end non-inferiority comparison on the questions the change was run on."""
+    alpha: float = 0.05
+    """The one-sided level this change had to reach (α over the round's number of tests)."""
+    tests_in_round: int = 1
+    """How many changes the round tested (Bonferroni's divisor)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able dict."""
+        return {
+            "change": self.change,
+            "outcome": self.outcome,
+            "reason": self.reason,
+            "alpha": self.alpha,
+            "tests_in_round": self.tests_in_round,
+            "test": self.test.to_dict() if self.test else None,
+            "end_to_end": self.end_to_end.to_dict() if self.end_to_end else None,
+        }
+
+    def to_metrics(self) -> dict[str, float]:
+        """Flat floats for tracking: ``decision_<change>_{n,effect,ci_low,ci_high,p,accepted,…}``."""
+        key = "decision_" + re.sub(r"[^a-z0-9]+", "_", self.change.lower()).strip("_")
+        out = {
+            f"{key}_accepted": float(self.outcome == "accepted"),
+            f"{key}_not_enough_evidence": float(self.outcome == "not_enough_evidence"),
+            f"{key}_alpha": self.alpha,
+        }
+        for prefix, t in ((key, self.test), (f"{key}_e2e", self.end_to_end)):
+            if t is not None:
+                out |= {
+                    f"{prefix}_n": float(t.n),
+                    f"{prefix}_effect": t.effect,
+                    f"{prefix}_ci_low": t.ci_low,
+                    f"{prefix}_ci_high": t.ci_high,
+                    f"{prefix}_p": t.p_better,
+                    f"{prefix}_p_worse": t.p_worse,
+                }
+        return out
+
+
+def decide_change(
+    change: str,
+    test: PairedTest,
+    *,
+    alpha: float = 0.05,
+    min_effect: float = 0.02,
+    tests_in_round: int = 1,
+    end_to_end: PairedTest | None = None,
+    noninferiority_margin: float = 0.10,
+) -> ChangeDecision:
+    """The stage rule for one change (see ``docs/loop-stages.md``, "The decision rule").
+
+    In order:
+
+    1. **rejected (worse)** when the stage test shows the candidate worse: ``p_worse ≤ alpha``
+       (rejecting keeps the incumbent, so no correction is needed);
+    2. **accepted** when the effect is at least ``min_effect``, ``p_better ≤ alpha /
+       tests_in_round`` (Bonferroni over the changes the round tested: the chance the round
+       accepts any change when none is better stays ≤ ``alpha``) and the end-to-end comparison
+       (when given) is non-inferior: the low end of its one-sided ``1 − alpha`` bootstrap bound
+       is above ``−noninferiority_margin``. No end-to-end pairs (no question affected) passes;
+    3. **rejected (worse end to end)** when the stage test passed but the end-to-end
+       comparison shows the candidate worse (``p_worse ≤ alpha``);
+    4. otherwise **kept the incumbent: not enough evidence**.
+
+    Args:
+        change: what changed (``rewriter`` …), for the record.
+        test: :func:`paired_test` on the change's stage metric on validation.
+        alpha: round-level one-sided level, 0 < alpha < 0.5.
+        min_effect: smallest effect worth a change (same unit as the metric), ≥ 0.
+        tests_in_round: changes tested in this round (≥ 1), the Bonferroni divisor.
+        end_to_end: :func:`paired_test` of end-to-end accuracy on the affected questions; its
+            interval must have been computed at ``alpha`` (None: no end-to-end check).
+        noninferiority_margin: how much end-to-end accuracy may drop at the bound, 0–1.
+
+    Returns:
+        The :class:`ChangeDecision`.
+
+    Raises:
+        ValueError: a parameter out of range.
+    """
+    if not 0.0 < alpha < 0.5:
+        raise ValueError(f"alpha={alpha}: use a one-sided level between 0 and 0.5 (e.g. 0.05)")
+    if min_effect < 0 or not 0.0 <= noninferiority_margin <= 1.0:
+        raise ValueError(
+            f"min_effect={min_effect}, noninferiority_margin={noninferiority_margin}: use min_effect ≥ 0 "
+            "and a margin between 0 and 1"
+        )
+    if tests_in_round < 1:
+        raise ValueError(f"tests_in_round={tests_in_round}: a round tests at least 1 change")
+    level = alpha / tests_in_round
+    what = test.summary()
+    e2e = f"; end to end {end_to_end.summary()}" if end_to_end is not None else ""
+
+    def verdict(outcome: ChangeOutcome, reason: str) -> ChangeDecision:
+        return ChangeDecision(change, outcome, reason, test, end_to_end, level, tests_in_round)
+
+    if test.n == 0:
+        return verdict(
+            "not_enough_evidence",
+            f"kept the incumbent: not enough evidence (no paired questions on {test.metric})",
+        )
+    if test.p_worse <= alpha:
+        return verdict("rejected", f"rejected (worse): {what} (p worse={_p(test.p_worse)} ≤ α {alpha}){e2e}")
+    stage_ok = test.effect >= min_effect and test.p_better <= level
+    if not stage_ok:
+        need = f"needs p ≤ {level:.3g} (α {alpha} / {tests_in_round} tests) and effect ≥ {min_effect}"
+        return verdict(
+            "not_enough_evidence",
+            f"kept the incumbent: not enough evidence ({test.net()}, p = {_p(test.p_better)}; {need}): "
+            f"{what}{e2e}",
+        )
+    if end_to_end is not None and end_to_end.n > 0:
+        if end_to_end.p_worse <= alpha:
+            return verdict(
+                "rejected",
+                f"rejected (worse end to end, p worse={_p(end_to_end.p_worse)} ≤ α {alpha}) "
+                f"although {what}{e2e}",
+            )
+        if end_to_end.ci_low <= -noninferiority_margin:
+            return verdict(
+                "not_enough_evidence",
+                "kept the incumbent: not enough evidence end to end (accuracy bound "
+                f"{end_to_end.ci_low:+.3f} ≤ −{noninferiority_margin}, the non-inferiority margin) "
+                f"although {what}{e2e}",
+            )
+    return verdict("accepted", f"accepted: {what} (p ≤ {level:.3g}){e2e}")
+
+
+def decide_round(
+    candidates: Sequence[tuple[str, PairedTest]],
+    *,
+    alpha: float = 0.05,
+    min_effect: float = 0.02,
+    end_to_end: Mapping[str, PairedTest] | None = None,
+    noninferiority_margin: float = 0.10,
+) -> tuple[ChangeDecision, ...]:
+    """Several proposals for one thing, each tested on the same validation questions: keep at most the best.
+
+    The best is the one with the smallest ``p_better`` (ties: the larger effect, then the first);
+    it is decided by :func:`decide_change` with ``tests_in_round = len(candidates)`` (Bonferroni:
+    for keeping only the best this is also Holm's first step), so the round accepts a pure-noise
+    proposal with probability ≤ ``alpha``. The others are recorded as not kept.
+
+    Args:
+        candidates: ``(name, test)`` per proposal, ≥ 1.
+        alpha: round-level one-sided level.
+        min_effect: as in :func:`decide_change`.
+        end_to_end: name → end-to-end comparison for the non-inferiority check (optional).
+        noninferiority_margin: as in :func:`decide_change`.
+
+    Returns:
+        One :class:`ChangeDecision` per candidate, in the input order; at most one ``accepted``.
+
+    Raises:
+        ValueError: no candidates.
+    """
+    if not candidates:
+        raise ValueError("decide_round needs at least one candidate")
+    k = len(candidates)
+    best = min(range(k), key=lambda i: (candidates[i][1].p_better, -candidates[i][1].effect, i))
+    out: list[ChangeDecision] = []
+    for i, (name, test) in enumerate(candidates):
+        if i == best:
+            out.append(
+                decide_change(
+                    name,
+                    test,
+                    alpha=alpha,
+                    min_effect=min_effect,
+                    tests_in_round=k,
+                    end_to_end=(end_to_end or {}).get(name),
+                    noninferiority_margin=noninferiority_margin,
+                )
+            )
+        else:
+            reason = f"not kept: {candidates[best][0]} was the round's best; {test.summary()}"
+            out.append(ChangeDecision(name, "not_enough_evidence", reason, test, None, alpha / k, k))
+    return tuple(out)
