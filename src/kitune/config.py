@@ -677,6 +677,42 @@ class OptimizeConfig(_Section):
         "reciprocal rank in the top retrieval.default_size falls by more than this (0.5: rank 1 -> 2 "
         "passes, 1 -> 3 does not) or its gold recall@k is lost. See kitune.optimizers.gate.",
     )
+    # -- issue 36: the decision rule -------------------------------------------------------------
+    decision_rule: Literal["stage", "permissive"] = Field(
+        default="stage",
+        description="stage: each change (a program's instruction, the knobs) is accepted only when a "
+        "one-sided paired test on its stage metric on validation reaches alpha / (changes tested in the "
+        "round) with at least min_effect, and end-to-end accuracy is non-inferior "
+        "(kitune.optimizers.acceptance.decide_change); else the incumbent is kept ('not enough evidence') "
+        "or the change rejected (worse). permissive: the old rule (any paired end-to-end score gain, no "
+        "test; accepts most pure-noise rounds).",
+    )
+    alpha: float = Field(
+        default=0.05,
+        gt=0.0,
+        lt=0.5,
+        description="One-sided level of the stage rule for a round as a whole (Bonferroni over its tests).",
+    )
+    min_effect: float = Field(
+        default=0.02,
+        ge=0.0,
+        le=1.0,
+        description="Smallest stage-metric gain worth a change (answer coverage share, MRR), even when "
+        "significant.",
+    )
+    noninferiority_margin: float = Field(
+        default=0.10,
+        ge=0.0,
+        le=1.0,
+        description="End-to-end accuracy may be at most this much lower at the one-sided (1 - alpha) bound "
+        "of the paired difference for a change to be accepted.",
+    )
+    power: float = Field(
+        default=0.8,
+        ge=0.5,
+        lt=1.0,
+        description="Power of the minimum detectable effects kitune optimize prints before a run.",
+    )
 
 
 ProposalKindName = Literal["re_extract", "add_ki", "retire_ki", "rewriter_feedback"]

@@ -65,7 +65,14 @@ def test_two_iterations_reject_then_accept_registers_production(tmp_path: Path) 
     start = Setting({"rewriter": _p("Plan the look-ups. 2"), "extractor": "Extract. 0"})
     env = FakeEnv([_p("Plan worse. 1"), _p("Plan better. 3")])
     result = run_loop(
-        env, start, iterations=2, state_dir=tmp_path / "loop", tracker=tracker, registry=registry, corpus="fx"
+        env,
+        start,
+        iterations=2,
+        state_dir=tmp_path / "loop",
+        tracker=tracker,
+        registry=registry,
+        corpus="fx",
+        decision_rule="permissive",  # 4 fake questions: the stage rule cannot accept (test_decision_rule.py)
     )
     assert [r.accepted for r in result.history] == [False, True]
     assert result.setting.prompts["rewriter"] == _p("Plan better. 3")

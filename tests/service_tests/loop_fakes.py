@@ -110,12 +110,17 @@ def task_rule(system: str, user: str) -> dict[str, Any]:
 
 
 def tiny_config(tmp_path: Path, **optimize: Any) -> KituneConfig:
-    """The loop tests' config: workdir in ``tmp_path``, 4 agent steps, 1 worker, half the slice validates."""
+    """The loop tests' config: workdir in ``tmp_path``, 4 agent steps, 1 worker, half the slice validates.
+
+    The permissive decision rule unless ``decision_rule`` is given: a few-question fixture is too
+    small for the stage rule to accept anything (its paired tests need ≥ 5 questions at α 0.05),
+    and these tests check the loop's wiring, not its statistics.
+    """
     return KituneConfig(
         workdir=tmp_path / "w",
         corpus_name="tiny",
         agent={"max_steps": 4, "concurrency": 1},
-        optimize={"validation_fraction": 0.5, "seed": 0, **optimize},
+        optimize={"validation_fraction": 0.5, "seed": 0, "decision_rule": "permissive", **optimize},
         extraction={"concurrency": 1},
     )
 

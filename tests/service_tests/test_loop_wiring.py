@@ -341,14 +341,15 @@ def rewriter_rule(system: str, user: str) -> dict[str, Any]:
     return extractor_rule(system, user)
 
 
-def test_gepa_on_the_rewriter_scores_recall_without_running_the_agent(tmp_path: Path) -> None:
+@pytest.mark.parametrize("rule", ["permissive", "stage"])
+def test_gepa_on_the_rewriter_scores_recall_without_running_the_agent(tmp_path: Path, rule: str) -> None:
     data = write_dataset(tmp_path / "data")
     cfg = KituneConfig(
         workdir=tmp_path / "w",
         corpus_name="tiny",
         agent={"max_steps": 4, "concurrency": 1},
         retrieval={"default_size": 1},
-        optimize={"seed": 0, "improvers": ["prompts"], "min_proposals": 1},
+        optimize={"seed": 0, "improvers": ["prompts"], "min_proposals": 1, "decision_rule": rule},
         extraction={"concurrency": 1},
     )
     reflection = RuleLM(
@@ -368,7 +369,21 @@ def test_gepa_on_the_rewriter_scores_recall_without_running_the_agent(tmp_path: 
     assert m["improve_rewriter_examples"] == 2.0 and m["improve_rewriter_imperfect"] == 1.0
     assert m["improve_rewriter_metric_calls"] == 8.0 and m["improve_rewriter_proposals"] == 1.0
     assert (m["improve_rewriter_baseline_score"], m["improve_rewriter_best_score"]) == (0.5, 1.0)
-    assert "TITLES" in res.loop.setting.prompts["rewriter"] and rec.accepted
+    if rule == "permissive":
+        assert "TITLES" in res.loop.setting.prompts["rewriter"] and rec.accepted
+    else:  # both validation questions better (reciprocal rank 0 → 1): p = 1/4, too few to accept
+        assert rec.decision == "not_enough_evidence" and "TITLES" not in res.loop.setting.prompts["rewriter"]
+        (d,) = rec.decisions
+        assert (d["test"]["metric"], d["test"]["n"], d["test"]["better"]) == ("rewriter_mrr", 2, 2)
+        assert d["test"]["p_better"] == 0.25 and m["decision_rewriter_not_enough_evidence"] == 1.0
+        saved = [json.loads(f.read_text()) for f in (tmp_path / "w" / "optimize").rglob("stages-*-validation.json")]
+        # the current setting and the candidate, each with every question's values
+        assert sorted(s["per_question"]["rewriter_mrr"][q] for s in saved for q in ("tq3", "tq4")) == [
+            0.0,
+            0.0,
+            1.0,
+            1.0,
+        ]
     # agent episodes: tuning 2 + validation 2 + the candidate on validation 2, 2 turns each; GEPA ran none
     assert 100 - deps.chat_model.remaining == 12
     assert (m["val_stage_rewriter_recall_at_k"], m["candidate_val_stage_rewriter_recall_at_k"]) == (0.0, 1.0)

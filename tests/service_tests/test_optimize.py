@@ -154,7 +154,8 @@ def test_kitune_optimize_and_drift_cli(tmp_path: Path, monkeypatch: pytest.Monke
     cfg_path = tmp_path / "k.yaml"
     cfg_path.write_text(
         f"workdir: {tmp_path / 'w'}\ncorpus_name: tiny\nembedder: {{type: hash}}\n"
-        "agent: {max_steps: 4, concurrency: 1}\nextraction: {concurrency: 1}\noptimize: {seed: 0}\n"
+        "agent: {max_steps: 4, concurrency: 1}\nextraction: {concurrency: 1}\n"
+        "optimize: {seed: 0, decision_rule: permissive}\n"
     )
     deps = make_deps(RuleLM(task_rule), RuleLM(reflection_rule, json=True))
     monkeypatch.setattr(optimize_service, "default_deps", lambda cfg, ledger, corpus_store=None: deps)

@@ -59,7 +59,9 @@ def test_make_optimizer_selects_from_the_registry_and_sizes() -> None:
 
 def test_run_experiment_starts_from_production_and_uses_config_weights(tmp_path: Path) -> None:
     cfg = KituneConfig(
-        workdir=tmp_path / "w", corpus_name="fx", optimize={"accept_margin": 0.0, "token_weight": 0.0}
+        workdir=tmp_path / "w",
+        corpus_name="fx",
+        optimize={"accept_margin": 0.0, "token_weight": 0.0, "decision_rule": "permissive"},
     )
     registry = PromptRegistry(cfg.mlflow_uri)
     name = prompt_name("fx", "rewriter")

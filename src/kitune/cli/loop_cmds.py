@@ -354,7 +354,11 @@ def _history_table(history: Sequence[Any], title: str) -> Table:
             f"{r.val_score:+.3f}",
             f"{r.candidate_val_score:+.3f}",
             f"+{len(f.get('fixed', []))}/-{len(f.get('broken', []))}" if r.iteration else "-",
-            {"accepted": "[green]accepted[/]", "undecided": "[yellow]undecided[/]"}.get(decision, decision),
+            {
+                "accepted": "[green]accepted[/]",
+                "undecided": "[yellow]undecided[/]",
+                "not_enough_evidence": "[yellow]not enough evidence[/]",
+            }.get(decision, decision),
             "\n".join(r.changed) or "-",
         )
     return table

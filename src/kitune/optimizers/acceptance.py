@@ -62,13 +62,23 @@ if TYPE_CHECKING:
     from kitune.evaluation.trace import Trace
 
 __all__ = [
+    "STAGE_METRICS",
+    "ChangeDecision",
     "Decision",
+    "DecisionRuleName",
     "PairedComparison",
+    "PairedTest",
     "check_instruction",
     "compare_paired",
     "cut_off",
     "decide",
+    "decide_change",
+    "decide_round",
+    "decide_stage",
     "mcnemar_exact_p",
+    "paired_test",
+    "sign_test_p",
+    "trace_values",
 ]
 
 
@@ -187,9 +197,12 @@ class PairedComparison:
 class Decision:
     """What the loop does with a proposal."""
 
-    outcome: Literal["accepted", "rejected", "undecided"]
+    outcome: Literal["accepted", "rejected", "undecided", "not_enough_evidence"]
+    """``not_enough_evidence`` (the stage rule only): the incumbent is kept, nothing shown either way."""
     reason: str
     """One sentence with the numbers that decided it."""
+    changes: tuple[ChangeDecision, ...] = ()
+    """The stage rule's verdict on each change of the proposal (empty under the permissive rule)."""
 
     @property
     def accepted(self) -> bool:
@@ -320,6 +333,46 @@ def decide(
         The :class:`Decision` with a reason that quotes the numbers.
     """
     c = comparison
+    early = _precheck(
+        c,
+        changed_programs=changed_programs,
+        knobs_changed=knobs_changed,
+        store_changed=store_changed,
+        reads_changed=reads_changed,
+        task_metrics=task_metrics,
+        sanity_problems=sanity_problems,
+        max_failed_share=max_failed_share,
+        tune_failed_share=tune_failed_share,
+    )
+    if early is not None:
+        return early
+    numbers = (
+        f"score {c.score_diff:+.3f} (margin {margin}), accuracy {c.accuracy_diff:+.2f} "
+        f"[95% CI {c.ci_low:+.2f}, {c.ci_high:+.2f}], fixed {len(c.fixed)} / broken {len(c.broken)}, "
+        f"McNemar p={c.mcnemar_p:.2f}, tokens ×{c.token_ratio:.2f}, n={c.n_pairs}"
+    )
+    if c.score_diff <= margin:
+        return Decision("rejected", f"not better: {numbers}")
+    if len(c.broken) > len(c.fixed):
+        return Decision("rejected", f"breaks more questions than it fixes: {numbers}")
+    if require_significance and c.ci_low <= 0:
+        return Decision("rejected", f"not significant: {numbers}")
+    return Decision("accepted", numbers)
+
+
+def _precheck(
+    c: PairedComparison,
+    *,
+    changed_programs: Sequence[str],
+    knobs_changed: bool,
+    store_changed: bool,
+    reads_changed: bool,
+    task_metrics: Mapping[str, float] | None,
+    sanity_problems: Sequence[str],
+    max_failed_share: float,
+    tune_failed_share: float,
+) -> Decision | None:
+    """Rules 1–3 of the module docstring, shared by both rules; None: the paired rule decides."""
     worst = max(c.current_failed_share, c.candidate_failed_share)
     if worst > max_failed_share:
         return Decision(
@@ -339,18 +392,7 @@ def decide(
         return Decision("rejected", "failed sanity checks: " + "; ".join(sanity_problems))
     if changed_programs and not reads_changed:
         return _decide_write_only(changed_programs, task_metrics or {})
-    numbers = (
-        f"score {c.score_diff:+.3f} (margin {margin}), accuracy {c.accuracy_diff:+.2f} "
-        f"[95% CI {c.ci_low:+.2f}, {c.ci_high:+.2f}], fixed {len(c.fixed)} / broken {len(c.broken)}, "
-        f"McNemar p={c.mcnemar_p:.2f}, tokens ×{c.token_ratio:.2f}, n={c.n_pairs}"
-    )
-    if c.score_diff <= margin:
-        return Decision("rejected", f"not better: {numbers}")
-    if len(c.broken) > len(c.fixed):
-        return Decision("rejected", f"breaks more questions than it fixes: {numbers}")
-    if require_significance and c.ci_low <= 0:
-        return Decision("rejected", f"not significant: {numbers}")
-    return Decision("accepted", numbers)
+    return None
 
 
 def _decide_write_only(changed: Sequence[str], metrics: Mapping[str, float]) -> Decision:
@@ -746,3 +788,110 @@ def decide_round(
             reason = f"not kept: {candidates[best][0]} was the round's best; {test.summary()}"
             out.append(ChangeDecision(name, "not_enough_evidence", reason, test, None, alpha / k, k))
     return tuple(out)
+
+
+def decide_stage(
+    comparison: PairedComparison,
+    current_values: Mapping[str, Mapping[str, float]],
+    candidate_values: Mapping[str, Mapping[str, float]],
+    current_traces: Sequence[Trace],
+    candidate_traces: Sequence[Trace],
+    *,
+    changed_programs: Sequence[str] = (),
+    knobs_changed: bool = False,
+    reads_changed: bool = True,
+    task_metrics: Mapping[str, float] | None = None,
+    sanity_problems: Sequence[str] = (),
+    alpha: float = 0.05,
+    min_effect: float = 0.02,
+    noninferiority_margin: float = 0.10,
+    max_failed_share: float = 0.2,
+    tune_failed_share: float = 0.0,
+    seed: int = 0,
+) -> Decision:
+    """The stage rule for a whole proposal (``optimize.decision_rule: stage``; ``docs/loop-stages.md``).
+
+    Rules 1–3 of the module docstring first (outage ⇒ undecided; no change or failed sanity ⇒
+    rejected; write-only programs ⇒ their own task metric). Then one test per change: each
+    changed program with a stage metric (:data:`STAGE_METRICS`) on its per-question validation
+    values, any other changed program and changed knobs on end-to-end accuracy; the round's
+    tests share ``alpha`` (Bonferroni). Each change is decided by :func:`decide_change` with the
+    end-to-end non-inferiority check on the paired validation traces (the questions the
+    candidate was run on). The proposal is one setting: **accepted** only when every change is
+    accepted, **rejected** when any change is rejected, else **not enough evidence** (the
+    incumbent is kept).
+
+    Args:
+        comparison: :func:`compare_paired` of the same traces (its failed shares are checked).
+        current_values: the incumbent's per-question stage values on validation
+            (:attr:`~kitune.evaluation.stage_metrics.StageReport.per_question`).
+        candidate_values: the candidate's, on the same questions.
+        current_traces: the incumbent's validation traces (re-measured on the same store state).
+        candidate_traces: the candidate's validation traces.
+        changed_programs: programs whose instruction the proposal changes.
+        knobs_changed: the proposal changes a knob.
+        reads_changed: False when only write-only programs changed.
+        task_metrics: the improve step's metrics (write-only rule).
+        sanity_problems: why the proposal failed its sanity checks.
+        alpha: round-level one-sided level.
+        min_effect: smallest effect worth a change.
+        noninferiority_margin: end-to-end margin.
+        max_failed_share: outage threshold.
+        tune_failed_share: the tuning run's failed share.
+        seed: seeds the tests' bootstrap and permutation draws.
+
+    Returns:
+        The :class:`Decision`, with :attr:`Decision.changes` holding each change's verdict.
+    """
+    early = _precheck(
+        comparison,
+        changed_programs=changed_programs,
+        knobs_changed=knobs_changed,
+        store_changed=False,
+        reads_changed=reads_changed,
+        task_metrics=task_metrics,
+        sanity_problems=sanity_problems,
+        max_failed_share=max_failed_share,
+        tune_failed_share=tune_failed_share,
+    )
+    if early is not None:
+        return early
+    e2e = paired_test(
+        trace_values(current_traces),
+        trace_values(candidate_traces),
+        metric="end_to_end_accuracy",
+        alpha=alpha,
+        seed=seed,
+    )
+    changes: list[tuple[str, PairedTest, bool]] = []
+    for program in changed_programs:
+        metric = STAGE_METRICS.get(program)
+        if metric is None or metric not in current_values or metric not in candidate_values:
+            changes.append((program, e2e, False))
+            continue
+        test = paired_test(
+            current_values[metric], candidate_values[metric], metric=metric, alpha=alpha, seed=seed
+        )
+        changes.append((program, test, True))
+    if knobs_changed:
+        changes.append(("knobs", e2e, False))
+    m = len(changes)
+    verdicts = tuple(
+        decide_change(
+            name,
+            test,
+            alpha=alpha,
+            min_effect=min_effect,
+            tests_in_round=m,
+            end_to_end=e2e if staged else None,
+            noninferiority_margin=noninferiority_margin,
+        )
+        for name, test, staged in changes
+    )
+    outcomes = {v.outcome for v in verdicts}
+    reason = "; ".join(f"{v.change}: {v.reason}" for v in verdicts)
+    if outcomes == {"accepted"}:
+        return Decision("accepted", reason, verdicts)
+    if "rejected" in outcomes:
+        return Decision("rejected", reason, verdicts)
+    return Decision("not_enough_evidence", reason, verdicts)

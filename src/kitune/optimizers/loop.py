@@ -60,7 +60,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from kitune.errors import PromptNotFoundError, TrackingError
 from kitune.evaluation.report import wilson_interval
-from kitune.optimizers.acceptance import Decision, PairedComparison, check_instruction, compare_paired, decide
+from kitune.optimizers.acceptance import (
+    Decision,
+    DecisionRuleName,
+    PairedComparison,
+    check_instruction,
+    compare_paired,
+    decide,
+    decide_stage,
+)
 from kitune.optimizers.artifacts import log_candidate, log_program_state
 from kitune.optimizers.curves import write_curves, write_proposal
 from kitune.optimizers.ledger import FailureLedger
@@ -250,6 +258,10 @@ def run_loop(
     require_significance: bool = False,
     seed: int = 0,
     promote: bool = True,
+    decision_rule: DecisionRuleName = "stage",
+    alpha: float = 0.05,
+    min_effect: float = 0.02,
+    noninferiority_margin: float = 0.10,
 ) -> LoopResult:
     """Run (or resume) ``iterations`` iterations of the loop (see the module docstring).
 
@@ -269,6 +281,16 @@ def run_loop(
         require_significance: also require the paired bootstrap interval above 0 to accept.
         seed: seeds the paired bootstrap.
         promote: point ``production`` at an accepted version (False: ``candidate`` only, staged).
+        require_significance: also require the paired bootstrap interval above 0 to accept
+            (permissive rule only).
+        seed: seeds the paired bootstrap and the stage rule's tests.
+        decision_rule: ``stage`` (:func:`~kitune.optimizers.acceptance.decide_stage`: a paired
+            test per change on its stage metric, the default) or ``permissive``
+            (:func:`~kitune.optimizers.acceptance.decide`, the old rule: ``accept_margin`` and
+            ``require_significance`` apply to it only).
+        alpha: the stage rule's round-level one-sided level.
+        min_effect: the stage rule's smallest stage-metric gain worth a change.
+        noninferiority_margin: the stage rule's end-to-end accuracy margin.
 
     Returns:
         The :class:`LoopResult`.
@@ -289,7 +311,17 @@ def run_loop(
     ledger = FailureLedger(state_dir / "failure_ledger.json")
     current = saved or start
     tokens_used = getattr(env, "tokens_used", None)
-    rule = _Rule(accept_margin, max_failed_share, require_significance, seed, weights)
+    rule = _Rule(
+        accept_margin,
+        max_failed_share,
+        require_significance,
+        seed,
+        weights,
+        decision_rule,
+        alpha,
+        min_effect,
+        noninferiority_margin,
+    )
     for i in range(len(history), iterations):
         spent_before = tokens_used() if callable(tokens_used) else None
         started = time.monotonic()
@@ -301,6 +333,12 @@ def run_loop(
             "setting": current.key,
             "accept_margin": accept_margin,
             "max_failed_share": max_failed_share,
+            "decision_rule": decision_rule,
+            **(
+                {"alpha": alpha, "min_effect": min_effect, "noninferiority_margin": noninferiority_margin}
+                if decision_rule == "stage"
+                else {}
+            ),
             **{f"knob.{k}": v for k, v in current.knobs.items()},
         }
         with tracker.run(f"iteration-{i}", run_params, tags={"kitune.kind": "iteration"}) as handle:
@@ -349,6 +387,10 @@ class _Rule:
     require_significance: bool
     seed: int
     weights: LoopWeights | None
+    decision_rule: DecisionRuleName = "stage"
+    alpha: float = 0.05
+    min_effect: float = 0.02
+    noninferiority_margin: float = 0.10
 
 
 @dataclass(frozen=True)
@@ -441,9 +483,37 @@ def _propose(env: LoopEnv, current: Setting, tune: Evaluation, i: int, ledger: F
 
 
 def _decide(m: _Measured, p: _Proposed, rule: _Rule) -> tuple[PairedComparison, Decision]:
-    """Pair current and candidate on validation and apply :func:`~kitune.optimizers.acceptance.decide`."""
+    """Pair current and candidate on validation and apply the configured decision rule.
+
+    ``stage``: :func:`~kitune.optimizers.acceptance.decide_stage` on the per-question stage values
+    of both validation runs (``Evaluation.stages.per_question``) and their traces; ``permissive``:
+    :func:`~kitune.optimizers.acceptance.decide`.
+    """
     paired = compare_paired(p.after.traces, p.candidate.traces, rule.weights, seed=rule.seed)
     n_tune = m.tune.summary.n_total
+    tune_failed = m.tune.summary.n_failed / n_tune if n_tune else 0.0
+    if rule.decision_rule == "stage":
+        decision = decide_stage(
+            paired,
+            p.after.stages.per_question if p.after.stages is not None else {},
+            p.candidate.stages.per_question if p.candidate.stages is not None else {},
+            p.after.traces,
+            p.candidate.traces,
+            changed_programs=p.changed,
+            knobs_changed=p.knobs_changed,
+            reads_changed=p.reads_changed,
+            task_metrics=p.proposal.metrics,
+            sanity_problems=p.problems,
+            alpha=rule.alpha,
+            min_effect=rule.min_effect,
+            noninferiority_margin=rule.noninferiority_margin,
+            max_failed_share=rule.max_failed_share,
+            tune_failed_share=tune_failed,
+            seed=rule.seed,
+        )
+        for change in decision.changes:
+            logger.info("iteration decision on %s: %s", change.change, change.reason)
+        return paired, decision
     decision = decide(
         paired,
         changed_programs=p.changed,
@@ -454,7 +524,7 @@ def _decide(m: _Measured, p: _Proposed, rule: _Rule) -> tuple[PairedComparison, 
         margin=rule.margin,
         max_failed_share=rule.max_failed_share,
         require_significance=rule.require_significance,
-        tune_failed_share=m.tune.summary.n_failed / n_tune if n_tune else 0.0,
+        tune_failed_share=tune_failed,
     )
     return paired, decision
 
@@ -505,6 +575,8 @@ def _log_outcome(
             "val_after_score": after_score,
             "accepted": float(decision.accepted),
             "undecided": float(decision.outcome == "undecided"),
+            "not_enough_evidence": float(decision.outcome == "not_enough_evidence"),
+            **{k: v for change in decision.changes for k, v in change.to_metrics().items()},
             "score_gain": cand_score - after_score,
             **({"iteration_tokens": float(spent)} if spent is not None else {}),
             **{f"ledger_{k}": float(v) for k, v in ledger.feedback_summary().items()},
@@ -516,6 +588,8 @@ def _log_outcome(
     for program, module in p.proposal.programs.items():
         log_program_state(tracker, module, f"programs/{program}.json", run_id=rid)
     notes = {**dict(p.proposal.notes), "decision": decision.outcome, "reason": decision.reason}
+    if decision.changes:
+        notes["decisions"] = [c.to_dict() for c in decision.changes]
     if p.problems:
         notes["sanity_problems"] = p.problems
     tracker.log_dict(notes, "improve.json", run_id=rid)
@@ -574,4 +648,5 @@ def _log_outcome(
         improve={k: float(v) for k, v in p.proposal.metrics.items()},
         gate=dict(p.proposal.notes.get("gate") or {}),
         credit={k.removeprefix("credit_"): int(v) for k, v in m.credit.items()},
+        decisions=[c.to_dict() for c in decision.changes],
     )

@@ -48,7 +48,8 @@ class IterationRecord:
     changed: tuple[str, ...] = ()
     """Programs whose instruction the proposal changed."""
     decision: str = ""
-    """``accepted`` | ``rejected`` | ``undecided`` (too many failed questions to decide)."""
+    """``accepted`` | ``rejected`` | ``not_enough_evidence`` (the stage rule kept the incumbent) |
+    ``undecided`` (too many failed questions to decide)."""
     reason: str = ""
     """Why, with the numbers of the paired comparison."""
     val_after_score: float | None = None
@@ -85,6 +86,10 @@ class IterationRecord:
     credit: Mapping[str, int] = field(default_factory=dict)
     """KI credit counts after the iteration's measurement (runs, kis, harmful, demoted, retire,
     retired; :meth:`kitune.optimizers.credit.CreditLedger.summary`)."""
+    decisions: Sequence[Mapping[str, Any]] = ()
+    """The stage rule's verdict on each change (:meth:`kitune.optimizers.acceptance.ChangeDecision.to_dict`:
+    outcome, reason, the level it had to reach, the stage test and the end-to-end check with n,
+    effect, interval and p); empty under the permissive rule."""
 
 
 def record_from_dict(r: Mapping[str, Any]) -> IterationRecord:

@@ -77,9 +77,11 @@ def run_experiment(
     log(f"starting from {start.key}: " + ", ".join(f"{p} ({len(t)} chars)" for p, t in start.prompts.items()))
 
     def report(rec: Any) -> None:
-        verdict = {"accepted": "[green]accepted[/]", "undecided": "[yellow]undecided[/]"}.get(
-            rec.decision, "rejected"
-        )
+        verdict = {
+            "accepted": "[green]accepted[/]",
+            "undecided": "[yellow]undecided[/]",
+            "not_enough_evidence": "[yellow]kept the incumbent (not enough evidence)[/]",
+        }.get(rec.decision, "rejected")
         acc = (
             ""
             if rec.tune_accuracy is None
@@ -100,6 +102,10 @@ def run_experiment(
         "accept_margin": o.accept_margin,
         "max_failed_share": o.max_failed_share,
         "require_significance": o.require_significance,
+        "decision_rule": o.decision_rule,
+        "alpha": o.alpha,
+        "min_effect": o.min_effect,
+        "noninferiority_margin": o.noninferiority_margin,
         "max_feedback_attempts": o.max_feedback_attempts,
         "iterations": iterations,
         **{
@@ -132,4 +138,8 @@ def run_experiment(
             require_significance=o.require_significance,
             seed=o.seed,
             promote=promote,
+            decision_rule=o.decision_rule,
+            alpha=o.alpha,
+            min_effect=o.min_effect,
+            noninferiority_margin=o.noninferiority_margin,
         )
