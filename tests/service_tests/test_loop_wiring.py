@@ -376,9 +376,11 @@ def test_gepa_on_the_rewriter_scores_recall_without_running_the_agent(tmp_path: 
         (d,) = rec.decisions
         assert (d["test"]["metric"], d["test"]["n"], d["test"]["better"]) == ("rewriter_mrr", 2, 2)
         assert d["test"]["p_better"] == 0.25 and m["decision_rewriter_not_enough_evidence"] == 1.0
-        saved = [json.loads(f.read_text()) for f in (tmp_path / "w" / "optimize").rglob("stages-*-validation.json")]
+        saved = [
+            json.loads(f.read_text()) for f in (tmp_path / "w" / "optimize").rglob("stages-*-validation.json")
+        ]
         # the current setting and the candidate, each with every question's values
-        assert sorted(s["per_question"]["rewriter_mrr"][q] for s in saved for q in ("tq3", "tq4")) == [
+        assert sorted(v for s in saved for v in s["per_question"]["rewriter_mrr"].values()) == [
             0.0,
             0.0,
             1.0,
