@@ -193,3 +193,34 @@ def test_source_description_kis_reject_bad_ones_without_raising() -> None:
     assert all(isinstance(k, KI) and "entity:bad-name" in k.tags for k in kis) and rejected == {}
     kis, rejected = source_description_kis(d, corpus_name="c", kind="prose", n_documents=1, confidence=500)
     assert kis == [] and set(rejected) == {"holds_documents_about", "covers_entity_types"}
+
+
+def test_description_kis_land_in_the_served_table(cfg: KituneConfig, prose_corpus: Path) -> None:
+    # issue 37 (4): they went to the base table `kis`; serving (context, serve, the MCP resource)
+    # reads the production extractor's `kis-<sha8>`
+    from kitune.retrieval import create_store
+    from kitune.service.serving.prompts import production_setting
+
+    ledger = TokenLedger()
+    res = bootstrap_corpus(
+        cfg,
+        prose_corpus,
+        lm=mock_usage_lm(json.dumps(REPLY), ledger=ledger),
+        ledger=ledger,
+        embedder=HashEmbedder(dim=64),
+        tracker=RecordingTracker(),
+        now=NOW,
+        seed=3,
+        sample_size=4,
+    )
+    served = production_setting(cfg).store_cfg
+    assert served.store.collection.startswith("kis-") and served.store.collection.endswith(
+        res.draft.version[-8:]
+    )
+    store = create_store(served, embedder=HashEmbedder(dim=64))
+    try:
+        kis = list(store.iter_kis(Filter(subtypes=("source_description",))))
+    finally:
+        store.close()
+    assert len(kis) == res.kis_written == 4
+    assert not (Path(cfg.workdir) / "lancedb" / "kis.lance").exists()

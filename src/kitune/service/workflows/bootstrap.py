@@ -46,7 +46,9 @@ from kitune.errors import DataError, KituneError
 from kitune.ki import slugify
 from kitune.programs.domain_describer import DomainDescriber
 from kitune.programs.extractor_drafter import draft_extractor
+from kitune.optimizers.program_task import store_program
 from kitune.retrieval import MemoryCorpusStore
+from kitune.service.serving.prompts import production_setting
 from kitune.service.workflows.bootstrap_kis import source_description_kis
 from kitune.service.workflows.bootstrap_registry import draft_tags, register_draft
 from kitune.service.workflows.bootstrap_report import (
@@ -123,7 +125,9 @@ def bootstrap_corpus(
         sample_size: documents shown to the LM (≥ 1; keep it small for a slow local model).
         pool_size: documents embedded for clustering at most.
         embedder: embeds the sample pool and the question corpus store; None: from ``cfg.embedder``.
-        store: where the source-description KIs go; None: ``create_store(cfg)`` (closed afterwards).
+        store: where the source-description KIs go; None: the KI table served for the corpus once
+            the draft is registered (:func:`~kitune.service.serving.prompts.production_setting`,
+            ``<table>-<sha8>`` of the production extractor; closed afterwards).
         tracker: where the run is logged; None: ``create_tracker(cfg)``.
         registry: the prompt registry; None: ``PromptRegistry(cfg.mlflow_uri)``.
         register: False skips the prompt registry.
@@ -214,16 +218,21 @@ def bootstrap_corpus(
     aliases: tuple[str, ...] = ()
     reused = False
     written = 0
+    reg_used: PromptRegistry | None = registry
     with ExitStack() as stack, tracker.run(f"bootstrap-{slugify(cfg.corpus_name)}", params) as run:
         if register:
             try:
                 reg = registry if registry is not None else PromptRegistry(cfg.mlflow_uri)
+                reg_used = reg
                 tags = draft_tags(seed=seed, instruction_version=draft.version, run_id=run.run_id)
                 version, aliases, reused = register_draft(reg, name, draft.text, tags=tags)
             except KituneError as e:
                 errors["registry"] = f"{type(e).__name__}: {e}"
         if store is None:
-            store = kitune.retrieval.create_store(cfg, embedder=embedder)
+            # the table served for this corpus now (after the draft's registration): where
+            # `kitune context`, `serve` and the MCP resource look, not the base table
+            served_cfg = production_setting(cfg, registry=reg_used, programs=(store_program(),)).store_cfg
+            store = kitune.retrieval.create_store(served_cfg, embedder=embedder)
             stack.callback(store.close)
         result = store.upsert(kis)
         written = result.indexed
