@@ -43,3 +43,69 @@ def test_in_context_on_an_empty_ki_store_refuses_before_any_llm_call(
     out = " ".join(r.output.split())
     assert "holds no KIs" in out and "kitune extract" in out
     assert built == [] and not (tmp_path / "w" / "runs").exists()
+
+
+# -- issue 37 (5): exits users can script on, the reused answers said, --no-cache ------------------
+
+
+def _eval_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, turns: list[object]) -> Path:
+    import kitune.lm
+    from kitune.testing.chat import ScriptedChatModel
+
+    model = ScriptedChatModel(turns, usage=(50, 5))  # type: ignore[arg-type]
+    monkeypatch.setattr(kitune.lm, "LiteLLMChatModel", lambda cfg, role, ledger=None: model)
+    cfg = tmp_path / "k.yaml"
+    cfg.write_text(f"workdir: {tmp_path / 'w'}\ngrading: {{grader: match}}\nagent: {{concurrency: 1}}\n")
+    return cfg
+
+
+def _answer(text: str) -> str:
+    import json
+
+    return json.dumps({"answer": {"explanation": "from memory", "exact_answer": text, "confidence": 50}})
+
+
+def test_eval_exit_codes_fail_under_reuse_and_no_cache(
+    tmp_path: Path, fixture_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kitune.data.loaders import load_questions
+
+    gold = {q.query: q.answer for q in load_questions(fixture_dir)}
+    asked: list[str] = []
+
+    def first_right(messages: list[dict[str, str]]) -> str:  # the first question right, the rest wrong
+        asked.append(messages[1]["content"])
+        hit = next((a for q, a in gold.items() if q in messages[1]["content"]), "")
+        return _answer(hit if len(asked) == 1 else "certainly not this")
+
+    cfg = _eval_env(tmp_path, monkeypatch, [first_right] * 6)
+    _register()
+    base = ["eval", "--skill", "closed-book", "--data", str(fixture_dir), "--limit", "2", "-c", str(cfg)]
+    r = CliRunner().invoke(app, [*base, "--fail-under", "0.9", "--no-progress"])
+    assert r.exit_code == 1, r.output
+    out = " ".join(r.output.split())
+    assert "accuracy 50.0% (1/2) is below --fail-under 90.0%" in out
+    assert "correct (match)" not in out  # --no-progress: no per-question lines
+    # the rerun asks nothing: both answers are reused, and it says so
+    r = CliRunner().invoke(app, [*base, "--fail-under", "0.5"])
+    assert r.exit_code == 0, r.output
+    assert "reused 2 cached answer(s) of 2" in " ".join(r.output.split())
+    # --no-cache asks again (the scripted model's next answers are wrong) and keeps the old file
+    r = CliRunner().invoke(app, [*base, "--no-cache"])
+    assert r.exit_code == 0, r.output
+    out = " ".join(r.output.split())
+    assert "reused" not in out and "wrong (match)" in out and "moved to" in out
+    assert len(list((tmp_path / "w" / "runs").rglob("traces.replaced-*.jsonl"))) == 1
+
+
+def test_eval_exits_1_when_no_question_was_answered(
+    tmp_path: Path, fixture_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kitune.errors import LMRateLimitError
+
+    cfg = _eval_env(tmp_path, monkeypatch, [LMRateLimitError("429 after retries")] * 4)
+    _register()
+    args = ["eval", "--skill", "closed-book", "--data", str(fixture_dir), "--limit", "2", "-c", str(cfg)]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 1, r.output
+    assert "no question was answered: all 2 failed" in " ".join(r.output.split())

@@ -37,10 +37,12 @@ if TYPE_CHECKING:
 __all__ = [
     "NoRewriteOption",
     "PackagedOption",
+    "PromptAliasOption",
     "PromptVersionOption",
     "RefreshOption",
     "Serving",
     "print_context",
+    "prompt_specs",
     "register",
     "resolve_setting",
     "start_serving",
@@ -68,6 +70,23 @@ RefreshOption = Annotated[
         "rollback is served from then on. 0: resolve once at start.",
     ),
 ]
+PromptAliasOption = Annotated[
+    str | None,
+    typer.Option(
+        "--prompt-alias",
+        metavar="ALIAS",
+        help="Use every program's prompt at this alias or version instead of production (candidate, "
+        "latest, production); --prompt-version PROGRAM=VERSION overrides it for one program.",
+        show_default=False,
+    ),
+]
+
+
+def prompt_specs(prompt_version: list[str] | None, prompt_alias: str | None) -> list[str]:
+    """``--prompt-alias`` then ``--prompt-version`` as one selection list (a later spec wins)."""
+    return [*([prompt_alias] if prompt_alias else []), *(prompt_version or [])]
+
+
 PackagedOption = Annotated[
     bool,
     typer.Option(
@@ -206,6 +225,7 @@ def context(
     as_json: Annotated[bool, typer.Option("--json", help="Print the response as JSON.")] = False,
     no_rewrite: NoRewriteOption = False,
     prompt_version: PromptVersionOption = None,
+    prompt_alias: PromptAliasOption = None,
     packaged: PackagedOption = False,
     config: ConfigOption = None,
 ) -> None:
@@ -225,7 +245,7 @@ def context(
     if not question.strip():
         fail("the question is blank: pass the question text")
     shown = read_programs(rewrite=not no_rewrite)
-    setting = resolve_setting(cfg, prompt_version, packaged, programs=shown)
+    setting = resolve_setting(cfg, prompt_specs(prompt_version, prompt_alias), packaged, programs=shown)
     served, ledger = _build(cfg, setting, programs=shown, use_rewriter=not no_rewrite, on_empty=fail)
     store = served.store
     try:
@@ -255,6 +275,7 @@ def serve(
     port: Annotated[int, typer.Option(min=1, max=65535, help="TCP port.")] = 8080,
     no_rewrite: NoRewriteOption = False,
     prompt_version: PromptVersionOption = None,
+    prompt_alias: PromptAliasOption = None,
     packaged: PackagedOption = False,
     refresh_s: RefreshOption = 30.0,
     config: ConfigOption = None,
@@ -283,7 +304,11 @@ def serve(
         fail("kitune serve needs uvicorn: pip install 'kitune[server]'")
     cfg = get_config(config)
     serving = start_serving(
-        cfg, prompt_version=prompt_version, packaged=packaged, no_rewrite=no_rewrite, refresh_s=refresh_s
+        cfg,
+        prompt_version=prompt_specs(prompt_version, prompt_alias),
+        packaged=packaged,
+        no_rewrite=no_rewrite,
+        refresh_s=refresh_s,
     )
     store, rewriter = serving.served.store, serving.served.rewriter
     if rewriter is not None:

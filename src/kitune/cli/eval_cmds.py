@@ -17,8 +17,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from kitune.cli.common import ConfigOption, console, fail, fail_with, get_config
-from kitune.cli.context_cmds import PackagedOption, PromptVersionOption
+from kitune.cli.common import PROGRESS_HELP, ConfigOption, console, fail, fail_with, get_config
+from kitune.cli.context_cmds import PackagedOption, PromptAliasOption, PromptVersionOption, prompt_specs
 from kitune.cli.recording_opts import RecordOption, ReplayOption, record_overrides, with_recording
 from kitune.errors import KituneError
 
@@ -93,7 +93,15 @@ def eval_command(
         bool, typer.Option("--disambiguation", help="in-context: keep disambiguation KIs in results.")
     ] = False,
     questions: Annotated[
-        Path | None, typer.Option("--questions", help="Questions JSONL overriding --data's.")
+        Path | None,
+        typer.Option(
+            "--questions",
+            metavar="FILE",
+            help="Questions file overriding --data's: JSONL, one question per line with query_id, "
+            'query, answer and optional aliases, evidence_docids, gold_docids, e.g. {"query_id": "q1", '
+            '"query": "Which license does curl use?", "answer": "MIT", "evidence_docids": ["curl"]} '
+            "(a .json list of the same objects also works).",
+        ),
     ] = None,
     concurrency: Annotated[
         int | None, typer.Option("--concurrency", min=1, help="Questions in parallel.")
@@ -106,7 +114,28 @@ def eval_command(
     ] = False,
     no_judge: Annotated[bool, typer.Option("--no-judge", help="Skip the LLM judge (EM/F1 only).")] = False,
     prompt_version: PromptVersionOption = None,
+    prompt_alias: PromptAliasOption = None,
     packaged: PackagedOption = False,
+    no_cache: Annotated[
+        bool,
+        typer.Option(
+            "--no-cache",
+            help="Ask every question again: the run folder's earlier traces.jsonl is moved aside "
+            "(traces.replaced-<time>.jsonl), not reused.",
+        ),
+    ] = False,
+    fail_under: Annotated[
+        float | None,
+        typer.Option(
+            "--fail-under",
+            min=0.0,
+            max=1.0,
+            metavar="ACC",
+            help="Exit 1 when the accuracy (correct / graded, 0–1) is below ACC.",
+            show_default=False,
+        ),
+    ] = None,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress", help=PROGRESS_HELP)] = True,
     config: ConfigOption = None,
     record: RecordOption = None,
     replay: ReplayOption = None,
@@ -114,8 +143,11 @@ def eval_command(
     """Run the budgeted agent on a dataset slice; traces go to <workdir>/runs/<run-name>/ (resumable).
 
     in-context uses the KI table of the production extractor and, with --rewrite, the production
-    rewriter prompt (printed first; --prompt-version / --packaged choose others). Questions whose
-    LLM calls failed are reported as failed, never graded; exit 2 on an authentication failure.
+    rewriter prompt (printed first; --prompt-version / --prompt-alias / --packaged choose others).
+    Questions whose LLM calls failed are reported as failed, never graded. A rerun of the same
+    command reuses the answers already in its run folder and says how many (--no-cache asks again).
+    Exit 1 when no question was answered or the accuracy is below --fail-under, 2 on bad input or
+    an authentication failure.
 
     Examples:
     kitune eval --skill baseline --data ../shared/data/fixture --limit 4
@@ -128,12 +160,12 @@ def eval_command(
     skill, split = skill_choice.value, split_choice.value
     cfg = get_config(config, record_overrides(record, replay) or None)
     try:
-        select = parse_prompt_selection(prompt_version or [])
+        select = parse_prompt_selection(prompt_specs(prompt_version, prompt_alias))
     except KituneError as e:
         fail(str(e))
     if skill == "in-context":
         _refuse_empty_ki_store(cfg, select, packaged)
-    progress = _Progress()
+    lines = _Progress(cfg.grading.grader) if progress else None
     try:
         result = run_eval(
             cfg,
@@ -149,8 +181,10 @@ def eval_command(
             rewrite=rewrite,
             prompt_select=select,
             packaged=packaged,
-            on_trace=progress,
+            on_trace=lines,
             on_setting=_print_setting,
+            progress=progress,
+            no_cache=no_cache,
         )
     except KituneError as e:  # bad input and a refused key exit 2, run-time failures 1
         fail_with(e)
@@ -159,6 +193,19 @@ def eval_command(
     _out.print(_summary_table(f"eval {skill}: {s.name}", rows, ["metric", s.name]))
     _print_failures(result.traces, s)
     _out.print(f"traces: {result.traces_path}")
+    if result.replaced is not None:
+        _out.print(f"--no-cache: the earlier answers were moved to {result.replaced}", soft_wrap=True)
+    if result.reused:
+        _out.print(
+            f"reused {result.reused} cached answer(s) of {len(result.traces)} from an earlier run in "
+            f"{result.run_dir} (not asked again; --no-cache asks every question again)",
+            soft_wrap=True,
+        )
+    if result.answered == 0:
+        fail(f"no question was answered: all {len(result.traces)} failed (see above)", code=1)
+    if fail_under is not None and (s.accuracy is None or s.accuracy < fail_under):
+        shown = "nothing graded" if s.accuracy is None else f"{s.accuracy:.1%} ({s.n_correct}/{s.n_graded})"
+        fail(f"accuracy {shown} is below --fail-under {fail_under:.1%}", code=1)
 
 
 def _refuse_empty_ki_store(cfg: KituneConfig, select: dict[str, str], packaged: bool) -> None:
@@ -191,17 +238,18 @@ def _print_setting(versions: dict[str, str]) -> None:
 
 
 class _Progress:
-    """``on_trace``: one stderr line per finished question."""
+    """``on_trace``: one stderr line per finished question (``correct (match)`` / ``correct (judge)``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, grader: str = "llm") -> None:
         self.n = 0
+        self.how = "match" if grader == "match" else "judge"
 
     def __call__(self, trace: Trace) -> None:
         self.n += 1
         if trace.status == "failed":
             verdict = f"FAILED ({(trace.failure or 'unknown reason')[:200]})"
         elif trace.is_graded:
-            verdict = "correct" if trace.judge_correct else "wrong"
+            verdict = f"{'correct' if trace.judge_correct else 'wrong'} ({self.how})"
         elif trace.judge_status == "grader_error":
             verdict = f"grader error ({(trace.judge_error or '')[:120]})"
         else:

@@ -29,8 +29,10 @@ from kitune.cli.common import ConfigOption, fail, get_config
 from kitune.cli.context_cmds import (
     NoRewriteOption,
     PackagedOption,
+    PromptAliasOption,
     PromptVersionOption,
     RefreshOption,
+    prompt_specs,
     start_serving,
 )
 from kitune.errors import KituneError
@@ -93,6 +95,7 @@ def mcp_command(
     port: Annotated[int, typer.Option(min=1, max=65535, help="http: TCP port (endpoint /mcp).")] = 8765,
     no_rewrite: NoRewriteOption = False,
     prompt_version: PromptVersionOption = None,
+    prompt_alias: PromptAliasOption = None,
     packaged: PackagedOption = False,
     refresh_s: RefreshOption = 30.0,
     config: ConfigOption = None,
@@ -110,7 +113,17 @@ def mcp_command(
     if transport not in ("stdio", "http"):
         fail(f"--transport {transport!r}: use stdio or http")
     with StdoutForTheWire() if transport == "stdio" else nullcontext() as wire:
-        _serve(transport, host, port, no_rewrite, prompt_version, packaged, refresh_s, config, wire)
+        _serve(
+            transport,
+            host,
+            port,
+            no_rewrite,
+            prompt_specs(prompt_version, prompt_alias),
+            packaged,
+            refresh_s,
+            config,
+            wire,
+        )
 
 
 def _serve(

@@ -45,6 +45,7 @@ from kitune.evaluation.judging import judge_pending
 from kitune.evaluation.metrics import JudgeFn, Trace
 from kitune.evaluation.report import ReportFiles, RunSummary, load_run, summarize, write_report
 from kitune.evaluation.tools import ContextObservation, Skill, build_toolbox
+from kitune.ki import utcnow
 from kitune.optimizers.program_task import read_programs
 from kitune.programs.instructions import instruction_version
 from kitune.programs.judge import Judge
@@ -74,6 +75,16 @@ class EvalRunResult:
     prompt_versions: dict[str, str] = field(default_factory=dict)
     """Program → prompt version label used, plus ``"store"`` → KI table (in-context runs that
     resolved their setting; empty otherwise)."""
+    reused: int = 0
+    """Questions answered by an earlier run of the same run folder and not asked again (the
+    resume; ``no_cache`` asks every question again)."""
+    replaced: Path | None = None
+    """Where ``no_cache`` moved the earlier ``traces.jsonl`` (kept, never deleted)."""
+
+    @property
+    def answered(self) -> int:
+        """Questions whose agent run ended with an answer (status not ``failed``)."""
+        return sum(1 for t in self.traces if t.status != "failed")
 
 
 def default_run_name(
@@ -195,8 +206,13 @@ def run_eval(
     packaged: bool = False,
     on_trace: Callable[[Trace], None] | None = None,
     on_setting: Callable[[dict[str, str]], None] | None = None,
+    no_cache: bool = False,
 ) -> EvalRunResult:
     """Evaluate one skill on a dataset slice and write the run directory.
+
+    A rerun of the same command resumes its run folder: questions already answered there are
+    not asked again (:attr:`EvalRunResult.reused` counts them). ``no_cache`` moves the earlier
+    ``traces.jsonl`` aside (``traces.replaced-<UTC time>.jsonl``) and asks every question again.
 
     Args:
         cfg: configuration (``workdir``, ``agent`` budget/concurrency, ``retrieval`` limits).
@@ -227,6 +243,8 @@ def run_eval(
         on_trace: called with each finished question's trace (progress output).
         on_setting: called once, before any question runs, with the resolved prompt versions
             (in-context runs that resolve their setting).
+
+        no_cache: move the run folder's earlier ``traces.jsonl`` aside and ask every question again.
 
     Returns:
         The run's traces (resumed ones included), summary, token usage and prompt versions.
@@ -322,6 +340,11 @@ def run_eval(
     }
     (run_dir / "run.json").write_text(json.dumps(params, indent=2), encoding="utf-8")
     traces_path = run_dir / "traces.jsonl"
+    replaced = None
+    if no_cache and traces_path.exists():
+        replaced = run_dir / f"traces.replaced-{utcnow().strftime('%Y%m%dT%H%M%S%fZ')}.jsonl"
+        traces_path.replace(replaced)
+    answered_before = _answered_ids(traces_path)
     with ledger.stage(f"eval:{skill}"):
         # full-context is judged after all answers: a judge call in between would evict the
         # conversation from the local server's prompt cache.
@@ -351,7 +374,24 @@ def run_eval(
         summary=summary,
         usage=usage,
         prompt_versions=versions,
+        reused=sum(1 for t in traces if t.query_id in answered_before and t.status != "failed"),
+        replaced=replaced,
     )
+
+
+def _answered_ids(traces_path: Path) -> set[str]:
+    """Question ids a run folder's ``traces.jsonl`` already holds an answer for (status not ``failed``)."""
+    if not traces_path.is_file():
+        return set()
+    out: set[str] = set()
+    for line in traces_path.read_text(encoding="utf-8").splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue  # a line cut by a crash: the resume skips it too
+        if isinstance(rec, dict) and rec.get("status") != "failed" and isinstance(rec.get("query_id"), str):
+            out.add(rec["query_id"])
+    return out
 
 
 def report_runs(run_paths: Sequence[Path | str], out_dir: Path | str) -> ReportFiles:

@@ -44,9 +44,9 @@ from kitune.data.loaders import Question, load_questions
 from kitune.data.sampling import LoadedCorpus, load_bootstrap_corpus, sample_documents
 from kitune.errors import DataError, KituneError
 from kitune.ki import slugify
+from kitune.optimizers.program_task import store_program
 from kitune.programs.domain_describer import DomainDescriber
 from kitune.programs.extractor_drafter import draft_extractor
-from kitune.optimizers.program_task import store_program
 from kitune.retrieval import MemoryCorpusStore
 from kitune.service.serving.prompts import production_setting
 from kitune.service.workflows.bootstrap_kis import source_description_kis
