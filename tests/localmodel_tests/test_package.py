@@ -54,6 +54,7 @@ def test_package_re_exports_each_name_from_its_module() -> None:
             "get_local_server",
             "guarded_exec_command",
             "guarded_module_command",
+            "running_local_server",
             "stop_local_server",
         ],
     }

@@ -50,6 +50,7 @@ from kitune.localmodel.server import (
     get_local_server,
     guarded_exec_command,
     guarded_module_command,
+    running_local_server,
     stop_local_server,
 )
 from kitune.localmodel.weights import (
@@ -93,6 +94,7 @@ __all__ = [
     "guarded_module_command",
     "is_model_installed",
     "read_gguf_info",
+    "running_local_server",
     "stop_local_server",
     "wheel_version",
 ]

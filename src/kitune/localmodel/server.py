@@ -56,6 +56,7 @@ __all__ = [
     "get_local_server",
     "guarded_exec_command",
     "guarded_module_command",
+    "running_local_server",
     "stop_local_server",
 ]
 
@@ -299,6 +300,8 @@ class LocalModelServer:
         self.runtime = runtime
         self.startup_timings: dict[str, Any] | None = None
         """llama.cpp's ``timings`` of the start-up probe (:meth:`probe`), or None."""
+        self.started_in_s: float | None = None
+        """Seconds the last :meth:`start` took until the server answered (None before)."""
         self._proc: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
 
@@ -446,6 +449,7 @@ class LocalModelServer:
                         api_base=self.api_base,
                     )
                 if self._ready():
+                    self.started_in_s = self.startup_timeout_s - (deadline - time.monotonic())
                     return self
                 time.sleep(0.2)
             self._stop_locked()
@@ -561,6 +565,14 @@ def get_local_server(
             server.probe()
         _SINGLETON = (key, server)
         return server
+
+
+def running_local_server() -> LocalModelServer | None:
+    """This process's local model server if one was started and still runs, else None (starts nothing)."""
+    with _SINGLETON_LOCK:
+        if _SINGLETON is not None and _SINGLETON[1].is_running():
+            return _SINGLETON[1]
+    return None
 
 
 def stop_local_server() -> None:

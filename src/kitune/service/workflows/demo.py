@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import kitune.localmodel
 import kitune.retrieval
 from kitune.config import KituneConfig, with_overrides
 from kitune.data.bundled import packaged_demo_config, packaged_fixture
@@ -210,6 +211,16 @@ def run_demo(
         if corpus.count() < len(documents):
             corpus.add_documents(documents)
         deps = optimize_service.default_deps(dcfg, ledger, corpus_store=corpus)
+        served = kitune.localmodel.running_local_server()
+        if served is not None and served.runtime is not None:
+            rates = served.startup_timings or {}
+            prompt_tps = float(rates.get("prompt_per_second") or 0)
+            gen_tps = float(rates.get("predicted_per_second") or 0)
+            log(
+                f"local model: {served.runtime.name} ({served.runtime.reason}); ready in "
+                f"{served.started_in_s or 0:.1f} s, measured {prompt_tps:.0f} prompt / {gen_tps:.1f} "
+                "generated tokens/s"
+            )
     if registry is None:
         registry = PromptRegistry(dcfg.mlflow_uri)
     demo_dir = Path(dcfg.workdir)
