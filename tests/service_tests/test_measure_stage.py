@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
+
+import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[1] / "optimizers_tests"))
@@ -12,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "optimizers_tests"))
 from loop_fakes import make_deps, reflection_rule, task_rule, tiny_config, write_dataset
 from opt_fakes import RuleLM
 
+from kitune.errors import ConfigError
 from kitune.service.tuning.optimize import run_optimize
 from kitune.service.tuning.options import OptimizeOptions
 from kitune.tracking.trackers import MlflowTracker
@@ -56,6 +60,12 @@ def test_stage_measurement_runs_no_agent_and_still_measures_every_question(tmp_p
         for f in (res.state_dir / "evals").glob("stages-*-validation.json")
     ]
     assert saved and all(set(s["per_question"]["rewriter_mrr"]) == set(q["validation"]) for s in saved)
+    # a finished run keeps its split: other options that change it are refused, nothing rewritten
+    with pytest.raises(
+        ConfigError, match=r"finished 1 iteration\(s\) on another split \(stratified, 2 tuning"
+    ):
+        run_optimize(cfg, replace(opts, questions=3), deps=deps, tracker=tracker)
+    assert json.loads((res.state_dir / "questions.json").read_text(encoding="utf-8")) == q
 
 
 def test_e2e_sample_tune_agent_and_final_eval(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ store-state-aware evaluation cache, feedback routing) and runs the loop through
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +23,7 @@ import kitune.retrieval
 from kitune.config import KituneConfig
 from kitune.data.checksum import dataset_checksum
 from kitune.data.loaders import load_questions
-from kitune.errors import PromotionRefusedError, TrackingError
+from kitune.errors import ConfigError, PromotionRefusedError, TrackingError
 from kitune.optimizers.loop import LoopResult, Setting, start_prompts
 from kitune.optimizers.loop_state import read_state
 from kitune.optimizers.objective import LoopWeights
@@ -200,7 +201,31 @@ def _staged_versions(cfg: KituneConfig, loop: LoopResult) -> dict[str, int]:
 
 
 def _record_questions(cfg: KituneConfig, opts: OptimizeOptions, env: ServiceLoopEnv) -> Path:
-    """``<state>/questions.json``: the run's questions (sample seed, tune and validation ids)."""
+    """``<state>/questions.json``: the run's questions (sample seed, tune and validation ids).
+
+    A run that has finished an iteration keeps its split: when the options now give other tuning
+    or validation questions (another ``--split``, ``--questions``, ``--sample-seed`` or
+    ``optimize.seed``), nothing is rewritten and the run refuses to resume (the environment is
+    closed first).
+
+    Raises:
+        ConfigError: the split differs from the one a finished iteration used.
+    """
+    path = env.state_dir / "questions.json"
+    history, _, _ = read_state(env.state_dir / "loop_state.json")
+    if history and path.is_file():
+        old = json.loads(path.read_text(encoding="utf-8"))
+        new_tune, new_val = [q.query_id for q in env.tune], [q.query_id for q in env.validation]
+        if (old.get("tune"), old.get("validation")) != (new_tune, new_val):
+            env.close()
+            was = (old.get("split") or {}).get("method", "random")
+            raise ConfigError(
+                f"run {opts.run_name!r} finished {len(history)} iteration(s) on another split ({was}, "
+                f"{len(old.get('tune', []))} tuning / {len(old.get('validation', []))} validation "
+                f"questions, {path}); now --split {opts.split} gives {len(new_tune)} / {len(new_val)} "
+                "other ones: pass the options it started with (--split, --questions, --sample-seed, "
+                "optimize.seed) or a new --run-name"
+            )
     return write_question_ids(
         env.state_dir,
         data_dir=opts.data_dir,
