@@ -152,36 +152,29 @@ def test_rewriter_recall_is_one_lookup_scored_by_reciprocal_rank() -> None:
 
 
 def test_split_examples_gives_gepa_a_pareto_set_the_budget_can_pay_for() -> None:
-    from kitune.config import KituneConfig
     from kitune.optimizers.budget import OptimizerBudget
     from kitune.optimizers.improvers.prompts import split_examples
     from kitune.optimizers.program_spec import TaskSetup
 
-    class Env:
-        cfg = KituneConfig(optimize={"max_pareto_examples": 6})
-
-        def __init__(self, budget: OptimizerBudget) -> None:
-            self.budget = budget
-
-        def optimizer_budget(self) -> OptimizerBudget:
-            return self.budget
+    def split(budget: OptimizerBudget, setup: TaskSetup) -> tuple[list[Any], list[Any]]:
+        return split_examples(setup, budget, max_pareto=6)  # optimize.max_pareto_examples
 
     examples = list(range(10))
     setup = TaskSetup(module=None, examples=examples[:3], metric=lambda *a: 0.0, valset=examples)
-    train, val = split_examples(Env(OptimizerBudget(min_proposals=3)), setup)  # type: ignore[arg-type]
+    train, val = split(OptimizerBudget(min_proposals=3), setup)
     assert train == [0, 1, 2] and val == [0, 1, 2, 3, 4, 5]  # unset budget: the cap; GEPA sizes the budget
-    train, val = split_examples(Env(OptimizerBudget(max_metric_calls=22, min_proposals=3)), setup)  # type: ignore[arg-type]
+    train, val = split(OptimizerBudget(max_metric_calls=22, min_proposals=3), setup)
     assert val == [0, 1, 2, 3]  # 4 examples: 3·4 + 9 = 21 ≤ 22 calls
     # the trainset (the examples the current instruction gets wrong) at the end of the valset
     # order: up to half of the Pareto set is theirs, so a proposal that fixes them can beat the seed
     late = TaskSetup(module=None, examples=[9, 7, 8], metric=lambda *a: 0.0, valset=examples)
-    assert split_examples(Env(OptimizerBudget(min_proposals=3)), late)[1] == [9, 7, 8, 0, 1, 2]  # type: ignore[arg-type]
-    paid = Env(OptimizerBudget(max_metric_calls=22, min_proposals=3))
-    assert split_examples(paid, late)[1] == [9, 7, 0, 1]  # type: ignore[arg-type]
+    assert split(OptimizerBudget(min_proposals=3), late)[1] == [9, 7, 8, 0, 1, 2]
+    paid = OptimizerBudget(max_metric_calls=22, min_proposals=3)
+    assert split(paid, late)[1] == [9, 7, 0, 1]
     one = TaskSetup(module=None, examples=[5], metric=lambda *a: 0.0, valset=examples)
-    assert split_examples(Env(OptimizerBudget()), one)[1] == [5, 0, 1, 2, 3, 4]  # type: ignore[arg-type]
+    assert split(OptimizerBudget(), one)[1] == [5, 0, 1, 2, 3, 4]
     everything = TaskSetup(module=None, examples=examples, metric=lambda *a: 0.0, valset=examples)
-    assert split_examples(Env(OptimizerBudget()), everything)[1] == [0, 1, 2, 3, 4, 5]  # type: ignore[arg-type]
+    assert split(OptimizerBudget(), everything)[1] == [0, 1, 2, 3, 4, 5]
     old_style = TaskSetup(module=None, examples=examples, metric=lambda *a: 0.0)
-    train, val = split_examples(Env(OptimizerBudget()), old_style)  # type: ignore[arg-type]
+    train, val = split(OptimizerBudget(), old_style)
     assert train == [0, 1, 2, 3, 4] and val == [5, 6, 7, 8, 9]

@@ -36,7 +36,7 @@ def toy_metric(gold: Any, pred: Any, trace: Any = None, pred_name: Any = None, p
 
 
 def toy_setup(env: ImproveEnv, inp: ImproveInput) -> TaskSetup:
-    examples = [dspy.Example(toy_text=q.query).with_inputs("toy_text") for q in env.tune]
+    examples = [dspy.Example(toy_text=q.query).with_inputs("toy_text") for q in inp.questions]
     return TaskSetup(ToySummary(inp.setting.prompts["toy"]), examples, toy_metric)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -90,35 +90,20 @@ class LoopDepsLike(Protocol):
 
 
 class ImproveEnv(Protocol):
-    """The loop environment as program tasks and improvers see it.
+    """The loop's services as program tasks and improvers use them: stores, look-ups, LMs, runs.
+
+    What an improver needs to *know* (the tuning questions, the configuration, the budget, the
+    options, the incumbent setting and its run) is data on :class:`ImproveInput`; this protocol
+    holds only what needs the loop's machinery (a store, a cached look-up, an agent run, a
+    retirement).
 
     Contract: every method is safe to call from several threads (GEPA's metric threads call
     ``context_fn`` and ``store_for``); ``lock`` guards changes to shared stores.
     """
 
     @property
-    def cfg(self) -> KituneConfig:
-        """The configuration (a setting's knobs are applied by :meth:`setting_cfg`)."""
-        ...
-
-    @property
-    def opts(self) -> LoopOptionsLike:
-        """The command's options."""
-        ...
-
-    @property
     def deps(self) -> LoopDepsLike:
         """LMs and models."""
-        ...
-
-    @property
-    def tune(self) -> Sequence[Question]:
-        """The tuning questions."""
-        ...
-
-    @property
-    def state_dir(self) -> Path:
-        """The loop's state folder."""
         ...
 
     @property
@@ -131,21 +116,12 @@ class ImproveEnv(Protocol):
         """Held while a store is changed or its retrieval knobs are swapped."""
         ...
 
-    @property
-    def reflection_note(self) -> str | None:
-        """Why the optimisers reflect with the task model, or None (a reflection model is set)."""
-        ...
-
     def log(self, message: str) -> None:
         """A progress line."""
         ...
 
     def get_document(self, docid: str) -> Document:
         """A document of the slice (DocumentNotFoundError for others)."""
-        ...
-
-    def setting_cfg(self, setting: Setting) -> KituneConfig:
-        """``cfg`` with the setting's knobs applied."""
         ...
 
     def store_for(self, setting: Setting) -> Store:
@@ -203,10 +179,6 @@ class ImproveEnv(Protocol):
         """Run the agent on ``split`` (``tune``, ``validation``) on the store as it is now."""
         ...
 
-    def optimizer_budget(self) -> OptimizerBudget:
-        """The loop's optimiser budget (options + config)."""
-        ...
-
     def input_tokens_used(self) -> int:
         """LLM input tokens recorded in the token ledger so far, every role (0 without a ledger)."""
         ...
@@ -214,7 +186,12 @@ class ImproveEnv(Protocol):
 
 @dataclass(frozen=True)
 class ImproveInput:
-    """What one iteration's improve step starts from (the same for every improver)."""
+    """What one iteration's improve step starts from: immutable data, the same for every improver.
+
+    Built once per iteration by the loop's environment
+    (:meth:`kitune.service.tuning.loop_env.ServiceLoopEnv.improve`); an improver reads what it
+    needs here rather than asking the loop, and returns an :class:`Improvement`.
+    """
 
     setting: Setting
     """The current setting (improvers propose changes to it)."""
@@ -228,6 +205,19 @@ class ImproveInput:
     """Query id → failure kind (None: correct)."""
     ledger: FailureLedger | None = None
     """The failure ledger (routes feedback, records attempts)."""
+    _: KW_ONLY
+    questions: tuple[Question, ...]
+    """The tuning split's questions (``tune`` is their run)."""
+    cfg: KituneConfig
+    """The configuration with the setting's knobs applied."""
+    budget: OptimizerBudget
+    """The optimiser budget (options + config), the same for every optimiser run this iteration."""
+    options: LoopOptionsLike
+    """The command's options (optimiser, programs, knob trials, feedback, run name)."""
+    state_dir: Path
+    """The loop's state folder (the knob study's journal lives there)."""
+    reflection_note: str | None = None
+    """Why the optimisers reflect with the task model, or None (a reflection model is set)."""
 
 
 @dataclass

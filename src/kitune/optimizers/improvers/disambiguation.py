@@ -38,6 +38,7 @@ from kitune.optimizers.setting import Setting
 from kitune.programs.disambiguator import Disambiguator
 
 if TYPE_CHECKING:
+    from kitune.config import KituneConfig
     from kitune.evaluation.stage_metrics import StageReport
     from kitune.evaluation.trace import Trace
     from kitune.optimizers.setting import Evaluation
@@ -92,7 +93,12 @@ def route_feedback(
 
 
 def write_setting_kis(
-    env: ImproveEnv, setting: Setting, failures: Sequence[Any], *, what: str = "failure(s)"
+    env: ImproveEnv,
+    setting: Setting,
+    failures: Sequence[Any],
+    *,
+    cfg: KituneConfig,
+    what: str = "failure(s)",
 ) -> FeedbackReport:
     """Write disambiguation KIs from ``failures`` into the setting's store.
 
@@ -101,7 +107,8 @@ def write_setting_kis(
 
     Args:
         env: the loop's environment (store, documents, LMs, log).
-        setting: whose store, knobs and disambiguator prompt are used.
+        setting: whose store and disambiguator prompt are used.
+        cfg: the configuration with the setting's knobs applied (``ImproveInput.cfg``).
         failures: the wrong answers to write KIs for.
         what: how the progress line names the failures.
 
@@ -109,7 +116,6 @@ def write_setting_kis(
         What :func:`~kitune.optimizers.feedback.write_disambiguation_kis` did.
     """
     store = env.store_for(setting)
-    cfg = env.setting_cfg(setting)
     env.log(f"feedback: {len(failures)} {what} → disambiguation KIs")
     return write_disambiguation_kis(
         failures,
@@ -131,6 +137,7 @@ def gate_feedback(
     previous: Sequence[Trace],
     before_stages: Sequence[StageReport] = (),
     own: Mapping[str, Sequence[str]] | None = None,
+    rank_tolerance: float,
 ) -> GateReport:
     """Run the gate on the feedback KIs just written (see the module docstring).
 
@@ -142,6 +149,7 @@ def gate_feedback(
         previous: the tuning and validation traces on ``before_state``.
         before_stages: both splits' stage reports on ``before_state`` (empty: no retrieval check).
         own: KI id → the questions it was written for.
+        rank_tolerance: ``optimize.gate_rank_tolerance``.
 
     Returns:
         The :class:`~kitune.optimizers.gate.GateReport`; rejected KIs are retired.
@@ -177,7 +185,7 @@ def gate_feedback(
         previous=previous,
         reject=lambda ids: env.retire(setting, ids),
         ranks=ranks if before_stages else None,
-        rank_tolerance=env.cfg.optimize.gate_rank_tolerance,
+        rank_tolerance=rank_tolerance,
         own=own,
     )
     if report.rejected:
@@ -203,14 +211,14 @@ def write_feedback(
     questions whose look-ups now return something different re-run, and the next iteration
     reuses these traces.
     """
-    gate = env.cfg.optimize.gate
+    gate = inp.cfg.optimize.gate
     before_state = env.store_state(inp.setting) if gate else ""
     # both splits on the store as it is before writing: the measured runs, read back from the
     # cache (unless credit demoted a KI since, then the questions whose look-ups it changed re-run)
     measured = [env.evaluate(inp.setting, split) for split in ("tune", "validation")] if gate else []
     previous = [t for e in measured for t in e.traces]
     before_stages = [e.stages for e in measured if e.stages is not None]
-    report = write_setting_kis(env, inp.setting, failures)
+    report = write_setting_kis(env, inp.setting, failures, cfg=inp.cfg)
     if inp.ledger is not None:
         for qid, prediction, ki_id, reason in report.outcomes:
             inp.ledger.note_feedback(inp.iteration, qid, prediction, [ki_id] if ki_id else [], reason)
@@ -230,6 +238,7 @@ def write_feedback(
             previous=previous,
             before_stages=before_stages,
             own=own,
+            rank_tolerance=inp.cfg.optimize.gate_rank_tolerance,
         )
         metrics.update(g.to_metrics())
         notes["gate"] = g.to_dict()
@@ -249,10 +258,10 @@ class DisambiguationFeedback:
     def improve(self, env: ImproveEnv, inp: ImproveInput) -> Improvement:
         """Route the failures, write KIs for the routed ones, count what they fixed on the tuning split."""
         out = Improvement()
-        if not env.opts.feedback or not inp.failures:
+        if not inp.options.feedback or not inp.failures:
             return out
         routed, skipped = route_feedback(
-            inp.failures, inp.kinds, inp.ledger, max_attempts=env.cfg.optimize.max_feedback_attempts
+            inp.failures, inp.kinds, inp.ledger, max_attempts=inp.cfg.optimize.max_feedback_attempts
         )
         out.metrics.update({f"feedback_skipped_{k}": float(v) for k, v in skipped.items()})
         if routed:

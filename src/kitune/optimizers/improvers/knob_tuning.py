@@ -10,12 +10,16 @@ beat the current ones. Runs when ``--knob-trials`` is above 0.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from kitune.optimizers.improve_env import ImproveEnv, ImproveInput, Improvement
 from kitune.optimizers.knobs import DEFAULT_KNOBS, KnobSpace, KnobStudy
 from kitune.optimizers.objective import text_contains_answer
 from kitune.optimizers.setting import Setting
+
+if TYPE_CHECKING:
+    from kitune.data.loaders import Question
 
 __all__ = ["RETRIEVAL_KNOBS", "KnobTuning", "knob_objective"]
 
@@ -30,7 +34,9 @@ RETRIEVAL_KNOBS = (
 """Knobs the LLM-free objective can measure (no re-extraction or agent run needed)."""
 
 
-def knob_objective(env: ImproveEnv, setting: Setting) -> Callable[[dict[str, int | float]], float]:
+def knob_objective(
+    env: ImproveEnv, setting: Setting, questions: Sequence[Question]
+) -> Callable[[dict[str, int | float]], float]:
     """LLM-free knob objective: share of tuning questions whose top KIs (plain plan) state the answer.
 
     Returns:
@@ -39,10 +45,10 @@ def knob_objective(env: ImproveEnv, setting: Setting) -> Callable[[dict[str, int
 
     def objective(params: dict[str, int | float]) -> float:
         hits = 0
-        for q in env.tune:
+        for q in questions:
             texts = env.lookup_texts(setting, q.query, params)
             hits += any(text_contains_answer(t, q.golds) for t in texts)
-        return hits / len(env.tune) if env.tune else 0.0
+        return hits / len(questions) if questions else 0.0
 
     return objective
 
@@ -55,22 +61,22 @@ class KnobTuning:
     def improve(self, env: ImproveEnv, inp: ImproveInput) -> Improvement:
         """Run the study (resuming it) and propose the best knob values if they beat the current ones."""
         out = Improvement()
-        if env.opts.knob_trials <= 0:
+        if inp.options.knob_trials <= 0:
             return out
         setting = inp.setting
         space = KnobSpace(tuple(k for k in DEFAULT_KNOBS if k.key in RETRIEVAL_KNOBS))
-        objective = knob_objective(env, setting)
-        current = dict(space.current(env.setting_cfg(setting)))
+        objective = knob_objective(env, setting, inp.questions)
+        current = dict(space.current(inp.cfg))
         baseline = objective(dict(current))
         study = KnobStudy(
-            env.state_dir / "knobs.journal",
-            f"{env.opts.run_name}-{setting.key}",
+            inp.state_dir / "knobs.journal",
+            f"{inp.options.run_name}-{setting.key}",
             space=space,
-            seed=env.cfg.optimize.seed,
+            seed=inp.cfg.optimize.seed,
         )
         if not study.trials():
             study.enqueue(current)
-        done = study.optimize(objective, env.opts.knob_trials)
+        done = study.optimize(objective, inp.options.knob_trials)
         best = study.best()
         out.metrics.update(
             {

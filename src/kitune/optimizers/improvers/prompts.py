@@ -27,6 +27,7 @@ import dspy
 
 from kitune.errors import OptimizationError
 from kitune.optimizers.base import OptimizationResult, Optimizer
+from kitune.optimizers.budget import OptimizerBudget
 from kitune.optimizers.gepa import pareto_size
 from kitune.optimizers.improve_env import ImproveEnv, ImproveInput, Improvement
 from kitune.optimizers.program_spec import TaskSetup
@@ -36,16 +37,16 @@ from kitune.optimizers.registry import make_optimizer
 __all__ = ["PromptOptimization", "make_program_optimizer", "optimize_program", "split_examples"]
 
 
-def make_program_optimizer(env: ImproveEnv, metric: Callable[..., Any]) -> Optimizer:
-    """The optimiser ``--optimizer`` names, with the loop's budget, seeded from ``env.rng``.
+def make_program_optimizer(env: ImproveEnv, inp: ImproveInput, metric: Callable[..., Any]) -> Optimizer:
+    """The optimiser ``--optimizer`` names, with the iteration's budget, seeded from ``env.rng``.
 
     Token caps (``optimize.max_input_tokens``) count the environment's token ledger.
     """
     return make_optimizer(
-        env.opts.optimizer,
+        inp.options.optimizer,
         metric,
         reflection_lm=env.deps.lms["reflection"],
-        budget=env.optimizer_budget(),
+        budget=inp.budget,
         rng=random.Random(env.rng.randrange(2**31)),
         input_tokens=env.input_tokens_used,
     )
@@ -65,21 +66,25 @@ def optimize_program(
         OptimizationError: the optimiser failed.
     """
     task = get_program_task(program)
-    env.log(f"optimise {program} with {env.opts.optimizer} (iteration {inp.iteration})")
+    env.log(f"optimise {program} with {inp.options.optimizer} (iteration {inp.iteration})")
     setup = task.setup(env, inp)
     if setup is not None and setup_metrics is not None:
         setup_metrics.update(setup.metrics)
     if setup is None or not setup.examples:
         env.log(f"{program}: no examples this iteration, skipped")
         return None
-    train, val = split_examples(env, setup)
+    train, val = split_examples(setup, inp.budget, max_pareto=inp.cfg.optimize.max_pareto_examples)
     env.log(f"{program}: {len(train)} training and {len(val)} Pareto examples")
     with dspy.context(lm=env.deps.lms[task.lm_role]):
-        return make_program_optimizer(env, setup.metric).compile(setup.module, trainset=train, valset=val)
+        return make_program_optimizer(env, inp, setup.metric).compile(
+            setup.module, trainset=train, valset=val
+        )
 
 
-def split_examples(env: ImproveEnv, setup: TaskSetup) -> tuple[list[Any], list[Any]]:
-    """GEPA's trainset and Pareto (validation) set for one task.
+def split_examples(
+    setup: TaskSetup, budget: OptimizerBudget, *, max_pareto: int
+) -> tuple[list[Any], list[Any]]:
+    """GEPA's trainset and Pareto (validation) set for one task, from the iteration's budget.
 
     With ``setup.valset`` given: the trainset is ``setup.examples`` and the Pareto set
     :func:`~kitune.optimizers.gepa.pareto_size` examples of ``setup.valset`` (at most
@@ -95,7 +100,6 @@ def split_examples(env: ImproveEnv, setup: TaskSetup) -> tuple[list[Any], list[A
     half proposes and the second half scores, else all of them do both; the second half is capped
     the same way.
     """
-    budget = env.optimizer_budget()
     examples = list(setup.examples)
     if setup.valset is not None:
         train, candidates = examples, list(setup.valset)
@@ -105,7 +109,7 @@ def split_examples(env: ImproveEnv, setup: TaskSetup) -> tuple[list[Any], list[A
     n = max(
         pareto_size(
             len(candidates),
-            cap=env.cfg.optimize.max_pareto_examples,
+            cap=max_pareto,
             max_metric_calls=budget.max_metric_calls,
             minibatch=budget.reflection_minibatch_size,
             proposals=budget.min_proposals,
@@ -128,7 +132,7 @@ class PromptOptimization:
     def improve(self, env: ImproveEnv, inp: ImproveInput) -> Improvement:
         """Optimise each tuned program's instruction; propose the improved ones."""
         out = Improvement()
-        for program in env.opts.programs:
+        for program in inp.options.programs:
             current = inp.setting.prompts.get(program)
             if current is None:
                 continue
@@ -159,8 +163,8 @@ class PromptOptimization:
                 }
                 for c in result.history
             ]
-            if env.reflection_note:
-                out.notes["reflection_model"] = env.reflection_note
+            if inp.reflection_note:
+                out.notes["reflection_model"] = inp.reflection_note
             if "proposals" in result.details:
                 out.metrics[f"{program}_proposals"] = float(result.details["proposals"])
             if result.stop_reason:

@@ -22,7 +22,7 @@ def disambiguator_setup(env: ImproveEnv, inp: ImproveInput) -> TaskSetup:
     setting = inp.setting
     examples = tasks.disambiguator_examples(inp.failures, env.get_document)
     module = tasks.CheckedDisambiguator(
-        Disambiguator(setting.prompts["disambiguator"], corpus=env.cfg.corpus_name)
+        Disambiguator(setting.prompts["disambiguator"], corpus=inp.cfg.corpus_name)
     )
     metric = tasks.disambiguator_metric(env.store_for(setting), env.context_ids(setting))
     return TaskSetup(module, examples, metric)

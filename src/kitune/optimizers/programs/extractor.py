@@ -37,28 +37,28 @@ __all__ = ["EXTRACTOR", "PLUGINS", "extractor_setup"]
 def extractor_setup(env: ImproveEnv, inp: ImproveInput) -> TaskSetup:
     """The cached extractor (the setting's instruction and limits), coverable gold documents, coverage."""
     kis_by_doc = env.kis_by_doc(inp.setting)
-    outcomes = tasks.extraction_outcomes(env.tune, inp.tune.traces, kis_by_doc, kinds=inp.kinds)
-    gold, documents = stage_tasks.gold_document_map(env.tune, env.get_document)
+    outcomes = tasks.extraction_outcomes(inp.questions, inp.tune.traces, kis_by_doc, kinds=inp.kinds)
+    gold, documents = stage_tasks.gold_document_map(inp.questions, env.get_document)
     route = route_out_of_budget(inp.tune.traces, documents=documents, gold_docids=gold, kis_by_doc=kis_by_doc)
     for item in route.extractor:
         outcomes[item.docid] = f"{outcomes.get(item.docid, '')} {item.text()}".strip()
     whole = kinds_routed_to("extractor", from_trace=False)  # the feedback route table
     first = [
         d
-        for q in env.tune
+        for q in inp.questions
         if inp.kinds.get(q.query_id) in whole  # no_candidate: all its gold documents
         for d in (q.gold_docids or q.evidence_docids)
     ] + [item.docid for item in route.extractor]
     examples = stage_tasks.coverage_examples(
-        env.tune,
+        inp.questions,
         env.get_document,
         first=first,
         outcomes=outcomes,
-        seed=f"{env.cfg.optimize.seed}:extractor:{inp.iteration}",
+        seed=f"{inp.cfg.optimize.seed}:extractor:{inp.iteration}",
     )
 
     def current(ex: Any) -> float:  # the document's coverage with the KIs the loop extracted
-        return document_coverage(documents[ex.docid], env.tune, kis_by_doc.get(ex.docid, [])).score
+        return document_coverage(documents[ex.docid], inp.questions, kis_by_doc.get(ex.docid, [])).score
 
     train = stage_tasks.imperfect(examples, current)
     metrics = {
@@ -69,7 +69,7 @@ def extractor_setup(env: ImproveEnv, inp: ImproveInput) -> TaskSetup:
     return TaskSetup(
         env.extractor(inp.setting),
         train,
-        stage_tasks.coverage_metric(env.tune),
+        stage_tasks.coverage_metric(inp.questions),
         valset=examples,
         metrics=metrics,
     )

@@ -34,16 +34,16 @@ __all__ = ["PLUGINS", "REWRITER", "rewriter_setup"]
 def rewriter_setup(env: ImproveEnv, inp: ImproveInput) -> TaskSetup:
     """:class:`~kitune.optimizers.stage_tasks.RewriterRecall` on the setting's rewriter, the recall metric."""
     setting = inp.setting
-    k = env.setting_cfg(setting).retrieval.default_size
+    k = inp.cfg.retrieval.default_size
     kis_by_doc = env.kis_by_doc(setting)
-    gold, documents = stage_tasks.gold_document_map(env.tune, env.get_document)
+    gold, documents = stage_tasks.gold_document_map(inp.questions, env.get_document)
     route = route_out_of_budget(inp.tune.traces, documents=documents, gold_docids=gold, kis_by_doc=kis_by_doc)
     routed = kinds_routed_to("rewriter")  # the feedback route table: no_candidate, out_of_budget
-    first = [q.query_id for q in env.tune if inp.kinds.get(q.query_id) in routed]
+    first = [q.query_id for q in inp.questions if inp.kinds.get(q.query_id) in routed]
     examples = stage_tasks.recall_examples(
-        env.tune,
+        inp.questions,
         first=first,
-        seed=f"{env.cfg.optimize.seed}:rewriter:{inp.iteration}",
+        seed=f"{inp.cfg.optimize.seed}:rewriter:{inp.iteration}",
         describe=lambda d: describe_document(d, documents, kis_by_doc),
         notes=route.rewriter,
     )

@@ -745,7 +745,20 @@ class ServiceLoopEnv:
         """
         failures = collect_failures(tune.traces, self.tune)
         kinds = {t.query_id: classify_failure(t, tune.gold_docids.get(t.query_id)) for t in tune.traces}
-        inp = ImproveInput(setting, tune, iteration, tuple(failures), kinds, ledger)
+        inp = ImproveInput(
+            setting,
+            tune,
+            iteration,
+            tuple(failures),
+            kinds,
+            ledger,
+            questions=tuple(self.tune),
+            cfg=self.setting_cfg(setting),
+            budget=self.optimizer_budget(),
+            options=self.opts,
+            state_dir=self.state_dir,
+            reflection_note=self.reflection_note,
+        )
         return run_improvers(self, inp, self.cfg.optimize.improvers)
 
     def close(self) -> None:

@@ -156,7 +156,9 @@ def _feedback(env: ServiceLoopEnv, setting: Setting, traces: Sequence[Trace], pa
         return FeedbackReport(**{**data, "ki_ids": tuple(data.get("ki_ids", ()))})
 
     failures = collect_failures(traces, env.questions)
-    report = write_setting_kis(env, setting, failures, what="in-context failure(s)")
+    report = write_setting_kis(
+        env, setting, failures, cfg=env.setting_cfg(setting), what="in-context failure(s)"
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     data = {"attempted": report.attempted, "written": report.written, "ki_ids": list(report.ki_ids)}
     path.write_text(json.dumps({**data, "rejected": report.rejected}, indent=2), encoding="utf-8")
