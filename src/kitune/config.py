@@ -497,6 +497,12 @@ class GradingConfig(_Section):
         "answer matching (yes/no rule, exact match after normalisation, gold contained as whole words), no "
         "LLM — use it when the judge model is too weak to grade (the embedded 1.5B model).",
     )
+    include_adversarial: bool = Field(
+        default=False,
+        description="Count adversarial (abstention) questions — LoCoMo category 5 — in a run's headline "
+        "score as ordinary questions. False: they are scored apart (summary abstention_* fields), as "
+        "LoCoMo's authors and published memory-system evaluations report.",
+    )
 
 
 class AgentConfig(_Section):

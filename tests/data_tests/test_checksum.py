@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from kitune.data.checksum import dataset_checksum, dataset_files, document_hash
+from kitune.data.errata import LOCOMO_ERRATA
 from kitune.errors import DataError
 from kitune.schema import Document
 
@@ -59,7 +60,10 @@ def test_checksum_covers_the_errata_overlay_and_locomo_files(tmp_path: Path) -> 
     sample = {"sample_id": "conv-1", "conversation": {"speaker_a": "A", "speaker_b": "B"}, "qa": []}
     locomo = tmp_path / "locomo10.json"
     locomo.write_text(json.dumps([sample]), encoding="utf-8")
-    assert dataset_checksum(locomo).files == {"locomo10.json": _sha(locomo.read_bytes())}
+    assert dataset_checksum(locomo).files == {  # LoCoMo questions get the shipped overlay (issue 40)
+        "locomo10.json": _sha(locomo.read_bytes()),
+        "locomo10.errata.json": _sha(LOCOMO_ERRATA.read_bytes()),
+    }
     with pytest.raises(DataError, match="does not exist"):
         dataset_checksum(tmp_path / "missing")
 

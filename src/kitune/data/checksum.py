@@ -20,7 +20,7 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from kitune.data.errata import ERRATA_FILE, errata_path_for
+from kitune.data.errata import ERRATA_FILE, LOCOMO_ERRATA, errata_path_for
 from kitune.data.locomo import is_locomo_path, locomo_files
 from kitune.errors import DataError
 from kitune.schema import Document
@@ -116,9 +116,23 @@ def dataset_files(
             raise DataError(f"data path {must} does not exist: nothing to checksum", path=str(must))
     files = _read_files(p) + (_read_files(q) if q != p else [])
     overlay = Path(errata) if errata is not None else errata_path_for(q)
+    if overlay is None and errata is None and _is_locomo_data(q):
+        overlay = LOCOMO_ERRATA  # the overlay the load applies to LoCoMo questions (kitune.data.errata)
     if overlay is not None:
         files.append(overlay)
     return list(dict.fromkeys(f.resolve() for f in files))
+
+
+def _is_locomo_data(path: Path) -> bool:
+    """LoCoMo as published, or a directory/JSONL whose first question record says ``dataset: locomo``."""
+    if is_locomo_path(path):
+        return True
+    first = path / "ground_truth.jsonl" if path.is_dir() else path
+    if not first.is_file() or first.suffix != ".jsonl":
+        return False
+    with first.open(encoding="utf-8", errors="replace") as fh:
+        line = fh.readline()
+    return '"dataset": "locomo"' in line
 
 
 def dataset_checksum(

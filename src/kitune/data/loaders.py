@@ -34,7 +34,7 @@ from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from kitune.data.errata import ErrataReport, apply_errata, errata_path_for, load_errata
+from kitune.data.errata import ErrataReport, apply_errata, errata_path_for, load_errata, packaged_errata_for
 from kitune.data.locomo import is_locomo_path, read_locomo
 from kitune.data.questions import Question, first_field, question_from_record
 from kitune.errors import DataError
@@ -51,6 +51,7 @@ __all__ = [
     "load_corpus_with_report",
     "load_dataset",
     "load_questions",
+    "load_questions_and_errata",
     "load_questions_with_errata",
 ]
 
@@ -161,14 +162,27 @@ def load_corpus_with_report(path: Path | str) -> tuple[list[Document], LoadRepor
     Returns:
         ``(documents, report)``: documents in file order; ``report.loaded == len(documents)``.
         Lines that are not UTF-8, not JSON objects, lack an id/text, or whose text is empty or
-        whitespace are skipped and listed in ``report.skipped`` with their 1-based line numbers.
+        whitespace are skipped and listed in ``report.skipped`` with their 1-based line numbers;
+        for LoCoMo as published, every session dropped (a date but no turns) is listed there
+        with line 0 and the conversation, session and date in its reason.
 
     Raises:
         DataError: the file is missing, or two lines share a doc id (names both lines).
     """
     if is_locomo_path(path):
         data = read_locomo(path)
-        return data.documents, LoadReport(path=str(data.files[0]), loaded=len(data.documents))
+        dropped = tuple(  # a session with a date but no turns is counted, never silently lost
+            SkippedLine(
+                str(data.files[0]),
+                0,
+                f"conversation {d.conversation} session {d.session}"
+                f"{f' ({d.date})' if d.date else ''}: {d.reason}",
+            )
+            for d in data.report.dropped_sessions
+        )
+        return data.documents, LoadReport(
+            path=str(data.files[0]), loaded=len(data.documents), skipped=dropped
+        )
     file = _resolve_corpus_path(Path(path))
     docs: list[Document] = []
     skipped: list[SkippedLine] = []
@@ -402,7 +416,8 @@ def load_questions(
         doc_ids: known corpus doc ids to validate qrels against. None: read them from the
             directory's corpus file when there is one, else skip the check.
         errata: an overlay file (:mod:`kitune.data.errata`); None: the one beside ``path`` by
-            convention (:func:`kitune.data.errata.errata_path_for`), if any.
+            convention (:func:`kitune.data.errata.errata_path_for`), else for LoCoMo questions
+            the shipped overlay (:data:`kitune.data.errata.LOCOMO_ERRATA`).
 
     Returns:
         Questions in file order (``queries.tsv`` order when present); query ids unique.
@@ -413,8 +428,25 @@ def load_questions(
             text, a qrel/evidence doc id not in the corpus (message names file and line), or an
             invalid errata file.
     """
+    return load_questions_and_errata(path, doc_ids=doc_ids, errata=errata)[0]
+
+
+def load_questions_and_errata(
+    path: Path | str,
+    *,
+    doc_ids: Collection[str] | None = None,
+    errata: Path | str | None = None,
+) -> tuple[list[Question], ErrataReport | None]:
+    """:func:`load_questions`, plus what the errata overlay changed (None when there is none).
+
+    The report's ``published`` holds the corrected questions as published, so a run can score
+    both labels (``kitune eval`` writes both to ``scores.json``).
+
+    Raises:
+        DataError: as :func:`load_questions`.
+    """
     questions = _load_questions(Path(path), doc_ids)
-    return load_questions_with_errata(questions, path, errata)[0]
+    return load_questions_with_errata(questions, path, errata)
 
 
 def load_questions_with_errata(
@@ -428,7 +460,7 @@ def load_questions_with_errata(
     Raises:
         DataError: the overlay file is invalid (:func:`kitune.data.errata.load_errata`).
     """
-    overlay = Path(errata) if errata is not None else errata_path_for(path)
+    overlay = Path(errata) if errata is not None else errata_path_for(path) or packaged_errata_for(questions)
     if overlay is None:
         return questions, None
     return apply_errata(questions, load_errata(overlay), path=overlay)

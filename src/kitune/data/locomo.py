@@ -38,14 +38,24 @@ Category 5 (adversarial: the conversation never says; items carry ``adversarial_
 tempting wrong answer, and usually no ``answer``) is kept as an **abstention question**
 (``Question.abstention``): its gold answer is :data:`ABSTENTION_ANSWER` with the aliases
 :data:`ABSTENTION_ALIASES` (the phrases LoCoMo's own scorer accepts for category 5), whatever
-``answer`` the item has. Published memory-system evaluations leave category 5 out; filter on
-``category != "adversarial"`` to compare with them.
+``answer`` the item has. Published memory-system evaluations leave category 5 out, and so does a
+run's headline score by default: :func:`kitune.evaluation.summary.summarize` scores these
+questions apart (``abstention_*`` fields) and counts them in the headline only with
+``include_adversarial=True`` (``grading.include_adversarial``). The JSONL layout
+(``shared/data/locomo``) is read the same way (:mod:`kitune.data.questions`).
+
+**The load report** (:attr:`LocomoData.report`, logged): conversations, sessions kept, and every
+session *dropped* — a session with a date (``session_N_date_time``) but no turns (the key missing,
+or an empty list), or with turns of which none is a turn object — named with its conversation,
+number, date and reason; questions per category.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,7 +68,9 @@ __all__ = [
     "ABSTENTION_ALIASES",
     "ABSTENTION_ANSWER",
     "LOCOMO_CATEGORIES",
+    "DroppedSession",
     "LocomoData",
+    "LocomoLoadReport",
     "is_locomo_path",
     "locomo_files",
     "read_locomo",
@@ -79,9 +91,46 @@ ABSTENTION_ANSWER = "Not mentioned in the conversation"
 ABSTENTION_ALIASES: tuple[str, ...] = ("No information available", "Not mentioned")
 """Other accepted abstentions: the phrases LoCoMo's scorer (``task_eval/evaluation.py``) accepts."""
 
+logger = logging.getLogger(__name__)
+
 _SESSION_KEY = re.compile(r"^session_(\d+)$")
+_DATE_KEY = re.compile(r"^session_(\d+)_date_time$")
 _EVIDENCE_SESSION = re.compile(r"D:?(\d+):\d+")
 _SAMPLE_NUMBER = re.compile(r"(\d+)$")
+
+
+@dataclass(frozen=True)
+class DroppedSession:
+    """A session that became no document."""
+
+    conversation: str
+    session: int
+    date: str
+    """Its ``session_N_date_time`` ("" when it has none)."""
+    reason: str
+    """``no turns`` (the session key is missing or an empty list) or ``no turn objects``."""
+
+
+@dataclass(frozen=True)
+class LocomoLoadReport:
+    """What a LoCoMo load kept and dropped."""
+
+    conversations: int = 0
+    sessions: int = 0
+    """Sessions kept (one document each)."""
+    dropped_sessions: tuple[DroppedSession, ...] = ()
+    """Every session dropped, in conversation and session order."""
+    questions: dict[str, int] = field(default_factory=dict)
+    """Category → questions read (``adversarial`` included)."""
+
+    def summary(self) -> str:
+        """One line: conversations, sessions kept and dropped, questions per category."""
+        dropped = ", ".join(f"{d.conversation}/{d.session} ({d.reason})" for d in self.dropped_sessions)
+        cats = ", ".join(f"{c} {n}" for c, n in sorted(self.questions.items()))
+        return (
+            f"{self.conversations} conversation(s), {self.sessions} session(s) kept, "
+            f"{len(self.dropped_sessions)} dropped{f' [{dropped}]' if dropped else ''}; questions: {cats}"
+        )
 
 
 @dataclass(frozen=True)
@@ -95,6 +144,8 @@ class LocomoData:
     (:mod:`kitune.data.loaders`); adversarial items have ``"abstention": true``."""
     files: list[Path] = field(default_factory=list)
     """The files read, in order (what the dataset checksum covers)."""
+    report: LocomoLoadReport = field(default_factory=LocomoLoadReport)
+    """Sessions kept and dropped, questions per category (see the module docstring)."""
 
 
 def _load_json(path: Path) -> Any:
@@ -175,17 +226,22 @@ def _turn_line(turn: dict[str, Any]) -> str:
     return f"[{turn.get('dia_id', '')}] {turn.get('speaker', '')}: {text}"
 
 
-def _documents(conv: str, sample: dict[str, Any]) -> list[Document]:
+def _documents(conv: str, sample: dict[str, Any]) -> tuple[list[Document], list[DroppedSession]]:
     c = sample.get("conversation", sample)
     a, b = str(c.get("speaker_a", "")), str(c.get("speaker_b", ""))
-    sessions = sorted(
-        (int(m.group(1)), v) for k, v in c.items() if (m := _SESSION_KEY.match(k)) and isinstance(v, list)
-    )
+    bodies = {int(m.group(1)): v for k, v in c.items() if (m := _SESSION_KEY.match(k))}
+    dated = {int(m.group(1)) for k in c if (m := _DATE_KEY.match(k))}
     docs = []
-    for n, turns in sessions:
-        if not turns:
-            continue
+    dropped: list[DroppedSession] = []
+    for n in sorted(set(bodies) | dated):
+        turns = bodies.get(n)
         when = str(c.get(f"session_{n}_date_time") or "")
+        if not isinstance(turns, list) or not turns:
+            dropped.append(DroppedSession(conv, n, when, "no turns"))
+            continue
+        if not any(isinstance(t, dict) for t in turns):
+            dropped.append(DroppedSession(conv, n, when, "no turn objects"))
+            continue
         header = f"Conversation between {a} and {b}, session {n}" + (f" ({when})" if when else "")
         lines = [header, *(_turn_line(t) for t in turns if isinstance(t, dict))]
         docs.append(
@@ -197,7 +253,7 @@ def _documents(conv: str, sample: dict[str, Any]) -> list[Document]:
                 metadata={"date": when} if when else {},
             )
         )
-    return docs
+    return docs, dropped
 
 
 def _category(item: dict[str, Any]) -> str:
@@ -245,7 +301,7 @@ def read_locomo(path: Path | str) -> LocomoData:
 
     Returns:
         :class:`LocomoData`: documents, question records (``evidence_docids`` name only sessions
-        that exist) and the files read.
+        that exist), the files read and the load report (every dropped session counted; logged).
 
     Raises:
         DataError: no LoCoMo file at ``path``, a file that is not JSON or not LoCoMo-shaped, a QA
@@ -260,13 +316,15 @@ def read_locomo(path: Path | str) -> LocomoData:
         )
     documents: list[Document] = []
     records: list[dict[str, Any]] = []
+    dropped: list[DroppedSession] = []
     seen: set[str] = set()
     for file in files:
         for conv, sample in _samples(file):
             if conv in seen:
                 raise DataError(f"{file}: conversation {conv!r} appears twice", path=str(file))
             seen.add(conv)
-            docs = _documents(conv, sample)
+            docs, lost = _documents(conv, sample)
+            dropped += lost
             have = {d.docid for d in docs}
             documents += docs
             answerable = adversarial = 0
@@ -284,4 +342,11 @@ def read_locomo(path: Path | str) -> LocomoData:
                 record = _question(conv, number, item, file, position)
                 record["evidence_docids"] = [d for d in record["evidence_docids"] if d in have]
                 records.append(record)
-    return LocomoData(documents=documents, records=records, files=files)
+    report = LocomoLoadReport(
+        conversations=len(seen),
+        sessions=len(documents),
+        dropped_sessions=tuple(dropped),
+        questions=dict(Counter(str(r["category"]) for r in records)),
+    )
+    logger.info("LoCoMo %s: %s", path, report.summary())
+    return LocomoData(documents=documents, records=records, files=files, report=report)

@@ -11,7 +11,10 @@ the answer and the rest aliases) and optionally ``answer_aliases``/``aliases``,
 (``"abstention": true``, ``category`` 5 or ``"adversarial"`` as in LoCoMo, or an
 ``adversarial_answer`` field): the data does not say, and the right response is to say so. It is
 kept with ``abstention=True``, the gold answer :data:`~kitune.data.locomo.ABSTENTION_ANSWER` and
-the aliases :data:`~kitune.data.locomo.ABSTENTION_ALIASES` (unless the record gives its own).
+the aliases :data:`~kitune.data.locomo.ABSTENTION_ALIASES` (an answerless record may give its own
+aliases). An adversarial record that does carry an ``answer`` (the tempting wrong one, as some
+LoCoMo exports write it) is an abstention question all the same, exactly as
+:mod:`kitune.data.locomo` reads the published file (issue 40: both layouts treat category 5 alike).
 """
 
 from __future__ import annotations
@@ -125,9 +128,13 @@ def question_from_record(record: dict[str, Any], path: Path, lineno: int) -> Que
         answer, *rest = answer or [None]
         record = {**record, "answer_aliases": [*rest, *(record.get("answer_aliases") or [])]}
     aliases = _str_list(first_field(record, ("answer_aliases", "aliases")), path, lineno, "aliases")
-    abstention = bool(record.get("abstention"))
-    if answer is None or str(answer).strip() == "":
-        abstention = abstention or _is_adversarial(record)
+    # An adversarial record is an abstention question whatever 'answer' it carries (some LoCoMo
+    # exports put the tempting wrong answer there): the same rule as LoCoMo as published.
+    abstention = bool(record.get("abstention")) or _is_adversarial(record)
+    if abstention:
+        given = answer is not None and str(answer).strip() != ""  # its aliases would be the wrong answer's
+        answer, aliases = ABSTENTION_ANSWER, ABSTENTION_ALIASES if given else aliases or ABSTENTION_ALIASES
+    elif answer is None or str(answer).strip() == "":
         if not abstention:
             raise DataError(
                 f"{path}:{lineno}: question {qid!r} has no answer: every evaluation question needs a gold "
@@ -136,7 +143,6 @@ def question_from_record(record: dict[str, Any], path: Path, lineno: int) -> Que
                 path=str(path),
                 line=lineno,
             )
-        answer, aliases = ABSTENTION_ANSWER, aliases or ABSTENTION_ALIASES
     return Question(
         query_id=str(qid).strip(),
         query=str(query or ""),

@@ -39,6 +39,7 @@ def by_category(
     *,
     categories: Mapping[str, str] | None = None,
     include_all: bool = True,
+    include_adversarial: bool = False,
 ) -> dict[str, RunSummary]:
     """Summarise ``traces`` per question category.
 
@@ -47,6 +48,9 @@ def by_category(
         categories: query id → category, used for traces that carry none (traces written before
             ``Trace.category`` existed); e.g. ``{q.query_id: q.category for q in questions}``.
         include_all: append a row over all traces, labelled :data:`ALL`.
+        include_adversarial: count the adversarial (abstention) questions in the :data:`ALL` row
+            too, like a run's headline (:func:`~kitune.evaluation.summary.summarize`); their own
+            category row is always there.
 
     Returns:
         Category → :class:`RunSummary` (``name`` is the category), categories in alphabetical
@@ -56,9 +60,12 @@ def by_category(
     groups: dict[str, list[Trace]] = {}
     for t in traces:
         groups.setdefault(_label(t, categories), []).append(t)
-    out = {cat: summarize(groups[cat], cat) for cat in sorted(groups, key=lambda c: (c == NO_CATEGORY, c))}
+    out = {
+        cat: summarize(groups[cat], cat, include_adversarial=True)  # one category: its own row
+        for cat in sorted(groups, key=lambda c: (c == NO_CATEGORY, c))
+    }
     if include_all and traces:
-        out[ALL] = summarize(traces, ALL)
+        out[ALL] = summarize(traces, ALL, include_adversarial=include_adversarial)
     return out
 
 

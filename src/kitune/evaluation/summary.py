@@ -3,6 +3,15 @@
 :func:`summarize` turns one run's traces into a :class:`RunSummary`. Accuracy is judge-correct
 over *graded* questions: grader errors and failed runs are excluded from the denominator and
 reported as counts (case J3). :func:`wilson_interval` gives the 95% interval of a proportion.
+
+**Adversarial (abstention) questions** — LoCoMo's category 5, where the conversation never says
+and the right answer is to say so (``Trace.category`` ``adversarial`` or ``5``) — are scored
+apart, as LoCoMo's authors and the published memory-system evaluations do: by default
+(``include_adversarial=False``) every headline field (counts, accuracy and its interval, EM, F1,
+tokens, failure kinds …) is computed over the other questions only, and the adversarial ones
+are reported in the ``abstention_*`` fields (how many, how many graded, how many abstained
+correctly). ``include_adversarial=True`` (``grading.include_adversarial``) puts them in the
+headline as ordinary questions; the ``abstention_*`` fields are filled either way.
 Reports (:mod:`kitune.evaluation.report`) and the per-category breakdown
 (:mod:`kitune.evaluation.categories`) both build on this module.
 """
@@ -16,7 +25,23 @@ from dataclasses import asdict, dataclass, field
 from kitune.evaluation.failures import count_failure_kinds
 from kitune.evaluation.metrics import Trace
 
-__all__ = ["GRADER_ERROR_THRESHOLD", "RunSummary", "summarize", "wilson_interval"]
+__all__ = [
+    "ADVERSARIAL_CATEGORIES",
+    "GRADER_ERROR_THRESHOLD",
+    "RunSummary",
+    "is_adversarial",
+    "summarize",
+    "wilson_interval",
+]
+
+ADVERSARIAL_CATEGORIES = frozenset({"adversarial", "5"})
+"""``Trace.category`` values of abstention questions (LoCoMo category 5, by name or number)."""
+
+
+def is_adversarial(trace: Trace) -> bool:
+    """True for an adversarial (abstention) question's trace (:data:`ADVERSARIAL_CATEGORIES`)."""
+    return trace.category.strip().lower() in ADVERSARIAL_CATEGORIES
+
 
 GRADER_ERROR_THRESHOLD = 0.05
 """Above this share of grader errors a run is marked incomplete."""
@@ -98,17 +123,43 @@ class RunSummary:
     data_sha256: str = ""
     """SHA-256 of the dataset files the run read (:func:`kitune.data.checksum.dataset_checksum`);
     empty when not known (a summary rebuilt from traces alone)."""
+    abstention_total: int = 0
+    """Adversarial (abstention) questions in the run (:func:`is_adversarial`)."""
+    abstention_graded: int = 0
+    """Of those, graded (grader errors and failed runs excluded, as for ``n_graded``)."""
+    abstention_correct: int = 0
+    """Of those, graded correct: the answer abstained ("not mentioned in the conversation")."""
+    abstention_accuracy: float | None = None
+    """``abstention_correct / abstention_graded``; None when none was graded."""
+    adversarial_in_headline: bool = False
+    """True when the adversarial questions are also counted in the headline fields."""
 
     def to_dict(self) -> dict[str, object]:
         """JSON-able dict."""
         return asdict(self)
 
 
-def summarize(traces: Sequence[Trace], name: str = "run", *, data_sha256: str = "") -> RunSummary:
+def summarize(
+    traces: Sequence[Trace],
+    name: str = "run",
+    *,
+    data_sha256: str = "",
+    include_adversarial: bool = False,
+) -> RunSummary:
     """Aggregate traces into a :class:`RunSummary` (see its field docs for definitions).
 
-    ``data_sha256`` is recorded as given (the dataset checksum of the run).
+    Args:
+        traces: one run's traces.
+        name: the summary's name.
+        data_sha256: recorded as given (the dataset checksum of the run).
+        include_adversarial: count adversarial (abstention) questions in the headline fields
+            too; False (default): they are only in the ``abstention_*`` fields (module docstring).
     """
+    adversarial = [t for t in traces if is_adversarial(t)]
+    abstention_graded = [t for t in adversarial if t.is_graded]
+    abstention_correct = sum(1 for t in abstention_graded if t.judge_correct)
+    if not include_adversarial:
+        traces = [t for t in traces if not is_adversarial(t)]
     n = len(traces)
     graded = [t for t in traces if t.is_graded]
     correct = sum(1 for t in graded if t.judge_correct)
@@ -150,4 +201,9 @@ def summarize(traces: Sequence[Trace], name: str = "run", *, data_sha256: str = 
         failure_kinds=count_failure_kinds(traces),
         input_split_per_question=dict(sorted(per_component.items())),
         data_sha256=data_sha256,
+        abstention_total=len(adversarial),
+        abstention_graded=len(abstention_graded),
+        abstention_correct=abstention_correct,
+        abstention_accuracy=abstention_correct / len(abstention_graded) if abstention_graded else None,
+        adversarial_in_headline=include_adversarial and bool(adversarial),
     )

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,8 +33,9 @@ import kitune.retrieval
 from kitune.config import KituneConfig
 from kitune.data.bundled import missing_data_message
 from kitune.data.checksum import dataset_checksum
+from kitune.data.errata import ErrataReport
 from kitune.data.examples import Split, select_split, slice_questions
-from kitune.data.loaders import Question, load_corpus, load_questions
+from kitune.data.loaders import Question, load_corpus, load_questions_and_errata
 from kitune.errors import ConfigError, DataError, HarnessError
 from kitune.evaluation.agent import Agent
 from kitune.evaluation.budget import Budget
@@ -53,6 +54,7 @@ from kitune.schema import Filter
 from kitune.service.serving import context as serving_context
 from kitune.service.serving.prompts import production_setting, setting_summary
 from kitune.service.serving.setting import rewriter_for
+from kitune.text import exact_match, token_f1
 from kitune.usage import TokenLedger
 
 if TYPE_CHECKING:
@@ -80,6 +82,12 @@ class EvalRunResult:
     resume; ``no_cache`` asks every question again)."""
     replaced: Path | None = None
     """Where ``no_cache`` moved the earlier ``traces.jsonl`` (kept, never deleted)."""
+    published_summary: RunSummary | None = None
+    """The same run scored on the labels as published (:func:`published_traces`): equal to
+    :attr:`summary` when no errata overlay changed a question of the run. ``scores.json`` in the
+    run directory holds both (``corrected``, ``published``) and what the overlay changed."""
+    errata: ErrataReport | None = None
+    """What the errata overlay changed (None: no overlay)."""
 
     @property
     def answered(self) -> int:
@@ -177,10 +185,73 @@ def _ensure_corpus(store: CorpusStore, data_dir: Path) -> None:
 
 def _questions(
     data: Path, questions_path: Path | None, split: Split, limit: int | None, cfg: KituneConfig
-) -> list[Question]:
-    qs = load_questions(questions_path) if questions_path else load_questions(data)
+) -> tuple[list[Question], ErrataReport | None]:
+    qs, errata = load_questions_and_errata(questions_path if questions_path else data)
     qs = select_split(qs, split, validation_fraction=cfg.optimize.validation_fraction, seed=cfg.optimize.seed)
-    return slice_questions(qs, limit)
+    return slice_questions(qs, limit), errata
+
+
+def _response_text(trace: Trace) -> str:
+    """The response the judge graded (:func:`kitune.evaluation.metrics.format_response`), from a trace."""
+    conf = "" if trace.confidence is None else f"{trace.confidence}%"
+    return f"Explanation: {trace.explanation}\nExact Answer: {trace.exact_answer}\nConfidence: {conf}"
+
+
+def published_traces(
+    traces: Sequence[Trace], published: Sequence[Question], judge: JudgeFn | None
+) -> list[Trace]:
+    """``traces`` graded against the published labels of the questions an errata overlay corrected.
+
+    Each trace of a question in ``published`` gets that question's gold answer and aliases, EM
+    and F1 recomputed, and — when it was graded and a ``judge`` is given — a new verdict against
+    the published gold (one judge call per corrected question; an unanswered question stays
+    wrong, a failed or ungraded one stays as it was). Every other trace is returned unchanged.
+
+    Args:
+        traces: the run's traces (graded against the corrected labels).
+        published: the corrected questions as published (:attr:`ErrataReport.published`).
+        judge: the run's grader, or None (EM/F1 only; ``judge_correct`` left as it was).
+    """
+    by_id = {q.query_id: q for q in published}
+    out: list[Trace] = []
+    for t in traces:
+        q = by_id.get(t.query_id)
+        if q is None:
+            out.append(t)
+            continue
+        golds = list(q.golds)
+        changes: dict[str, Any] = {
+            "gold_answer": q.answer,
+            "aliases": list(q.aliases),
+            "em": exact_match(t.exact_answer, golds),
+            "f1": token_f1(t.exact_answer, golds),
+        }
+        if judge is not None and t.judge_status == "graded":
+            if not t.exact_answer.strip():
+                changes["judge_correct"] = False
+            else:
+                verdict = judge(
+                    question=t.question, response=_response_text(t), gold=q.answer, aliases=q.aliases
+                )
+                correct = getattr(verdict, "correct", None)
+                if str(getattr(verdict, "status", "graded")) == "graded" and correct is not None:
+                    changes["judge_correct"] = bool(correct)
+                else:
+                    changes["judge_correct"] = None
+                    changes["judge_status"] = "grader_error"
+                    changes["judge_error"] = str(
+                        getattr(verdict, "error", None) or "judge returned no verdict"
+                    )
+        out.append(replace(t, **changes))
+    return out
+
+
+def _scores(summary: RunSummary) -> dict[str, Any]:
+    keys = (
+        *("n_total", "n_graded", "n_correct", "accuracy", "ci_low", "ci_high", "em", "f1"),
+        *("abstention_total", "abstention_graded", "abstention_correct", "abstention_accuracy"),
+    )
+    return {k: getattr(summary, k) for k in keys}
 
 
 def run_eval(
@@ -264,7 +335,7 @@ def run_eval(
     data = Path(data_dir)
     if not data.exists():
         raise DataError(missing_data_message(data), path=str(data))
-    questions = _questions(data, Path(questions_path) if questions_path else None, split, limit, cfg)
+    questions, errata = _questions(data, Path(questions_path) if questions_path else None, split, limit, cfg)
     if not questions:
         raise DataError(f"no questions selected from {data} (split={split}, limit={limit})", path=str(data))
     checksum = dataset_checksum(data, questions_path=questions_path)  # what was read, in every record
@@ -363,9 +434,29 @@ def run_eval(
             traces = judge_pending(
                 questions, traces, judge, traces_path=traces_path, concurrency=cfg.concurrency_for("judge")
             )
-    summary = summarize(traces, name, data_sha256=checksum.sha256)
+    with_adversarial = cfg.grading.include_adversarial
+    summary = summarize(traces, name, data_sha256=checksum.sha256, include_adversarial=with_adversarial)
+    # the score on the labels as published beside the corrected one (errata overlay, if any)
+    published = published_traces(traces, errata.published if errata else (), judge if use_judge else None)
+    published_summary = summarize(
+        published, f"{name}-published", data_sha256=checksum.sha256, include_adversarial=with_adversarial
+    )
+    scores = {
+        "corrected": _scores(summary),
+        "published": _scores(published_summary),
+        "errata": None
+        if errata is None
+        else {
+            "path": errata.path,
+            "applied": [q for q in errata.applied if q in {t.query_id for t in traces}],
+            "unmatched": list(errata.unmatched),
+            "mismatched": list(errata.mismatched),
+        },
+        "adversarial_in_headline": with_adversarial,
+    }
     usage = {f"{r}/{s}": t for (r, s), t in ledger.by_role_stage().items()}
     (run_dir / "summary.json").write_text(json.dumps(summary.to_dict(), indent=2), encoding="utf-8")
+    (run_dir / "scores.json").write_text(json.dumps(scores, indent=2), encoding="utf-8")
     (run_dir / "usage.json").write_text(json.dumps(usage, indent=2), encoding="utf-8")
     return EvalRunResult(
         run_dir=run_dir,
@@ -376,6 +467,8 @@ def run_eval(
         prompt_versions=versions,
         reused=sum(1 for t in traces if t.query_id in answered_before and t.status != "failed"),
         replaced=replaced,
+        published_summary=published_summary,
+        errata=errata,
     )
 
 
