@@ -153,3 +153,12 @@ def test_power_table_flags_a_split_too_small_to_decide() -> None:
     assert not rows[0].possible and "p = 0.0312" in rows[0].note  # 2^-5 > 0.025
     assert "no decision possible" in rows[0].row()
     assert power_table(n_validation=50, programs=["rewriter"])[0].possible
+
+
+def test_no_end_to_end_questions_skips_the_check_and_says_so() -> None:
+    rows = power_table(n_validation=50, programs=["rewriter"], n_end_to_end=0)
+    assert rows[-1].possible and rows[-1].note.startswith("no end-to-end questions")
+    ids = _ids(50)
+    stage = paired_test({q: 0.0 for q in ids}, {q: float(i < 20) for i, q in enumerate(ids)}, metric="m")
+    d = decide_change("rewriter", stage, end_to_end=paired_test({}, {}, metric="e2e"))
+    assert d.outcome == "accepted" and d.reason.endswith("; no end-to-end pairs (not checked)")

@@ -361,9 +361,16 @@ def test_gepa_on_the_rewriter_scores_recall_without_running_the_agent(tmp_path: 
         data_dir=data, iterations=1, programs=("rewriter",), distractors=0, feedback=False, progress=False
     )
     tracker = RecordingTracker()
-    res = run_optimize(cfg, opts, deps=deps, tracker=tracker)
+    lines: list[str] = []
+    res = run_optimize(cfg, opts, deps=deps, tracker=tracker, log=lines.append)
     (rec,) = res.loop.history
     m = tracker.by_name("iteration-0").metrics
+    if rule == "stage":  # the power table is printed before the run; 2 questions cannot decide anything
+        assert (
+            "| rewriter prompt | rewriter_mrr | 2 | 0.370 (prior) | 0.0500 | 0.651 (no decision possible) |"
+            in lines
+        )
+        assert any(x.startswith("warning: rewriter prompt: the split is too small") for x in lines)
     # 2 tuning questions = the Pareto set; budget min_metric_calls(2, 2, 1) = 3 starts one proposal:
     # seed 2 + parent 2 + child 2 (minibatch of the 1 question missed, padded) + the child's valset 2
     assert m["improve_rewriter_examples"] == 2.0 and m["improve_rewriter_imperfect"] == 1.0

@@ -701,7 +701,11 @@ def decide_change(
         raise ValueError(f"tests_in_round={tests_in_round}: a round tests at least 1 change")
     level = alpha / tests_in_round
     what = test.summary()
-    e2e = f"; end to end {end_to_end.summary()}" if end_to_end is not None else ""
+    e2e = ""
+    if end_to_end is not None:
+        e2e = (
+            f"; end to end {end_to_end.summary()}" if end_to_end.n else "; no end-to-end pairs (not checked)"
+        )
 
     def verdict(outcome: ChangeOutcome, reason: str) -> ChangeDecision:
         return ChangeDecision(change, outcome, reason, test, end_to_end, level, tests_in_round)

@@ -45,6 +45,7 @@ __all__ = [
     "minimum_detectable_effect",
     "noise_false_accept_rate",
     "permissive_round",
+    "power_lines",
     "power_table",
     "stage_round",
 ]
@@ -213,6 +214,14 @@ def power_table(
             note = f"even {n_validation} questions all better gives p = {0.5**n_validation:.3g}"
         rows.append(DecisionPower(decision, metric, n_validation, sd, source, level, mde, possible, note))
     n_e2e = n_validation if n_end_to_end is None else n_end_to_end
+    if n_e2e <= 0:
+        skipped = "no end-to-end questions: the non-inferiority check is skipped (stage decisions alone)"
+        rows.append(
+            DecisionPower(
+                "end-to-end non-inferiority", "end_to_end_accuracy", 0, 0.0, "-", alpha, 0.0, True, skipped
+            )
+        )
+        return rows
     sd, source = measured.get("end_to_end_accuracy") or (PRIOR_SD["end_to_end_accuracy"], "prior")
     shown = minimum_detectable_effect(max(1, n_e2e), sd, alpha=alpha, power=power)
     note = (
@@ -329,3 +338,35 @@ def noise_false_accept_rate(
                     hits += rule(x.tolist(), ys)
                 per[(acc, n, ov)] = hits / rounds
     return sum(per.values()) / len(per), per
+
+
+def power_lines(rows: Sequence[DecisionPower], *, alpha: float, power: float, margin: float) -> list[str]:
+    """What ``kitune optimize`` prints before a run: the power table and its warnings.
+
+    Args:
+        rows: :func:`power_table`.
+        alpha: the round-level α.
+        power: 1 − β.
+        margin: the end-to-end non-inferiority margin.
+
+    Returns:
+        Lines: a heading, a Markdown table (decision, metric, n, s and its source, the level, MDE),
+        then one ``warning:`` line per decision that cannot be made or per note.
+    """
+    out = [
+        f"power before the run (one-sided α {alpha} per round, Bonferroni over its tests; power {power:.0%}; "
+        "MDE = (z(1−α') + z(power))·s/√n, docs/loop-stages.md):",
+        "| decision | metric | n | s (source) | α' | MDE |",
+        "|---|---|---|---|---|---|",
+        *(r.row() for r in rows),
+    ]
+    for r in rows:
+        if not r.possible:
+            out.append(
+                f"warning: {r.decision}: the split is too small for any decision to be possible "
+                f"({r.note or f'MDE {r.mde:.2f} ≥ the whole range'}); every change will be kept out "
+                "as 'not enough evidence'"
+            )
+        elif r.note:
+            out.append(f"warning: {r.decision}: {r.note} (margin {margin}, smallest shown {r.mde:.2f})")
+    return out

@@ -27,6 +27,7 @@ from kitune.errors import ConfigError, PromotionRefusedError, TrackingError
 from kitune.optimizers.loop import LoopResult, Setting, start_prompts
 from kitune.optimizers.loop_state import read_state
 from kitune.optimizers.objective import LoopWeights
+from kitune.optimizers.power import measured_sd, power_lines, power_table
 from kitune.optimizers.program_task import PROGRAM_TASKS
 from kitune.optimizers.registry import check_optimizer
 from kitune.service.pipelines.evaluation import make_judge
@@ -88,6 +89,30 @@ class OptimizeResult:
     """Why the end-of-run promotion was refused (empty: not asked or done)."""
 
 
+def _log_power(
+    cfg: KituneConfig, opts: OptimizeOptions, env: ServiceLoopEnv, state_dir: Path, log: Callable[[str], None]
+) -> None:
+    """Print the minimum detectable effect of each decision before the run (the stage rule only)."""
+    o = cfg.optimize
+    if o.decision_rule != "stage":
+        log("decision rule: permissive (any paired end-to-end gain is accepted; no test, no power)")
+        return
+    n_val = len(env.validation)
+    n_e2e = n_val if opts.measure != "stage" else min(n_val, opts.e2e_sample)
+    rows = power_table(
+        n_validation=n_val,
+        programs=opts.programs,
+        alpha=o.alpha,
+        power=o.power,
+        noninferiority_margin=o.noninferiority_margin,
+        knobs=opts.knob_trials > 0,
+        measured=measured_sd(state_dir),
+        n_end_to_end=n_e2e,
+    )
+    for line in power_lines(rows, alpha=o.alpha, power=o.power, margin=o.noninferiority_margin):
+        log(line)
+
+
 def run_optimize(
     cfg: KituneConfig,
     opts: OptimizeOptions,
@@ -117,6 +142,7 @@ def run_optimize(
         cfg, opts, deps, questions=questions, documents=documents, state_dir=state_dir, log=log
     )
     _record_questions(cfg, opts, env)
+    _log_power(cfg, opts, env, state_dir, log)
     try:
         loop = run_experiment(
             cfg,
