@@ -57,19 +57,31 @@ class CallRecord:
     estimated: bool = False
     """True when the provider returned no usage and tokens were estimated."""
     failed: bool = False
-    """True when the call raised; its tokens are the estimate of the prompt sent."""
+    """True when the call raised; its tokens are the estimate of the prompt sent and what was
+    received (0 unless the provider's reply said otherwise)."""
     latency_s: float = 0.0
     """Wall time of the call in seconds."""
+    retry: bool = False
+    """True for an attempt that repeats a failed one (a bounded retry after a 429, 5xx, timeout)."""
+    timed_out: bool = False
+    """True when the call was abandoned at its timeout (output: the tokens actually received)."""
+    provider_billed: bool = False
+    """For a failed call: the provider's reply carried a usage (it billed the call), e.g. an
+    empty or reasoning-only completion. A rejected (4xx/5xx) or timed-out call bills nothing."""
 
     @property
     def billed_input_tokens(self) -> int:
-        """Input tokens that cost money (0 on a cache hit)."""
-        return 0 if self.cache_hit else self.input_tokens
+        """Input tokens that cost money (0 on a cache hit or a failed call the provider did not bill)."""
+        if self.cache_hit or (self.failed and not self.provider_billed):
+            return 0
+        return self.input_tokens
 
     @property
     def billed_output_tokens(self) -> int:
-        """Output tokens that cost money (0 on a cache hit)."""
-        return 0 if self.cache_hit else self.output_tokens
+        """Output tokens that cost money (0 on a cache hit or a failed call the provider did not bill)."""
+        if self.cache_hit or (self.failed and not self.provider_billed):
+            return 0
+        return self.output_tokens
 
 
 @dataclass
@@ -82,6 +94,8 @@ class _Totals:
     cache_hits: int = 0
     estimated_calls: int = 0
     failed_calls: int = 0
+    retries: int = 0
+    timeouts: int = 0
 
 
 @dataclass
@@ -110,7 +124,10 @@ class TokenLedger:
 
         Returns:
             ``{"calls", "input_tokens", "output_tokens", "billed_input_tokens",
-            "billed_output_tokens", "cache_hits", "estimated_calls", "failed_calls"}``.
+            "billed_output_tokens", "cache_hits", "estimated_calls", "failed_calls", "retries",
+            "timeouts"}``: ``retries`` counts attempts that repeated a failed one, ``timeouts``
+            calls abandoned at their timeout (both also among ``calls``; failed ones among
+            ``failed_calls``).
         """
         t = _Totals()
         with self._lock:
@@ -126,6 +143,8 @@ class TokenLedger:
             t.cache_hits += int(r.cache_hit)
             t.estimated_calls += int(r.estimated)
             t.failed_calls += int(r.failed)
+            t.retries += int(r.retry)
+            t.timeouts += int(r.timed_out)
         return asdict(t)
 
     def by_role_stage(self) -> dict[tuple[str, str], dict[str, int]]:

@@ -650,3 +650,41 @@ def test_no_zero_temperature_rollout_warning_from_kitune_lm(
         warnings.simplefilter("always")
         assert lm(messages=MSG, temperature=0.0, rollout_id=1, cache=False) == ["fresh"]
     assert not [w for w in caught if "rollout_id" in str(w.message)]
+
+
+def test_ledger_counts_retries_rejections_and_timeouts_as_what_they_are(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # issue 37 (5): retries after a 429 were counted 0, a 500 was billed its prompt, a timeout 0 output
+    from kitune.config import load_config
+    from kitune.errors import LMTimeoutError
+    from kitune.lm import build_lm
+    from kitune.testing.openai_stub import Reply, StubServer
+    from kitune.usage import TokenLedger
+
+    with StubServer(
+        [Reply.rate_limited(retry_after_s=0.01), Reply.server_error(500), Reply.ok("fine", usage=(40, 3))]
+    ) as stub:
+        monkeypatch.setenv("KI_ACC_URL", stub.base_url)
+        monkeypatch.setenv("KI_ACC_KEY", "sk-test")
+        cfg = load_config(
+            overrides={
+                "lm.gateway.base_url_env": "KI_ACC_URL",
+                "lm.gateway.api_key_env": "KI_ACC_KEY",
+                "lm.gateway.default_model": "m-small",
+                "lm.judge.num_retries": 3,
+                "lm.judge.timeout_s": 0.5,
+            }
+        )
+        ledger = TokenLedger()
+        lm = build_lm(cfg, "judge", ledger=ledger)
+        assert lm("hello") == ["fine"]
+        t = ledger.totals()
+        assert (t["calls"], t["failed_calls"], t["retries"], t["timeouts"]) == (3, 2, 2, 0)
+        assert (t["billed_input_tokens"], t["billed_output_tokens"]) == (40, 3)  # only the answer billed
+        assert t["input_tokens"] > 40  # the rejected attempts' prompts are kept as estimates
+        stub.push(*[Reply.slow(2.0)] * 4)
+        with pytest.raises(LMTimeoutError):
+            lm("slow please")
+        t = ledger.totals()
+        assert t["timeouts"] == 4 and t["retries"] == 2 + 3 and t["billed_output_tokens"] == 3

@@ -44,6 +44,8 @@ def test_replays_a_recorded_entry_with_fixed_usage(tmp_path: Path) -> None:
         "cache_hits": 0,
         "estimated_calls": 0,
         "failed_calls": 0,
+        "retries": 0,
+        "timeouts": 0,
     }
 
 

@@ -37,7 +37,7 @@ import tenacity
 
 import kitune.localmodel
 from kitune.config import KituneConfig, Role
-from kitune.errors import EmptyCompletionError, LMError, LMRateLimitError, ResponseFormatError
+from kitune.errors import EmptyCompletionError, LMError, LMRateLimitError, LMTimeoutError, ResponseFormatError
 from kitune.lm.calls import generated_text, messages_text, note_finish
 from kitune.lm.errors import classify_error
 from kitune.lm.formats import (
@@ -177,6 +177,9 @@ class KituneLM(dspy.LM):  # type: ignore[misc]
         estimated: bool = False,
         failed: bool = False,
         cache_hit: bool = False,
+        retry: bool = False,
+        timed_out: bool = False,
+        provider_billed: bool = False,
     ) -> None:
         cap = recording_capture()
         if cap is not None:
@@ -204,6 +207,9 @@ class KituneLM(dspy.LM):  # type: ignore[misc]
                 estimated=estimated,
                 failed=failed,
                 latency_s=latency_s,
+                retry=retry,
+                timed_out=timed_out,
+                provider_billed=provider_billed,
             )
         )
 
@@ -290,8 +296,14 @@ class KituneLM(dspy.LM):  # type: ignore[misc]
             reraise=True,  # the classified LMError itself, not tenacity's RetryError
         )
         spent = [0, 0]  # input, output tokens recorded for this call's failed attempts
+        attempts = [0]  # attempts made so far: the second and later are retries in the ledger
+
+        def attempt() -> Any:
+            attempts[0] += 1
+            return self._attempt(messages, request, requested, spent, retry=attempts[0] > 1)
+
         try:
-            return retrying(self._attempt, messages, request, requested, spent)
+            return retrying(attempt)
         except LMError as err:  # the caller sees what the ledger was billed for this call
             err.input_tokens, err.output_tokens = spent
             raise
@@ -316,7 +328,13 @@ class KituneLM(dspy.LM):  # type: ignore[misc]
         )
 
     def _attempt(
-        self, messages: list[dict[str, Any]], request: dict[str, Any], requested: Any, spent: list[int]
+        self,
+        messages: list[dict[str, Any]],
+        request: dict[str, Any],
+        requested: Any,
+        spent: list[int],
+        *,
+        retry: bool = False,
     ) -> Any:
         """One attempt: send at the remembered format rung, stepping down once per rejected rung.
 
@@ -349,10 +367,18 @@ class KituneLM(dspy.LM):  # type: ignore[misc]
                 latency = time.monotonic() - started
                 sent_tokens = estimate_tokens(messages_text(messages))
                 spent[0] += sent_tokens
-                self._record(
-                    input_tokens=sent_tokens, output_tokens=0, latency_s=latency, estimated=True, failed=True
-                )
                 err = classify_error(exc, replace(r, timeout_s=timeout), format_sent=rf is not None)
+                # a rejected (4xx/5xx) or abandoned call: the prompt's estimate is kept for the
+                # record, billed 0; nothing was received (no streaming here), so output is 0
+                self._record(
+                    input_tokens=sent_tokens,
+                    output_tokens=0,
+                    latency_s=latency,
+                    estimated=True,
+                    failed=True,
+                    retry=retry,
+                    timed_out=isinstance(err, LMTimeoutError),
+                )
                 if isinstance(err, ResponseFormatError):
                     sent_level = format_level_of(rf)
                     if sent_level is not None and self._downgrade(sent_level):
@@ -373,6 +399,8 @@ class KituneLM(dspy.LM):  # type: ignore[misc]
                     latency_s=latency,
                     estimated=estimated,
                     failed=True,
+                    retry=retry,
+                    provider_billed=not estimated,  # the reply carried a usage: the provider billed it
                 )
                 raise
             self._record(
@@ -380,6 +408,7 @@ class KituneLM(dspy.LM):  # type: ignore[misc]
                 output_tokens=completion_toks,
                 latency_s=latency,
                 estimated=estimated,
+                retry=retry,
             )
             response._hidden_params["kitune_usage"] = {
                 "input_tokens": prompt_toks,
