@@ -9,11 +9,12 @@ import pytest
 from gepa.utils.stop_condition import ScoreThresholdStopper, StopperProtocol
 
 from kitune.optimizers.stopping import (
+    CompositeStopper,
     MaxInputTokens,
     MaxMetricCallsStopper,
     NoImprovementStopper,
-    StopLog,
     TimeoutStopCondition,
+    combine,
     describe,
     restart,
 )
@@ -42,15 +43,18 @@ def test_the_token_cap_counts_the_ledger_from_its_restart() -> None:
         MaxInputTokens(0, lambda: 0)
 
 
-def test_stop_log_names_the_first_stopper_that_fired() -> None:
+def test_combine_is_gepas_composite_stopper_naming_the_first_that_fired() -> None:
     tokens = [0]
-    log = StopLog(MaxMetricCallsStopper(50), MaxInputTokens(100, lambda: tokens[0]), NoImprovementStopper(5))
+    stop, reason = combine(
+        MaxMetricCallsStopper(50), MaxInputTokens(100, lambda: tokens[0]), NoImprovementStopper(5)
+    )
+    assert isinstance(stop, CompositeStopper) and stop.mode == "any"
     state = SimpleNamespace(total_num_evals=10, program_full_scores_val_set=[0.3])
-    assert not log(state) and log.reason is None
+    assert not stop(state) and reason.text is None
     tokens[0] = 150
-    assert log(state) and log.reason == "input tokens >= 100"
-    assert log(SimpleNamespace(total_num_evals=50, program_full_scores_val_set=[0.3]))
-    assert log.reason == "metric calls >= 50"
+    assert stop(state) and reason.text == "input tokens >= 100"
+    assert stop(SimpleNamespace(total_num_evals=50, program_full_scores_val_set=[0.3]))
+    assert reason.text == "metric calls >= 50"
 
 
 def test_describe_and_restart() -> None:

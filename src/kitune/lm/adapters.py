@@ -32,10 +32,9 @@ from collections.abc import Callable, Mapping
 from typing import Any, get_args, get_origin
 
 import dspy
-from dspy.adapters.json_adapter import _get_structured_outputs_response_format
 from dspy.adapters.utils import apply_output_field_defaults, parse_value
 from dspy.utils.exceptions import AdapterParseError
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, create_model
 
 from kitune.errors import ParseError
 from kitune.lm.calls import note_parse_counts, note_reply
@@ -49,6 +48,7 @@ __all__ = [
     "ReplyParseError",
     "adapter_for",
     "default_adapter",
+    "output_schema",
     "parse_leniently",
     "record_list_field",
     "typed_value",
@@ -121,6 +121,58 @@ def unwrap_typed(text: str) -> str:
         return value
 
     return _TYPED_RE.sub(replace, text)
+
+
+def _close_objects(part: dict[str, Any]) -> None:
+    """Every object lists all its properties as required and allows no others (nested too)."""
+    if part.get("type") == "object":
+        props = part.get("properties")
+        if props is not None:
+            part["required"] = list(props.keys())
+            part["additionalProperties"] = False
+            for sub in props.values():
+                if isinstance(sub, dict):
+                    _close_objects(sub)
+        else:
+            part["properties"] = {}
+            part["required"] = []
+            part["additionalProperties"] = False
+    if part.get("type") == "array" and isinstance(part.get("items"), dict):
+        _close_objects(part["items"])
+    for key in ("$defs", "definitions"):
+        for sub in (part.get(key) or {}).values():
+            _close_objects(sub)
+
+
+def output_schema(signature: Any, *, skip_tool_calls: bool = True) -> dict[str, Any]:
+    """The JSON schema of a signature's outputs, every object closed, for a structured-output request.
+
+    Built from the public ``signature.output_fields`` with pydantic (the same schema DSPy's JSON
+    adapter derives, so recorded requests keep their bytes; ``tests/lm_tests`` compares the two).
+
+    Args:
+        signature: a ``dspy.Signature`` class.
+        skip_tool_calls: leave out a ``dspy.ToolCalls`` output (native function calling sends it
+            as tools instead).
+
+    Raises:
+        ValueError: an output is an open-ended mapping (``dict[...]``): no closed schema exists;
+            the caller falls back to plain JSON mode.
+    """
+    fields: dict[str, Any] = {}
+    for name, field in signature.output_fields.items():
+        annotation = field.annotation
+        if get_origin(annotation) is dict:
+            raise ValueError(f"output {name!r} is an open-ended mapping: no closed schema for it")
+        if skip_tool_calls and annotation == dspy.ToolCalls:
+            continue
+        fields[name] = (annotation, field.default if hasattr(field, "default") else ...)
+    model = create_model("DSPyProgramOutputs", __config__=ConfigDict(extra="forbid"), **fields)
+    schema = model.model_json_schema()
+    for prop in schema.get("properties", {}).values():
+        prop.pop("json_schema_extra", None)
+    _close_objects(schema)
+    return schema
 
 
 class ReplyParseError(AdapterParseError):  # type: ignore[misc]
@@ -309,8 +361,7 @@ class LocalJSONAdapter(KituneJSONAdapter):
 
     def _prepare_response_format(self, lm: Any, lm_kwargs: dict[str, Any], signature: Any) -> None:
         try:
-            model = _get_structured_outputs_response_format(signature, self.use_native_function_calling)
-            schema = model.model_json_schema()
+            schema = output_schema(signature, skip_tool_calls=self.use_native_function_calling)
         except Exception:  # open-ended mapping or unschematisable field: plain JSON mode
             lm_kwargs["response_format"] = {"type": "json_object"}
             return

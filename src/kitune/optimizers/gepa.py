@@ -5,8 +5,9 @@
 reflection LM is the ``reflection`` role (``kitune.lm.build_lm(cfg, "reflection")``). Budgets:
 ``max_metric_calls`` (GEPA's own) plus gepa stop conditions (a timeout from the budget's minutes,
 kitune's :class:`~kitune.optimizers.stopping.MaxInputTokens` on the token ledger), run through a
-:class:`~kitune.optimizers.stopping.StopLog` that names the one that fired. The seed comes from the
-``random.Random`` passed in, so the same RNG state and LM replies give the same result.
+:func:`~kitune.optimizers.stopping.combine` (gepa's ``CompositeStopper``, noting the one that
+fired). The seed comes from the ``random.Random`` passed in, so the same RNG state and LM replies
+give the same result.
 
 **Budgets that can propose.** What GEPA (``gepa`` 0.1.4 under ``dspy.GEPA`` 3.4) spends, in
 metric calls (one call = one example run by the program and scored):
@@ -64,7 +65,14 @@ from kitune.optimizers.base import (
     require_sets,
 )
 from kitune.optimizers.budget import OptimizerBudget
-from kitune.optimizers.stopping import MaxInputTokens, StopLog, StopperProtocol, TimeoutStopCondition, restart
+from kitune.optimizers.stopping import (
+    MaxInputTokens,
+    StopperProtocol,
+    StopReason,
+    TimeoutStopCondition,
+    combine,
+    restart,
+)
 
 __all__ = [
     "DEFAULT_REFLECTION_CONTEXT_TOKENS",
@@ -466,7 +474,7 @@ class GepaOptimizer:
         baseline = get_candidate(program)
         for stopper in self.stoppers:
             restart(stopper)
-        gepa_stopper = StopLog(*self.stoppers) if self.stoppers else None
+        gepa_stopper, fired = combine(*self.stoppers) if self.stoppers else (None, None)
         log = ProposalLog()
         kwargs: dict[str, Any] = {"callbacks": [log]}
         if gepa_stopper:
@@ -520,7 +528,7 @@ class GepaOptimizer:
             metric_calls=calls,
             input_tokens=int(self.input_tokens()),
             history=history,
-            stop_reason=_stop_reason(proposer, gepa_stopper, log, calls, budget, len(valset)),
+            stop_reason=_stop_reason(proposer, fired, log, calls, budget, len(valset)),
             details={
                 "optimizer": "gepa",
                 "max_metric_calls": budget,
@@ -541,10 +549,15 @@ class GepaOptimizer:
 
 
 def _stop_reason(
-    proposer: SizedInstructionProposer, stopper: Any, log: ProposalLog, calls: int, budget: int, n_val: int
+    proposer: SizedInstructionProposer,
+    stopped: StopReason | None,
+    log: ProposalLog,
+    calls: int,
+    budget: int,
+    n_val: int,
 ) -> str | None:
     """Why the run stopped; for a run without a proposal, why none was made."""
-    fired = stopper.reason if stopper else None
+    fired = stopped.text if stopped else None
     if log.proposals:
         return fired
     if log.iterations == 0:

@@ -5,9 +5,9 @@ gepa ships the stop conditions (``gepa.utils.stop_condition``): ``TimeoutStopCon
 ``NoImprovementStopper``, ``ScoreThresholdStopper``, ``FileStopper`` … kitune uses them as they
 are. It adds :class:`MaxInputTokens`, which reads the input tokens the run has spent from a
 callable — the loop passes the token ledger's total (task and reflection calls go through
-``KituneLM``, which records every call) — and :class:`StopLog`, which runs the stoppers for
-``dspy.GEPA(gepa_kwargs={"stop_callbacks": [...]})`` and remembers which one fired, so the
-result's ``stop_reason`` names it (:func:`describe`).
+``KituneLM``, which records every call). :func:`combine` joins the stoppers with gepa's own
+``CompositeStopper`` for ``dspy.GEPA(gepa_kwargs={"stop_callbacks": [...]})``, each one noting in
+a :class:`StopReason` when it fires, so the result's ``stop_reason`` names it (:func:`describe`).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gepa.utils.stop_condition import (
+    CompositeStopper,
     MaxMetricCallsStopper,
     NoImprovementStopper,
     ScoreThresholdStopper,
@@ -25,12 +26,14 @@ from gepa.utils.stop_condition import (
 )
 
 __all__ = [
+    "CompositeStopper",
     "MaxInputTokens",
     "MaxMetricCallsStopper",
     "NoImprovementStopper",
-    "StopLog",
+    "StopReason",
     "StopperProtocol",
     "TimeoutStopCondition",
+    "combine",
     "describe",
     "restart",
 ]
@@ -92,24 +95,32 @@ def describe(stopper: Any) -> str:
     return type(stopper).__name__
 
 
-class StopLog:
-    """Runs stop conditions in order for gepa and remembers the first that fired.
+class StopReason:
+    """Which stop condition of :func:`combine` fired (:func:`describe` of it; None while none has)."""
 
-    Args:
-        stoppers: gepa ``StopperProtocol`` objects (``(state) -> bool``).
+    def __init__(self) -> None:
+        self.text: str | None = None
 
-    Attributes:
-        reason: :func:`describe` of the stopper that fired, None while none has.
+
+def combine(*stoppers: StopperProtocol) -> tuple[CompositeStopper, StopReason]:
+    """Gepa's ``CompositeStopper`` over ``stoppers`` (any fires → stop), and what fired.
+
+    Each stopper is checked in order (``any`` stops at the first that fires) and, when it fires,
+    writes :func:`describe` of itself into the returned :class:`StopReason`.
     """
+    reason = StopReason()
+    return CompositeStopper(*(_Noting(s, reason) for s in stoppers), mode="any"), reason
 
-    def __init__(self, *stoppers: StopperProtocol) -> None:
-        self.stoppers = stoppers
-        self.reason: str | None = None
+
+class _Noting:
+    """One stopper that writes :func:`describe` of itself into ``reason`` when it fires."""
+
+    def __init__(self, stopper: StopperProtocol, reason: StopReason) -> None:
+        self.stopper = stopper
+        self.reason = reason
 
     def __call__(self, gepa_state: Any) -> bool:
-        """True when any stopper fires (gepa checks this before every iteration)."""
-        for stopper in self.stoppers:
-            if stopper(gepa_state):
-                self.reason = describe(stopper)
-                return True
+        if self.stopper(gepa_state):
+            self.reason.text = describe(self.stopper)
+            return True
         return False
