@@ -56,8 +56,9 @@ PRIOR_SD: dict[str, float] = {
     "end_to_end_accuracy": 0.5,
 }
 """Per-question standard deviation assumed when no cache has the incumbent's: 0.5 for 0/1
-metrics (the largest, p = 0.5), 0.37 for the reciprocal rank (loop-dev-48's validation MRR,
-0.428 [0.282–0.575] over 24 questions ⇒ s = 0.146·√24/1.96)."""
+metrics (the largest, p = 0.5), 0.37 for the reciprocal rank (the seed's validation MRR in
+experiments/loop-dev-48-pareto, 0.428 [0.282–0.575] over 24 questions ⇒ s = 0.146·√24/1.96;
+loop-dev-48's own re-measurement gives 0.44, see experiments/decision-reanalysis/power.md)."""
 
 PRIOR_RHO = 0.5
 """Prior correlation of incumbent and candidate per question (σ_d² = 2s²(1 − ρ) = s²)."""
