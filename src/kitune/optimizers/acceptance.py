@@ -31,6 +31,16 @@ pairs and counted) and reports:
    interval of the accuracy difference lies above 0;
 5. otherwise *rejected*.
 
+**The stage rule** (issue 36; ``optimize.decision_rule: stage``, the default in the loop):
+:func:`decide_stage` keeps rules 1–3 and replaces 4–5 by one test per change on the program's
+own per-question stage values on validation (:data:`STAGE_METRICS`; :func:`paired_test`: exact
+sign test for 0/1 values, sign-flip permutation test otherwise), decided by
+:func:`decide_change` — accepted (effect ≥ ``min_effect``, ``p ≤ alpha / tests in the round``,
+end to end non-inferior), rejected (worse), or kept the incumbent: not enough evidence.
+:func:`decide_round` keeps at most the best of k proposals tested on the same questions.
+``docs/loop-stages.md`` ("The decision rule") has the whole rule, the power formula
+(:mod:`kitune.optimizers.power`) and the measured false-accept rates.
+
 **Sanity checks** (:func:`check_instruction`), run on every instruction a proposal changes
 *before* it is evaluated, so a degenerate proposal costs no agent run: at least
 ``MIN_INSTRUCTION_CHARS`` characters (a short instruction may be a good one: GEPA's proposals

@@ -20,7 +20,11 @@ One iteration:
    (:func:`~kitune.optimizers.acceptance.check_instruction`) is rejected before any evaluation;
 5. the current setting is re-measured on validation *on the store as it now is* and the
    proposal evaluated on the same questions, so the comparison is paired on one store state;
-6. :func:`~kitune.optimizers.acceptance.decide` accepts, rejects, or — when too many questions
+6. the decision rule (``decision_rule``): :func:`~kitune.optimizers.acceptance.decide_stage`
+   (``stage``, the default: a one-sided paired test per change on its per-question validation
+   stage metric at ``alpha`` over the round's tests, with end-to-end non-inferiority; "kept the
+   incumbent: not enough evidence" is an outcome) or :func:`~kitune.optimizers.acceptance.decide`
+   (``permissive``, the old rule) accepts, rejects, or — when too many questions
    failed (an outage, not a worse prompt) — decides nothing; a proposal that changes only
    write-only programs is judged by their own task metric (the validation runs cannot see it);
    an accepted prompt is registered as a new version, aliased ``candidate`` (and promoted to
