@@ -150,5 +150,8 @@ def main() -> None:
     # Offline by default: LiteLLM otherwise tries to download its price list at import time
     # (several warnings and ~7 s on a machine without internet).
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    from kitune.cli.common import configure_logging
+
+    configure_logging()  # once, for every command (LiteLLM's lines were printed twice under `mcp`)
     _register()
     app()

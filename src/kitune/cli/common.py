@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Annotated, NoReturn
@@ -19,6 +20,7 @@ __all__ = [
     "TraceSourceNameOption",
     "TraceSourcesArgument",
     "already_reported",
+    "configure_logging",
     "console",
     "exit_code_for",
     "fail",
@@ -55,6 +57,23 @@ TraceSourceNameOption = Annotated[
     str | None,
     typer.Option("--name", help="Also read the imported trace source <workdir>/traces/<name>."),
 ]
+
+
+_LITELLM_LOGGERS = ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy")
+
+
+def configure_logging(level: int = logging.WARNING) -> None:
+    """Configure logging once for a command (idempotent): LiteLLM's loggers at ``level``, not propagated.
+
+    LiteLLM gives its loggers their own stderr handler; with a root handler installed as well
+    (the MCP SDK's, or a library's ``basicConfig``) every INFO line was printed twice on the MCP
+    server's stderr. kitune reports LLM failures itself (classified, with the fix), so LiteLLM's
+    own lines are kept to warnings and printed once, by LiteLLM's handler.
+    """
+    for name in _LITELLM_LOGGERS:
+        lg = logging.getLogger(name)
+        lg.setLevel(level)
+        lg.propagate = False
 
 
 def fail(message: str, code: int = 2) -> NoReturn:

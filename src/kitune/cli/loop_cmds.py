@@ -426,6 +426,14 @@ def optimize_cmd(
             "then stop; the loop run with the same --run-name finds them done.",
         ),
     ] = False,
+    promote: Annotated[
+        bool,
+        typer.Option(
+            "--promote",
+            help="Promote what the run accepts to production at the end (checked as `kitune prompts "
+            "promote` is). Default: staged as candidate, not served.",
+        ),
+    ] = False,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help=PROGRESS_HELP)] = True,
     split: Annotated[
         str,
@@ -524,6 +532,7 @@ def optimize_cmd(
         tune_agent=tune_agent,
         e2e_sample=e2e_sample,
         final_eval=final_eval,
+        promote=promote,
     )
     if extract_only:
         ext = _or_exit_1(extract_slice, cfg, opts, log=_log)
@@ -548,6 +557,18 @@ def optimize_cmd(
             f"curves: {res.loop.curves_md}" + (f", {res.loop.curves_png}" if res.loop.curves_png else "")
         )
     out.print(_mlflow_hint(res.mlflow_uri), soft_wrap=True, highlight=False)
+    for pname, version in res.staged.items():
+        if pname in res.promoted:
+            out.print(f"promoted {pname} v{version} to production", highlight=False)
+        else:
+            out.print(
+                f"staged {pname} v{version} (alias candidate, not served): "
+                f"kitune prompts promote {pname} {version}",
+                highlight=False,
+                soft_wrap=True,
+            )
+    if res.promotion_refused:
+        fail(res.promotion_refused, code=1)
 
 
 def _names(ids: Sequence[str], limit: int = 8) -> str:

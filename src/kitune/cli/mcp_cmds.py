@@ -25,7 +25,7 @@ from typing import Annotated, Literal
 
 import typer
 
-from kitune.cli.common import ConfigOption, fail, get_config
+from kitune.cli.common import ConfigOption, configure_logging, fail, get_config
 from kitune.cli.context_cmds import (
     NoRewriteOption,
     PackagedOption,
@@ -149,6 +149,9 @@ def _serve(
             check_bind(host, token)
         except KituneError as e:
             fail(str(e))
+    import litellm  # noqa: F401  # imported now, so its loggers exist before they are configured
+
+    configure_logging()  # after the MCP SDK and LiteLLM set up theirs: each line once on stderr
     cfg = get_config(config)
     serving = start_serving(
         cfg, prompt_version=prompt_version, packaged=packaged, no_rewrite=no_rewrite, refresh_s=refresh_s
