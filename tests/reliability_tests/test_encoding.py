@@ -8,8 +8,8 @@ import ast
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "kitune"
-_NOT_FILES = {"os", "opener", "urllib", "webbrowser"}
-"""Receivers whose ``.open`` is not a text file open (file descriptors, URL openers)."""
+_NOT_FILES = {"os", "opener", "urllib", "webbrowser", "backend"}
+"""Receivers whose ``.open`` is not a text file open (file descriptors, URL openers, a store backend)."""
 
 
 def _mode(call: ast.Call, is_method: bool) -> str:

@@ -73,7 +73,8 @@ def create_store(cfg: KituneConfig, *, embedder: Embedder | None = None) -> Stor
         ConfigError: unknown store type, or the backend's extra is not installed.
         StoreUnavailableError: the backend cannot be opened or reached.
     """
-    return store_backend(cfg).open(cfg, embedder)
+    backend = store_backend(cfg)
+    return backend.open(cfg, embedder)
 
 
 def create_corpus_store(cfg: KituneConfig, *, embedder: Embedder | None = None) -> CorpusStore:
