@@ -85,7 +85,8 @@ def test_eval_exit_codes_fail_under_reuse_and_no_cache(
     assert r.exit_code == 1, r.output
     out = " ".join(r.output.split())
     assert "accuracy 50.0% (1/2) is below --fail-under 90.0%" in out
-    assert "correct (match)" not in out  # --no-progress: no per-question lines
+    assert "correct (match)" in out and "judge-correct" not in out  # the summary names the grader
+    assert "wrong (match)" not in out  # --no-progress: no per-question lines
     # the rerun asks nothing: both answers are reused, and it says so
     r = CliRunner().invoke(app, [*base, "--fail-under", "0.5"])
     assert r.exit_code == 0, r.output

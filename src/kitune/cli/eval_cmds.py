@@ -189,7 +189,11 @@ def eval_command(
     except KituneError as e:  # bad input and a refused key exit 2, run-time failures 1
         fail_with(e)
     s = result.summary
-    rows = [[label, format_cell(s, key)] for label, key in ROWS]
+    # what graded the answers: the deterministic match rule or the judge LLM (never "judge-correct" for both)
+    graded_by = "match" if cfg.grading.grader == "match" else "judge"
+    rows = [
+        [f"correct ({graded_by})" if key == "judge" else label, format_cell(s, key)] for label, key in ROWS
+    ]
     _out.print(_summary_table(f"eval {skill}: {s.name}", rows, ["metric", s.name]))
     _print_failures(result.traces, s)
     _out.print(f"traces: {result.traces_path}")

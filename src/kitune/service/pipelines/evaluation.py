@@ -404,6 +404,7 @@ def run_eval(
         },
         "agent_model": cfg.lm.model_label("agent"),
         "judge_model": cfg.lm.model_label("judge") if use_judge else None,
+        "grader": cfg.grading.grader if use_judge else None,
         "observation_max_chars": cfg.agent.observation_max_chars,
         "search_hits": cfg.retrieval.search_hits,
         "prompt_versions": versions,
