@@ -113,15 +113,15 @@ def test_sign_test_p_exact() -> None:
 
 
 def test_pure_noise_rounds_of_8_accept_at_most_5_percent() -> None:
-    started = time.monotonic()
+    started = time.process_time()  # CPU seconds of this process (wall time depends on the machine's load)
     rate, per = noise_false_accept_rate(stage_round(), rounds=50, seed=36)
-    elapsed = time.monotonic() - started
-    print(
-        f"stage rule: false-accept rate over {50 * len(per)} rounds of 8 noise proposals = {rate:.3f}; {per}"
-    )
+    cpu = time.process_time() - started
+    print(f"stage rule: false-accept rate over {50 * len(per)} rounds of 8 noise proposals = {rate:.3f}")
+    print(f"per (accuracy, n, overlap): {per}; {cpu:.1f} CPU seconds")
     assert rate <= 0.05
+    assert rate == pytest.approx(0.010)  # seeded: 6 of 600 rounds
     assert max(per.values()) <= 0.10  # no cell badly off either (50 rounds each)
-    assert elapsed < 10
+    assert cpu < 30  # ~2 s on an idle core; CPU time still inflates when other work shares the cores
 
 
 def test_permissive_rule_accepts_most_noise_rounds() -> None:
