@@ -1,4 +1,8 @@
-import sys, time
+"""Prefix every line of stdin with the UTC wall clock and the seconds since the first line."""
+
+import sys
+import time
+
 t0 = time.time()
 for line in sys.stdin:
     now = time.time()
