@@ -127,8 +127,60 @@ def test_optimize_refuses_unknown_split_and_measure_choices(tmp_path: Path) -> N
         (["--split", "dataset"], "--split", "use one of random, stratified"),
         (["--measure", "cheap"], "--measure", "use full or stage"),
         (["--e2e-sample", "8"], "--measure", "--tune-agent and --e2e-sample choose the agent's questions"),
+        (["--measure", "stage", "--e2e-sample", "some"], "--e2e-sample", "'some': use a number ≥ 0 or auto"),
     ):
         r = CliRunner().invoke(app, ["optimize", "--data", str(tmp_path), *args], env={"COLUMNS": "200"})
         out = " ".join(r.output.split())
         assert r.exit_code == 2, out
         assert f"Invalid value for '{option}': {message}" in out
+
+
+def test_e2e_sample_auto_is_sized_by_the_power_of_the_non_inferiority_check(tmp_path: Path) -> None:
+    from kitune.data.loaders import load_corpus, load_questions
+    from kitune.optimizers.power import minimum_detectable_effect
+    from kitune.service.tuning.loop_env import ServiceLoopEnv, e2e_sample_size
+    from kitune.service.tuning.options import E2E_AUTO
+
+    # (z(0.95) + z(0.8)) · 0.5 / √n ≤ 0.10 ⇒ n ≥ 154.6: 155 paired questions; a 0.4 sd needs 99
+    assert e2e_sample_size(0.5, alpha=0.05, power=0.8, margin=0.10) == 155
+    assert minimum_detectable_effect(154, 0.5) > 0.10 >= minimum_detectable_effect(155, 0.5)
+    assert e2e_sample_size(0.4, alpha=0.05, power=0.8, margin=0.10) == 99
+    assert e2e_sample_size(0.5, alpha=0.05, power=0.8, margin=0.5) == 7
+    with pytest.raises(ValueError, match="margin=0"):
+        e2e_sample_size(0.5, alpha=0.05, power=0.8, margin=0.0)
+    data = write_dataset(tmp_path / "data")
+    cfg = tiny_config(tmp_path)
+    deps = make_deps(RuleLM(task_rule), RuleLM(reflection_rule, json=True))
+    lines: list[str] = []
+
+    def env(**options: object) -> ServiceLoopEnv:
+        opts = OptimizeOptions(data_dir=data, progress=False, measure="stage", **options)  # type: ignore[arg-type]
+        return ServiceLoopEnv(
+            cfg,
+            opts,
+            deps,
+            questions=load_questions(data),
+            documents=load_corpus(data),
+            state_dir=tmp_path / "s",
+            log=lines.append,
+        )
+
+    auto = env(e2e_sample=E2E_AUTO)
+    val = auto.questions_for("validation")
+    assert auto.agent_questions("validation", val) == val  # 155 wanted, the split has 2: all of them
+    assert auto.agent_questions("tune", auto.questions_for("tune")) == []  # no --tune-agent
+    assert lines[-1].endswith(
+        "running the agent on 2 of 2 validation questions (all: the split is smaller than the power asks)"
+    )
+    one = env(e2e_sample=1)
+    picked = one.agent_questions("validation", val)
+    assert len(picked) == 1 and picked == one.agent_questions("validation", list(reversed(val)))  # seeded
+    full = ServiceLoopEnv(
+        cfg,
+        OptimizeOptions(data_dir=data, progress=False),
+        deps,
+        questions=load_questions(data),
+        documents=load_corpus(data),
+        state_dir=tmp_path / "s2",
+    )
+    assert full.agent_questions("tune", full.questions_for("tune")) == full.questions_for("tune")

@@ -462,14 +462,15 @@ def optimize_cmd(
         ),
     ] = False,
     e2e_sample: Annotated[
-        int,
+        str,
         typer.Option(
             "--e2e-sample",
-            min=0,
             help="With --measure stage: validation questions (a seeded subset, the same each iteration) the "
-            "agent runs on per measurement; 0 (default): none.",
+            "agent runs on per measurement: a number (0, the default: none) or auto (as many as the "
+            "end-to-end non-inferiority check needs for optimize.power at optimize.noninferiority_margin, "
+            "at most the split).",
         ),
-    ] = 0,
+    ] = "0",
     final_eval: Annotated[
         bool,
         typer.Option(
@@ -492,7 +493,7 @@ def optimize_cmd(
     kitune optimize --data ../shared/data/fixture --questions 8 --iterations 1 --budget-minutes 20
     """
     from kitune.service.tuning.optimize import extract_slice, run_optimize
-    from kitune.service.tuning.options import OptimizeOptions
+    from kitune.service.tuning.options import E2E_AUTO, OptimizeOptions
     from kitune.service.tuning.slicing import SPLIT_METHODS
 
     if sample_seed is not None and questions is None:
@@ -505,7 +506,10 @@ def optimize_cmd(
         raise typer.BadParameter(f"use one of {', '.join(SPLIT_METHODS)}", param_hint="'--split'")
     if measure not in ("full", "stage"):
         raise typer.BadParameter("use full or stage", param_hint="'--measure'")
-    if measure == "full" and (tune_agent or e2e_sample):
+    if e2e_sample != "auto" and not (e2e_sample.isdigit()):
+        raise typer.BadParameter(f"{e2e_sample!r}: use a number ≥ 0 or auto", param_hint="'--e2e-sample'")
+    sample = E2E_AUTO if e2e_sample == "auto" else int(e2e_sample)
+    if measure == "full" and (tune_agent or sample):
         raise typer.BadParameter(
             "--tune-agent and --e2e-sample choose the agent's questions under --measure stage; "
             "--measure full runs it on every question",
@@ -530,7 +534,7 @@ def optimize_cmd(
         split=split,
         measure=measure,
         tune_agent=tune_agent,
-        e2e_sample=e2e_sample,
+        e2e_sample=sample,
         final_eval=final_eval,
         promote=promote,
     )

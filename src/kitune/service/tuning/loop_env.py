@@ -91,6 +91,7 @@ from kitune.optimizers.improver import IMPROVERS, run_improvers
 from kitune.optimizers.ledger import FailureLedger
 from kitune.optimizers.loop import Evaluation, Proposal, Setting
 from kitune.optimizers.objective import answer_coverage
+from kitune.optimizers.power import PRIOR_SD, measured_sd, minimum_detectable_effect
 from kitune.optimizers.program_task import eval_key
 from kitune.programs.fact_extractor import FactExtractor
 from kitune.schema import Document, Filter
@@ -103,6 +104,7 @@ from kitune.service.serving.prompts import versioned_store_cfg
 from kitune.service.serving.setting import rewriter_for
 from kitune.service.tuning import improve
 from kitune.service.tuning.improve import reflection_context_tokens, reflection_fallback
+from kitune.service.tuning.options import E2E_AUTO
 from kitune.service.tuning.slicing import SliceSplit, split_slice
 
 if TYPE_CHECKING:
@@ -114,9 +116,28 @@ if TYPE_CHECKING:
     from kitune.service.tuning.options import OptimizeOptions
     from kitune.usage import TokenLedger
 
-__all__ = ["LoopDeps", "ServiceLoopEnv"]
+__all__ = ["LoopDeps", "ServiceLoopEnv", "e2e_sample_size"]
 
 logger = logging.getLogger(__name__)
+
+
+def e2e_sample_size(sd: float, *, alpha: float, power: float, margin: float, limit: int = 10_000) -> int:
+    """The fewest paired questions whose end-to-end minimum detectable effect is at most ``margin``.
+
+    The smallest ``n`` with :func:`kitune.optimizers.power.minimum_detectable_effect` ``(n, sd,
+    alpha, power) ≤ margin`` — the non-inferiority check's normal approximation (one-sided
+    ``alpha``, prior correlation 0.5): with ``sd`` 0.5, α 0.05, power 0.8 and margin 0.10 it is
+    155. Capped at ``limit``.
+
+    Raises:
+        ValueError: ``margin`` ≤ 0 or an argument :func:`minimum_detectable_effect` refuses.
+    """
+    if margin <= 0:
+        raise ValueError(f"margin={margin}: the non-inferiority margin must be above 0 to size a sample")
+    n = 1
+    while n < limit and minimum_detectable_effect(n, sd, alpha=alpha, power=power) > margin:
+        n += 1
+    return n
 
 
 @dataclass
@@ -194,6 +215,7 @@ class ServiceLoopEnv:
         self.rng = random.Random(cfg.optimize.seed)
         IMPROVERS.check(cfg.optimize.improvers, setting="optimize.improvers")
         self._window: tuple[int | None] | None = None
+        self._e2e_auto: int | None = None
         self.reflection_note = reflection_fallback(cfg)
         """Why the optimisers reflect with the task model (no ``lm.reflection.model``), or None."""
         if self.reflection_note:  # said once: through ``log`` when given, else the logging module
@@ -245,8 +267,33 @@ class ServiceLoopEnv:
             return list(questions) if self.opts.tune_agent else []
         ids = sorted(q.query_id for q in questions)
         random.Random(f"e2e-sample:{self.cfg.optimize.seed}").shuffle(ids)
-        keep = set(ids[: max(self.opts.e2e_sample, 0)])
+        keep = set(ids[: self.e2e_sample_size(len(ids))])
         return [q for q in questions if q.query_id in keep]
+
+    def e2e_sample_size(self, n_validation: int) -> int:
+        """How many validation questions the agent runs on per measurement under ``measure="stage"``.
+
+        ``e2e_sample`` ≥ 0: that many (at most the split). ``E2E_AUTO``: :func:`e2e_sample_size`
+        with ``optimize.alpha``, ``optimize.power`` and ``optimize.noninferiority_margin`` and the
+        end-to-end accuracy's standard deviation measured in this run's cache (else the prior),
+        logged once.
+        """
+        if self.opts.e2e_sample != E2E_AUTO:
+            return min(max(self.opts.e2e_sample, 0), n_validation)
+        if self._e2e_auto is None:
+            o = self.cfg.optimize
+            sd, source = measured_sd(self.state_dir).get(
+                "end_to_end_accuracy", (PRIOR_SD["end_to_end_accuracy"], "prior")
+            )
+            wanted = e2e_sample_size(sd, alpha=o.alpha, power=o.power, margin=o.noninferiority_margin)
+            self._e2e_auto = min(wanted, n_validation)
+            self.log(
+                f"--e2e-sample auto: the end-to-end non-inferiority check (margin {o.noninferiority_margin}, "
+                f"alpha {o.alpha}, power {o.power}, sd {sd:.3f} {source}) needs {wanted} paired questions; "
+                f"running the agent on {self._e2e_auto} of {n_validation} validation questions"
+                + (" (all: the split is smaller than the power asks)" if wanted > n_validation else "")
+            )
+        return self._e2e_auto
 
     def setting_cfg(self, setting: Setting) -> KituneConfig:
         """``cfg`` with the setting's knobs applied."""

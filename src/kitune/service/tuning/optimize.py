@@ -98,7 +98,7 @@ def _log_power(
         log("decision rule: permissive (any paired end-to-end gain is accepted; no test, no power)")
         return
     n_val = len(env.validation)
-    n_e2e = n_val if opts.measure != "stage" else min(n_val, opts.e2e_sample)
+    n_e2e = n_val if opts.measure != "stage" else env.e2e_sample_size(n_val)
     rows = power_table(
         n_validation=n_val,
         programs=opts.programs,

@@ -12,7 +12,10 @@ from pathlib import Path
 
 from kitune.optimizers.program_task import program_names
 
-__all__ = ["OptimizeOptions"]
+__all__ = ["E2E_AUTO", "OptimizeOptions"]
+
+E2E_AUTO = -1
+"""``OptimizeOptions.e2e_sample`` value for ``--e2e-sample auto``."""
 
 
 @dataclass(frozen=True)
@@ -61,7 +64,9 @@ class OptimizeOptions:
     has no failures to write from)."""
     e2e_sample: int = 0
     """With ``measure="stage"``: validation questions (a seeded subset, the same every iteration so
-    runs pair) the agent runs on in each measurement; 0: none; more than the split: all."""
+    runs pair) the agent runs on in each measurement; 0: none; more than the split: all;
+    :data:`E2E_AUTO` (-1, ``--e2e-sample auto``): sized by the power estimate of the end-to-end
+    non-inferiority check (:func:`kitune.service.tuning.loop_env.e2e_sample_size`)."""
     final_eval: bool = False
     """After the last iteration, run the start and the final setting end to end on every
     validation question and compare them paired (``<state>/final_eval.json|md``)."""
