@@ -97,10 +97,11 @@ def eval_command(
         typer.Option(
             "--questions",
             metavar="FILE",
-            help="Questions file overriding --data's: JSONL, one question per line with query_id, "
+            help="Questions overriding --data's: a JSONL file, one question per line with query_id, "
             'query, answer and optional aliases, evidence_docids, gold_docids, e.g. {"query_id": "q1", '
-            '"query": "Which license does curl use?", "answer": "MIT", "evidence_docids": ["curl"]} '
-            "(a .json list of the same objects also works).",
+            '"query": "Which license does curl use?", "answer": "MIT", "evidence_docids": ["curl"]}; '
+            "or a folder holding questions.jsonl, a BrowseComp-Plus folder (ground_truth.jsonl), or "
+            "LoCoMo as published.",
         ),
     ] = None,
     concurrency: Annotated[
