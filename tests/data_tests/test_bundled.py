@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -67,6 +68,13 @@ def test_a_wheel_installed_into_an_empty_folder_runs_the_demo_from_its_own_files
     wheels = tmp_path / "wheels"
     env = {**os.environ, "PIP_NO_INDEX": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
     env.pop("PYTHONPATH", None)
+    # a copy of what the build reads, so no build/ or egg-info of an earlier build is reused
+    checkout = tmp_path / "checkout"
+    shutil.copytree(
+        ROOT / "src", checkout / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info")
+    )
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, checkout / name)
     subprocess.run(
         [
             sys.executable,
@@ -76,7 +84,7 @@ def test_a_wheel_installed_into_an_empty_folder_runs_the_demo_from_its_own_files
             "-q",
             "--no-deps",
             "--no-build-isolation",
-            str(ROOT),
+            str(checkout),
             "-w",
             str(wheels),
         ],
