@@ -15,9 +15,31 @@ the share of calls whose context contains the gold answer (answer-bearing rate, 
 in rank order (the prefix an agent must read), answer-bearing rate per 1k tokens, and the ratios
 in-context / baseline. A skill without a store is reported as missing, never invented.
 
+Issue 39.2's observation changes are measured side by side (``--kis`` given):
+
+* **KI rendering** — ``full`` (title — description (docs: …) + a facet line, the rendering before)
+  against ``compact`` (:func:`kitune.service.serving.context.compact_line`: the fact once,
+  documents as ``[docid]``, of the facet line only its entities), each on the same KIs;
+* **de-duplication** — a second look-up per question (the question's capitalised name runs, the
+  entity a reformulating agent asks for next; questions without one are skipped): its tokens
+  with and without the KIs the first look-up already showed, and the answer-bearing rate of the
+  two look-ups together (unchanged by construction: only what was already shown is left out);
+* **history** — a scripted agent that repeats the same pair of calls (``get_context`` and
+  ``search`` on the question, the looping episode of issue 39) run through the real agent on
+  these stores, with the call rules before issue 39 (``legacy``: identical results re-sent in
+  full, refusals not counted) and after (``bounded``); input tokens per episode counted on the
+  messages sent (the same tokenizer), and where each ends.
+
+``--questions`` restricts to the ids of a committed run's ``questions.json`` (``tune`` +
+``validation``); ``--docs-from`` restricts the corpus to the documents named in JSONL files
+(``docid`` per line, e.g. that run's extraction state files): the corpus the KIs were extracted
+from, so both skills search the same documents.
+
 Usage::
 
-    python benchmarks/context_cost.py --kis kitune-work/lancedb            # dev split + its KIs
+    python benchmarks/context_cost.py --kis experiments/loop-dev-48/kis/kis-d6e68232.jsonl \
+        --questions experiments/loop-dev-48/questions.json \
+        --docs-from experiments/loop-dev-48/extractions/*.jsonl --embedder hash
     python benchmarks/context_cost.py --data ../shared/data/fixture --kis PATH
     python benchmarks/context_cost.py                                       # baseline side only
 """
@@ -26,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import re
 import shutil
 import tempfile
@@ -100,6 +123,85 @@ def measure(
     }
 
 
+_NAME_RUN = re.compile(r"[A-Z][\w'’.-]*(?:\s+(?:(?:of|the|de|von|van)\s+)*[A-Z][\w'’.-]*)*")
+
+
+def entity_query(question: str) -> str | None:
+    """The question's capitalised name runs (first word aside): the next look-up; None when none."""
+    words = question.split(maxsplit=1)
+    rest = words[1] if len(words) > 1 else ""
+    runs = [m.group(0).strip() for m in _NAME_RUN.finditer(rest)]
+    runs = [r for r in runs if len(r) > 2]
+    return " ".join(runs) if runs else None
+
+
+def measure_dedupe(
+    make_box: Callable[[bool], Any], questions: Sequence[Question], count: Callable[[str], int]
+) -> dict[str, Any]:
+    """Two look-ups per question (the question, then :func:`entity_query`), with and without dedupe."""
+    second: dict[bool, list[int]] = {False: [], True: []}
+    bearing: dict[bool, int] = {False: 0, True: 0}
+    n = 0
+    for q in questions:
+        follow = entity_query(q.query)
+        if follow is None or follow == q.query:
+            continue
+        n += 1
+        for dedupe in (False, True):
+            box = make_box(dedupe)
+            a = box.call("get_context", {"query": q.query})
+            b = box.call("get_context", {"query": follow})
+            second[dedupe].append(count(b.text))
+            bearing[dedupe] += int(contains_answer(a.text + "\n" + b.text, q.golds))
+    return {
+        "questions": n,
+        "second_lookup_tokens_without": summarize(second[False]).to_dict(1) if n else None,
+        "second_lookup_tokens_with": summarize(second[True]).to_dict(1) if n else None,
+        "answer_bearing_two_lookups_without": round(bearing[False] / n, 4) if n else None,
+        "answer_bearing_two_lookups_with": round(bearing[True] / n, 4) if n else None,
+    }
+
+
+def measure_loop(
+    make_box: Callable[[], Any],
+    questions: Sequence[Question],
+    count: Callable[[str], int],
+    *,
+    rules: str,
+    max_steps: int,
+) -> dict[str, Any]:
+    """The scripted looping agent (get_context, search on the question, repeated) under ``rules``."""
+    from kitune.chat import ChatResponse
+    from kitune.evaluation.agent import Agent
+    from kitune.evaluation.budget import Budget
+    from kitune.testing.chat import ScriptedChatModel
+
+    def turn(reply: str) -> Callable[[Any], ChatResponse]:
+        def f(messages: Any) -> ChatResponse:
+            sent = sum(count(str(m.get("content") or "")) for m in messages)
+            return ChatResponse(text=reply, input_tokens=sent, output_tokens=count(reply))
+
+        return f
+
+    tokens: list[int] = []
+    steps: list[int] = []
+    ended: dict[str, int] = {}
+    for q in questions:
+        calls = [json.dumps({"tool": t, "args": {"query": q.query}}) for t in ("get_context", "search")]
+        model = ScriptedChatModel([turn(calls[i % 2]) for i in range(max_steps + 2)])
+        budget = Budget(max_steps=max_steps, max_tokens=None, call_rules=rules)  # type: ignore[arg-type]
+        ep = Agent(model, make_box(), budget=budget).run(q.query)
+        tokens.append(ep.input_tokens)
+        steps.append(len(ep.steps))
+        why = ep.exhausted_by or ep.status
+        ended[why] = ended.get(why, 0) + 1
+    return {
+        "input_tokens_per_episode": summarize(tokens).to_dict(1),
+        "steps_per_episode": summarize(steps).to_dict(1),
+        "ended_by": ended,
+    }
+
+
 def open_kis(path: Path, embedder: Any) -> Any:
     from kitune.ki import KI
 
@@ -123,6 +225,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--embedder", default="wordllama", choices=("wordllama", "hash"))
     ap.add_argument("--quick", action="store_true", help="first 30 questions")
     ap.add_argument("--name", default=None)
+    ap.add_argument(
+        "--questions", type=Path, default=None, help="a run's questions.json: its tune+validation ids"
+    )
+    ap.add_argument(
+        "--docs-from", type=Path, nargs="*", default=(), help="JSONL files naming the corpus docs"
+    )
+    ap.add_argument("--loop-steps", type=int, default=43, help="step budget of the scripted looping agent")
     args = ap.parse_args(argv)
     if args.quick:
         args.limit = args.limit or 30
@@ -141,7 +250,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = load_config()
     r = cfg.retrieval
     ds = load_dataset(args.data.resolve())
-    questions = list(ds.questions[: args.limit] if args.limit else ds.questions)
+    pool = list(ds.questions)
+    if args.questions is not None:
+        spec = json.loads(args.questions.read_text(encoding="utf-8"))
+        wanted = [str(i) for i in (*spec.get("tune", ()), *spec.get("validation", ()))]
+        by_id = {q.query_id: q for q in pool}
+        pool = [by_id[i] for i in wanted if i in by_id]
+    questions = pool[: args.limit] if args.limit else pool
+    documents = list(ds.documents)
+    if args.docs_from:
+        keep = {
+            str(json.loads(line)["docid"])
+            for f in args.docs_from
+            for line in f.read_text(encoding="utf-8").splitlines()
+            if line.strip()
+        }
+        documents = [d for d in documents if d.docid in keep]
     embedder = WordLlamaEmbedder(256) if args.embedder == "wordllama" else HashEmbedder(256)
     tmp = Path(tempfile.mkdtemp(prefix="kitune-bench-context-"))
     results: dict[str, Any] = {"questions": len(questions), "tokenizer": tokenizer}
@@ -154,8 +278,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     try:
         corpus = LanceCorpusStore(tmp / "corpus", embedder)
-        for i in range(0, len(ds.documents), 2000):
-            corpus.add_documents(ds.documents[i : i + 2000])
+        for i in range(0, len(documents), 2000):
+            corpus.add_documents(documents[i : i + 2000])
+        results["documents"] = len(documents)
         box = build_toolbox("baseline", cfg, corpus_store=corpus)
         results["baseline"] = measure(lambda q: box.call("search", {"query": q}), questions, estimate_tokens)
         print(f"baseline: {results['baseline']}", flush=True)
@@ -164,12 +289,54 @@ def main(argv: Sequence[str] | None = None) -> int:
             results["kis_in_store"] = kis.count()
             ctx_fn = make_context_fn(cfg, kis, disambiguation=False)
 
-            def in_context(q: str) -> Any:
-                return build_toolbox("in-context", cfg, get_context=ctx_fn).call("get_context", {"query": q})
+            from kitune.evaluation.tools import in_context_toolbox
 
-            results["in_context"] = measure(in_context, questions, estimate_tokens)
+            limits = {
+                "search_hits": r.search_hits,
+                "snippets_per_hit": r.snippets_per_hit,
+                "snippet_chars": r.snippet_chars,
+                "max_chars": cfg.agent.observation_max_chars,
+            }
+
+            def ic_box(render: str, dedupe: bool = False, store: Any = None) -> Any:
+                return in_context_toolbox(
+                    ctx_fn, corpus_store=store, ki_render=render, dedupe_kis=dedupe, **limits
+                )  # type: ignore[arg-type]
+
+            for render in ("full", "compact"):
+                key = "in_context" if render == "full" else "in_context_compact"
+                results[key] = measure(
+                    lambda q, render=render: ic_box(render).call("get_context", {"query": q}),
+                    questions,
+                    estimate_tokens,
+                )
+                print(f"{key}: {results[key]}", flush=True)
+            results["dedupe"] = measure_dedupe(lambda d: ic_box("compact", d), questions, estimate_tokens)
+            print(f"dedupe: {results['dedupe']}", flush=True)
+            for rules, render, dedupe in (("legacy", "full", False), ("bounded", "compact", True)):
+                results[f"loop_{rules}"] = measure_loop(
+                    lambda render=render, dedupe=dedupe: ic_box(render, dedupe, corpus),
+                    questions,
+                    estimate_tokens,
+                    rules=rules,
+                    max_steps=args.loop_steps,
+                )
+                print(f"loop {rules}: {results[f'loop_{rules}']}", flush=True)
+            notes += [
+                f"Corpus: {len(documents)} documents (--docs-from), {results['kis_in_store']} KIs, "
+                f"{len(questions)} questions.",
+                "in-context (full, before): the rendering before issue 39.2 (title — description (docs: …) "
+                "+ facet line); in-context (compact, after): agent.ki_render=compact (the fact once, "
+                "[docid], the facet line's entities only).",
+                "Second look-up: the question's capitalised name runs as the query, after the question "
+                "itself; 'with de-duplication' = agent.dedupe_kis (KIs the first look-up showed are left out "
+                "with a count line).",
+                f"Scripted loop: a model alternating get_context and search on the question for "
+                f"{args.loop_steps} steps, no token budget; legacy = agent.call_rules legacy with the full "
+                "rendering, bounded = the defaults (pointer for repeats, refusals end the episode, compact, "
+                "de-duplicated). Tokens are those of the messages sent (JSON mode, no tool schemas).",
+            ]
             kis.close()
-            print(f"in-context: {results['in_context']}", flush=True)
         else:
             results["in_context"] = None
             notes.append(
@@ -181,6 +348,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
 
     b, c = results["baseline"], results["in_context"]
+    cc = results.get("in_context_compact")
     if c is not None:
         ratio: dict[str, float | None] = {
             "tokens_per_call_mean": round(c["tokens_per_call"]["mean"] / b["tokens_per_call"]["mean"], 3),
@@ -197,8 +365,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             else None,
         }
         results["ratio_in_context_over_baseline"] = ratio
+        if cc is not None:
+            results["ratio_compact_over_baseline"] = {
+                "tokens_per_call_mean": round(
+                    cc["tokens_per_call"]["mean"] / b["tokens_per_call"]["mean"], 3
+                ),
+                "tokens_per_call_median": round(
+                    cc["tokens_per_call"]["median"] / b["tokens_per_call"]["median"], 3
+                ),
+            }
     rows = []
-    for skill, m in (("baseline", b), ("in-context", c)):
+    for skill, m in (("baseline", b), ("in-context (full, before)", c), ("in-context (compact, after)", cc)):
+        if m is None and skill.startswith("in-context (compact"):
+            continue
         if m is None:
             rows.append([skill, "not measured (no KIs)", "", "", "", "", ""])
             continue
@@ -227,8 +406,55 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows,
     )
     if c is not None:
-        md += "\n\n**in-context / baseline:** " + ", ".join(
+        md += "\n\n**in-context (full) / baseline:** " + ", ".join(
             f"{k} {v}" for k, v in results["ratio_in_context_over_baseline"].items()
+        )
+    if cc is not None:
+        md += "\n\n**in-context (compact) / baseline:** " + ", ".join(
+            f"{k} {v}" for k, v in results["ratio_compact_over_baseline"].items()
+        )
+    d = results.get("dedupe")
+    if d and d["questions"]:
+        md += "\n\n" + markdown_table(
+            ["second look-up (compact)", "tokens p50", "tokens mean", "answer-bearing, both look-ups"],
+            [
+                [
+                    "without de-duplication",
+                    d["second_lookup_tokens_without"]["median"],
+                    d["second_lookup_tokens_without"]["mean"],
+                    d["answer_bearing_two_lookups_without"],
+                ],
+                [
+                    "with de-duplication",
+                    d["second_lookup_tokens_with"]["median"],
+                    d["second_lookup_tokens_with"]["mean"],
+                    d["answer_bearing_two_lookups_with"],
+                ],
+            ],
+        )
+        md += f"\n\n({d['questions']} questions with a name run for the second look-up.)"
+    if results.get("loop_legacy"):
+        rows_loop = []
+        for rules in ("legacy", "bounded"):
+            m = results[f"loop_{rules}"]
+            rows_loop.append(
+                [
+                    rules,
+                    m["input_tokens_per_episode"]["median"],
+                    m["input_tokens_per_episode"]["max"],
+                    m["steps_per_episode"]["median"],
+                    ", ".join(f"{k} {v}" for k, v in sorted(m["ended_by"].items())),
+                ]
+            )
+        md += "\n\n" + markdown_table(
+            [
+                f"scripted get_context/search loop ({args.loop_steps} steps)",
+                "input tokens/episode p50",
+                "max",
+                "steps p50",
+                "ended by",
+            ],
+            rows_loop,
         )
     write_results(
         name,

@@ -25,3 +25,13 @@ def test_tokens_to_answer_counts_the_prefix() -> None:
     items = ["1. alpha beta\n", "2. gamma Paris\n", "3. Paris again\n"]
     assert tokens_to_answer(items, ["Paris"], lambda s: len(s.split())) == 3 + 3
     assert tokens_to_answer(items, ["London"], lambda s: len(s.split())) is None
+
+
+def test_entity_query_takes_the_name_runs_after_the_first_word() -> None:
+    from context_cost import entity_query
+
+    assert entity_query("What district is LaHave of the place of birth of David Morse located?") == (
+        "LaHave David Morse"
+    )
+    assert entity_query("When was the Boston Beer Company founded?") == "Boston Beer Company"
+    assert entity_query("who wrote it?") is None

@@ -239,3 +239,47 @@ def test_both_skills_get_the_same_cap_and_the_same_cut() -> None:
 
 def tool_call(name: str, **args: str) -> str:
     return json.dumps({"tool": name, "args": args})
+
+
+def _items_ctx(*ids: str) -> ContextObservation:
+    from kitune.evaluation.tools import ContextItem
+
+    items = tuple(
+        ContextItem(
+            id=i, line=f"[{i}] T{i} — D{i} (docs: d{i})", compact=f"[{i}] D{i} [d{i}]", doc_ids=(f"d{i}",)
+        )
+        for i in ids
+    )
+    text = "\n".join(f"{n}. {it.line}" for n, it in enumerate(items, 1)) + "\nfacets: x"
+    return ContextObservation(
+        text=text, doc_ids=tuple(f"d{i}" for i in ids), n_results=len(ids), items=items, facets="facets: x"
+    )
+
+
+def test_dedupe_drops_kis_already_shown_and_keeps_order() -> None:
+    table = {"a": _items_ctx("1", "2", "3"), "b": _items_ctx("4", "2", "5", "1"), "c": _items_ctx("2", "4")}
+    box = in_context_toolbox(fake_context(table), ki_render="compact", dedupe_kis=True)
+    first = box.call("get_context", {"query": "a"})
+    assert first.text == "1. [1] D1 [d1]\n2. [2] D2 [d2]\n3. [3] D3 [d3]" and first.n_results == 3
+    second = box.call("get_context", {"query": "b"})
+    assert second.text == (
+        "1. [4] D4 [d4]\n2. [5] D5 [d5]\n"
+        "(2 more matching KI(s) already shown earlier in this episode; not repeated)"
+    )
+    assert second.doc_ids == ("d4", "d5") and second.n_results == 2
+    assert list(box.shown_kis) == ["1", "2", "3", "4", "5"]
+    third = box.call("get_context", {"query": "c"})  # nothing new: a look-up that did not answer
+    assert third.text == "(all 2 matching KI(s) were already shown earlier in this episode; not repeated)"
+    assert (
+        third.n_results == 0 and box.failed_lookups == 3
+    )  # a, b each failed by looking again; c had nothing
+
+
+def test_full_render_without_dedupe_is_the_text_as_given() -> None:
+    ctx = _items_ctx("1", "2")
+    box = in_context_toolbox(fake_context({"a": ctx}), ki_render="full", dedupe_kis=False)
+    assert box.call("get_context", {"query": "a"}).text == ctx.text
+    box2 = in_context_toolbox(fake_context({"a": ctx, "b": ctx}), ki_render="full", dedupe_kis=True)
+    box2.call("get_context", {"query": "a"})
+    again = box2.call("get_context", {"query": "b"})
+    assert again.text.startswith("(all 2 matching KI(s)") and "facets" not in again.text

@@ -94,7 +94,8 @@ def neighbour_env(
     cfg = KituneConfig(
         workdir=tmp_path / "w",
         corpus_name="tiny",
-        agent={"max_steps": 4, "concurrency": 1},
+        # the scripted reader parses the full rendering ("1. [id] title — …")
+        agent={"max_steps": 4, "concurrency": 1, "ki_render": "full"},
         optimize={"improvers": ["disambiguation"], "gate": gate, "gate_rank_tolerance": rank_tolerance},
         extraction={"concurrency": 1},
     )

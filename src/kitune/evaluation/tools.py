@@ -50,6 +50,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SKILLS",
+    "ContextItem",
     "ContextObservation",
     "Observation",
     "ObservationPart",
@@ -116,6 +117,21 @@ class Observation:
 
 
 @dataclass(frozen=True)
+class ContextItem:
+    """One KI of a ``get_context`` result, rendered both ways (for per-episode de-duplication)."""
+
+    id: str
+    """The KI id."""
+    line: str
+    """The full rendering (without the rank number): ``[ki-…] <title> — <description> (docs: …)``."""
+    compact: str
+    """The compact rendering: the fact once, documents as ``[docid]``
+    (:func:`kitune.service.serving.context.compact_line`)."""
+    doc_ids: tuple[str, ...] = ()
+    """The KI's evidence documents."""
+
+
+@dataclass(frozen=True)
 class ContextObservation:
     """What a ``get_context`` function returns for one query."""
 
@@ -129,6 +145,10 @@ class ContextObservation:
     """LLM input tokens the look-up spent (query rewrite), 0 without a rewriter."""
     output_tokens: int = 0
     """LLM output tokens the look-up spent."""
+    items: tuple[ContextItem, ...] = ()
+    """The KIs one by one, best first (empty: the toolbox shows ``text`` as it is)."""
+    facets: str = ""
+    """The facet line of the full rendering (shown with ``ki_render="full"``)."""
 
 
 def cap_text(text: str, max_chars: int) -> tuple[str, bool]:
@@ -226,6 +246,8 @@ class Toolbox:
     failed_lookups: int = 0
     pending_lookup: bool = False
     """True while the last ``get_context`` returned KIs and the agent has not acted on it yet."""
+    shown_kis: dict[str, None] = field(default_factory=dict)
+    """KI ids shown in this episode, first-seen order (the in-context de-duplication)."""
 
     def describe(self) -> str:
         """The tool list as prompt text (one line per tool with its JSON arguments)."""
@@ -353,6 +375,33 @@ def baseline_toolbox(
     return box
 
 
+def _entity_facet(facets: str) -> str:
+    """The entities part of a facet line (``entities: a 2, b 1``), or "" when it has none."""
+    _, sep, entities = facets.partition("| entities: ")
+    return f"entities: {entities.strip()}" if sep and entities.strip() not in ("", "-") else ""
+
+
+def _render_items(
+    ctx: ContextObservation, box: Toolbox, *, compact: bool, dedupe: bool
+) -> tuple[str, tuple[str, ...], int]:
+    """The look-up's text from its items: ``(text, doc ids shown, KIs shown)``."""
+    items = [it for it in ctx.items if not (dedupe and it.id in box.shown_kis)]
+    skipped = len(ctx.items) - len(items)
+    lines = [f"{i}. {it.compact if compact else it.line}" for i, it in enumerate(items, start=1)]
+    if skipped:
+        lines.append(
+            f"({skipped} more matching KI(s) already shown earlier in this episode; not repeated)"
+            if items
+            else f"(all {skipped} matching KI(s) were already shown earlier in this episode; not repeated)"
+        )
+    if items and ctx.facets:
+        lines.append(ctx.facets if not compact else _entity_facet(ctx.facets))
+    for it in items:
+        box.shown_kis.setdefault(it.id, None)
+    docs = tuple(dict.fromkeys(d for it in items for d in it.doc_ids))
+    return "\n".join(line for line in lines if line), docs, len(items)
+
+
 def in_context_toolbox(
     get_context: Callable[[str], ContextObservation],
     *,
@@ -361,10 +410,27 @@ def in_context_toolbox(
     snippets_per_hit: int = 3,
     snippet_chars: int = 700,
     max_chars: int | None = None,
+    ki_render: Literal["full", "compact"] = "full",
+    dedupe_kis: bool = False,
 ) -> Toolbox:
     """``get_context`` over pre-computed KIs, plus a gated raw ``search`` when a store is given.
 
     Limits and the cap are the same as :func:`baseline_toolbox`'s, so both skills are cut alike.
+
+    Args:
+        get_context: query → :class:`ContextObservation`.
+        corpus_store: enables the gated ``search`` fallback.
+        search_hits: see :func:`baseline_toolbox`.
+        snippets_per_hit: see :func:`baseline_toolbox`.
+        snippet_chars: see :func:`baseline_toolbox`.
+        max_chars: see :func:`baseline_toolbox`.
+        ki_render: ``compact`` shows each KI's fact once with its documents as ``[docid]`` and of
+            the facet line only its entities (they can carry the answer in another form, e.g. a
+            date); ``full`` the title, description, documents and the whole facet line. Applies when the
+            observation has ``items``; otherwise its ``text`` is shown as it is.
+        dedupe_kis: a KI already shown in this episode is not shown again (a count line says
+            how many were left out, order kept); a look-up with nothing new counts as one that
+            did not answer.
     """
     box = Toolbox(skill="in-context", max_chars=max_chars)
 
@@ -392,15 +458,16 @@ def in_context_toolbox(
         except Exception:
             box.failed_lookups += 1
             raise
-        _book(ctx.n_results)
+        n, docs, text = ctx.n_results, ctx.doc_ids, ctx.text
+        if ctx.items and (ki_render == "compact" or dedupe_kis):
+            text, docs, n = _render_items(ctx, box, compact=ki_render == "compact", dedupe=dedupe_kis)
+        _book(n)
         if ctx.n_results <= 0:
             text = ctx.text or f"No knowledge indicators matched {query!r}."
-        else:
-            text = ctx.text
         return Observation(
             text=text,
-            doc_ids=ctx.doc_ids,
-            n_results=max(0, ctx.n_results),
+            doc_ids=docs,
+            n_results=max(0, n),
             input_tokens=ctx.input_tokens,
             output_tokens=ctx.output_tokens,
         )
@@ -456,7 +523,10 @@ def build_toolbox(
 ) -> Toolbox:
     """Build a fresh toolbox for ``skill`` with limits from ``cfg.retrieval`` and ``cfg.agent``.
 
-    Every skill gets the same cap, ``cfg.agent.observation_max_chars`` (None: no cap).
+    Every skill gets the same cap, ``cfg.agent.observation_max_chars`` (None: no cap). The
+    in-context skill renders KIs as ``cfg.agent.ki_render`` and de-duplicates them per episode with
+    ``cfg.agent.dedupe_kis``; under ``agent.call_rules: legacy`` it renders as before issue 39
+    (full, no de-duplication), so recordings made then replay.
 
     Raises:
         HarnessError: a skill's required dependency is missing (baseline needs
@@ -478,7 +548,14 @@ def build_toolbox(
     if skill == "in-context":
         if get_context is None:
             raise HarnessError("skill 'in-context' needs a get_context function over the KI store")
-        return in_context_toolbox(get_context, corpus_store=corpus_store, **limits)
+        legacy = cfg.agent.call_rules == "legacy"
+        return in_context_toolbox(
+            get_context,
+            corpus_store=corpus_store,
+            ki_render="full" if legacy else cfg.agent.ki_render,
+            dedupe_kis=False if legacy else cfg.agent.dedupe_kis,
+            **limits,
+        )
     if skill == "closed-book":
         return closed_book_toolbox()
     raise HarnessError(f"unknown skill {skill!r}: use one of {', '.join(SKILLS)}")

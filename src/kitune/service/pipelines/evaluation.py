@@ -45,7 +45,7 @@ from kitune.evaluation.harness import AgentFactory, evaluate
 from kitune.evaluation.judging import judge_pending
 from kitune.evaluation.metrics import JudgeFn, Trace
 from kitune.evaluation.report import ReportFiles, RunSummary, load_run, summarize, write_report
-from kitune.evaluation.tools import ContextObservation, Skill, build_toolbox
+from kitune.evaluation.tools import ContextItem, ContextObservation, Skill, build_toolbox
 from kitune.ki import utcnow
 from kitune.optimizers.program_task import read_programs
 from kitune.programs.instructions import instruction_version
@@ -166,12 +166,27 @@ def make_context_fn(
         if hidden or len(resp.kis) > size:
             resp = resp.model_copy(update={"kis": [k for k in resp.kis if k.id not in hidden][:size]})
         docs = tuple(dict.fromkeys(d for k in resp.kis for d in k.evidence_doc_ids))
+        text = serving_context.render_context(resp)
+        full = text.split("\n")
+        items: tuple[ContextItem, ...] = ()
+        if resp.executed and resp.kis and len(full) == len(resp.kis) + 1:  # KI lines + the facet line
+            items = tuple(
+                ContextItem(
+                    id=k.id,
+                    line=line.split(". ", 1)[1],
+                    compact=serving_context.compact_line(k),
+                    doc_ids=tuple(k.evidence_doc_ids),
+                )
+                for k, line in zip(resp.kis, full, strict=False)
+            )
         return ContextObservation(
-            text=serving_context.render_context(resp),
+            text=text,
             doc_ids=docs,
             n_results=len(resp.kis),
             input_tokens=resp.rewrite_tokens.input,
             output_tokens=resp.rewrite_tokens.output,
+            items=items,
+            facets=full[-1] if items else "",
         )
 
     return context_fn

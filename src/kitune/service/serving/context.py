@@ -9,6 +9,7 @@ confidence floor, compile the plan with the store and — unless ``execute=False
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
 from typing import Any, cast
@@ -27,6 +28,7 @@ __all__ = [
     "ContextKI",
     "ContextResponse",
     "RewriteTokenCount",
+    "compact_line",
     "context_ids",
     "get_context",
     "render_context",
@@ -220,13 +222,44 @@ def _top(counts: dict[str, int], n: int = 5) -> str:
     return ", ".join(f"{k} {v}" for k, v in items) or "-"
 
 
-def render_context(resp: ContextResponse) -> str:
-    """Render a response compactly for an agent: one line per KI, then one facet line.
+_WORD = re.compile(r"\w+")
+
+
+def _words(text: str) -> set[str]:
+    return {w.casefold() for w in _WORD.findall(text)}
+
+
+def compact_line(ki: ContextKI) -> str:
+    """One KI as a line that carries its fact once: ``[ki-…] <fact> [d1] [d2]``.
+
+    The fact is the description when every word of the title is in it (the title only restates
+    it), the title when every word of the description is in the title, else
+    ``<title> — <description>``; the evidence documents follow as ``[docid]``, the form the agent
+    cites. No facet line.
+    """
+    title, desc = ki.title.strip(), ki.description.strip()
+    tw, dw = _words(title), _words(desc)
+    if desc and tw <= dw:
+        fact = desc
+    elif title and dw <= tw:
+        fact = title
+    else:
+        fact = f"{title} — {desc}"
+    docs = " ".join(f"[{d}]" for d in ki.evidence_doc_ids)
+    return f"[{ki.id}] {fact}" + (f" {docs}" if docs else "")
+
+
+def render_context(resp: ContextResponse, *, compact: bool = False) -> str:
+    """Render a response for an agent: one line per KI, then one facet line.
 
     Format::
 
         1. [ki-…] <title> — <description> (docs: d1, d2)
         facets: tags: org 2, … | docs: d1 2, … | entities: acme-corp 2, …
+
+    With ``compact``, each KI is :func:`compact_line` (the fact once, its documents as
+    ``[docid]``) and there is no facet line (issue 39.2: measured in
+    ``benchmarks/results/context_cost.dev.md``).
 
     When the query was not executed, the compiled query is shown instead; when nothing matched,
     the text says so.
@@ -237,6 +270,8 @@ def render_context(resp: ContextResponse) -> str:
         return f"compiled query (not executed): {text}"
     if not resp.kis:
         return f"no KIs found for: {resp.query}"
+    if compact:
+        return "\n".join(f"{i}. {compact_line(k)}" for i, k in enumerate(resp.kis, start=1))
     lines = [
         f"{i}. [{k.id}] {k.title} — {k.description} (docs: {', '.join(k.evidence_doc_ids)})"
         for i, k in enumerate(resp.kis, start=1)
