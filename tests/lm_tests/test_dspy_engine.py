@@ -3,7 +3,7 @@
 DSPy 3.4 deprecates custom LMs that override ``forward`` and asks for an engine,
 ``dspy.LM(engine=...)`` with ``complete(Request) -> Response``, DSPy owning retries and the
 cache. These tests run a minimal engine through the installed DSPy and pin what would change for
-kitune; README "Why KituneLM still overrides dspy.LM.forward" cites them. When one fails after a
+kitune; docs/guide.md "Why KituneLM still overrides dspy.LM.forward" cites them. When one fails after a
 DSPy upgrade, that blocker is gone: revisit the migration.
 """
 

@@ -2,8 +2,9 @@
 
 Each command group lives in its own module in this package and exposes ``register(app)``.
 ``kitune --help`` lists the commands by the job a user is doing (:data:`PANELS`: build KIs,
-serve, measure, tune, operate), in the order the README meets them, not in registration order;
-a new command must be placed in :data:`PANELS` (``tests/cli_tests/test_help_panels.py``).
+serve, measure, tune, operate), in the order the README and docs/guide.md meet them, not in
+registration order; a new command must be placed in :data:`PANELS`
+(``tests/cli_tests/test_help_panels.py``).
 """
 
 from __future__ import annotations

@@ -117,7 +117,7 @@ def exit_code_for(error: Exception) -> int:
     from kitune.recording import RecordingMissError
 
     if isinstance(error, RecordingMissError):
-        return 1  # README: a missed call stops the command with exit 1
+        return 1  # docs/guide.md (replay): a missed call stops the command with exit 1
 
     bad_input = (ConfigError, DataError, LMAuthError, PromptNotFoundError, ValueError)
     return 2 if isinstance(error, bad_input) else 1

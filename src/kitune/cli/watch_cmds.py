@@ -1,6 +1,6 @@
 """``kitune loop``: the resumable self-improvement loop over imported production traces.
 
-Thin over :mod:`kitune.service.workflows.watch`; the cron / systemd recipe is in the README.
+Thin over :mod:`kitune.service.workflows.watch`; the cron / systemd recipe is in docs/guide.md.
 """
 
 from __future__ import annotations

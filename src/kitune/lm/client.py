@@ -18,7 +18,7 @@
 measured and cannot carry these requests unchanged nor let kitune's errors reach callers (the
 local model's ``response_format`` is refused before any engine, tool-call arguments and
 ``rollout_id`` do not survive, non-DSPy errors become ``LMUnexpectedError`` and are not retried):
-README "Why KituneLM still overrides dspy.LM.forward", ``tests/lm_tests/test_dspy_engine.py``.
+docs/guide.md "Why KituneLM still overrides dspy.LM.forward", ``tests/lm_tests/test_dspy_engine.py``.
 """
 
 from __future__ import annotations
