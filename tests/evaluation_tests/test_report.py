@@ -127,7 +127,7 @@ def test_report_numbers_equal_traces(tmp_path: Path) -> None:
         if line.startswith("| ")
     }
     assert rows["metric"] == ["base", "closed"]
-    assert rows["judge-correct"] == ["2/3 (66.7%) ⚠ incomplete", "0/1 (0.0%)"]
+    assert rows["correct"] == ["2/3 (66.7%) ⚠ incomplete", "0/1 (0.0%)"]
     lo, hi = wilson_interval(2, 3)
     assert rows["95% CI"][0] == f"{100 * lo:.1f}%–{100 * hi:.1f}%"
     assert rows["graded / grader errors / failed"] == ["3/4 / 1 / 0", "1/1 / 0 / 0"]

@@ -116,7 +116,7 @@ def test_eval_recorded_then_replayed_offline_is_identical(
         rows = out[out.index("metric") : out.index("traces:")].splitlines()
         return [r for r in rows if "wall time" not in r]
 
-    assert table(r1.output) == table(r2.output) and any("judge-correct" in r for r in table(r2.output))
+    assert table(r1.output) == table(r2.output) and any("correct (" in r for r in table(r2.output))
 
 
 def test_replay_fails_clearly_on_an_unrecorded_call(

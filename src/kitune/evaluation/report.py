@@ -1,7 +1,7 @@
 """Run summaries and side-by-side reports (Markdown + PNG plot + HTML + JSON).
 
 Every number in a report is computed by :func:`summarize` from the traces, so the report
-equals the traces (tested). Accuracy is judge-correct over *graded* questions: grader errors
+equals the traces (tested). Accuracy is correct over *graded* questions: grader errors
 and failed runs are excluded from the denominator and reported as counts (case J3).
 
 Beside the table, a report compares runs question by question
@@ -29,7 +29,7 @@ from __future__ import annotations
 import html
 import itertools
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,8 +49,10 @@ __all__ = [
     "ROWS",
     "ReportFiles",
     "RunSummary",
+    "accuracy_label",
     "format_cell",
     "load_run",
+    "run_grader",
     "stage_markdown",
     "summarize",
     "wilson_interval",
@@ -63,7 +65,7 @@ def _pct(x: float | None) -> str:
 
 
 ROWS: list[tuple[str, str]] = [
-    ("judge-correct", "judge"),
+    ("correct", "judge"),
     ("95% CI", "ci"),
     ("graded / grader errors / failed", "counts"),
     *((f"failure kind: {kind.replace('_', ' ')}", f"failure:{kind}") for kind in FAILURE_KINDS),
@@ -328,6 +330,7 @@ def write_report(
     stages: Sequence[StageReport] = (),
     sections: Sequence[str] = (),
     data_sha256: str = "",
+    graders: Mapping[str, str | None] | None = None,
 ) -> ReportFiles:
     """Write ``report.md``/``.png``/``.html``, ``summary.json``, ``comparisons.json`` and ``signals.json``.
 
@@ -341,6 +344,9 @@ def write_report(
         data_sha256: the checksum of the dataset every run read
             (:func:`kitune.data.checksum.dataset_checksum`), recorded in each summary; "" when
             not known.
+        graders: run name → what graded its answers (``match`` or ``judge``, from the run's
+            ``run.json``); names the accuracy row "correct (match)" / "correct (judge)" (see
+            :func:`accuracy_label`). None or unknown: "correct".
 
     Returns:
         The written paths, the summaries, the comparisons and each run's signals; ``plot`` is None
@@ -361,12 +367,14 @@ def write_report(
     out.mkdir(parents=True, exist_ok=True)
     summaries = [summarize(traces, name, data_sha256=data_sha256) for name, traces in runs.items()]
     comparisons = [compare_runs(a, runs[a], b, runs[b]) for a, b in pairs]
+    label = accuracy_label(graders.get(n) for n in names) if graders else "correct"
     rows = _table(summaries)
+    rows = [[label, *r[1:]] if r and r[0] == ROWS[0][0] else r for r in rows]  # names the grader
     header = ["metric", *(s.name for s in summaries)]
     md = ["# kitune eval report", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     md += ["| " + " | ".join(r) + " |" for r in rows]
     plot = _plot(summaries, out / "report.png")
-    md += ["", "Accuracy = judge-correct / graded; grader errors and failed runs are excluded and counted."]
+    md += ["", f"Accuracy = {label} / graded; grader errors and failed runs are excluded and counted."]
     if plot is not None:
         md += ["", "![accuracy vs input tokens](report.png)"]
     if stages:
@@ -417,6 +425,42 @@ def write_report(
         cost_path,
         costs,
     )
+
+
+def accuracy_label(graders: Iterable[str | None]) -> str:
+    """The accuracy row's name for runs graded by ``graders`` (one entry per run, in order).
+
+    "correct (match)" when every run was graded by the deterministic ``match`` rule, "correct
+    (judge)" when every run was graded by the judge LLM (``grading.grader: llm``, written
+    ``llm`` or ``judge``), "correct (match / judge)" when the runs differ, and "correct" when
+    any run's grader is not known (e.g. a bare traces file).
+    """
+    order = ("match", "judge")
+    seen = ["judge" if g == "llm" else g for g in graders]
+    known = [g for g in seen if g in order]
+    if not seen or len(known) < len(seen):
+        return "correct"
+    kinds = sorted(set(known), key=order.index)
+    return f"correct ({' / '.join(kinds)})"
+
+
+def run_grader(path: Path | str) -> str | None:
+    """What graded a run directory's answers, from its ``run.json``.
+
+    Returns:
+        ``match``, ``judge`` (the judge LLM: ``kitune eval`` writes ``llm``), or None (no
+        ``run.json``, an ungraded run, or an unreadable file).
+    """
+    meta = Path(path) / "run.json"
+    if not meta.is_file():
+        return None
+    try:
+        grader = json.loads(meta.read_text(encoding="utf-8")).get("grader")
+    except (json.JSONDecodeError, AttributeError):
+        return None
+    if grader == "llm":
+        return "judge"
+    return grader if grader in ("match", "judge") else None
 
 
 def load_run(path: Path | str) -> tuple[str, list[Trace]]:

@@ -44,7 +44,7 @@ from kitune.evaluation.grading import match_judge
 from kitune.evaluation.harness import AgentFactory, evaluate
 from kitune.evaluation.judging import judge_pending
 from kitune.evaluation.metrics import JudgeFn, Trace
-from kitune.evaluation.report import ReportFiles, RunSummary, load_run, summarize, write_report
+from kitune.evaluation.report import ReportFiles, RunSummary, load_run, run_grader, summarize, write_report
 from kitune.evaluation.tools import ContextItem, ContextObservation, Skill, build_toolbox
 from kitune.ki import utcnow
 from kitune.optimizers.program_task import read_programs
@@ -510,9 +510,11 @@ def report_runs(run_paths: Sequence[Path | str], out_dir: Path | str) -> ReportF
         DataError: a run has no traces. HarnessError: two runs share a name.
     """
     runs: dict[str, list[Trace]] = {}
+    graders: dict[str, str | None] = {}
     for p in run_paths:
         name, traces = load_run(p)
         if name in runs:
             raise HarnessError(f"two runs are named {name!r}: pass distinct run directories")
         runs[name] = traces
-    return write_report(runs, out_dir)
+        graders[name] = run_grader(p)
+    return write_report(runs, out_dir, graders=graders)

@@ -290,6 +290,10 @@ def run_demo(
         {"baseline": baseline, "in-context": in_context, "in-context + disambiguation": disamb},
         demo_dir / "report",
         data_sha256=data_sha256,
+        graders=dict.fromkeys(
+            ("baseline", "in-context", "in-context + disambiguation"),
+            "judge" if cfg.grading.grader == "llm" else cfg.grading.grader,
+        ),
     )
     usage = {f"{r}/{s}": t for (r, s), t in ledger.by_role_stage().items()}
     return DemoResult(
