@@ -1,181 +1,32 @@
 """Copy the loop-dev-100 run's records into this folder, or put them back into a work folder.
 
-Run from the repository root:
+The same tool as ``experiments/loop-dev-48/collect.py`` (see its docstring for what is copied and
+restored), pointed at this run's name, folder and config:
 
-* ``python experiments/loop-dev-100/collect.py WORKDIR`` — after every step (run.sh calls it):
-  copies from ``WORKDIR/optimize/loop-dev-100`` the loop state, curves, failure ledger, KI credit
-  ledger, the chosen questions (``questions.json``), the slice fingerprint, every proposal
-  (``proposals/iteration-<i>.md|json``: diffs, GEPA's candidates, gate rejections, the decision
-  with its numbers), every evaluation's traces, the look-up log and the stage metrics
-  (``evals/``), the extraction cache (``extractions/``: every document's KIs per extractor
-  instruction, with the predictor calls), and exports every KI table of the run (extracted and
-  feedback KIs, every status) to ``kis/<table>.jsonl``. Writes ``summary.md``: per iteration the
-  end-to-end and stage metrics on both splits, the decision, gate rejections, credit and wall
-  times, from ``loop_state.json``.
+* ``python experiments/loop-dev-100/collect.py WORKDIR`` — after every step (run.sh calls it);
 * ``python experiments/loop-dev-100/collect.py WORKDIR --restore`` — a later session without the
-  original work folder: copies the records back into ``WORKDIR/optimize/loop-dev-100`` and indexes
-  ``kis/*.jsonl`` into their tables, so rerunning ``run.sh WORKDIR`` continues the run (documents
-  come from the extraction cache, unaffected episodes from the evaluation cache; only what was
-  never computed costs LLM calls). The MLflow database is not restored (the loop state holds the
-  current setting).
+  original work folder: the records go back into ``WORKDIR/optimize/loop-dev-100`` and the KI
+  tables are re-indexed, so rerunning ``run.sh WORKDIR`` continues the run.
 """
 
 from __future__ import annotations
 
-import json
-import shutil
+import importlib.util
 import sys
 from pathlib import Path
 
-from kitune.config import load_config
-from kitune.ki import KI
-from kitune.retrieval import create_store
-from kitune.schema import Filter
-
 HERE = Path(__file__).parent
-RUN = "loop-dev-100"
-CONFIG = Path("configs/experiments/loop-dev-100.yaml")
-FILES = (
-    "loop_state.json",
-    "curves.md",
-    "curves.png",
-    "failure_ledger.json",
-    "failure_ledger.md",
-    "ki_credit.json",
-    "retired_kis.json",
-    "questions.json",
-    "fingerprint.json",
-)
-FOLDERS = ("proposals", "evals", "extractions")
-
-
-def _copy(src: Path, dst: Path) -> int:
-    n = 0
-    for name in FILES:
-        if (src / name).is_file():
-            dst.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src / name, dst / name)
-            n += 1
-    for folder in FOLDERS:
-        if (src / folder).is_dir():
-            for f in sorted((src / folder).iterdir()):
-                if f.is_file():
-                    (dst / folder).mkdir(parents=True, exist_ok=True)
-                    shutil.copy2(f, dst / folder / f.name)
-                    n += 1
-    return n
-
-
-def _tables(work: Path) -> list[str]:
-    # the KI tables only: corpus_docs / corpus_chunks are the raw-search index of the corpus
-    return sorted(p.stem for p in (work / "lancedb").glob("kis*.lance"))
-
-
-def _export_kis(work: Path) -> dict[str, dict[str, int]]:
-    out: dict[str, dict[str, int]] = {}
-    (HERE / "kis").mkdir(exist_ok=True)
-    for table in _tables(work):
-        cfg = load_config(CONFIG, {"workdir": str(work), "store": {"table": table}})
-        store = create_store(cfg)
-        try:
-            kis = sorted(store.iter_kis(Filter(statuses=())), key=lambda k: k.id)
-        finally:
-            store.close()
-        counts: dict[str, int] = {}
-        with (HERE / "kis" / f"{table}.jsonl").open("w", encoding="utf-8") as fh:
-            for ki in kis:
-                fh.write(json.dumps(ki.model_dump(mode="json"), ensure_ascii=False) + "\n")
-                key = f"{ki.payload.subtype}/{ki.payload.status}"
-                counts[key] = counts.get(key, 0) + 1
-        out[table] = counts
-    return out
-
-
-def _cell(rows: list[dict[str, object]], name: str) -> str:
-    m = next((r for r in rows if r["name"] == name), None)
-    if m is None or m["value"] is None:
-        return "–"
-    value = float(m["value"])  # type: ignore[arg-type]
-    if m.get("successes") is not None:
-        return f"{m['successes']}/{m['n']} = {value:.0%} [{float(m['ci_low']):.0%}–{float(m['ci_high']):.0%}]"  # type: ignore[arg-type]
-    return f"{value:.3g} [{float(m['ci_low']):.3g}–{float(m['ci_high']):.3g}]"  # type: ignore[arg-type]
-
-
-def _summary() -> None:
-    path = HERE / "loop_state.json"
-    if not path.is_file():
-        return
-    history = json.loads(path.read_text(encoding="utf-8"))["history"]
-    lines = [
-        "# loop-dev-100: per-iteration summary (generated by collect.py from loop_state.json)",
-        "",
-        "| iteration | run | accuracy (95% CI) | answer coverage | evidence coverage | grounding "
-        "| recall@5 | MRR |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for r in history:
-        acc = {
-            "tune": (r.get("tune_accuracy"), r.get("tune_ci")),
-            "validation": (r.get("val_accuracy"), r.get("val_ci")),
-            "candidate_validation": (r.get("candidate_val_accuracy"), None),
-        }
-        for run, rows in (r.get("stages") or {}).items():
-            if run == "validation_after":
-                continue
-            a, ci = acc.get(run, (None, None))
-            shown = "–" if a is None else f"{a:.0%}" + (f" [{ci[0]:.0%}–{ci[1]:.0%}]" if ci else "")
-            cells = [_cell(rows, n) for n in ("answer_coverage", "evidence_coverage", "grounding_rate")]
-            cells += [_cell(rows, n) for n in ("recall_at_k", "mrr")]
-            lines.append(f"| {r['iteration']} | {run} | {shown} | " + " | ".join(cells) + " |")
-    lines += [
-        "",
-        "| iteration | decision | reason | improve | gate rejected | credit | wall (min) |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for r in history:
-        imp = r.get("improve") or {}
-        gepa = ", ".join(
-            f"{p}: {int(imp.get(f'{p}_proposals', 0))} proposals, {imp.get(f'{p}_baseline_score', '-')} → "
-            f"{imp.get(f'{p}_best_score', '-')}"
-            for p in ("extractor", "rewriter", "disambiguator")
-            if f"{p}_metric_calls" in imp
-        )
-        gate = (r.get("gate") or {}).get("rejected", [])
-        rejected = "; ".join(f"{x['ki_id']} ({x['reason']}: {', '.join(x['query_ids'])})" for x in gate)
-        wall = ", ".join(f"{k.removesuffix('_s')} {v / 60:.1f}" for k, v in (r.get("timings") or {}).items())
-        lines.append(
-            f"| {r['iteration']} | {r.get('decision')} | {r.get('reason')} | {gepa or '-'} "
-            f"| {rejected or '-'} | {r.get('credit') or '-'} | {wall or '-'} |"
-        )
-    (HERE / "summary.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
-
-
-def collect(work: Path) -> None:
-    run = work / "optimize" / RUN
-    n = _copy(run, HERE)
-    counts = _export_kis(work) if (work / "lancedb").is_dir() else {}
-    _summary()
-    print(f"collected {n} files from {run}; KI tables: {json.dumps(counts)}")
-
-
-def restore(work: Path) -> None:
-    run = work / "optimize" / RUN
-    n = _copy(HERE, run)
-    for f in sorted((HERE / "kis").glob("*.jsonl")):
-        cfg = load_config(CONFIG, {"workdir": str(work), "store": {"table": f.stem}})
-        store = create_store(cfg)
-        try:
-            lines = f.read_text(encoding="utf-8").splitlines()
-            kis = [KI.model_validate_json(line) for line in lines if line]
-            store.upsert(kis)
-        finally:
-            store.close()
-        print(f"{f.stem}: {len(kis)} KIs restored")
-    print(f"restored {n} files into {run}; rerun experiments/loop-dev-100/run.sh {work} to continue")
-
+_BASE = HERE.parent / "loop-dev-48" / "collect.py"
+_spec = importlib.util.spec_from_file_location("loop_dev_48_collect", _BASE)
+assert _spec is not None and _spec.loader is not None
+base = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(base)
+base.HERE = HERE
+base.RUN = "loop-dev-100"
+base.CONFIG = Path("configs/experiments/loop-dev-100.yaml")
 
 if __name__ == "__main__":
     if len(sys.argv) < 2:
         sys.exit("usage: python experiments/loop-dev-100/collect.py WORKDIR [--restore]")
     target = Path(sys.argv[1])
-    restore(target) if "--restore" in sys.argv[2:] else collect(target)
+    base.restore(target) if "--restore" in sys.argv[2:] else base.collect(target)

@@ -35,6 +35,7 @@ COMMON=(
   -c configs/experiments/loop-dev-100.yaml
   --questions 100 --distractors 20
   --programs extractor,rewriter,disambiguator
+  --split stratified --measure stage --tune-agent --e2e-sample auto
   --run-name "$RUN" --no-progress
 )
 
@@ -59,4 +60,15 @@ step() {  # step NAME COMMAND...: run, time, log, collect; stop the script when 
 # 1. extract every evidence document of the 100 questions + 20 seeded distractors with the
 #    starting extractor (cache hits for what loop-dev-48 extracted)
 step extract "$KITUNE" optimize "${COMMON[@]}" --extract-only
+# 2. iteration 0: stage metrics on all 50 + 50 questions, the agent on the 50 tuning questions
+#    (their failures feed the feedback KIs) and on 20 seeded validation questions (the paired
+#    end-to-end non-inferiority check), GEPA on extractor + rewriter (>= 8 proposals each:
+#    optimize.min_proposals), feedback KIs through the gate, every change decided by the stage
+#    decision rule (optimize.decision_rule: stage, the default); --iterations is the total, so a
+#    rerun of a finished step does nothing
+step iteration-0 "$KITUNE" optimize "${COMMON[@]}" --iterations 1
+# 3. iteration 1
+step iteration-1 "$KITUNE" optimize "${COMMON[@]}" --iterations 2
+# 4. the final setting against the seed setting end to end on all 50 validation questions
+step final "$KITUNE" optimize "${COMMON[@]}" --iterations 2 --final-eval
 echo "done: records in $HERE (commit them), work folder $WORK"
