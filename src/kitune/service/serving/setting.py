@@ -132,8 +132,12 @@ class ServedRequestLog:
 
     One background thread takes :class:`ServedRequest` s from a queue and logs each as a trace
     (:func:`served_request_record`) in one run named ``run_name`` that stays open until
-    :meth:`close`. A tracking failure is recorded by the tracker (``tracker.failures``) and never
-    reaches a request.
+    :meth:`close`. The run is opened when the log is made, on the caller's thread, so the tracking
+    store (MLflow's SQLite database and its schema migrations, seconds on a new work dir) is set
+    up before the server answers anything: a server stopped right after its first request (an MCP
+    stdio client closing) must never be killed half-way through creating the database, which
+    left it unreadable to the next process. A tracking failure is recorded by the tracker
+    (``tracker.failures``) and never reaches a request.
 
     Args:
         tracker: where to write (``kitune.tracking.trackers.create_tracker(cfg)``: MLflow at
@@ -149,6 +153,14 @@ class ServedRequestLog:
         self._seq = 0
         self._queue: queue.Queue[Any] = queue.Queue()
         self._lock = threading.Lock()
+        self._stack = contextlib.ExitStack()
+        self._handle: Any = None
+        try:
+            self._handle = self._stack.enter_context(
+                self.tracker.run(self.run_name, tags={"kitune.kind": "serve"}, nested=False)
+            )
+        except Exception:  # the server runs without its log rather than not at all
+            logger.exception("could not open the tracking run for served requests")
         self._thread = threading.Thread(target=self._run, name="kitune-served-log", daemon=True)
         self._thread.start()
 
@@ -165,28 +177,28 @@ class ServedRequestLog:
         if self._thread.is_alive():
             self._queue.put(_STOP)
             self._thread.join()
+        self._stack.close()
 
     def _run(self) -> None:
-        with contextlib.ExitStack() as stack:
-            handle = None
-            while True:
-                item = self._queue.get()
-                try:
-                    if item is _STOP:
-                        return
-                    if handle is None:
-                        handle = stack.enter_context(
-                            self.tracker.run(self.run_name, tags={"kitune.kind": "serve"}, nested=False)
-                        )
-                    with self._lock:
-                        self._seq += 1
-                        seq = self._seq
-                    if self.tracker.log_records([served_request_record(item, seq)], run_id=handle.run_id):
-                        self.written += 1
-                except Exception:  # the log must never stop: the next request is written again
-                    logger.exception("could not log a served request")
-                finally:
-                    self._queue.task_done()
+        while True:
+            item = self._queue.get()
+            try:
+                if item is _STOP:
+                    return
+                if self._handle is None:  # opening it at start failed: try again
+                    self._handle = self._stack.enter_context(
+                        self.tracker.run(self.run_name, tags={"kitune.kind": "serve"}, nested=False)
+                    )
+                handle = self._handle
+                with self._lock:
+                    self._seq += 1
+                    seq = self._seq
+                if self.tracker.log_records([served_request_record(item, seq)], run_id=handle.run_id):
+                    self.written += 1
+            except Exception:  # the log must never stop: the next request is written again
+                logger.exception("could not log a served request")
+            finally:
+                self._queue.task_done()
 
 
 class LiveSetting:
