@@ -70,6 +70,7 @@ def test_drift_names_a_missing_data_path_before_any_fingerprint(tmp_path: Path, 
     code, out = _invoke(["drift", sub, "--data", str(missing)])
     assert code == 2
     assert f"--data {missing} does not exist" in out and "fingerprint" not in out
+    assert "kitune demo --print-fixture" in out and "shared/data" not in out
 
 
 # -- item 6: --progress has help; the main commands show true examples ----------------------------
@@ -87,7 +88,10 @@ def test_main_commands_show_examples_with_real_options(name: str) -> None:
     examples = [line.strip() for line in help_text.split("\nExamples:\n", 1)[1].splitlines() if line.strip()]
     assert len(examples) == 2 and all(e.startswith(f"kitune {name}") for e in examples)
     known = {opt for p in cmd.params for opt in p.opts}
-    used = {tok for e in examples for tok in e.split() if tok.startswith("--")}
+    # the packaged fixture is named the way a clone can reach it (no ../shared beside a clone)
+    assert not any("shared/data/fixture" in e for e in examples), examples
+    own = [e.replace('"$(kitune demo --print-fixture)"', "FIXTURE") for e in examples]
+    used = {tok for e in own for tok in e.split() if tok.startswith("--")}
     assert used <= known, used - known
 
 

@@ -151,8 +151,8 @@ def eval_command(
     an authentication failure.
 
     Examples:
-    kitune eval --skill baseline --data ../shared/data/fixture --limit 4
-    kitune eval --skill in-context --data ../shared/data/fixture --limit 4 --no-judge
+    kitune eval --skill baseline --data "$(kitune demo --print-fixture)" --limit 4
+    kitune eval --skill in-context --data "$(kitune demo --print-fixture)" --limit 4 --no-judge
     """
     from kitune.evaluation.report import ROWS, format_cell
     from kitune.service.pipelines.evaluation import run_eval

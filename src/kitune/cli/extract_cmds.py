@@ -93,8 +93,8 @@ def extract(
     retry them), 2 on a configuration or data error.
 
     Examples:
-    kitune extract --data ../shared/data/fixture
-    kitune extract --data ../shared/data/fixture --limit 5 --concurrency 2
+    kitune extract --data "$(kitune demo --print-fixture)"
+    kitune extract --data "$(kitune demo --print-fixture)" --limit 5 --concurrency 2
     """
     from kitune.programs.fact_extractor import FactExtractor
     from kitune.programs.instructions import instruction_version

@@ -490,7 +490,7 @@ def optimize_cmd(
 
     Examples:
     kitune optimize --data ../shared/data/dev
-    kitune optimize --data ../shared/data/fixture --questions 8 --iterations 1 --budget-minutes 20
+    kitune optimize --data "$(kitune demo --print-fixture)" --questions 8 --iterations 1 --budget-minutes 20
     """
     from kitune.service.tuning.optimize import extract_slice, run_optimize
     from kitune.service.tuning.options import E2E_AUTO, OptimizeOptions
@@ -613,7 +613,7 @@ def _require_data(data: Path) -> None:
     if not data.exists():
         fail(
             f"--data {data} does not exist: pass a dataset folder (BrowseComp-Plus layout) or a JSONL "
-            "file, e.g. --data ../shared/data/fixture"
+            'file, e.g. --data "$(kitune demo --print-fixture)" (the fixture that ships with kitune)'
         )
 
 

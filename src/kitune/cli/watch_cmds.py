@@ -89,8 +89,8 @@ def loop_cmd(
     DIR every --interval seconds. Rerun after an interruption to resume; exits 1 on failure.
 
     Examples:
-    kitune loop --corpus ../shared/data/fixture --traces exported-traces/
-    kitune loop --corpus ../shared/data/fixture --watch inbox/ --max-rounds 3
+    kitune loop --corpus "$(kitune demo --print-fixture)" --traces exported-traces/
+    kitune loop --corpus "$(kitune demo --print-fixture)" --watch inbox/ --max-rounds 3
     """
     from kitune.optimizers.program_task import program_names
     from kitune.service.workflows.watch import LoopOptions, WatchOptions, corpus_file, loop_once, watch
