@@ -137,3 +137,12 @@ def test_optimisation_table_shows_every_value_whole_in_80_columns() -> None:
     assert max(len(line) for line in text.splitlines()) <= 80
     for value in ("21%", "100%", "+0.050", "-0.042", "+2/-1", "undecided", "disambiguator", "rewriter"):
         assert value in text, value
+
+
+def test_extract_names_where_a_missing_data_folder_comes_from(tmp_path: Path) -> None:
+    # a clone has no ../shared beside it: `kitune extract --data ../shared/data/dev` said only
+    # "corpus file … does not exist: check the --data path"
+    missing = tmp_path / "shared" / "data" / "dev"
+    code, out = _invoke(["extract", "--data", str(missing), "--no-progress"])
+    assert code == 2, out
+    assert f"data path {missing} does not exist" in out and "kitune demo --print-fixture" in out

@@ -34,6 +34,7 @@ from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from kitune.data.bundled import missing_data_message
 from kitune.data.errata import ErrataReport, apply_errata, errata_path_for, load_errata, packaged_errata_for
 from kitune.data.locomo import is_locomo_path, read_locomo
 from kitune.data.questions import Question, first_field, question_from_record
@@ -148,6 +149,8 @@ def _resolve_corpus_path(path: Path) -> Path:
             "or a directory in the BrowseComp-Plus layout",
             path=str(path),
         )
+    if not path.exists():  # e.g. ../shared/data/dev in a clone that has no ../shared beside it
+        raise DataError(missing_data_message(path), path=str(path))
     _require_file(path, "corpus file", "check the --data path")
     return path
 
