@@ -146,3 +146,12 @@ def test_extract_names_where_a_missing_data_folder_comes_from(tmp_path: Path) ->
     code, out = _invoke(["extract", "--data", str(missing), "--no-progress"])
     assert code == 2, out
     assert f"data path {missing} does not exist" in out and "kitune demo --print-fixture" in out
+
+
+def test_eval_in_context_names_a_missing_data_path_before_the_empty_ki_table(tmp_path: Path) -> None:
+    # a newcomer's `kitune eval --skill in-context --data debian/` (no such folder, no KIs yet) was
+    # told to run `kitune extract --data DIR`, which then failed on the same missing path
+    missing = tmp_path / "debian"
+    code, out = _invoke(["eval", "--skill", "in-context", "--data", str(missing), "--no-progress"])
+    assert code == 2, out
+    assert f"data path {missing} does not exist" in out and "holds no KIs" not in out

@@ -164,6 +164,10 @@ def eval_command(
         select = parse_prompt_selection(prompt_specs(prompt_version, prompt_alias))
     except KituneError as e:
         fail(str(e))
+    if not data.exists():  # named before the KI table, which an empty work dir also lacks
+        from kitune.data.bundled import missing_data_message
+
+        fail(missing_data_message(data))
     if skill == "in-context":
         _refuse_empty_ki_store(cfg, select, packaged)
     lines = _Progress(cfg.grading.grader) if progress else None
