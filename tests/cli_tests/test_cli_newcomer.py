@@ -155,3 +155,17 @@ def test_eval_in_context_names_a_missing_data_path_before_the_empty_ki_table(tmp
     code, out = _invoke(["eval", "--skill", "in-context", "--data", str(missing), "--no-progress"])
     assert code == 2, out
     assert f"data path {missing} does not exist" in out and "holds no KIs" not in out
+
+
+def test_status_on_an_empty_workdir_suggests_only_what_can_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # it said "or `kitune prompts rollback kitune-<corpus>-extractor`": a placeholder, and with
+    # nothing registered there is nothing to roll back to
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("KITUNE_CONFIG", raising=False)
+    monkeypatch.delenv("KITUNE_WORKDIR", raising=False)
+    code, out = _invoke(["status"])
+    assert code == 1, out
+    assert "holds no active KI: run `kitune extract --data DIR` (same --config)" in out
+    assert "rollback" not in out and "<corpus>" not in out

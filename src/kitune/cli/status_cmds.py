@@ -28,6 +28,7 @@ def status_cmd(
 
     Example: kitune status --json
     """
+    from kitune.programs.instructions import prompt_name
     from kitune.service.serving.prompts import production_setting, setting_summary
     from kitune.service.serving.setting import active_kis
 
@@ -51,11 +52,11 @@ def status_cmd(
             typer.echo(f"{program} prompt: {label}")
         typer.echo(f"KI table: {summary['store']} ({cfg.store.type}), {n} active KIs")
     if not n:
-        fail(
-            f"the served KI table {summary['store']} holds no active KI: run `kitune extract --data DIR` "
-            "(same --config), or `kitune prompts rollback kitune-<corpus>-extractor`",
-            code=1,
-        )
+        fix = "run `kitune extract --data DIR` (same --config)"
+        # only a registered production version has a previous one to roll back to
+        if not summary["prompts"].get("extractor", "").startswith("packaged"):
+            fix += f", or `kitune prompts rollback {prompt_name(cfg.corpus_name, 'extractor')}`"
+        fail(f"the served KI table {summary['store']} holds no active KI: {fix}", code=1)
 
 
 def register(app: typer.Typer) -> None:
