@@ -38,6 +38,8 @@ def _clean_dspy_and_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         if key.startswith("KITUNE_"):
             monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    # a command run with --no-progress sets TQDM_DISABLE for its process (cli.common.quiet_progress)
+    monkeypatch.delenv("TQDM_DISABLE", raising=False)
     dspy.settings.configure(lm=None, adapter=None)
     dspy.configure_cache(enable_disk_cache=False, enable_memory_cache=False)
     yield

@@ -28,6 +28,7 @@ __all__ = [
     "get_config",
     "positive",
     "preload_litellm",
+    "quiet_progress",
 ]
 
 console = Console(stderr=True)
@@ -74,6 +75,30 @@ def configure_logging(level: int = logging.WARNING) -> None:
         lg = logging.getLogger(name)
         lg.setLevel(level)
         lg.propagate = False
+
+
+_QUIET_LOGGERS = ("dspy", "gepa", "optuna")
+
+
+def quiet_progress(progress: bool) -> None:
+    """Honour ``--no-progress`` in the libraries too: no tqdm bars, no INFO progress lines.
+
+    kitune's own progress is switched off by the command's ``progress`` argument; GEPA (through
+    DSPy, which passes ``display_progress_bar=True`` itself) and DSPy's evaluators draw tqdm bars and
+    log INFO lines of their own. With ``progress`` False this sets ``TQDM_DISABLE=1`` for the
+    process (tqdm ≥ 4.66 reads ``TQDM_*`` variables as its defaults) and raises the ``dspy``,
+    ``gepa`` and ``optuna`` loggers to WARNING. With ``progress`` True it changes nothing. tqdm
+    reads the variable when it is imported, so a command calls this first, before the heavy
+    imports (a CLI process has not imported tqdm by then); DSPy sets its logger's level when it is
+    imported, so it is imported here before the levels are set.
+    """
+    if progress:
+        return
+    os.environ["TQDM_DISABLE"] = "1"
+    import dspy  # noqa: F401  (it sets its logger to INFO when imported: import it first, then quiet it)
+
+    for name in _QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def fail(message: str, code: int = 2) -> NoReturn:

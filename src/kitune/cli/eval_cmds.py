@@ -17,7 +17,15 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from kitune.cli.common import PROGRESS_HELP, ConfigOption, console, fail, fail_with, get_config
+from kitune.cli.common import (
+    PROGRESS_HELP,
+    ConfigOption,
+    console,
+    fail,
+    fail_with,
+    get_config,
+    quiet_progress,
+)
 from kitune.cli.context_cmds import PackagedOption, PromptAliasOption, PromptVersionOption, prompt_specs
 from kitune.cli.recording_opts import RecordOption, ReplayOption, record_overrides, with_recording
 from kitune.errors import KituneError
@@ -154,6 +162,7 @@ def eval_command(
     kitune eval --skill baseline --data "$(kitune demo --print-fixture)" --limit 4
     kitune eval --skill in-context --data "$(kitune demo --print-fixture)" --limit 4 --no-judge
     """
+    quiet_progress(progress)
     from kitune.evaluation.report import ROWS, format_cell
     from kitune.service.pipelines.evaluation import run_eval
     from kitune.service.serving.prompts import parse_prompt_selection

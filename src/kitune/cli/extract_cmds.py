@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from kitune.cli.common import ConfigOption, fail, fail_with, get_config
+from kitune.cli.common import ConfigOption, fail, fail_with, get_config, quiet_progress
 from kitune.cli.recording_opts import RecordOption, ReplayOption, record_overrides, with_recording
 from kitune.config import KituneConfig
 from kitune.errors import KituneError
@@ -96,6 +96,7 @@ def extract(
     kitune extract --data "$(kitune demo --print-fixture)"
     kitune extract --data "$(kitune demo --print-fixture)" --limit 5 --concurrency 2
     """
+    quiet_progress(progress)
     from kitune.programs.fact_extractor import FactExtractor
     from kitune.programs.instructions import instruction_version
     from kitune.service.pipelines.extraction import default_state_path, extract_corpus

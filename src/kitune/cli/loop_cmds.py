@@ -16,7 +16,15 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from kitune.cli.common import PROGRESS_HELP, ConfigOption, fail, fail_with, get_config, positive
+from kitune.cli.common import (
+    PROGRESS_HELP,
+    ConfigOption,
+    fail,
+    fail_with,
+    get_config,
+    positive,
+    quiet_progress,
+)
 from kitune.cli.recording_opts import RecordOption, ReplayOption, record_overrides, with_recording
 from kitune.errors import KituneError
 
@@ -492,6 +500,7 @@ def optimize_cmd(
     kitune optimize --data ../shared/data/dev
     kitune optimize --data "$(kitune demo --print-fixture)" --questions 8 --iterations 1 --budget-minutes 20
     """
+    quiet_progress(progress)
     from kitune.service.tuning.optimize import extract_slice, run_optimize
     from kitune.service.tuning.options import E2E_AUTO, OptimizeOptions
     from kitune.service.tuning.slicing import SPLIT_METHODS
@@ -632,6 +641,7 @@ def drift_check_cmd(
 
     Example: kitune drift check --data my-corpus
     """
+    quiet_progress(progress)
     from kitune.service.workflows.drift import drift_check
 
     _require_data(data)
@@ -663,6 +673,7 @@ def drift_run_cmd(
 
     Example: kitune drift run --data my-corpus
     """
+    quiet_progress(progress)
     from kitune.service.workflows.drift import drift_run
 
     _require_data(data)
@@ -764,6 +775,7 @@ def demo_cmd(
     kitune demo
     kitune demo --record runs/demo-rec   (then: kitune demo --replay runs/demo-rec)
     """
+    quiet_progress(progress)
     import time
 
     from kitune.service.workflows.demo import (

@@ -13,7 +13,15 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from kitune.cli.common import PROGRESS_HELP, ConfigOption, fail, fail_with, get_config, positive
+from kitune.cli.common import (
+    PROGRESS_HELP,
+    ConfigOption,
+    fail,
+    fail_with,
+    get_config,
+    positive,
+    quiet_progress,
+)
 from kitune.errors import KituneError
 
 __all__ = ["loop_cmd", "register"]
@@ -92,6 +100,7 @@ def loop_cmd(
     kitune loop --corpus "$(kitune demo --print-fixture)" --traces exported-traces/
     kitune loop --corpus "$(kitune demo --print-fixture)" --watch inbox/ --max-rounds 3
     """
+    quiet_progress(progress)
     from kitune.optimizers.program_task import program_names
     from kitune.service.workflows.watch import LoopOptions, WatchOptions, corpus_file, loop_once, watch
 
