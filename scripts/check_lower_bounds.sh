@@ -31,7 +31,7 @@ open(sys.argv[1], "w").write("\n".join(lines) + "\n")
 print(f"{len(lines)} direct dependencies at their lower bounds")
 PY
 LOG=$(mktemp)
-if ! "$VENV/bin/python" -m pip install -q -c "$FLOORS" -e '.[server,elasticsearch,dev]' >"$LOG" 2>&1; then
+if ! "$VENV/bin/python" -m pip install -q -c "$FLOORS" -e '.[server,elasticsearch,dev,local]' >"$LOG" 2>&1; then
   grep -v '^WARNING: Location' "$LOG" >&2; exit 1
 fi
 echo "== installed; versions that differ from constraints/py311.txt:"

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install kitune with its test extras into ./.venv (created if missing), then run the checks CI
+# Install kitune with its test extras (server, elasticsearch, dev and local: the tests import every
+# package the source imports, xllamacpp included) into ./.venv (created if missing), then run the checks CI
 # runs: ruff (lint), ruff format --check, strict mypy, and the test suite. Tests never reach a
 # network or a real LLM; they read the shared data from ../shared/data.
 # The install uses the exact versions in constraints/py3XY.txt for the venv's Python (3.11 and
@@ -40,7 +41,7 @@ else
 fi
 echo "== install ($("$VENV/bin/python" -V), ${CFLAGS[*]:-no constraints}) into $VENV"
 LOG=$(mktemp)
-if ! "$VENV/bin/python" -m pip install -q "${CFLAGS[@]}" -e '.[server,elasticsearch,dev]' >"$LOG" 2>&1; then
+if ! "$VENV/bin/python" -m pip install -q "${CFLAGS[@]}" -e '.[server,elasticsearch,dev,local]' >"$LOG" 2>&1; then
   grep -v '^WARNING: Location' "$LOG" >&2; rm -f "$LOG"; exit 1
 fi
 rm -f "$LOG"
