@@ -33,13 +33,18 @@ Issue 39.2's observation changes are measured side by side (``--kis`` given):
 ``--questions`` restricts to the ids of a committed run's ``questions.json`` (``tune`` +
 ``validation``); ``--docs-from`` restricts the corpus to the documents named in JSONL files
 (``docid`` per line, e.g. that run's extraction state files): the corpus the KIs were extracted
-from, so both skills search the same documents.
+from, so both skills search the same documents. ``--distractors N`` rebuilds a loop run's corpus
+exactly as the loop built it (every evidence/gold document of those questions plus N seeded
+distractors, :func:`kitune.service.tuning.slicing.select_documents`) — for a run whose extraction
+state files also list documents of an earlier run whose cache it reused.
 
 Usage::
 
     python benchmarks/context_cost.py --kis experiments/loop-dev-48/kis/kis-d6e68232.jsonl \
         --questions experiments/loop-dev-48/questions.json \
         --docs-from experiments/loop-dev-48/extractions/*.jsonl --embedder hash
+    python benchmarks/context_cost.py --kis experiments/loop-dev-100/kis/kis-d6e68232.jsonl \
+        --questions experiments/loop-dev-100/questions.json --distractors 20 --name context_cost.dev100
     python benchmarks/context_cost.py --data ../shared/data/fixture --kis PATH
     python benchmarks/context_cost.py                                       # baseline side only
 """
@@ -49,6 +54,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import random
 import re
 import shutil
 import tempfile
@@ -95,31 +101,99 @@ def tokens_to_answer(items: Sequence[str], golds: Sequence[str], count: Callable
     return None
 
 
+BOOTSTRAP_RESAMPLES = 2000
+"""Resamples of every bootstrap interval (seeded: the same inputs give the same intervals)."""
+
+
+def bootstrap_ci(
+    values: Sequence[float],
+    stat: Callable[[Sequence[float]], float],
+    *,
+    seed: int = 0,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+) -> tuple[float, float] | None:
+    """Seeded percentile-bootstrap 95% interval of ``stat`` over ``values`` (None: no values)."""
+    if not values:
+        return None
+    rng = random.Random(seed)
+    n = len(values)
+    draws = sorted(stat([values[rng.randrange(n)] for _ in range(n)]) for _ in range(resamples))
+    return round(draws[int(0.025 * (resamples - 1))], 3), round(draws[round(0.975 * (resamples - 1))], 3)
+
+
+def paired_ratio_ci(
+    num: Sequence[float], den: Sequence[float], *, seed: int = 0, resamples: int = BOOTSTRAP_RESAMPLES
+) -> tuple[float, float] | None:
+    """Seeded paired-bootstrap 95% interval of ``sum(num) / sum(den)`` (questions resampled together).
+
+    Raises:
+        ValueError: ``num`` and ``den`` differ in length (they must be the same questions).
+    """
+    if len(num) != len(den):
+        raise ValueError(f"paired_ratio_ci: {len(num)} numerators vs {len(den)} denominators")
+    if not num:
+        return None
+    rng = random.Random(seed)
+    n = len(num)
+    draws: list[float] = []
+    for _ in range(resamples):
+        idx = [rng.randrange(n) for _ in range(n)]
+        d = sum(den[i] for i in idx)
+        if d:
+            draws.append(sum(num[i] for i in idx) / d)
+    if not draws:
+        return None
+    draws.sort()
+    return round(draws[int(0.025 * (len(draws) - 1))], 3), round(draws[round(0.975 * (len(draws) - 1))], 3)
+
+
+def _median(values: Sequence[float]) -> float:
+    return summarize(values).median
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values)
+
+
 def measure(
     skill_call: Callable[[str], Any], questions: Sequence[Question], count: Callable[[str], int]
 ) -> dict[str, Any]:
+    """One call per question: tokens, answer-bearing rate and tokens to the first answer, with intervals.
+
+    The per-question values are kept under ``per_question`` (tokens per call, 0/1 answer-bearing)
+    for the paired ratios; :func:`main` drops them before writing.
+    """
+    from kitune.evaluation.summary import wilson_interval
+
     per_call: list[int] = []
     to_answer: list[int] = []
-    bearing = 0
+    bearing_each: list[int] = []
     docs_hit = 0
     for q in questions:
         obs = skill_call(q.query)
         per_call.append(count(obs.text))
-        if contains_answer(obs.text, q.golds):
-            bearing += 1
+        bearing_each.append(int(contains_answer(obs.text, q.golds)))
         t = tokens_to_answer(split_items(obs.text), q.golds, count)
         if t is not None:
             to_answer.append(t)
         docs_hit += int(bool(set(obs.doc_ids) & set(q.evidence_docids)))
     n = len(questions)
+    bearing = sum(bearing_each)
     tok = summarize(per_call)
     rate = bearing / n
+    lo, hi = wilson_interval(bearing, n)
     return {
+        "n": n,
         "tokens_per_call": tok.to_dict(1),
+        "tokens_per_call_mean_ci95": bootstrap_ci(per_call, _mean),
+        "answer_bearing": bearing,
         "answer_bearing_rate": round(rate, 4),
+        "answer_bearing_rate_ci95": (round(lo, 3), round(hi, 3)),
         "evidence_doc_shown_rate": round(docs_hit / n, 4),
         "tokens_to_first_answer": summarize(to_answer).to_dict(1) if to_answer else None,
+        "tokens_to_first_answer_median_ci95": bootstrap_ci(to_answer, _median),
         "answer_bearing_per_1k_tokens": round(rate / (tok.mean / 1000), 4) if tok.mean else 0.0,
+        "per_question": {"tokens": per_call, "bearing": bearing_each},
     }
 
 
@@ -202,6 +276,10 @@ def measure_loop(
     }
 
 
+def _brief(m: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in m.items() if k != "per_question"}
+
+
 def open_kis(path: Path, embedder: Any) -> Any:
     from kitune.ki import KI
 
@@ -231,6 +309,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument(
         "--docs-from", type=Path, nargs="*", default=(), help="JSONL files naming the corpus docs"
     )
+    ap.add_argument(
+        "--distractors",
+        type=int,
+        default=None,
+        help="rebuild a loop run's corpus as it was built: the questions' evidence/gold documents plus "
+        "this many seeded distractors (kitune's select_documents; needs --questions)",
+    )
+    ap.add_argument("--distractor-seed", type=int, default=0, help="seed of --distractors (the loop's: 0)")
     ap.add_argument("--loop-steps", type=int, default=43, help="step budget of the scripted looping agent")
     args = ap.parse_args(argv)
     if args.quick:
@@ -266,6 +352,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             if line.strip()
         }
         documents = [d for d in documents if d.docid in keep]
+    if args.distractors is not None:
+        if args.questions is None:
+            raise SystemExit("--distractors rebuilds a loop run's corpus: give that run's --questions too")
+        from kitune.service.tuning.slicing import select_documents
+
+        evidence, picked = select_documents(
+            pool, documents, distractors=args.distractors, seed=args.distractor_seed
+        )
+        documents = [*evidence, *picked]
     embedder = WordLlamaEmbedder(256) if args.embedder == "wordllama" else HashEmbedder(256)
     tmp = Path(tempfile.mkdtemp(prefix="kitune-bench-context-"))
     results: dict[str, Any] = {"questions": len(questions), "tokenizer": tokenizer}
@@ -283,7 +378,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         results["documents"] = len(documents)
         box = build_toolbox("baseline", cfg, corpus_store=corpus)
         results["baseline"] = measure(lambda q: box.call("search", {"query": q}), questions, estimate_tokens)
-        print(f"baseline: {results['baseline']}", flush=True)
+        print(f"baseline: {_brief(results['baseline'])}", flush=True)
         if args.kis is not None:
             kis = open_kis(args.kis.resolve(), embedder)
             results["kis_in_store"] = kis.count()
@@ -310,7 +405,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     questions,
                     estimate_tokens,
                 )
-                print(f"{key}: {results[key]}", flush=True)
+                print(f"{key}: {_brief(results[key])}", flush=True)
             results["dedupe"] = measure_dedupe(lambda d: ic_box("compact", d), questions, estimate_tokens)
             print(f"dedupe: {results['dedupe']}", flush=True)
             for rules, render, dedupe in (("legacy", "full", False), ("bounded", "compact", True)):
@@ -323,7 +418,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
                 print(f"loop {rules}: {results[f'loop_{rules}']}", flush=True)
             notes += [
-                f"Corpus: {len(documents)} documents (--docs-from), {results['kis_in_store']} KIs, "
+                f"Corpus: {len(documents)} documents "
+                f"({'--distractors' if args.distractors is not None else '--docs-from'}), "
+                f"{results['kis_in_store']} KIs, "
                 f"{len(questions)} questions.",
                 "in-context (full, before): the rendering before issue 39.2 (title — description (docs: …) "
                 "+ facet line); in-context (compact, after): agent.ki_render=compact (the fact once, "
@@ -349,31 +446,31 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     b, c = results["baseline"], results["in_context"]
     cc = results.get("in_context_compact")
-    if c is not None:
-        ratio: dict[str, float | None] = {
-            "tokens_per_call_mean": round(c["tokens_per_call"]["mean"] / b["tokens_per_call"]["mean"], 3),
+    per_q = {k: m.pop("per_question") for k, m in (("b", b), ("c", c), ("cc", cc)) if m is not None}
+
+    def ratios(m: dict[str, Any], pq: dict[str, list[int]]) -> dict[str, Any]:
+        ta, tb = m["tokens_to_first_answer"], b["tokens_to_first_answer"]
+        return {
+            "tokens_per_call_mean": round(m["tokens_per_call"]["mean"] / b["tokens_per_call"]["mean"], 3),
+            "tokens_per_call_mean_ci95": paired_ratio_ci(pq["tokens"], per_q["b"]["tokens"]),
             "tokens_per_call_median": round(
-                c["tokens_per_call"]["median"] / b["tokens_per_call"]["median"], 3
+                m["tokens_per_call"]["median"] / b["tokens_per_call"]["median"], 3
             ),
-            "answer_bearing_rate": round(c["answer_bearing_rate"] / b["answer_bearing_rate"], 3)
+            "answer_bearing_rate": round(m["answer_bearing_rate"] / b["answer_bearing_rate"], 3)
             if b["answer_bearing_rate"]
             else None,
-            "tokens_to_first_answer_median": round(
-                c["tokens_to_first_answer"]["median"] / b["tokens_to_first_answer"]["median"], 3
-            )
-            if c["tokens_to_first_answer"] and b["tokens_to_first_answer"]
-            else None,
+            "answer_bearing_rate_ci95": paired_ratio_ci(pq["bearing"], per_q["b"]["bearing"]),
+            "tokens_to_first_answer_median": round(ta["median"] / tb["median"], 3) if ta and tb else None,
         }
-        results["ratio_in_context_over_baseline"] = ratio
-        if cc is not None:
-            results["ratio_compact_over_baseline"] = {
-                "tokens_per_call_mean": round(
-                    cc["tokens_per_call"]["mean"] / b["tokens_per_call"]["mean"], 3
-                ),
-                "tokens_per_call_median": round(
-                    cc["tokens_per_call"]["median"] / b["tokens_per_call"]["median"], 3
-                ),
-            }
+
+    if c is not None:
+        results["ratio_in_context_over_baseline"] = ratios(c, per_q["c"])
+    if cc is not None:
+        results["ratio_compact_over_baseline"] = ratios(cc, per_q["cc"])
+
+    def fmt(point: Any, ci: Any) -> str:
+        return f"{point} [{ci[0]}, {ci[1]}]" if ci else str(point)
+
     rows = []
     for skill, m in (("baseline", b), ("in-context (full, before)", c), ("in-context (compact, after)", cc)):
         if m is None and skill.startswith("in-context (compact"):
@@ -387,9 +484,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 skill,
                 t["median"],
                 t["p95"],
-                t["mean"],
-                m["answer_bearing_rate"],
-                ta["median"] if ta else "-",
+                fmt(t["mean"], m["tokens_per_call_mean_ci95"]),
+                fmt(
+                    f"{m['answer_bearing_rate']} ({m['answer_bearing']}/{m['n']})",
+                    m["answer_bearing_rate_ci95"],
+                ),
+                fmt(ta["median"], m["tokens_to_first_answer_median_ci95"]) + f" (n={ta['n']})" if ta else "-",
                 m["answer_bearing_per_1k_tokens"],
             ]
         )
@@ -398,9 +498,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "skill",
             "tokens/call p50",
             "tokens/call p95",
-            "tokens/call mean",
-            "answer-bearing rate",
-            "tokens to first answer p50",
+            "tokens/call mean [95% CI]",
+            "answer-bearing rate [Wilson 95%]",
+            "tokens to first answer p50 [95% CI] (n answered)",
             "answer-bearing per 1k tokens",
         ],
         rows,
