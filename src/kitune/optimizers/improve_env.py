@@ -14,11 +14,11 @@ live here, below the service layer, and run in tests against fakes.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from kitune.errors import DocumentNotFoundError
 from kitune.optimizers.setting import Evaluation, Setting
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from kitune.retrieval.base import Store
     from kitune.schema import Document
 
-__all__ = ["ImproveEnv", "ImproveInput", "Improvement", "Improver", "LoopDepsLike", "LoopOptionsLike"]
+__all__ = ["ImproveEnv", "ImproveInput", "Improvement", "Improver", "LoopOptionsLike"]
 
 
 class LoopOptionsLike(Protocol):
@@ -65,63 +65,25 @@ class LoopOptionsLike(Protocol):
         ...
 
 
-class LoopDepsLike(Protocol):
-    """The models the environment was given (``LoopDeps`` in the service)."""
-
-    @property
-    def lms(self) -> Mapping[str, Any]:
-        """Role → ``dspy.LM`` for ``extract``, ``rewrite`` and ``reflection``."""
-        ...
-
-    @property
-    def chat_model(self) -> Any:
-        """The agent model."""
-        ...
-
-    @property
-    def judge(self) -> Any:
-        """The grader (None: exact match)."""
-        ...
-
-    @property
-    def corpus_store(self) -> Any:
-        """Raw-search fallback of the in-context skill (None: none)."""
-        ...
-
-
 class ImproveEnv(Protocol):
-    """The loop's services as program tasks and improvers use them: stores, look-ups, LMs, runs.
+    """The loop's services as program tasks and improvers use them: stores, look-ups, runs.
 
-    What an improver needs to *know* (the tuning questions, the configuration, the budget, the
-    options, the incumbent setting and its run) is data on :class:`ImproveInput`; this protocol
-    holds only what needs the loop's machinery (a store, a cached look-up, an agent run, a
-    retirement).
+    What an improver needs to *know* (the tuning questions, the documents, the setting's KIs,
+    the configuration, the LMs, the budget, the options, the incumbent setting and its run) is
+    data on :class:`ImproveInput`; this protocol holds only what needs the loop's machinery (a
+    store, a cached look-up, an agent run, a retirement).
 
     Contract: every method is safe to call from several threads (GEPA's metric threads call
-    ``context_fn`` and ``store_for``); ``lock`` guards changes to shared stores.
+    ``lookup`` and ``store_for``).
     """
-
-    @property
-    def deps(self) -> LoopDepsLike:
-        """LMs and models."""
-        ...
 
     @property
     def rng(self) -> random.Random:
         """Seeds the optimisers (one draw per optimiser run)."""
         ...
 
-    @property
-    def lock(self) -> AbstractContextManager[Any]:
-        """Held while a store is changed or its retrieval knobs are swapped."""
-        ...
-
     def log(self, message: str) -> None:
         """A progress line."""
-        ...
-
-    def get_document(self, docid: str) -> Document:
-        """A document of the slice (DocumentNotFoundError for others)."""
         ...
 
     def store_for(self, setting: Setting) -> Store:
@@ -130,14 +92,6 @@ class ImproveEnv(Protocol):
 
     def extractor(self, setting: Setting) -> Any:
         """A ``FactExtractor`` with the setting's instruction and limits."""
-        ...
-
-    def kis_by_doc(self, setting: Setting) -> dict[str, list[KI]]:
-        """Extracted KIs of the setting's store, by evidence document."""
-        ...
-
-    def context_fn(self, setting: Setting, rewriter: Any = None) -> Callable[[str], Any]:
-        """The agent's ``get_context`` tool for ``setting`` (rewriter None: the setting's own)."""
         ...
 
     def context_ids(self, setting: Setting, size: int | None = None) -> Callable[[str], list[str]]:
@@ -190,7 +144,8 @@ class ImproveInput:
 
     Built once per iteration by the loop's environment
     (:meth:`kitune.service.tuning.loop_env.ServiceLoopEnv.improve`); an improver reads what it
-    needs here rather than asking the loop, and returns an :class:`Improvement`.
+    needs here rather than asking the loop, and returns an :class:`Improvement`. The mappings
+    are read-only views (``types.MappingProxyType``) of what the loop holds.
     """
 
     setting: Setting
@@ -218,6 +173,24 @@ class ImproveInput:
     """The loop's state folder (the knob study's journal lives there)."""
     reflection_note: str | None = None
     """Why the optimisers reflect with the task model, or None (a reflection model is set)."""
+    documents: Mapping[str, Document] = field(default_factory=dict)
+    """The slice's documents by id (the questions' evidence documents and the distractors)."""
+    kis_by_doc: Mapping[str, Sequence[KI]] = field(default_factory=dict)
+    """The setting's extracted KIs (no disambiguation KIs) by evidence document, read from its
+    store when the step starts (an improver writes no extracted KI, so it stays true)."""
+    lms: Mapping[str, Any] = field(default_factory=dict)
+    """LM role → ``dspy.LM``: ``extract`` (the extractor and the disambiguator), ``rewrite``,
+    ``reflection`` (the optimisers' reflection model)."""
+
+    def get_document(self, docid: str) -> Document:
+        """The slice's document ``docid``.
+
+        Raises:
+            DocumentNotFoundError: ``docid`` is not a document of the slice.
+        """
+        if docid not in self.documents:
+            raise DocumentNotFoundError(docid)
+        return self.documents[docid]
 
 
 @dataclass

@@ -26,7 +26,7 @@ gate. Runs when ``--feedback`` is on and the tuning run has failures.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kitune.optimizers.feedback import FeedbackReport, count_flips, write_disambiguation_kis
@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from kitune.evaluation.stage_metrics import StageReport
     from kitune.evaluation.trace import Trace
     from kitune.optimizers.setting import Evaluation
+    from kitune.schema import Document
 
 __all__ = [
     "DisambiguationFeedback",
@@ -98,6 +99,8 @@ def write_setting_kis(
     failures: Sequence[Any],
     *,
     cfg: KituneConfig,
+    lm: Any,
+    get_document: Callable[[str], Document],
     what: str = "failure(s)",
 ) -> FeedbackReport:
     """Write disambiguation KIs from ``failures`` into the setting's store.
@@ -106,10 +109,12 @@ def write_setting_kis(
     the setting's ``get_context`` at its default size.
 
     Args:
-        env: the loop's environment (store, documents, LMs, log).
+        env: the loop's environment (store, look-ups, log).
         setting: whose store and disambiguator prompt are used.
-        cfg: the configuration with the setting's knobs applied (``ImproveInput.cfg``).
         failures: the wrong answers to write KIs for.
+        cfg: the configuration with the setting's knobs applied (``ImproveInput.cfg``).
+        lm: the disambiguator's LM (the ``extract`` role).
+        get_document: docid → document (``ImproveInput.get_document``).
         what: how the progress line names the failures.
 
     Returns:
@@ -121,9 +126,9 @@ def write_setting_kis(
         failures,
         store=store,
         disambiguator=Disambiguator(setting.prompts.get("disambiguator"), corpus=cfg.corpus_name),
-        get_document=env.get_document,
+        get_document=get_document,
         context_fn=env.context_ids(setting, size=cfg.retrieval.default_size),
-        lm=env.deps.lms["extract"],
+        lm=lm,
         top_k=cfg.retrieval.default_size,
     )
 
@@ -218,7 +223,9 @@ def write_feedback(
     measured = [env.evaluate(inp.setting, split) for split in ("tune", "validation")] if gate else []
     previous = [t for e in measured for t in e.traces]
     before_stages = [e.stages for e in measured if e.stages is not None]
-    report = write_setting_kis(env, inp.setting, failures, cfg=inp.cfg)
+    report = write_setting_kis(
+        env, inp.setting, failures, cfg=inp.cfg, lm=inp.lms["extract"], get_document=inp.get_document
+    )
     if inp.ledger is not None:
         for qid, prediction, ki_id, reason in report.outcomes:
             inp.ledger.note_feedback(inp.iteration, qid, prediction, [ki_id] if ki_id else [], reason)

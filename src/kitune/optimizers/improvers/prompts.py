@@ -45,7 +45,7 @@ def make_program_optimizer(env: ImproveEnv, inp: ImproveInput, metric: Callable[
     return make_optimizer(
         inp.options.optimizer,
         metric,
-        reflection_lm=env.deps.lms["reflection"],
+        reflection_lm=inp.lms["reflection"],
         budget=inp.budget,
         rng=random.Random(env.rng.randrange(2**31)),
         input_tokens=env.input_tokens_used,
@@ -75,7 +75,7 @@ def optimize_program(
         return None
     train, val = split_examples(setup, inp.budget, max_pareto=inp.cfg.optimize.max_pareto_examples)
     env.log(f"{program}: {len(train)} training and {len(val)} Pareto examples")
-    with dspy.context(lm=env.deps.lms[task.lm_role]):
+    with dspy.context(lm=inp.lms[task.lm_role]):
         return make_program_optimizer(env, inp, setup.metric).compile(
             setup.module, trainset=train, valset=val
         )

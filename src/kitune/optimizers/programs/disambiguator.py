@@ -20,7 +20,7 @@ __all__ = ["DISAMBIGUATOR", "PLUGINS", "disambiguator_setup"]
 def disambiguator_setup(env: ImproveEnv, inp: ImproveInput) -> TaskSetup:
     """The checked disambiguator with the setting's instruction, the failures, the retrieval metric."""
     setting = inp.setting
-    examples = tasks.disambiguator_examples(inp.failures, env.get_document)
+    examples = tasks.disambiguator_examples(inp.failures, inp.get_document)
     module = tasks.CheckedDisambiguator(
         Disambiguator(setting.prompts["disambiguator"], corpus=inp.cfg.corpus_name)
     )

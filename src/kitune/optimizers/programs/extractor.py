@@ -36,9 +36,9 @@ __all__ = ["EXTRACTOR", "PLUGINS", "extractor_setup"]
 
 def extractor_setup(env: ImproveEnv, inp: ImproveInput) -> TaskSetup:
     """The cached extractor (the setting's instruction and limits), coverable gold documents, coverage."""
-    kis_by_doc = env.kis_by_doc(inp.setting)
+    kis_by_doc = inp.kis_by_doc
     outcomes = tasks.extraction_outcomes(inp.questions, inp.tune.traces, kis_by_doc, kinds=inp.kinds)
-    gold, documents = stage_tasks.gold_document_map(inp.questions, env.get_document)
+    gold, documents = stage_tasks.gold_document_map(inp.questions, inp.get_document)
     route = route_out_of_budget(inp.tune.traces, documents=documents, gold_docids=gold, kis_by_doc=kis_by_doc)
     for item in route.extractor:
         outcomes[item.docid] = f"{outcomes.get(item.docid, '')} {item.text()}".strip()
@@ -51,7 +51,7 @@ def extractor_setup(env: ImproveEnv, inp: ImproveInput) -> TaskSetup:
     ] + [item.docid for item in route.extractor]
     examples = stage_tasks.coverage_examples(
         inp.questions,
-        env.get_document,
+        inp.get_document,
         first=first,
         outcomes=outcomes,
         seed=f"{inp.cfg.optimize.seed}:extractor:{inp.iteration}",

@@ -35,8 +35,8 @@ def rewriter_setup(env: ImproveEnv, inp: ImproveInput) -> TaskSetup:
     """:class:`~kitune.optimizers.stage_tasks.RewriterRecall` on the setting's rewriter, the recall metric."""
     setting = inp.setting
     k = inp.cfg.retrieval.default_size
-    kis_by_doc = env.kis_by_doc(setting)
-    gold, documents = stage_tasks.gold_document_map(inp.questions, env.get_document)
+    kis_by_doc = inp.kis_by_doc
+    gold, documents = stage_tasks.gold_document_map(inp.questions, inp.get_document)
     route = route_out_of_budget(inp.tune.traces, documents=documents, gold_docids=gold, kis_by_doc=kis_by_doc)
     routed = kinds_routed_to("rewriter")  # the feedback route table: no_candidate, out_of_budget
     first = [q.query_id for q in inp.questions if inp.kinds.get(q.query_id) in routed]

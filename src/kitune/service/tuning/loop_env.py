@@ -61,6 +61,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import dspy
@@ -805,6 +806,9 @@ class ServiceLoopEnv:
             options=self.opts,
             state_dir=self.state_dir,
             reflection_note=self.reflection_note,
+            documents=MappingProxyType(self.documents),
+            kis_by_doc=MappingProxyType(self.kis_by_doc(setting)),
+            lms=MappingProxyType(dict(self.deps.lms)),
         )
         return run_improvers(self, inp, self.cfg.optimize.improvers)
 

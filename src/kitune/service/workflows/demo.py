@@ -157,7 +157,13 @@ def _feedback(env: ServiceLoopEnv, setting: Setting, traces: Sequence[Trace], pa
 
     failures = collect_failures(traces, env.questions)
     report = write_setting_kis(
-        env, setting, failures, cfg=env.setting_cfg(setting), what="in-context failure(s)"
+        env,
+        setting,
+        failures,
+        cfg=env.setting_cfg(setting),
+        lm=env.deps.lms["extract"],
+        get_document=env.get_document,
+        what="in-context failure(s)",
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     data = {"attempted": report.attempted, "written": report.written, "ki_ids": list(report.ki_ids)}
