@@ -110,3 +110,26 @@ def test_eval_exits_1_when_no_question_was_answered(
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 1, r.output
     assert "no question was answered: all 2 failed" in " ".join(r.output.split())
+
+
+def test_eval_runs_on_one_question_and_names_an_empty_split(
+    tmp_path: Path, fixture_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 37: eval on a single question gives a result and exit 0; an empty split says why."""
+    import json
+
+    cfg = _eval_env(tmp_path, monkeypatch, [lambda _m: _answer("MIT")] * 2)
+    one = tmp_path / "one.jsonl"
+    question = {"query_id": "q1", "query": "Which license does curl use?", "answer": "MIT"}
+    one.write_text(json.dumps(question) + "\n")
+    _register()
+    base = ["eval", "--skill", "closed-book", "--data", str(fixture_dir), "--questions", str(one)]
+    r = CliRunner().invoke(app, [*base, "-c", str(cfg), "--no-progress"])
+    assert r.exit_code == 0, r.output
+    out = " ".join(r.output.split())
+    assert "1/1 (100.0%)" in out and "20.7%–100.0%" in out  # the Wilson interval of 1 of 1
+    r = CliRunner().invoke(app, [*base, "--split", "validation", "-c", str(cfg)])
+    assert r.exit_code == 2
+    out = " ".join(r.output.split())
+    assert "--split validation of" in out and "gives 0 questions: its 1 question(s) all go to tuning" in out
+    assert "use --split all" in out

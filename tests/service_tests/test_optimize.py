@@ -12,6 +12,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[1] / "optimizers_tests"))
 
 from loop_fakes import (
+    QUESTIONS,
     disambiguator_rule,
     extractor_rule,
     make_deps,
@@ -250,3 +251,40 @@ def test_failed_documents_are_tried_once_per_process(tmp_path: Path) -> None:
     assert broken.calls == calls  # no second attempt in this process
     env2 = ServiceLoopEnv(cfg, opts, deps, questions=questions, documents=docs, state_dir=tmp_path / "s")
     assert env2.ensure_extracted(setting, questions)["extract_docs_failed"] == 4.0  # a new run retries
+
+
+@pytest.mark.parametrize("split", ["random", "stratified"])
+def test_optimize_runs_on_one_question_and_says_what_it_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, split: str
+) -> None:
+    """Issue 37: any question count ≥ 1; a split too small for a step names the step and why."""
+    from typer.testing import CliRunner
+
+    import kitune.service.tuning.optimize as optimize_service
+    from kitune.cli import _register, app
+
+    data = write_dataset(tmp_path / "data", [QUESTIONS[1]])  # q2: the seed extractor misses its year
+    cfg_path = tmp_path / "k.yaml"
+    cfg_path.write_text(
+        f"workdir: {tmp_path / 'w'}\ncorpus_name: tiny\nembedder: {{type: hash}}\n"
+        "agent: {max_steps: 4, concurrency: 1}\nextraction: {concurrency: 1}\noptimize: {seed: 0}\n"
+    )
+    deps = make_deps(RuleLM(task_rule), RuleLM(reflection_rule, json=True))
+    monkeypatch.setattr(optimize_service, "default_deps", lambda cfg, ledger, corpus_store=None: deps)
+    _register()
+    args = ["optimize", "--data", str(data), "-c", str(cfg_path), "--iterations", "1", "--questions", "1"]
+    r = CliRunner().invoke(
+        app,
+        [*args, "--programs", "extractor", "--max-metric-calls", "6", "--split", split, "--final-eval"],
+    )
+    assert r.exit_code == 0, r.output
+    out = " ".join(r.output.split())
+    assert "skipped the validation decision: 0 validation questions (1 question(s), all tuning)" in out
+    assert "skipped the final evaluation (--final-eval): 0 validation questions" in out
+    assert "tune questions: q2; validation: none" in out
+    assert "# Final evaluation" not in out
+    # GEPA proposed the DATES extractor; with nothing to validate on it is kept out, not staged
+    state = tmp_path / "w" / "optimize" / "optimize"
+    history = json.loads((state / "loop_state.json").read_text(encoding="utf-8"))["history"]
+    assert [(h["decision"], h["changed"]) for h in history] == [("not_enough_evidence", ["extractor"])]
+    assert "kitune prompts promote" not in out and (state / "fingerprint.json").is_file()

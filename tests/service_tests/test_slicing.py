@@ -86,11 +86,14 @@ def test_random_split_is_the_earlier_split_and_lists_shared_documents() -> None:
     assert set(s.shared_documents()) == _docs(s.tune) & _docs(s.validation)
 
 
-def test_unknown_split_and_too_few_questions_are_refused() -> None:
+def test_unknown_split_is_refused_and_one_question_goes_to_tuning() -> None:
     with pytest.raises(ValueError, match="unknown split 'dataset': use one of random, stratified"):
         split_slice(_questions(), method="dataset", validation_fraction=0.5, seed=0)
-    with pytest.raises(ValueError, match="at least 2 questions"):
-        stratified_split(_questions()[:1], validation_fraction=0.5, seed=0)
+    # issue 37: the loop runs on one question; both methods put it in tuning, none in validation
+    one = _questions()[:1]
+    for method in ("random", "stratified"):
+        s = split_slice(one, method=method, validation_fraction=0.5, seed=0)
+        assert [q.query_id for q in s.tune] == [one[0].query_id] and s.validation == ()
 
 
 def test_questions_json_lists_the_split(tmp_path: Path) -> None:

@@ -383,7 +383,7 @@ def optimize_cmd(
     questions: Annotated[
         int | None,
         typer.Option(
-            "--questions", "-n", min=2, help="N questions: the first N, or a sample with --sample-seed."
+            "--questions", "-n", min=1, help="N questions: the first N, or a sample with --sample-seed."
         ),
     ] = None,
     sample_seed: Annotated[
@@ -562,7 +562,10 @@ def optimize_cmd(
         return
     res = _or_exit_1(run_optimize, cfg, opts, log=_log)
     out.print(_history_table(res.loop.history, f"kitune optimize ({run_name})"))
-    out.print(f"tune questions: {', '.join(res.tune_ids)}; validation: {', '.join(res.validation_ids)}")
+    out.print(
+        f"tune questions: {', '.join(res.tune_ids) or 'none'}; "
+        f"validation: {', '.join(res.validation_ids) or 'none'}"
+    )
     if res.final is not None:
         out.print(res.final.md_path.read_text(encoding="utf-8"), highlight=False, soft_wrap=True)
     if res.loop.curves_md is not None:
@@ -735,7 +738,7 @@ def demo_cmd(
         Path | None,
         typer.Option("--config", "-c", help="Config file (default: the demo.yaml packaged with kitune)."),
     ] = None,
-    questions: Annotated[int, typer.Option("--questions", "-n", min=2, help="Questions in the slice.")] = 4,
+    questions: Annotated[int, typer.Option("--questions", "-n", min=1, help="Questions in the slice.")] = 4,
     distractors: Annotated[int, typer.Option(min=0, help="Extra non-evidence documents.")] = 2,
     iterations: Annotated[int, typer.Option(min=1, help="Optimisation iterations.")] = 1,
     programs: Annotated[str, typer.Option(help="Programs the optimisation round tunes.")] = "extractor",

@@ -85,7 +85,9 @@ def run_experiment(
         acc = (
             ""
             if rec.tune_accuracy is None
-            else f" (accuracy tune {rec.tune_accuracy:.0%}, validation {rec.val_accuracy or 0:.0%})"
+            else f" (accuracy tune {rec.tune_accuracy:.0%}, validation "
+            + ("-" if rec.val_accuracy is None else f"{rec.val_accuracy:.0%}")
+            + ")"
         )
         log(
             f"iteration {rec.iteration}: tune {rec.tune_score:+.3f}, validation {rec.val_score:+.3f}{acc} → "

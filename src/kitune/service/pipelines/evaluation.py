@@ -201,8 +201,18 @@ def _ensure_corpus(store: CorpusStore, data_dir: Path) -> None:
 def _questions(
     data: Path, questions_path: Path | None, split: Split, limit: int | None, cfg: KituneConfig
 ) -> tuple[list[Question], ErrataReport | None]:
-    qs, errata = load_questions_and_errata(questions_path if questions_path else data)
-    qs = select_split(qs, split, validation_fraction=cfg.optimize.validation_fraction, seed=cfg.optimize.seed)
+    source = questions_path if questions_path else data
+    loaded, errata = load_questions_and_errata(source)
+    qs = select_split(
+        loaded, split, validation_fraction=cfg.optimize.validation_fraction, seed=cfg.optimize.seed
+    )
+    if loaded and not qs:  # a split too small: say which and why, not "no questions selected"
+        raise DataError(
+            f"--split {split} of {source} gives 0 questions: its {len(loaded)} question(s) all go to "
+            f"{'tuning' if split == 'validation' else 'validation'} (a single question is always a tuning "
+            "one); use --split all",
+            path=str(source),
+        )
     return slice_questions(qs, limit), errata
 
 

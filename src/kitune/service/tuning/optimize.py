@@ -45,7 +45,14 @@ if TYPE_CHECKING:
     from kitune.optimizers.protocols import Tracker
     from kitune.retrieval.base import CorpusStore
 
-__all__ = ["ExtractResult", "OptimizeResult", "default_deps", "extract_slice", "run_optimize"]
+__all__ = [
+    "ExtractResult",
+    "OptimizeResult",
+    "default_deps",
+    "extract_slice",
+    "run_optimize",
+    "small_split_notes",
+]
 
 
 def default_deps(
@@ -113,6 +120,40 @@ def _log_power(
         log(line)
 
 
+def small_split_notes(n_tune: int, n_validation: int, decision_rule: str, opts: OptimizeOptions) -> list[str]:
+    """The steps a split too small skips, each naming the step, the count and the fix.
+
+    A run goes on with any question count ≥ 1 (one question goes to tuning): what it cannot do
+    on an empty split is said before it starts, not failed on.
+
+    Args:
+        n_tune: tuning questions (≥ 0).
+        n_validation: validation questions (≥ 0).
+        decision_rule: ``optimize.decision_rule`` (``stage`` or ``permissive``).
+        opts: the run's options (``final_eval``, ``questions``).
+
+    Returns:
+        One line per skipped step (empty: the split serves every step).
+    """
+    n = n_tune + n_validation
+    fix = "use --questions 2 or more (a data set with at least 2 questions) for a validation split"
+    notes: list[str] = []
+    if n_validation == 0:
+        kept = "kept out as 'not enough evidence'" if decision_rule == "stage" else "rejected"
+        notes.append(
+            f"skipped the validation decision: 0 validation questions ({n} question(s), all tuning), so "
+            f"every proposal is {kept} and nothing is staged; {fix}"
+        )
+        if opts.final_eval:
+            notes.append(f"skipped the final evaluation (--final-eval): 0 validation questions; {fix}")
+    if n_tune == 0:
+        notes.append(
+            f"skipped the improve step: 0 tuning questions ({n} question(s), all validation): nothing to "
+            "optimise on; use more questions or --split random"
+        )
+    return notes
+
+
 def run_optimize(
     cfg: KituneConfig,
     opts: OptimizeOptions,
@@ -142,6 +183,8 @@ def run_optimize(
         cfg, opts, deps, questions=questions, documents=documents, state_dir=state_dir, log=log
     )
     _record_questions(cfg, opts, env)
+    for line in small_split_notes(len(env.tune), len(env.validation), cfg.optimize.decision_rule, opts):
+        log(f"[yellow]{line}[/]")
     _log_power(cfg, opts, env, state_dir, log)
     try:
         loop = run_experiment(
@@ -210,6 +253,8 @@ def _final(cfg: KituneConfig, env: ServiceLoopEnv, loop: LoopResult) -> FinalEva
     start = start_setting(env.state_dir)
     if start is None:
         env.log("[yellow]final evaluation skipped: the run has no finished iteration[/]")
+        return None
+    if not env.validation:  # said before the run (small_split_notes)
         return None
     env.log(f"final evaluation: start {start.key} vs final {loop.setting.key} on every validation question")
     return final_evaluation(

@@ -183,7 +183,8 @@ def stratified_split(questions: Sequence[Question], *, validation_fraction: floa
     query ids, their datasets and documents, and ``seed``: same input and seed, same split.
 
     Args:
-        questions: the slice's questions; ids must be unique; at least 2.
+        questions: the slice's questions; ids must be unique. One question (or none) goes to
+            tuning, with no validation question (as :func:`~kitune.data.examples.split_questions`).
         validation_fraction: share held out, in (0, 1).
         seed: RNG seed (``optimize.seed``).
 
@@ -192,8 +193,7 @@ def stratified_split(questions: Sequence[Question], *, validation_fraction: floa
         all questions.
 
     Raises:
-        ValueError: ``validation_fraction`` outside (0, 1), fewer than 2 questions, or a
-            duplicate query id.
+        ValueError: ``validation_fraction`` outside (0, 1) or a duplicate query id.
     """
     if not 0.0 < validation_fraction < 1.0:
         raise ValueError(f"validation_fraction must be in (0, 1), got {validation_fraction}")
@@ -201,8 +201,14 @@ def stratified_split(questions: Sequence[Question], *, validation_fraction: floa
     if len({q.query_id for q in ordered}) != len(ordered):
         raise ValueError("stratified_split needs unique query ids")
     n = len(ordered)
-    if n < 2:
-        raise ValueError(f"stratified_split needs at least 2 questions (tune + validation), got {n}")
+    if n < 2:  # one question (or none): all to tuning, nothing to validate on (the loop says so)
+        return SliceSplit(
+            tune=tuple(ordered),
+            validation=(),
+            method="stratified",
+            seed=seed,
+            validation_fraction=validation_fraction,
+        )
     by_id = {q.query_id: q for q in ordered}
     strata: dict[str, list[str]] = {}
     for q in ordered:
@@ -337,11 +343,8 @@ def load_slice(cfg: KituneConfig, opts: OptimizeOptions) -> tuple[list[Question]
     if not data.exists():
         raise DataError(missing_data_message(data), path=str(data))
     questions = sample_questions(load_questions(data), opts.questions, opts.sample_seed)
-    if len(questions) < 2:
-        raise DataError(
-            f"{data} gives {len(questions)} question(s); the loop needs at least 2 (tune + validation)",
-            path=str(data),
-        )
+    if not questions:
+        raise DataError(f"{data} gives 0 questions; the loop needs at least 1", path=str(data))
     evidence, distractors = select_documents(
         questions, load_corpus(data), distractors=opts.distractors, seed=cfg.optimize.seed
     )
