@@ -24,6 +24,11 @@ Usage::
 
     python benchmarks/retrieval_latency.py            # 250k KIs, ~10-15 min on 2 cores
     python benchmarks/retrieval_latency.py --quick    # 20k KIs, ~1-2 min
+    python benchmarks/retrieval_latency.py --compare-maintenance --n 50000   # issue 39.5's phase table
+
+``--compare-maintenance`` measures the store's maintenance before and after issue 39.5 in one run,
+interleaved (see :func:`compare_maintenance`): the load, during-churn, after-churn and
+after-compaction phases, each question on both settings back to back.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from _common import Timer, machine_info, markdown_table, summarize, write_results
+from _common import Timer, machine_info, markdown_table, percentile, summarize, write_results
 from _synthetic import RandomVectorEmbedder, synthetic_kis
 
 from kitune.config import KituneConfig, LanceStoreConfig, RetrievalConfig
@@ -170,7 +175,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--size", type=int, default=10, help="KIs per result")
     ap.add_argument("--path", type=Path, default=None, help="store folder (default: a temp dir, removed)")
     ap.add_argument("--name", default=None, help="result file stem (default retrieval_latency[.quick])")
+    ap.add_argument(
+        "--compare-maintenance",
+        action="store_true",
+        help="issue 39.5: the phase table for store maintenance before vs after, interleaved in one run",
+    )
     args = ap.parse_args(argv)
+    if args.compare_maintenance:
+        if args.quick:
+            args.n, args.queries, args.churn_commits = 20_000, 60, 60
+        return compare_maintenance(args, machine_info())
     if args.quick:
         args.n, args.queries, args.churn_commits, args.upserts, args.inline_upserts = 20_000, 60, 60, 40, 40
     name = args.name or ("retrieval_latency.quick" if args.quick else "retrieval_latency")
@@ -380,6 +394,329 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(f"wrote benchmarks/results/{name}.json and .md")
     return 0
+
+
+# -- issue 39.5: store maintenance, before vs after, interleaved in one run ------------------------
+
+TARGET_SEARCH_P95_MS = 30.0
+TARGET_WRITE_P99_MS = 1000.0
+PAIR_VARIANTS = ("get_context", "search_hybrid")
+
+
+def maintenance_settings() -> dict[str, LanceStoreConfig]:
+    """The two settings compared: main before issue 39.5 (``before``) and the store defaults (``after``).
+
+    ``before`` requests maintenance only at ``compact_every_fragments`` and starts it only in a
+    quiet moment; ``after`` also requests it when an index leaves ``maintain_unindexed_rows`` rows
+    unindexed or after ``maintain_every_writes`` writes, and starts it at the latest
+    ``compaction_max_wait_s`` after the request.
+    """
+    after = LanceStoreConfig()
+    before = after.model_copy(
+        update={"maintain_unindexed_rows": 0, "maintain_every_writes": 0, "compaction_max_wait_s": None}
+    )
+    return {"before": before, "after": after}
+
+
+def _loadavg() -> list[float]:
+    import os
+
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def _state(store: LanceStore) -> dict[str, Any]:
+    return {
+        "fragments": store.fragment_count(),
+        "unindexed_rows": store.unindexed_rows(),
+        "maintenance_pending": store._compactor.pending(),
+    }
+
+
+def measure_pair(
+    stores: dict[str, LanceStore], cfg: KituneConfig, questions: Sequence[str], size: int
+) -> dict[str, Any]:
+    """Time get_context and search_hybrid on every store, question by question, alternating the order.
+
+    Each question runs on both settings back to back (``before`` first on even questions, ``after``
+    first on odd ones), so the machine's load falls on both alike. The first 3 questions warm up.
+    """
+    names = list(stores)
+    lat: dict[str, dict[str, list[float]]] = {n: {v: [] for v in PAIR_VARIANTS} for n in names}
+    state = {n: _state(s) for n, s in stores.items()}
+    load_before = _loadavg()
+    for i, q in enumerate(questions):
+        plan = QueryPlan.plain(q, size=size)
+        order = names if i % 2 == 0 else names[::-1]
+        for name in order:
+            store = stores[name]
+            ms_ctx, _ = timed(partial(get_context, q, store=store, cfg=cfg, size=size))
+            ms_search, _ = timed(partial(store.search, plan))
+            if i >= 3:
+                lat[name]["get_context"].append(ms_ctx)
+                lat[name]["search_hybrid"].append(ms_search)
+    out: dict[str, Any] = {"load_avg_before": load_before, "load_avg_after": _loadavg()}
+    for name in names:
+        out[name] = {"at_start": state[name], **{v: summarize(lat[name][v]).to_dict() for v in PAIR_VARIANTS}}
+    return out
+
+
+def compare_maintenance(args: argparse.Namespace, machine: Any) -> int:
+    """Issue 39.5's phase table: load, churn, after compaction; ``before`` and ``after`` interleaved.
+
+    One bulk load (maintenance off, one ``optimize()`` at the end) is copied into two stores
+    opened with :func:`maintenance_settings`. Churn: ``--churn-commits`` rounds, each an upsert of
+    ``--churn-batch`` new KIs (every 4th round a delete of ``--churn-batch`` loaded KIs instead),
+    applied to both stores in alternating order, each write timed, and after each round one timed
+    query per store (get_context and search_hybrid on alternate rounds): the ``during_churn``
+    phase. Then ``after_churn`` (right away, maintenance may be running), then ``after_compaction``
+    (pending maintenance drained, one explicit ``optimize()`` per store).
+    """
+    name = args.name or f"retrieval_latency.maintenance.{args.n // 1000}k"
+    tmp = Path(tempfile.mkdtemp(prefix="kitune-bench-lance-maint-")) if args.path is None else args.path
+    cfg = KituneConfig()
+    retrieval = RetrievalConfig(**cfg.retrieval.model_dump())
+    embedder = make_embedder(args.embedder)
+    load_cfg = LanceStoreConfig(
+        write_batch_size=args.bulk_batch,
+        compact_every_fragments=100_000,
+        maintain_unindexed_rows=0,
+        maintain_every_writes=0,
+    )
+    results: dict[str, Any] = {
+        "settings": {k: v.model_dump(mode="json") for k, v in maintenance_settings().items()}
+    }
+    stores: dict[str, LanceStore] = {}
+    try:
+        print(f"bulk load of {args.n} KIs ({args.embedder} embedder) into {tmp} …", flush=True)
+        base = LanceStore(tmp / "base", embedder, config=load_cfg, retrieval=retrieval)
+        sample: list[KI] = []
+        loaded_ids: list[str] = []
+        rng = random.Random(args.seed + 1)
+        with Timer() as t:
+            for batch in chunked(synthetic_kis(args.n, seed=args.seed, now=NOW), args.bulk_batch):
+                base.upsert(batch)
+                loaded_ids.extend(k.id for k in batch)
+                sample.extend(rng.sample(batch, min(len(batch), max(1, args.queries // 10 + 1))))
+        ms_opt, _ = timed(base.optimize)
+        results["bulk_load"] = {
+            "kis": base.count(),
+            "wall_s": round(t.wall_s, 1),
+            "optimize_ms": round(ms_opt, 1),
+            "load_avg": _loadavg(),
+        }
+        base.close()
+        print(f"  {results['bulk_load']}", flush=True)
+        for setting, store_cfg in maintenance_settings().items():
+            shutil.copytree(tmp / "base", tmp / setting)
+            stores[setting] = LanceStore(tmp / setting, embedder, config=store_cfg, retrieval=retrieval)
+        questions = make_questions(
+            random.Random(args.seed + 2).sample(sample, min(args.queries, len(sample))), args.seed
+        )
+        # protect the KIs the questions were drawn from: deletes take other loaded ids
+        asked = {k.id for k in sample}
+        deletable = [
+            i for i in random.Random(args.seed + 3).sample(loaded_ids, len(loaded_ids)) if i not in asked
+        ]
+        phases: dict[str, Any] = {"load": measure_pair(stores, cfg, questions, args.size)}
+        print(f"  load: {_pair_headline(phases['load'])}", flush=True)
+
+        churn_src = synthetic_kis(args.churn_commits * args.churn_batch, seed=args.seed + 200, now=NOW)
+        writes: dict[str, list[float]] = {n: [] for n in stores}
+        during: dict[str, dict[str, list[float]]] = {n: {v: [] for v in PAIR_VARIANTS} for n in stores}
+        load_before = _loadavg()
+        for i in range(args.churn_commits):
+            if i % 4 == 3:
+                ids = deletable[: args.churn_batch]
+                del deletable[: args.churn_batch]
+                ops = {n: partial(s.delete, ids) for n, s in stores.items()}
+            else:
+                batch = list(islice(churn_src, args.churn_batch))
+                ops = {n: partial(s.upsert, batch) for n, s in stores.items()}
+            order = list(stores) if i % 2 == 0 else list(stores)[::-1]
+            for n in order:
+                writes[n].append(timed(ops[n])[0])
+            q = questions[i % len(questions)]
+            variant = PAIR_VARIANTS[i % 2]
+            for n in order:
+                s = stores[n]
+                if variant == "get_context":
+                    ms, _ = timed(partial(get_context, q, store=s, cfg=cfg, size=args.size))
+                else:
+                    ms, _ = timed(partial(s.search, QueryPlan.plain(q, size=args.size)))
+                during[n][variant].append(ms)
+        phases["during_churn"] = {"load_avg_before": load_before, "load_avg_after": _loadavg()}
+        for n, s in stores.items():
+            phases["during_churn"][n] = {
+                "at_end": _state(s),
+                **{v: summarize(during[n][v]).to_dict() for v in PAIR_VARIANTS},
+            }
+        results["churn_writes"] = {
+            n: {
+                **summarize(w).to_dict(),
+                "p99": round(percentile(w, 99), 3),
+                "kis_per_write": args.churn_batch,
+                "maintenance_runs": stores[n].compaction.runs,
+                "maintenance_preempted": stores[n].compaction.preempted,
+                "maintenance_last_ms": round(stores[n].compaction.last_ms, 1),
+            }
+            for n, w in writes.items()
+        }
+        print(f"  during churn: {_pair_headline(phases['during_churn'])}", flush=True)
+        print(f"  churn writes: {results['churn_writes']}", flush=True)
+        phases["after_churn"] = measure_pair(stores, cfg, questions, args.size)
+        print(f"  after churn: {_pair_headline(phases['after_churn'])}", flush=True)
+        for n, s in stores.items():
+            drain_ms, drained = timed(lambda s=s: s.wait_for_maintenance(900))
+            ms, _ = timed(s.optimize)
+            results.setdefault("compaction", {})[n] = {
+                "drain_pending_ms": round(drain_ms, 1) if drained else None,
+                "optimize_ms": round(ms, 1),
+                "maintenance_runs": s.compaction.runs,
+            }
+        phases["after_compaction"] = measure_pair(stores, cfg, questions, args.size)
+        print(f"  after compaction: {_pair_headline(phases['after_compaction'])}", flush=True)
+        results["phases"] = phases
+    finally:
+        for s in stores.values():
+            s.close()
+        if args.path is None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    misses = []
+    for phase, data in results["phases"].items():
+        for n in stores:
+            for v, target in (("get_context", TARGET_P95_MS), ("search_hybrid", TARGET_SEARCH_P95_MS)):
+                p95 = data[n][v]["p95"]
+                if p95 > target:
+                    misses.append(
+                        f"{phase} / {n} / {v}: p95 {p95:.1f} ms, {p95 - target:.1f} ms over {target:.0f}"
+                    )
+    for n, w in results["churn_writes"].items():
+        if w["p99"] > TARGET_WRITE_P99_MS:
+            misses.append(f"churn writes / {n}: p99 {w['p99']:.0f} ms over {TARGET_WRITE_P99_MS:.0f}")
+    results["target_misses"] = misses
+    md = [
+        _pair_table(results["phases"]),
+        "",
+        _writes_table(results),
+        "",
+        "### Targets (issue 39.5: get_context p95 ≤ 50 ms, search_hybrid p95 ≤ 30 ms, writes p99 ≤ 1 s)",
+        "",
+        *([f"- missed: {m}" for m in misses] or ["- all met"]),
+    ]
+    notes = [
+        f"Scale: {args.n} synthetic KIs (seed {args.seed}), {args.embedder} vectors; {args.queries} queries "
+        "per phase and setting (3 warm-up), each question on both settings back to back, in alternating "
+        "order.",
+        "before = main before issue 39.5 (maintenance requested at 32 fragments, started only after 1 s "
+        "without writes); after = the store defaults (also at 2000 unindexed rows or 20 writes, started at "
+        "the latest 10 s after the request).",
+        f"Churn: {args.churn_commits} rounds of {args.churn_batch} new KIs upserted (every 4th round "
+        f"{args.churn_batch} loaded KIs deleted instead), the same on both stores; during_churn = one "
+        "query per store after each round (get_context and search_hybrid on alternate rounds).",
+        "after_churn is measured right after the last write (a background maintenance may be running); "
+        "after_compaction after draining it and one explicit optimize() per store.",
+        "Load averages per phase are in the table: a local LLM run used most of the 2 cores throughout.",
+    ]
+    write_results(
+        name,
+        machine=machine,
+        params={k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        results=results,
+        summary_md="\n".join(md),
+        notes=notes,
+    )
+    print(f"wrote benchmarks/results/{name}.json and .md")
+    return 0
+
+
+def _pair_headline(phase: dict[str, Any]) -> str:
+    return "; ".join(
+        f"{n}: "
+        + ", ".join(
+            f"{v} p50 {phase[n][v]['median']:.1f} / p95 {phase[n][v]['p95']:.1f}" for v in PAIR_VARIANTS
+        )
+        for n in ("before", "after")
+    )
+
+
+def _pair_table(phases: dict[str, Any]) -> str:
+    rows = []
+    for phase, data in phases.items():
+        for n in ("before", "after"):
+            st = data[n].get("at_start") or data[n].get("at_end")
+            ctx, hyb = data[n]["get_context"], data[n]["search_hybrid"]
+            rows.append(
+                [
+                    phase,
+                    n,
+                    st["fragments"],
+                    st["unindexed_rows"],
+                    f"{ctx['median']:.1f}",
+                    f"{ctx['p95']:.1f}",
+                    f"{hyb['median']:.1f}",
+                    f"{hyb['p95']:.1f}",
+                    ctx["n"],
+                    " / ".join(str(x) for x in data["load_avg_before"]),
+                ]
+            )
+    return (
+        "## Query latency (ms), before vs after, interleaved\n\n"
+        + markdown_table(
+            [
+                "phase",
+                "setting",
+                "fragments",
+                "unindexed rows",
+                "get_context p50",
+                "get_context p95",
+                "search_hybrid p50",
+                "search_hybrid p95",
+                "n per variant",
+                "load avg (1/5/15 min) at start",
+            ],
+            rows,
+        )
+        + "\n\n(fragments / unindexed rows: at the phase's start; for during_churn, at the churn's end.)"
+    )
+
+
+def _writes_table(results: dict[str, Any]) -> str:
+    rows = []
+    for n, w in results["churn_writes"].items():
+        c = results["compaction"][n]
+        rows.append(
+            [
+                n,
+                f"{w['median']:.0f}",
+                f"{w['p95']:.0f}",
+                f"{w['p99']:.0f}",
+                f"{w['max']:.0f}",
+                w["maintenance_runs"],
+                w["maintenance_preempted"],
+                f"{w['maintenance_last_ms']:.0f}",
+                f"{c['optimize_ms']:.0f}",
+            ]
+        )
+    b = results["bulk_load"]
+    return (
+        f"## Writes during churn (ms)\n\nBulk load: {b['kis']} KIs in {b['wall_s']} s, optimize() "
+        f"{b['optimize_ms']:.0f} ms.\n\n"
+        + markdown_table(
+            [
+                "setting",
+                "write p50",
+                "p95",
+                "p99",
+                "worst",
+                "background maintenance runs during churn",
+                "preempted",
+                "last run ms",
+                "optimize() after churn ms",
+            ],
+            rows,
+        )
+    )
 
 
 def _headline(phase: dict[str, Any]) -> str:

@@ -331,6 +331,26 @@ class LanceStoreConfig(StoreSection):
     compaction_quiet_s: float = Field(
         default=1.0, ge=0.0, description="Background compaction starts once no write happened for this long."
     )
+    # -- issue 39.5: queries never left scanning unindexed rows ---------------------------------
+    maintain_unindexed_rows: int = Field(
+        default=2000,
+        ge=0,
+        description="Request maintenance (LanceDB optimize(): compaction + new rows folded into every "
+        "index + cleanup) once an index leaves this many rows unindexed (index_stats' "
+        "num_unindexed_rows, read after each write); 0: off.",
+    )
+    maintain_every_writes: int = Field(
+        default=20,
+        ge=0,
+        description="Request maintenance after this many committed writes since the last run (LanceDB's "
+        "rule of thumb: optimize after more than 20 data modification operations); 0: off.",
+    )
+    compaction_max_wait_s: float | None = Field(
+        default=10.0,
+        ge=0.0,
+        description="A requested background maintenance starts at the latest this long after the request, "
+        "even while writes continue (None: only in a quiet moment, the behaviour before issue 39.5).",
+    )
 
 
 class ElasticsearchStoreConfig(StoreSection):

@@ -387,3 +387,140 @@ def test_fts_index_from_an_older_tokenizer_is_rebuilt_on_next_write(tmp_path: Pa
     s.upsert([make_ki("Paris", "France", docid="en", title="Paris is the capital of France.")])
     assert fts_state(s._table, "title") == "current"
     assert [h.ki.id for h in s.search(QueryPlan(lexical="北京")).hits] == [zh.id]
+
+
+# -- issue 39.5: maintenance that never leaves queries scanning unindexed rows --------------------
+
+
+def _held(**cfg: object) -> dict[str, object]:
+    """A config whose background maintenance is requested but never starts (nor any other trigger)."""
+    base: dict[str, object] = {
+        "maintain_unindexed_rows": 0,
+        "maintain_every_writes": 0,
+        "compact_every_fragments": 1000,
+        "compaction_quiet_s": 10_000.0,
+        "compaction_max_wait_s": None,
+    }
+    return {**base, **cfg}
+
+
+def test_maintenance_is_requested_when_unindexed_rows_reach_the_bound(tmp_path: Path) -> None:
+    s = _store(tmp_path, **_held(maintain_unindexed_rows=5))
+    s.upsert([make_ki(f"Person {i}", "Here") for i in range(3)])  # indices built on these 3 rows
+    assert s.unindexed_rows() == 0 and not s._compactor.pending()
+    s.upsert([make_ki(f"Person {i}", "There") for i in range(3, 7)])
+    assert s.unindexed_rows() == 4 and not s._compactor.pending()
+    s.upsert([make_ki("Person 7", "There")])
+    assert s.unindexed_rows() == 5 and s._compactor.pending()
+    s.close()
+
+
+def test_maintenance_is_requested_after_the_write_bound_deletes_included(tmp_path: Path) -> None:
+    s = _store(tmp_path, **_held(maintain_every_writes=3))
+    kis = [make_ki(f"Person {i}", "Here") for i in range(4)]
+    s.upsert(kis[:2])
+    s.upsert(kis[2:])
+    assert not s._compactor.pending()
+    assert s.delete([kis[0].id]) == 1  # the third committed write
+    assert s._compactor.pending()
+    s.close()
+
+
+def test_inline_maintenance_folds_unindexed_rows_at_the_bound(tmp_path: Path) -> None:
+    s = _store(tmp_path, **_held(maintain_unindexed_rows=4, background_compaction=False))
+    s.upsert([make_ki(f"Person {i}", "Here") for i in range(2)])
+    s.upsert([make_ki(f"Person {i}", "There") for i in range(2, 5)])
+    assert s.unindexed_rows() == 3 and s.fragment_count() == 2
+    s.upsert([make_ki("Person 5", "There")])  # 4 unindexed: optimize() runs inside this upsert
+    assert s.unindexed_rows() == 0 and s.fragment_count() < 3 and s.count() == 6
+
+
+def test_compactor_starts_under_a_write_stream_after_max_wait() -> None:
+    from kitune.retrieval.lance_maintenance import Compactor
+
+    runs: list[int] = []
+    waiting = Compactor(lambda: runs.append(1), quiet_s=10_000.0, max_wait_s=None)
+    waiting.wrote()
+    waiting.request()
+    assert not waiting.wait(0.3) and runs == []  # never quiet: the pre-39.5 compactor never starts
+    waiting.close(timeout=5)
+    bounded = Compactor(lambda: runs.append(2), quiet_s=10_000.0, max_wait_s=0.0)
+    bounded.wrote()
+    bounded.request()
+    assert bounded.wait(30) and runs == [2] and bounded.stats.runs == 1
+    bounded.close(timeout=5)
+
+
+def test_queries_during_background_maintenance_return_the_same_results(tmp_path: Path) -> None:
+    """Every query while optimize() runs in the background reads one whole snapshot: nothing lost.
+
+    Membership is compared on results large enough to hold every match; the exact ranking of the
+    tag and (exact, below the ANN threshold) semantic branches too. BM25 scores may move once the
+    FTS index covers the new rows, so a ranked lexical/hybrid answer during the run must equal the
+    one before or the one after it.
+    """
+    import threading
+
+    from kitune.schema import QueryPlan
+
+    s = _store(
+        tmp_path,
+        maintain_unindexed_rows=6,
+        maintain_every_writes=0,
+        compact_every_fragments=1000,
+        compaction_quiet_s=0.0,
+        compaction_max_wait_s=0.0,
+    )
+    people = [("Ada Lovelace", "London"), ("Grace Hopper", "Arlington"), ("Alan Turing", "Wilmslow")]
+    s.upsert([make_ki(p, c, title=f"{p} lived in {c}.") for p, c in people])
+    s.upsert([make_ki(f"Person {i}", "London", title=f"Person {i} lived in London.") for i in range(5)])
+    assert s.unindexed_rows() == 5 and not s._compactor.pending()
+    ranked = [
+        QueryPlan(entity_tags=("entity:london",), size=5),
+        QueryPlan(semantic="Grace Hopper Arlington", size=5),
+    ]
+    scored = [
+        QueryPlan(lexical="lived in London", size=5),
+        QueryPlan.plain("Where did Ada Lovelace live?", size=5),
+    ]
+    everything = [p.model_copy(update={"size": 50}) for p in (*ranked, *scored)]
+
+    def ids(p: QueryPlan) -> list[str]:
+        return [h.ki.id for h in s.search(p).hits]
+
+    def stable() -> tuple[list[list[str]], list[list[str]]]:
+        return [ids(p) for p in ranked], [sorted(ids(p)) for p in everything]
+
+    def bm25() -> list[list[str]]:
+        return [ids(p) for p in scored]
+
+    table_type = type(s._table)
+    real_optimize = table_type.optimize
+    started, release = threading.Event(), threading.Event()
+
+    def held_optimize(self: object, **kw: object) -> None:
+        if threading.current_thread().name == "kitune-lance-compactor":
+            started.set()
+            release.wait(30)
+        real_optimize(self, **kw)  # type: ignore[arg-type]
+
+    table_type.optimize = held_optimize  # type: ignore[method-assign]
+    try:
+        s.upsert([make_ki("Person 9", "London", title="Person 9 lived in London.")])  # 6th unindexed row
+        assert started.wait(30), "maintenance was not started at the bound"
+        expected, before = stable(), bm25()  # the new KI is visible before maintenance commits
+        assert len(expected[1][0]) == 7 and len(expected[0][0]) == 5  # every London KI, then the top 5
+        release.set()
+        seen: list[list[list[str]]] = []
+        while s._compactor.pending():  # queries while optimize() runs in the background
+            assert stable() == expected
+            seen.append(bm25())
+        assert s.wait_for_maintenance(60)
+    finally:
+        table_type.optimize = real_optimize  # type: ignore[method-assign]
+        release.set()
+    assert s.compaction.runs == 1 and s.unindexed_rows() == 0
+    after = bm25()
+    assert stable() == expected
+    assert all(answer in (before, after) for answer in seen)
+    s.close()

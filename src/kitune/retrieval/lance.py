@@ -15,10 +15,17 @@ LanceDB 0.40 gotchas handled here (each has a test in ``tests/retrieval_tests/te
 * **``order_by`` + scalar-indexed filter.** Ordering by a column absent from ``select()`` while
   the filter hits a scalar index raises ``TakeExec requires … _rowid``; every ordered query here
   selects its order column.
-* **Fragments.** Each commit adds a fragment and reads slow down until ``optimize()``: writes go
-  in batches of ``write_batch_size``; once the table has ``compact_every_fragments`` fragments a
-  background compactor (:mod:`kitune.retrieval.lance_maintenance`) compacts it in a quiet moment,
-  off the write path (``background_compaction=False``: inline, as before). Bulk loads call
+* **Fragments and unindexed rows.** Each commit adds a fragment, and rows committed after an
+  index was built are searched without it (a flat scan) until ``optimize()`` folds them in; reads
+  slow down with both. Writes go in batches of ``write_batch_size``; after a write, maintenance
+  (LanceDB's ``optimize()``: compaction + index update + cleanup, as its documentation
+  prescribes) is requested once the table has ``compact_every_fragments`` fragments, once an
+  index leaves ``maintain_unindexed_rows`` rows unindexed (``index_stats``' ``num_unindexed_rows``)
+  or after ``maintain_every_writes`` writes. A background compactor
+  (:mod:`kitune.retrieval.lance_maintenance`) runs it off the write path, in a quiet moment or at
+  the latest ``compaction_max_wait_s`` after the request, on a table handle of its own: queries
+  never wait for it and read the version they opened until the maintained one is committed
+  (``background_compaction=False``: inline, as before). Bulk loads call
   :meth:`LanceStore.optimize` themselves. The ANN index is built by maintenance, never inside
   an ``upsert``.
 * **Durability.** Lance commits are atomic (a version exists once its manifest is written), so a
@@ -139,7 +146,12 @@ class LanceStore:
         self._sync_lock = threading.Lock()
         self._maint_lock = threading.Lock()
         self._writes = 0
-        self._compactor = Compactor(self._background_maintain, quiet_s=self.config.compaction_quiet_s)
+        self._writes_at_maintenance = 0
+        self._compactor = Compactor(
+            self._background_maintain,
+            quiet_s=self.config.compaction_quiet_s,
+            max_wait_s=self.config.compaction_max_wait_s,
+        )
         self._maint_table: Any = None
         self._stale_view = False
         try:
@@ -215,8 +227,31 @@ class LanceStore:
         self._indexed_rows = rows
         self._has_fts = True
 
+    def unindexed_rows(self) -> int:
+        """Rows that some index of the table does not cover yet (the largest ``num_unindexed_rows``).
+
+        LanceDB searches these rows without the index (a flat scan) until ``optimize()`` folds
+        them in. 0 when the table has no index. The vector index is not asked: ``optimize()``
+        updates every index at once, so the scalar and FTS indices count the same rows, and
+        LanceDB's vector index statistics load its centroids (memory, and a warning per call).
+        """
+        counts = [0]
+        for index in self._table.list_indices():
+            if list(index.columns) == ["vector"]:
+                continue
+            stats = self._table.index_stats(index.name)
+            if stats is not None:
+                counts.append(int(stats.num_unindexed_rows))
+        return max(counts)
+
     def _needs_maintenance(self) -> bool:
-        if self.fragment_count() >= self.config.compact_every_fragments:
+        """True once a bound of the module docstring is reached (cheap checks first)."""
+        c = self.config
+        if c.maintain_every_writes and self._writes - self._writes_at_maintenance >= c.maintain_every_writes:
+            return True
+        if self.fragment_count() >= c.compact_every_fragments:
+            return True
+        if c.maintain_unindexed_rows and self.unindexed_rows() >= c.maintain_unindexed_rows:
             return True
         if self._table.count_rows() < self.ann_min_rows:
             return False
@@ -230,6 +265,7 @@ class LanceStore:
             data_version = self._maintenance_versions.get(before, before)
             self._ensure_indices(ann=True, table=table)
             table.optimize()
+            self._writes_at_maintenance = writes
             if self._writes == writes:  # nothing was written meanwhile: this version holds the same KIs
                 self._maintenance_versions[int(table.version)] = data_version
             self._sync_files()
@@ -334,6 +370,9 @@ class LanceStore:
         return WriteResult(submitted=len(kis), indexed=written, failed=failed)
 
     def _schedule_maintenance(self) -> None:
+        """Request maintenance when due (caller holds the write lock; a pending request is enough)."""
+        if self.config.background_compaction and self._compactor.pending():
+            return
         if not self._needs_maintenance():
             return
         if self.config.background_compaction:
@@ -352,6 +391,7 @@ class LanceStore:
             if n:
                 retry_conflicts(lambda: self._table.delete(pred))
                 self._after_write()
+                self._schedule_maintenance()
             return n
 
     def set_status(self, filters: Filter, status: KIStatus) -> int:
@@ -362,6 +402,7 @@ class LanceStore:
         with self._write_lock:
             result = retry_conflicts(lambda: self._table.update(where=pred, values={"status": status}))
             self._after_write()
+            self._schedule_maintenance()
         return int(result.rows_updated)
 
     def sweep(
@@ -403,6 +444,7 @@ class LanceStore:
                     functools.partial(self._table.update, where=stale_pred, values={"status": "stale"})
                 ).rows_updated
             self._after_write()
+            self._schedule_maintenance()
         return SweepResult(stale=int(stale), expired=int(expired))
 
     def mark_seen(self, ki_ids: Sequence[str], now: datetime) -> int:
@@ -424,6 +466,7 @@ class LanceStore:
                 )
                 n += int(result.rows_updated)
             self._after_write()
+            self._schedule_maintenance()
         return n
 
     def _merge_rows(self, data: Any) -> Any:

@@ -5,8 +5,11 @@ it takes tens of seconds; run inside the ``upsert`` that crossed the fragment th
 that upsert for ~30 s (issue 14). Here:
 
 * :class:`Compactor` — one daemon thread per store. ``request()`` is all a writer does (no I/O).
-  The thread waits until no write has happened for ``quiet_s`` seconds, then runs the store's
-  maintenance (compaction + index folding) WITHOUT the write lock, so writers never wait for it.
+  The thread waits until no write has happened for ``quiet_s`` seconds — or, under a write
+  stream that never pauses, at most ``max_wait_s`` after the request — then runs the store's
+  maintenance (LanceDB's ``optimize()``: compaction, new rows folded into every index, cleanup of
+  old versions) WITHOUT the write lock, so writers never wait for it and queries keep reading the
+  version they opened until the compacted one is committed.
   Lance's optimistic concurrency makes a concurrent write win: the compaction commit is
   "preempted" (a retryable conflict), counted, and retried after a backoff — a compaction can
   be delayed by a steady write stream, never a write by a compaction.
@@ -79,6 +82,9 @@ class Compactor:
         name: thread name.
         quiet_s: wait until no write happened for this long before starting (≥ 0).
         max_backoff_s: longest wait after a preempted attempt.
+        max_wait_s: start at the latest this many seconds after the request even while writes
+            continue (None: wait for a quiet moment however long; a steady write stream then
+            leaves every row it writes outside the indices until it stops).
     """
 
     def __init__(
@@ -88,11 +94,14 @@ class Compactor:
         name: str = "kitune-lance-compactor",
         quiet_s: float = 1.0,
         max_backoff_s: float = 30.0,
+        max_wait_s: float | None = None,
     ) -> None:
         self._maintain = maintain
         self._name = name
         self.quiet_s = quiet_s
         self.max_backoff_s = max_backoff_s
+        self.max_wait_s = max_wait_s
+        self._requested_at = time.monotonic()
         self.stats = CompactionStats()
         self._wanted = threading.Event()
         self._idle = threading.Event()
@@ -111,6 +120,8 @@ class Compactor:
         with self._lock:
             if self._stop.is_set():
                 return
+            if self._idle.is_set():  # the first request since the last run: its clock starts now
+                self._requested_at = time.monotonic()
             self._idle.clear()
             self._wanted.set()
             if self._thread is None or not self._thread.is_alive():
@@ -148,9 +159,13 @@ class Compactor:
                 continue
             if self._stop.is_set():
                 break
-            quiet_for = time.monotonic() - self._last_write
-            if quiet_for < self.quiet_s:
-                self._stop.wait(self.quiet_s - quiet_for)
+            now = time.monotonic()
+            quiet_left = self.quiet_s - (now - self._last_write)
+            waited_left = (
+                float("inf") if self.max_wait_s is None else self.max_wait_s - (now - self._requested_at)
+            )
+            if quiet_left > 0 and waited_left > 0:
+                self._stop.wait(min(quiet_left, waited_left))
                 continue
             self._wanted.clear()
             t0 = time.perf_counter()
@@ -170,6 +185,9 @@ class Compactor:
                 self.stats.runs += 1
                 self.stats.last_ms = (time.perf_counter() - t0) * 1000
                 backoff = 0.5
-            if not self._wanted.is_set():
-                self._idle.set()
+            with self._lock:
+                if not self._wanted.is_set():
+                    self._idle.set()
+                else:  # asked again during the run: the next one's clock starts now
+                    self._requested_at = time.monotonic()
         self._idle.set()
