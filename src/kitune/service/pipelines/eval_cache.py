@@ -1,7 +1,8 @@
 """The loop's store-state-aware evaluation cache: traces and look-ups keyed by setting and KI store state.
 
-An evaluation of a setting is cached under ``<state>/evals/<setting eval key>-<store
-fingerprint>.jsonl`` (:func:`store_fingerprint` names the KI store's content), and every
+An evaluation of a setting is cached under ``<state>/evals/<setting eval key>-<config
+key>-<store fingerprint>.jsonl`` (:func:`eval_config_key` names the configuration an agent's
+answers depend on beyond the setting, :func:`store_fingerprint` the KI store's content), and every
 ``get_context`` call the agent made is logged (query, SHA-256 of the observation text, KI ids
 shown; :func:`lookup_record`) to ``<state>/evals/observations.jsonl``. When the store changed
 since a question's last trace for the setting, :meth:`EvalCache.reuse_unaffected` replays its
@@ -28,14 +29,51 @@ from kitune.evaluation.harness import TraceWriter, read_traces
 from kitune.schema import Filter
 
 if TYPE_CHECKING:
+    from kitune.config import KituneConfig
     from kitune.data.loaders import Question
     from kitune.evaluation.metrics import Trace
     from kitune.retrieval.base import Store
 
-__all__ = ["EvalCache", "lookup_record", "store_fingerprint"]
+__all__ = ["EVAL_CONFIG_FIELDS", "EvalCache", "eval_config_key", "lookup_record", "store_fingerprint"]
 
 _KI_ID = re.compile(r"^\d+\. \[([^\]]+)\]", re.MULTILINE)
 """A KI id as ``render_context`` shows it: ``1. [ki-…] title — …``."""
+
+
+EVAL_CONFIG_FIELDS: dict[str, tuple[str, ...] | None] = {
+    "agent": None,
+    "retrieval": None,
+    "grading": None,
+    "embedder": None,
+    "lm.agent": ("model", "temperature", "max_tokens"),
+    "lm.judge": ("model", "temperature", "max_tokens"),
+}
+"""Config sections (None: every field) an evaluation's answers depend on besides the setting:
+the agent's loop bounds, ``max_tokens``, call rules, rendering and de-duplication, tool calling;
+the retrieval sizes and caps; the grader; the embedder; the agent's and the judge's model."""
+
+_EVAL_CONFIG_IGNORED = {"agent": ("concurrency",)}
+"""Fields that change how fast an evaluation runs, not what it answers."""
+
+
+def eval_config_key(cfg: KituneConfig) -> str:
+    """8 hex characters naming the :data:`EVAL_CONFIG_FIELDS` of ``cfg``.
+
+    Changing any of them (a loop bound, ``agent.max_tokens``, ``agent.call_rules``,
+    ``agent.ki_render`` …) gives new cache files, so a resumed run never reuses answers given under
+    other agent settings. A model chosen by environment variable rather than in the config is not seen here.
+    """
+    parts: dict[str, Any] = {}
+    for dotted, fields in EVAL_CONFIG_FIELDS.items():
+        section: Any = cfg
+        for name in dotted.split("."):
+            section = getattr(section, name)
+        dumped = section.model_dump(mode="json")
+        keep = fields if fields is not None else tuple(dumped)
+        skip = _EVAL_CONFIG_IGNORED.get(dotted, ())
+        parts[dotted] = {k: dumped[k] for k in keep if k not in skip}
+    blob = json.dumps(parts, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:8]
 
 
 def store_fingerprint(store: Store) -> str:

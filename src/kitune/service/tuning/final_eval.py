@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any
 
 from kitune.evaluation.report import summarize, wilson_interval
 from kitune.optimizers.acceptance import PairedComparison, compare_paired
-from kitune.optimizers.program_task import eval_key
 from kitune.optimizers.setting import Setting
 
 if TYPE_CHECKING:
@@ -109,7 +108,7 @@ def final_evaluation(
     seed_traces = env.run_agent(
         start,
         questions,
-        traces_path=folder / f"seed-{eval_key(start)}-{state}.jsonl",
+        traces_path=folder / f"seed-{env.eval_key(start)}-{state}.jsonl",
         disambiguation=False,
         store_state=f"{state}-nofeedback",
         label="final: seed",

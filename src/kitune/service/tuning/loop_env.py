@@ -9,10 +9,12 @@ What it does per loop step:
   new version's table so feedback is never lost;
 * **evaluate** — the in-context agent (disambiguation KIs visible, the query rewriter with the
   setting's instruction when ``rewriter`` is tuned) on the questions of a split. The cache key
-  is the setting *and the KI store's state*
+  is the setting, the run's agent settings
+  (:func:`~kitune.service.pipelines.eval_cache.eval_config_key`: loop bounds, ``agent.max_tokens``,
+  call rules, rendering, retrieval sizes, grader, models) *and the KI store's state*
   (:func:`~kitune.service.pipelines.eval_cache.store_fingerprint`): traces go to
-  ``<state>/evals/<setting eval key>-<store fingerprint>.jsonl`` (the eval key leaves out the
-  disambiguator's instruction, which changes what is written, not what is read) and every
+  ``<state>/evals/<setting eval key>-<config key>-<store fingerprint>.jsonl`` (the eval key
+  leaves out the disambiguator's instruction, which changes what is written, not what is read) and every
   ``get_context`` call the agent made is logged (query, SHA-256 of the observation text, KI ids shown) to
   ``<state>/evals/observations.jsonl``. When the store has changed since a question's last trace
   for this setting, its look-ups are replayed against the store as it is now: if every
@@ -97,7 +99,7 @@ from kitune.optimizers.program_task import eval_key
 from kitune.programs.fact_extractor import FactExtractor
 from kitune.schema import Document, Filter
 from kitune.service.pipelines import extraction
-from kitune.service.pipelines.eval_cache import EvalCache, lookup_record, store_fingerprint
+from kitune.service.pipelines.eval_cache import EvalCache, eval_config_key, lookup_record, store_fingerprint
 from kitune.service.pipelines.evaluation import make_context_fn
 from kitune.service.pipelines.extraction import default_state_path, read_state
 from kitune.service.serving import context as serving_context
@@ -205,6 +207,7 @@ class ServiceLoopEnv:
         """Extractor version → documents that failed in this process (retried by the next run only)."""
         self.lock = threading.RLock()
         self.evals = EvalCache(state_dir / "evals", self.lock)
+        self._config_key = eval_config_key(cfg)
         """Traces and look-up log of every evaluation, keyed by setting and store state."""
         self.extractions = ExtractionCache(state_dir / "extractions")
         """Every document extraction, keyed by extractor instruction + limits and document content."""
@@ -296,6 +299,16 @@ class ServiceLoopEnv:
             )
         return self._e2e_auto
 
+    def eval_key(self, setting: Setting) -> str:
+        """What an evaluation of ``setting`` is cached under: its eval key and the config key.
+
+        :func:`~kitune.optimizers.program_task.eval_key` names the setting (instructions, knobs);
+        :func:`~kitune.service.pipelines.eval_cache.eval_config_key` the run's agent, retrieval,
+        grading, embedder and model settings, so changing ``agent.max_steps``, ``agent.max_tokens``,
+        the call rules or the rendering never reuses the answers of a run made without them.
+        """
+        return f"{eval_key(setting)}-{self._config_key}"
+
     def setting_cfg(self, setting: Setting) -> KituneConfig:
         """``cfg`` with the setting's knobs applied."""
         return with_overrides(self.cfg, setting.knobs)
@@ -369,7 +382,7 @@ class ServiceLoopEnv:
         cfg = self.setting_cfg(setting)
         key: tuple[str, str, str] | None = None
         if rewriter is None:
-            key = (eval_key(setting), self.store_state(setting), query)
+            key = (self.eval_key(setting), self.store_state(setting), query)
             with self.lock:
                 if key in self._lookups:
                     return self._lookups[key]
@@ -418,7 +431,7 @@ class ServiceLoopEnv:
         setting's ``get_context`` on the store as it is now.
         """
         ids = [q.query_id for q in self.questions]
-        return self.evals.lookup_changes(eval_key(setting), before_state, ids, self.context_fn(setting))
+        return self.evals.lookup_changes(self.eval_key(setting), before_state, ids, self.context_fn(setting))
 
     def retire(self, setting: Setting, ki_ids: Sequence[str], *, reason: str = "gate") -> int:
         """Set status ``expired`` on ``ki_ids`` in the setting's store and remember them.
@@ -626,7 +639,7 @@ class ServiceLoopEnv:
 
         def on_trace(trace: Trace) -> None:
             self.evals.log_observations(
-                eval_key(setting), state, trace.query_id, calls.pop(trace.query_id, [])
+                self.eval_key(setting), state, trace.query_id, calls.pop(trace.query_id, [])
             )
 
         return evaluate(
@@ -679,9 +692,9 @@ class ServiceLoopEnv:
         metrics.update(stages.to_metrics("stage"))
         questions = list(everyone) if every_question else self.agent_questions(split, everyone)
         metrics["eval_agent_questions"] = float(len(questions))
-        path = self.evals.traces_path(eval_key(setting), state)
+        path = self.evals.traces_path(self.eval_key(setting), state)
         reused, have = self.evals.reuse_unaffected(
-            eval_key(setting), questions, state, path, lambda: self.context_fn(setting)
+            self.eval_key(setting), questions, state, path, lambda: self.context_fn(setting)
         )
         fresh = [q for q in questions if q.query_id not in have]
         self.log(
@@ -696,7 +709,7 @@ class ServiceLoopEnv:
         )
         metrics["eval_reused"] = float(reused)
         metrics["eval_run"] = float(len(fresh))
-        obs = self.evals.observations(eval_key(setting))
+        obs = self.evals.observations(self.eval_key(setting))
         retrieved = {
             q.query_id: tuple(dict.fromkeys(k for c in obs.get((state, q.query_id), []) for k in c["ki_ids"]))
             for q in questions
@@ -728,7 +741,7 @@ class ServiceLoopEnv:
         ``retrieved``) so a resumed run does not ask the rewriter again; a file in the earlier
         format (a bare list of metrics) is measured again.
         """
-        key = (eval_key(setting), state, split)
+        key = (self.eval_key(setting), state, split)
         path = self.evals.evals_dir / f"stages-{key[0]}-{state}-{split}.json"
         with self.lock:
             if key in self._stages:
