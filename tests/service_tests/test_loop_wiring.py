@@ -89,6 +89,7 @@ def neighbour_env(
     validation: tuple[Question, ...] = (QB, QC),
     stores: dict[str, Any] | None = None,
     rank_tolerance: float = 0.5,
+    decision_rule: str = "stage",
     **options: Any,
 ) -> ServiceLoopEnv:
     cfg = KituneConfig(
@@ -96,7 +97,12 @@ def neighbour_env(
         corpus_name="tiny",
         # the scripted reader parses the full rendering ("1. [id] title — …")
         agent={"max_steps": 4, "concurrency": 1, "ki_render": "full"},
-        optimize={"improvers": ["disambiguation"], "gate": gate, "gate_rank_tolerance": rank_tolerance},
+        optimize={
+            "improvers": ["disambiguation"],
+            "gate": gate,
+            "gate_rank_tolerance": rank_tolerance,
+            "decision_rule": decision_rule,
+        },
         extraction={"concurrency": 1},
     )
     deps = make_deps(RuleLM(first_sentence_rule), RuleLM(lambda s, u: {}, json=True), stores=stores)
@@ -193,7 +199,8 @@ def test_the_gate_rejects_a_feedback_ki_that_breaks_a_neighbour_and_retires_it(t
 
 
 def test_without_the_gate_credit_retires_the_ki_that_broke_two_questions(tmp_path: Path) -> None:
-    env = neighbour_env(tmp_path, gate=False)
+    # no gate and no decision on the batch (the permissive rule): only the credit ledger can catch it
+    env = neighbour_env(tmp_path, gate=False, decision_rule="permissive")
     tracker = RecordingTracker()
     res = run_loop(
         env,
@@ -201,6 +208,7 @@ def test_without_the_gate_credit_retires_the_ki_that_broke_two_questions(tmp_pat
         iterations=2,
         state_dir=tmp_path / "s",
         tracker=tracker,
+        decision_rule="permissive",
     )
     first, second = res.history
     assert first.improve["feedback_written"] == 1.0 and first.gate == {}

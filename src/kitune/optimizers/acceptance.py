@@ -58,7 +58,7 @@ import math
 import random
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -72,21 +72,29 @@ if TYPE_CHECKING:
     from kitune.evaluation.trace import Trace
 
 __all__ = [
+    "BATCH_METRIC",
+    "FEEDBACK_BATCH",
+    "KI_BATCHES_NOTE",
     "STAGE_METRICS",
     "ChangeDecision",
     "Decision",
     "DecisionRuleName",
+    "KIBatch",
     "PairedComparison",
     "PairedTest",
+    "batch_tests",
     "check_instruction",
     "compare_paired",
     "cut_off",
     "decide",
     "decide_change",
+    "decide_noninferior",
     "decide_round",
     "decide_stage",
     "mcnemar_exact_p",
+    "noninferiority_test",
     "paired_test",
+    "round_tests",
     "sign_test_p",
     "trace_values",
 ]
@@ -470,6 +478,19 @@ class PairedTest:
     """Questions on which it is lower."""
     alpha: float
     """The one-sided level the interval was computed at."""
+    margin: float | None = None
+    """Set for a non-inferiority test (:func:`noninferiority_test`): the hypothesis is "candidate −
+    incumbent > −margin"; None: a superiority test ("candidate better")."""
+    p_noninferior: float | None = None
+    """One-sided p-value of "not worse by ``margin`` or more" (non-inferiority tests only)."""
+
+    @property
+    def p_decision(self) -> float:
+        """The p-value the decision compares with its level.
+
+        :attr:`p_noninferior` for a non-inferiority test, else :attr:`p_better`.
+        """
+        return self.p_noninferior if self.p_noninferior is not None else self.p_better
 
     def net(self) -> str:
         """``+1/24`` for 0/1 values (better − worse over n), else ``+0.042`` (the mean difference)."""
@@ -484,11 +505,15 @@ class PairedTest:
         +0.330], p=0.03 (permutation)``.
         """
         level = 1.0 - 2.0 * self.alpha
+        p = (
+            f"p={_p(self.p_better)} ({self.method})"
+            if self.p_noninferior is None
+            else f"p non-inferior={_p(self.p_noninferior)} (margin {self.margin}, shifted permutation)"
+        )
         return (
             f"{self.metric} {self.net()} ({self.current:.3f} → {self.candidate:.3f}), n={self.n}, "
             f"better {self.better} / worse {self.worse}, "
-            f"{level:.1%} CI [{self.ci_low:+.3f}, {self.ci_high:+.3f}], "
-            f"p={_p(self.p_better)} ({self.method})"
+            f"{level:.1%} CI [{self.ci_low:+.3f}, {self.ci_high:+.3f}], {p}"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -600,6 +625,52 @@ def paired_test(
     )
 
 
+def noninferiority_test(
+    current: Mapping[str, float],
+    candidate: Mapping[str, float],
+    *,
+    metric: str,
+    margin: float,
+    alpha: float = 0.05,
+    seed: int = 0,
+    resamples: int = 4000,
+) -> PairedTest:
+    """Test "the candidate is not worse than the incumbent by ``margin`` or more" on paired values.
+
+    :func:`paired_test` (interval, counts, ``p_worse``) plus :attr:`PairedTest.p_noninferior`:
+    the one-sided sign-flip permutation p-value of the mean of ``d_i + margin`` (``d_i`` =
+    candidate − incumbent), i.e. of H0 "mean difference ≤ −margin" against "> −margin", whatever
+    the values (0/1 or reciprocal ranks). Exact up to 16 non-zero shifted differences, else
+    ``resamples`` seeded flips. With every ``d_i = 0`` and ``margin > 0`` it is ``2^−n`` (n ≤ 16)
+    or ``1 / (1 + resamples)``; with ``margin = 0`` and no difference it is 1.0 (nothing shown).
+
+    Args:
+        current: question id → the incumbent's value.
+        candidate: question id → the candidate's value (ids missing on either side are left out).
+        metric: name recorded with the result.
+        margin: how much lower the candidate's mean may be, ≥ 0 (same unit as the values).
+        alpha: one-sided level of the reported interval, 0 < alpha < 0.5.
+        seed: seeds the bootstrap and the permutation draws.
+        resamples: bootstrap resamples and random sign flips, ≥ 100.
+
+    Returns:
+        The :class:`PairedTest` with :attr:`~PairedTest.margin` and
+        :attr:`~PairedTest.p_noninferior` set.
+
+    Raises:
+        ValueError: ``margin`` < 0, or ``alpha``/``resamples`` out of range.
+    """
+    if margin < 0:
+        raise ValueError(f"margin={margin}: use a non-inferiority margin ≥ 0")
+    test = paired_test(current, candidate, metric=metric, alpha=alpha, seed=seed, resamples=resamples)
+    ids = [q for q in current if q in candidate]
+    if not ids:
+        return replace(test, margin=margin, p_noninferior=1.0)
+    d = np.array([float(candidate[q]) - float(current[q]) for q in ids]) + margin
+    p_noninferior, _ = _permutation_p(d, resamples=resamples, rng=np.random.default_rng(seed + 1))
+    return replace(test, margin=margin, p_noninferior=p_noninferior)
+
+
 def trace_values(traces: Sequence[Trace]) -> dict[str, float]:
     """Query id → 1.0 right / 0.0 wrong (:func:`~kitune.evaluation.failures.is_correct`).
 
@@ -653,7 +724,7 @@ class ChangeDecision:
                     f"{prefix}_effect": t.effect,
                     f"{prefix}_ci_low": t.ci_low,
                     f"{prefix}_ci_high": t.ci_high,
-                    f"{prefix}_p": t.p_better,
+                    f"{prefix}_p": t.p_decision,
                     f"{prefix}_p_worse": t.p_worse,
                 }
         return out
@@ -804,6 +875,215 @@ def decide_round(
     return tuple(out)
 
 
+FEEDBACK_BATCH = "feedback KIs"
+"""The change name of the disambiguation improver's batch (``decision_feedback_kis_*`` metrics)."""
+
+BATCH_METRIC = "rewriter_mrr"
+"""What a KI batch is decided on: each validation question's gold reciprocal rank in the top ``k``
+(the rewriter's per-question stage value, one rewrite + one look-up, no agent)."""
+
+KI_BATCHES_NOTE = "ki_batches"
+"""The :attr:`~kitune.optimizers.setting.Proposal.notes` key under which an improver hands the loop
+the KI batches it kept (a list of :meth:`KIBatch.to_dict`), for the loop to decide them."""
+
+
+@dataclass(frozen=True)
+class KIBatch:
+    """KIs an improver wrote into the store this round, with what validation measured before them.
+
+    The loop decides the batch (:func:`decide_noninferior`) on the same validation values measured
+    after the improve step and undoes it (retires its KIs) unless it is accepted.
+    """
+
+    change: str
+    """What the batch is, for the record: ``feedback KIs``."""
+    ki_ids: tuple[str, ...]
+    """The KIs the batch keeps in the store (the gate's survivors)."""
+    metric: str
+    """The per-question stage value it is decided on (:attr:`StageReport.per_question` key:
+    ``rewriter_mrr``, each question's gold reciprocal rank in the top ``k``)."""
+    before: Mapping[str, float]
+    """Validation question id → :attr:`metric` on the store before the batch was written."""
+    before_e2e: Mapping[str, float]
+    """Validation question id → 1.0 right / 0.0 wrong before the batch (:func:`trace_values`;
+    the questions the agent ran)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able dict (what :data:`KI_BATCHES_NOTE` holds)."""
+        return {
+            "change": self.change,
+            "ki_ids": list(self.ki_ids),
+            "metric": self.metric,
+            "before": dict(self.before),
+            "before_e2e": dict(self.before_e2e),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> KIBatch:
+        """Read :meth:`to_dict`'s output back.
+
+        Raises:
+            ValueError: a field is missing or has the wrong shape (names it).
+        """
+        try:
+            return cls(
+                change=str(data["change"]),
+                ki_ids=tuple(str(k) for k in data["ki_ids"]),
+                metric=str(data["metric"]),
+                before={str(q): float(v) for q, v in dict(data["before"]).items()},
+                before_e2e={str(q): float(v) for q, v in dict(data["before_e2e"]).items()},
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(
+                f"a KI batch record needs change, ki_ids, metric, before, before_e2e: {exc}"
+            ) from exc
+
+
+def batch_tests(
+    before: Mapping[str, float],
+    after: Mapping[str, float],
+    before_e2e: Mapping[str, float],
+    after_e2e: Mapping[str, float],
+    *,
+    metric: str = BATCH_METRIC,
+    margin: float = 0.10,
+    alpha: float = 0.05,
+    seed: int = 0,
+) -> tuple[PairedTest, PairedTest | None]:
+    """The two comparisons :func:`decide_noninferior` takes for a KI batch.
+
+    The non-inferiority test on the stage values (``metric``) of the questions measured before
+    and after, and the end-to-end paired test on the answers; when no question has a stage value
+    on both sides (no gold document), the non-inferiority test on the answers alone (and no
+    separate end-to-end check).
+
+    Args:
+        before: question id → stage value before the batch.
+        after: the same after it.
+        before_e2e: question id → 1.0 right / 0.0 wrong before (:func:`trace_values`).
+        after_e2e: the same after.
+        metric: the stage values' name.
+        margin: the non-inferiority margin (``optimize.noninferiority_margin``).
+        alpha: the one-sided level of the intervals.
+        seed: seeds the draws.
+
+    Returns:
+        ``(stage test, end-to-end test or None)``.
+    """
+    if any(q in after for q in before):
+        stage = noninferiority_test(before, after, metric=metric, margin=margin, alpha=alpha, seed=seed)
+        e2e = paired_test(before_e2e, after_e2e, metric="end_to_end_accuracy", alpha=alpha, seed=seed)
+        return stage, e2e
+    answers = noninferiority_test(
+        before_e2e, after_e2e, metric="end_to_end_accuracy", margin=margin, alpha=alpha, seed=seed
+    )
+    return answers, None
+
+
+def round_tests(changed_programs: Sequence[str], knobs_changed: bool, batches: int = 0) -> int:
+    """How many changes a round tests (the Bonferroni divisor shared by all of them).
+
+    Every changed program, the knobs when they changed, and every KI batch the round decides
+    (feedback KIs, re-extractions) — what :func:`decide_stage` and :func:`decide_noninferior` divide
+    ``alpha`` by, so the round as a whole accepts a change that is not better (or, for a batch, not
+    non-inferior) with probability ≤ ``alpha``. At least 1.
+    """
+    return max(1, len(changed_programs) + int(knobs_changed) + batches)
+
+
+def decide_noninferior(
+    change: str,
+    test: PairedTest,
+    *,
+    alpha: float = 0.05,
+    tests_in_round: int = 1,
+    end_to_end: PairedTest | None = None,
+    noninferiority_margin: float = 0.10,
+) -> ChangeDecision:
+    """The stage rule for a KI batch (feedback KIs, a re-extraction): kept only when shown not worse.
+
+    A batch is written to fix particular (tuning) questions; on the validation split it can only
+    be required not to hurt. ``test`` is :func:`noninferiority_test` of the batch's stage metric
+    on validation (the gold reciprocal rank of every validation question, before vs after the
+    batch). In order:
+
+    1. **rejected (worse)** when the stage values are significantly lower: ``p_worse ≤ alpha``;
+    2. **accepted** when non-inferiority is shown at the round's level: ``p_noninferior ≤ alpha /
+       tests_in_round`` (Bonferroni over everything the round tested, batches included) and the
+       end-to-end comparison on the questions the agent ran before and after (when given, with
+       pairs) is non-inferior — the low end of its one-sided ``1 − alpha`` bound above
+       ``−noninferiority_margin``;
+    3. **rejected (worse end to end)** when the stage check passed but end to end is
+       significantly worse (``p_worse ≤ alpha``);
+    4. otherwise **kept the incumbent: not enough evidence** (the batch is undone).
+
+    Args:
+        change: what the batch is (``feedback KIs``, ``re_extract`` …), for the record.
+        test: :func:`noninferiority_test` on validation (its ``margin`` is the stage margin).
+        alpha: round-level one-sided level, 0 < alpha < 0.5.
+        tests_in_round: changes the round tested, batches included (≥ 1).
+        end_to_end: :func:`paired_test` of end-to-end accuracy before vs after, computed at
+            ``alpha`` (None or no pairs: not checked, and the reason says so).
+        noninferiority_margin: how much end-to-end accuracy may drop at the bound, 0–1.
+
+    Returns:
+        The :class:`ChangeDecision` (its ``test`` carries ``p_noninferior``).
+
+    Raises:
+        ValueError: a parameter out of range, or ``test`` is not a non-inferiority test.
+    """
+    if not 0.0 < alpha < 0.5:
+        raise ValueError(f"alpha={alpha}: use a one-sided level between 0 and 0.5 (e.g. 0.05)")
+    if tests_in_round < 1:
+        raise ValueError(f"tests_in_round={tests_in_round}: a round tests at least 1 change")
+    if test.p_noninferior is None or test.margin is None:
+        raise ValueError(
+            f"{change}: decide_noninferior needs a noninferiority_test result (margin and p set)"
+        )
+    level = alpha / tests_in_round
+    what = test.summary()
+    e2e = ""
+    if end_to_end is not None:
+        e2e = (
+            f"; end to end {end_to_end.summary()}" if end_to_end.n else "; no end-to-end pairs (not checked)"
+        )
+
+    def verdict(outcome: ChangeOutcome, reason: str) -> ChangeDecision:
+        return ChangeDecision(change, outcome, reason, test, end_to_end, level, tests_in_round)
+
+    if test.n == 0:
+        return verdict(
+            "not_enough_evidence",
+            f"kept the incumbent: not enough evidence (no paired validation questions on {test.metric})",
+        )
+    if test.p_worse <= alpha:
+        return verdict("rejected", f"rejected (worse): {what} (p worse={_p(test.p_worse)} ≤ α {alpha}){e2e}")
+    if test.p_noninferior > level:
+        need = f"needs p ≤ {level:.3g} (α {alpha} / {tests_in_round} tests) for a drop under {test.margin}"
+        return verdict(
+            "not_enough_evidence",
+            f"kept the incumbent: not enough evidence that it is not worse ({test.net()}, "
+            f"p = {_p(test.p_noninferior)}; {need}): {what}{e2e}",
+        )
+    if end_to_end is not None and end_to_end.n > 0:
+        if end_to_end.p_worse <= alpha:
+            return verdict(
+                "rejected",
+                f"rejected (worse end to end, p worse={_p(end_to_end.p_worse)} ≤ α {alpha}) "
+                f"although {what}{e2e}",
+            )
+        if end_to_end.ci_low <= -noninferiority_margin:
+            return verdict(
+                "not_enough_evidence",
+                "kept the incumbent: not enough evidence end to end (accuracy bound "
+                f"{end_to_end.ci_low:+.3f} ≤ −{noninferiority_margin}, the non-inferiority margin) "
+                f"although {what}{e2e}",
+            )
+    return verdict(
+        "accepted", f"accepted (not worse by {test.margin} or more): {what} (p ≤ {level:.3g}){e2e}"
+    )
+
+
 def decide_stage(
     comparison: PairedComparison,
     current_values: Mapping[str, Mapping[str, float]],
@@ -822,6 +1102,7 @@ def decide_stage(
     max_failed_share: float = 0.2,
     tune_failed_share: float = 0.0,
     seed: int = 0,
+    other_tests: int = 0,
 ) -> Decision:
     """The stage rule for a whole proposal (``optimize.decision_rule: stage``; ``docs/loop-stages.md``).
 
@@ -853,6 +1134,8 @@ def decide_stage(
         max_failed_share: outage threshold.
         tune_failed_share: the tuning run's failed share.
         seed: seeds the tests' bootstrap and permutation draws.
+        other_tests: tests the round makes besides this proposal's changes (its KI batches,
+            :func:`decide_noninferior`), ≥ 0: they share ``alpha`` (:func:`round_tests`).
 
     Returns:
         The :class:`Decision`, with :attr:`Decision.changes` holding each change's verdict.
@@ -889,7 +1172,7 @@ def decide_stage(
         changes.append((program, test, True))
     if knobs_changed:
         changes.append(("knobs", e2e, False))
-    m = len(changes)
+    m = len(changes) + max(other_tests, 0)
     verdicts = tuple(
         decide_change(
             name,

@@ -65,13 +65,20 @@ from typing import TYPE_CHECKING, Any, Protocol
 from kitune.errors import PromptNotFoundError, TrackingError
 from kitune.evaluation.report import wilson_interval
 from kitune.optimizers.acceptance import (
+    KI_BATCHES_NOTE,
+    ChangeDecision,
     Decision,
     DecisionRuleName,
+    KIBatch,
     PairedComparison,
+    batch_tests,
     check_instruction,
     compare_paired,
     decide,
+    decide_noninferior,
     decide_stage,
+    round_tests,
+    trace_values,
 )
 from kitune.optimizers.artifacts import log_candidate, log_program_state
 from kitune.optimizers.curves import write_curves, write_proposal
@@ -348,7 +355,7 @@ def run_loop(
         with tracker.run(f"iteration-{i}", run_params, tags={"kitune.kind": "iteration"}) as handle:
             rid = handle.run_id
             _log_measured(tracker, rid, i, current, measured)
-            proposed = _propose(env, current, measured.tune, i, ledger)
+            proposed = _propose(env, current, measured.tune, i, ledger, rule)
             paired, decision = _decide(measured, proposed, rule)
             spent = (
                 (tokens_used() - spent_before) if callable(tokens_used) and spent_before is not None else None
@@ -428,6 +435,9 @@ class _Proposed:
     """The proposal on validation (``after`` itself when it reads nothing new or failed sanity)."""
     timings: dict[str, float]
     """Wall seconds of the improve step, the re-measurement and the candidate's evaluation."""
+    batches: tuple[ChangeDecision, ...] = ()
+    """The stage rule's verdict on each KI batch the improve step wrote (feedback KIs); a batch
+    not accepted was retired before ``after`` and ``candidate`` were measured."""
 
 
 def _measure(
@@ -461,8 +471,15 @@ def _measure(
     )
 
 
-def _propose(env: LoopEnv, current: Setting, tune: Evaluation, i: int, ledger: FailureLedger) -> _Proposed:
-    """Improve, check the changed instructions, re-measure the current setting, evaluate the proposal."""
+def _propose(
+    env: LoopEnv, current: Setting, tune: Evaluation, i: int, ledger: FailureLedger, rule: _Rule
+) -> _Proposed:
+    """Improve, check the changed instructions, re-measure the current setting, evaluate the proposal.
+
+    Under the stage rule the KI batches the improve step kept (feedback KIs) are decided right
+    after the re-measurement (:func:`_decide_batches`); a batch that is not accepted is retired and
+    the current setting re-measured, so the proposal is compared on the store the round keeps.
+    """
     t0 = time.monotonic()
     proposal = env.improve(current, tune, i, ledger=ledger)
     ledger.save()
@@ -479,11 +496,80 @@ def _propose(env: LoopEnv, current: Setting, tune: Evaluation, i: int, ledger: F
     # the improve step may have written KIs: re-measure the current setting on the store as it is
     # now, so current and candidate are compared on one store state
     after = env.evaluate(current, "validation")
+    batches: tuple[ChangeDecision, ...] = ()
+    if rule.decision_rule == "stage":
+        batches = _decide_batches(env, current, proposal, after, i, ledger, rule, changed, knobs_changed)
+        if any(b.outcome != "accepted" for b in batches):
+            after = env.evaluate(current, "validation")  # on the store without the undone batch
     t2 = time.monotonic()
     reads_changed = knobs_changed or eval_key(proposal.setting) != eval_key(current)
     candidate = env.evaluate(proposal.setting, "validation") if reads_changed and not problems else after
     timings = {"improve_s": t1 - t0, "revalidate_s": t2 - t1, "candidate_s": time.monotonic() - t2}
-    return _Proposed(proposal, changed, knobs_changed, reads_changed, problems, after, candidate, timings)
+    return _Proposed(
+        proposal, changed, knobs_changed, reads_changed, problems, after, candidate, timings, batches
+    )
+
+
+def _decide_batches(
+    env: LoopEnv,
+    current: Setting,
+    proposal: Proposal,
+    after: Evaluation,
+    i: int,
+    ledger: FailureLedger,
+    rule: _Rule,
+    changed: Sequence[str],
+    knobs_changed: bool,
+) -> tuple[ChangeDecision, ...]:
+    """Decide each KI batch of ``proposal.notes`` on validation and retire the ones not accepted.
+
+    Each batch (:class:`~kitune.optimizers.acceptance.KIBatch`) is tested for non-inferiority on
+    its stage metric (the validation questions' gold reciprocal ranks before it vs ``after``) and
+    end to end (the validation questions the agent ran both times; on the answers alone when no
+    validation question has a gold document: :func:`~kitune.optimizers.acceptance.batch_tests`),
+    at ``alpha`` over every test
+    of the round (:func:`~kitune.optimizers.acceptance.round_tests`: the proposal's changes and
+    the batches). Not accepted ⇒ its KIs are retired through ``env.retire(setting, ids,
+    reason="decision")`` and the ledger's attempts marked ``decision``.
+    """
+    raw = proposal.notes.get(KI_BATCHES_NOTE) or []
+    batches = [KIBatch.from_dict(b) for b in raw]
+    if not batches:
+        return ()
+    m = round_tests(changed, knobs_changed, len(batches))
+    now = after.stages.per_question if after.stages is not None else {}
+    out: list[ChangeDecision] = []
+    for batch in batches:
+        test, e2e = batch_tests(
+            batch.before,
+            now.get(batch.metric, {}),
+            batch.before_e2e,
+            trace_values(after.traces),
+            metric=batch.metric,
+            margin=rule.noninferiority_margin,
+            alpha=rule.alpha,
+            seed=rule.seed,
+        )
+        verdict = decide_noninferior(
+            batch.change,
+            test,
+            alpha=rule.alpha,
+            tests_in_round=m,
+            end_to_end=e2e,
+            noninferiority_margin=rule.noninferiority_margin,
+        )
+        logger.info("iteration decision on %s (%d KIs): %s", batch.change, len(batch.ki_ids), verdict.reason)
+        if verdict.outcome != "accepted":
+            retire = getattr(env, "retire", None)
+            if callable(retire):
+                retire(current, list(batch.ki_ids), reason="decision")
+                ledger.note_gate(i, {k: ("decision", ()) for k in batch.ki_ids})
+            else:
+                verdict = replace(
+                    verdict, reason=verdict.reason + " (the environment cannot retire KIs: kept)"
+                )
+        out.append(verdict)
+    return tuple(out)
 
 
 def _decide(m: _Measured, p: _Proposed, rule: _Rule) -> tuple[PairedComparison, Decision]:
@@ -514,9 +600,13 @@ def _decide(m: _Measured, p: _Proposed, rule: _Rule) -> tuple[PairedComparison, 
             max_failed_share=rule.max_failed_share,
             tune_failed_share=tune_failed,
             seed=rule.seed,
+            other_tests=len(p.batches),
         )
         for change in decision.changes:
             logger.info("iteration decision on %s: %s", change.change, change.reason)
+        if p.batches:  # recorded with the proposal's changes; the proposal's outcome is its own
+            reason = "; ".join([decision.reason, *(f"{b.change}: {b.reason}" for b in p.batches)])
+            decision = replace(decision, reason=reason, changes=decision.changes + p.batches)
         return paired, decision
     decision = decide(
         paired,

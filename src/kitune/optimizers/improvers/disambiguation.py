@@ -22,6 +22,12 @@ as ``retrieval``.
 Metrics ``gate_*``, the report in ``improve.json`` (``gate``), the ledger's attempts marked
 (``FailureLedger.note_gate``). Then the tuning flips are counted on the store as it is after the
 gate. Runs when ``--feedback`` is on and the tuning run has failures.
+
+**The decision** (``optimize.decision_rule: stage``): the gate is the first filter; the KIs it
+keeps are one batch, handed to the loop under ``Proposal.notes[KI_BATCHES_NOTE]``
+(:class:`~kitune.optimizers.acceptance.KIBatch`: the ids and validation's gold reciprocal ranks
+and answers before the batch), which decides it with the round's other changes
+(:func:`~kitune.optimizers.acceptance.decide_noninferior`) and retires it unless accepted.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from kitune.optimizers.acceptance import BATCH_METRIC, FEEDBACK_BATCH, KI_BATCHES_NOTE, KIBatch, trace_values
 from kitune.optimizers.feedback import FeedbackReport, count_flips, write_disambiguation_kis
 from kitune.optimizers.gate import GateReport, RankChange, attribute_changes, rank_changes, run_gate
 from kitune.optimizers.improve_env import ImproveEnv, ImproveInput, Improvement
@@ -217,10 +224,13 @@ def write_feedback(
     reuses these traces.
     """
     gate = inp.cfg.optimize.gate
+    decided = inp.cfg.optimize.decision_rule == "stage"  # the loop decides the kept batch
     before_state = env.store_state(inp.setting) if gate else ""
     # both splits on the store as it is before writing: the measured runs, read back from the
     # cache (unless credit demoted a KI since, then the questions whose look-ups it changed re-run)
-    measured = [env.evaluate(inp.setting, split) for split in ("tune", "validation")] if gate else []
+    measured = (
+        [env.evaluate(inp.setting, split) for split in ("tune", "validation")] if gate or decided else []
+    )
     previous = [t for e in measured for t in e.traces]
     before_stages = [e.stages for e in measured if e.stages is not None]
     report = write_setting_kis(
@@ -232,6 +242,7 @@ def write_feedback(
     metrics = report.to_metrics()
     if report.messages:
         notes["feedback_rejections"] = dict(report.messages)  # the first full message per reason
+    kept = tuple(report.ki_ids)
     if report.written and gate:
         own: dict[str, list[str]] = {}
         for qid, _prediction, ki_id, _reason in report.outcomes:
@@ -249,12 +260,21 @@ def write_feedback(
         )
         metrics.update(g.to_metrics())
         notes["gate"] = g.to_dict()
+        kept = g.kept
         if inp.ledger is not None:
             inp.ledger.note_gate(inp.iteration, {r.ki_id: (r.reason, r.query_ids) for r in g.rejected})
+    if kept and decided:
+        notes[KI_BATCHES_NOTE] = [_batch(kept, measured[1]).to_dict()]
     if report.written:
         after = env.evaluate(inp.setting, "tune")
         metrics.update(count_flips(inp.tune.traces, after.traces).to_metrics())
     return metrics
+
+
+def _batch(kept: Sequence[str], before: Evaluation) -> KIBatch:
+    """The kept feedback KIs with validation's gold reciprocal ranks and answers before them."""
+    ranks = before.stages.per_question.get(BATCH_METRIC, {}) if before.stages is not None else {}
+    return KIBatch(FEEDBACK_BATCH, tuple(kept), BATCH_METRIC, dict(ranks), trace_values(before.traces))
 
 
 class DisambiguationFeedback:
