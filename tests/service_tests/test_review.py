@@ -36,9 +36,9 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
 
 
 def setup(
-    tmp_path: Path, store: Store, **review: object
+    tmp_path: Path, store: Store, *, rule: str = "stage", **review: object
 ) -> tuple[KituneConfig, ReviewService, RecordingTracker]:
-    cfg = KituneConfig(workdir=tmp_path / "w", review=review)
+    cfg = KituneConfig(workdir=tmp_path / "w", review=review, optimize={"decision_rule": rule})
     tracker = RecordingTracker()
     return cfg, ReviewService(cfg, ProposalStore.of(cfg), store, None, tracker), tracker
 
@@ -147,7 +147,8 @@ def test_rejected_change_is_remembered_and_not_proposed_again(tmp_path: Path, st
 
 
 def test_auto_approved_only_when_the_validation_gate_passes(tmp_path: Path, store: Store) -> None:
-    cfg, svc, _ = setup(tmp_path, store, auto_approve=["add_ki", "retire_ki"])
+    # the old rule by name: on this scenario's 2 labelled questions the stage rule shows nothing (below)
+    cfg, svc, _ = setup(tmp_path, store, rule="permissive", auto_approve=["add_ki", "retire_ki"])
     sc = scenario()
     arms: list[str] = []
     rep = file_proposals(
@@ -175,6 +176,31 @@ def test_auto_approved_only_when_the_validation_gate_passes(tmp_path: Path, stor
     # re_extract is not auto-approvable: measured, left pending
     assert svc.queue.get(re.id).status == "pending" and re.id in rep.measured
     assert arms[:2] == [f"{re.id}-current", f"{re.id}-proposal"]
+
+
+def test_under_the_stage_rule_two_labelled_questions_approve_nothing(tmp_path: Path, store: Store) -> None:
+    cfg, svc, _ = setup(tmp_path, store, auto_approve=["add_ki", "retire_ki"])
+    sc = scenario()
+    rep = file_proposals(
+        svc,
+        report_for(tmp_path, cfg, store),
+        documents=docs,
+        draft=TableDrafter(sc.drafts),
+        questions=sc.questions,
+        evaluate=gold_evaluator([]),
+    )
+    add = next(p for p in rep.filed if p.kind == "add_ki")
+    retire = next(p for p in rep.filed if p.kind == "retire_ki")
+    assert rep.auto_approved == [] and svc.queue.get(add.id).status == "pending"
+    # fixing 1 of 2 questions shows nothing either way: kept the incumbent, with the test's numbers
+    assert rep.gate_refused[add.id].startswith("not_enough_evidence: kept the incumbent: not enough evidence")
+    effect = svc.queue.get(add.id).effect or {}
+    (change,) = effect["decision"]["changes"]
+    # the scenario's questions name no gold document: decided on the answers (g1 fixed, g2 kept)
+    assert change["tests_in_round"] == len(rep.filed) and change["test"]["metric"] == "end_to_end_accuracy"
+    assert (change["test"]["n"], change["test"]["better"], change["test"]["worse"]) == (2, 1, 0)
+    assert change["test"]["p_noninferior"] == pytest.approx(0.25)
+    assert not rep.gate_refused[retire.id].startswith("accepted")
 
 
 def test_no_labelled_questions_no_auto_approval(tmp_path: Path, store: Store) -> None:

@@ -18,7 +18,13 @@ from kitune.testing.tracking import RecordingTracker
 
 
 def test_watch_mines_unlabelled_traces_and_applies_only_what_the_gate_accepts(tmp_path: Path) -> None:
-    cfg = KituneConfig(workdir=tmp_path / "w", review={"auto_approve": ["add_ki", "retire_ki"]})
+    # the scenario has 2 labelled questions, on which the default stage rule can show nothing
+    # (tests/service_tests/test_review_decision.py); the watch's mechanics are tested on the old rule
+    cfg = KituneConfig(
+        workdir=tmp_path / "w",
+        review={"auto_approve": ["add_ki", "retire_ki"]},
+        optimize={"decision_rule": "permissive"},
+    )
     sc = scenario()
     store = MemoryStore(HashEmbedder())
     store.upsert(sc.kis)

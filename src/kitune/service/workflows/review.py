@@ -11,9 +11,17 @@
   ``review-<id>-<action>`` (params: kind, action, actor, status; the effect's metrics; the
   proposal as ``review/proposal.json``).
 * :func:`measure_effect` — a proposal's measured effect on labelled questions: the current
-  setting and the proposal are evaluated on the same questions and compared with the paired
-  acceptance rule (:func:`kitune.optimizers.acceptance.compare_paired` + ``decide``, with the
-  ``optimize`` section's margin, failed-share limit and significance switch). KI changes are
+  setting and the proposal are evaluated on the same questions, paired
+  (:func:`kitune.optimizers.acceptance.compare_paired`) and decided by the configured rule
+  (``optimize.decision_rule``): ``stage`` (the default, the loop's rule) gives **accepted**,
+  **rejected** or **kept the incumbent: not enough evidence**, with n, effect, interval and p —
+  a rewriter instruction by a one-sided sign test on end-to-end accuracy
+  (:func:`~kitune.optimizers.acceptance.decide_stage`), a KI change as a KI batch: not worse by
+  ``optimize.noninferiority_margin`` on the labelled questions' gold reciprocal ranks and end to
+  end (:func:`~kitune.optimizers.acceptance.decide_noninferior`; on end-to-end accuracy alone
+  when no labelled question names a gold document), the proposals one filing
+  measures sharing ``optimize.alpha`` (Bonferroni); ``permissive`` the old ``decide`` (margin,
+  failed-share limit, significance switch). KI changes are
   measured on an in-memory copy of the KI table (:func:`scratch_copy`: same KIs and statuses,
   same RRF and weights, the embedded store's BM25 and vectors), so production never serves a
   change under test; rewriter feedback runs the two instructions on the table itself (read only).
@@ -22,7 +30,7 @@
   ``retrieval.default_size`` KIs) on the copy before and after the change, and a question whose
   gold recall@k is lost or whose gold reciprocal rank falls by more than
   ``optimize.gate_rank_tolerance`` makes the decision ``rejected`` (reason ``retrieval: …``),
-  whatever the answers said (the rule of :mod:`kitune.optimizers.gate`);
+  whatever the answers or the test said (the rule of :mod:`kitune.optimizers.gate`: the first filter);
 * :func:`file_proposals` — propose from a signal report, file what is new, measure effects when
   labelled questions and an evaluator are given, and approve automatically only the kinds in
   ``review.auto_approve`` whose gate decision is ``accepted``.
@@ -55,7 +63,17 @@ from kitune.evaluation.metrics import Trace
 from kitune.evaluation.signals import SignalReport
 from kitune.evaluation.stage_metrics import gold_documents, reciprocal_rank
 from kitune.ki import KI, utcnow
-from kitune.optimizers.acceptance import check_instruction, compare_paired, decide
+from kitune.optimizers.acceptance import (
+    Decision,
+    PairedComparison,
+    batch_tests,
+    check_instruction,
+    compare_paired,
+    decide,
+    decide_noninferior,
+    decide_stage,
+    trace_values,
+)
 from kitune.optimizers.credit import KICredit, load_run_credit
 from kitune.optimizers.gate import RankChange, rank_changes
 from kitune.optimizers.objective import LoopWeights
@@ -267,6 +285,7 @@ def measure_effect(
     store: Store,
     evaluate: Evaluator,
     scratch: Callable[[Store], Store] | None = None,
+    tests_in_round: int = 1,
 ) -> dict[str, Any]:
     """Evaluate the current setting and the proposal on the same labelled questions and decide.
 
@@ -277,11 +296,16 @@ def measure_effect(
         store: the production KI table (never written for KI kinds: a scratch copy is).
         evaluate: runs the agent (:data:`Evaluator`).
         scratch: store → a writable copy (default :func:`scratch_copy`).
+        tests_in_round: proposals measured together (:func:`file_proposals` passes how many it
+            measures), ≥ 1: under the stage rule they share ``optimize.alpha`` (Bonferroni).
 
     Returns:
-        ``{"questions", "targets", "comparison": PairedComparison.to_dict(), "decision":
-        {"outcome", "reason"}, "measured_at"}``; ``targets`` are the failure kinds this
-        proposal's kind addresses (the feedback route table,
+        ``{"questions", "targets", "comparison": PairedComparison.to_dict(), "rule", "decision":
+        {"outcome", "reason", "changes"}, "measured_at"}``; ``outcome`` is ``accepted``,
+        ``rejected``, ``not_enough_evidence`` (the stage rule: nothing shown either way) or
+        ``undecided`` (an outage); ``changes`` (stage rule) the test's record — n, effect, interval,
+        p, the level it had to reach (:meth:`~kitune.optimizers.acceptance.ChangeDecision.to_dict`);
+        ``targets`` are the failure kinds this proposal's kind addresses (the feedback route table,
         :func:`kitune.optimizers.routes.kinds_for_proposal`). KI changes add ``retrieval``:
         ``{"checked", "tolerance", "drops": [{"query_id", "before", "after"}]}`` (see the module
         docstring); a drop makes the outcome ``rejected``.
@@ -310,20 +334,24 @@ def measure_effect(
         changes = rank_changes(before[0], after[0], after[1], added if p.kind != "retire_ki" else ())
     weights = LoopWeights.from_config(cfg)
     comparison = compare_paired(current, candidate, weights, seed=o.seed)
-    decision = decide(
-        comparison,
-        changed_programs=("rewriter",) if p.kind == "rewriter_feedback" else (),
-        store_changed=p.kind != "rewriter_feedback",
-        margin=o.accept_margin,
-        max_failed_share=o.max_failed_share,
-        require_significance=o.require_significance,
-        sanity_problems=problems,
-    )
+    if o.decision_rule == "stage":
+        decision = _decide_stage(cfg, p, comparison, current, candidate, problems, changes, tests_in_round)
+    else:
+        decision = decide(
+            comparison,
+            changed_programs=("rewriter",) if p.kind == "rewriter_feedback" else (),
+            store_changed=p.kind != "rewriter_feedback",
+            margin=o.accept_margin,
+            max_failed_share=o.max_failed_share,
+            require_significance=o.require_significance,
+            sanity_problems=problems,
+        )
     outcome, reason = decision.outcome, decision.reason
     out: dict[str, Any] = {
         "questions": len(questions),
         "targets": list(kinds_for_proposal(p.kind)),
         "comparison": comparison.to_dict(),
+        "rule": o.decision_rule,
     }
     if p.kind != "rewriter_feedback":
         drops: list[RankChange] = [c for c in changes if c.dropped(o.gate_rank_tolerance)]
@@ -336,8 +364,72 @@ def measure_effect(
             outcome = "rejected"
             reason = "retrieval: " + "; ".join(c.describe() for c in drops) + f" (answers: {reason})"
     out["decision"] = {"outcome": outcome, "reason": reason}
+    if decision.changes:
+        out["decision"]["changes"] = [c.to_dict() for c in decision.changes]
     out["measured_at"] = utcnow().isoformat()
     return out
+
+
+def _decide_stage(
+    cfg: KituneConfig,
+    p: Proposal,
+    comparison: PairedComparison,
+    current: Sequence[Trace],
+    candidate: Sequence[Trace],
+    problems: Sequence[str],
+    ranks: Sequence[RankChange],
+    tests_in_round: int,
+) -> Decision:
+    """The stage rule on a proposal's labelled questions (``optimize.decision_rule: stage``).
+
+    ``rewriter_feedback`` is a prompt change: :func:`~kitune.optimizers.acceptance.decide_stage`
+    on end-to-end accuracy (the rewriter's per-question recall would need a rewrite per question
+    with each instruction; the agent runs already hold the answers), a one-sided exact sign test.
+    A KI change (``re_extract``, ``add_ki``, ``retire_ki``) is a KI batch:
+    :func:`~kitune.optimizers.acceptance.decide_noninferior` on every labelled question's gold
+    reciprocal rank (plain plan, top ``retrieval.default_size``) before vs after the change, and
+    end-to-end accuracy before vs after (when no labelled question has a gold document: the
+    non-inferiority test on end-to-end accuracy alone). Both at ``optimize.alpha / tests_in_round``.
+    """
+    o = cfg.optimize
+    if p.kind == "rewriter_feedback":
+        return decide_stage(
+            comparison,
+            {},
+            {},
+            current,
+            candidate,
+            changed_programs=("rewriter",),
+            sanity_problems=problems,
+            alpha=o.alpha,
+            min_effect=o.min_effect,
+            noninferiority_margin=o.noninferiority_margin,
+            max_failed_share=o.max_failed_share,
+            seed=o.seed,
+            other_tests=tests_in_round - 1,
+        )
+    # the outage check shared by both rules (decide's first step): too many failed runs decide nothing
+    early = decide(comparison, store_changed=True, max_failed_share=o.max_failed_share)
+    if early.outcome == "undecided":
+        return early
+    test, e2e = batch_tests(  # no labelled question with a gold document: the answers alone
+        {c.query_id: c.before for c in ranks},
+        {c.query_id: c.after for c in ranks},
+        trace_values(current),
+        trace_values(candidate),
+        margin=o.noninferiority_margin,
+        alpha=o.alpha,
+        seed=o.seed,
+    )
+    verdict = decide_noninferior(
+        p.kind,
+        test,
+        alpha=o.alpha,
+        tests_in_round=tests_in_round,
+        end_to_end=e2e,
+        noninferiority_margin=o.noninferiority_margin,
+    )
+    return Decision(verdict.outcome, verdict.reason, (verdict,))
 
 
 def _gold_ranks(
@@ -600,6 +692,8 @@ def file_proposals(
     )
     out = FileReport(proposed=proposed, filed=service.file(proposed.proposals, actor=actor))
     labelled = list(questions)[-cfg.review.effect_questions :]
+    measured = [p for p in out.filed if measure_kinds is None or p.kind in measure_kinds]
+    round_size = max(1, len(measured)) if labelled and evaluate is not None else 1
     for p in out.filed:
         auto = p.kind in cfg.review.auto_approve
         if measure_kinds is not None and p.kind not in measure_kinds:
@@ -609,7 +703,9 @@ def file_proposals(
                 out.gate_refused[p.id] = "no labelled questions to run the validation gate on"
             continue
         try:
-            effect = measure_effect(cfg, p, labelled, store=service.kis(), evaluate=evaluate)
+            effect = measure_effect(
+                cfg, p, labelled, store=service.kis(), evaluate=evaluate, tests_in_round=round_size
+            )
         except Exception as e:  # a failed measurement leaves the proposal pending for a person
             out.errors.append(f"{p.id}: {type(e).__name__}: {e}")
             if auto:
