@@ -273,6 +273,10 @@ def test_three_jobs_through_one_gateway(tmp_path: Path, monkeypatch: pytest.Monk
 
         r = kitune("prompts", "promote", name, version)
         assert r.exit_code == 0, r.output
+        assert "drift fingerprint" in r.output  # the data now served is what drift compares with
+        r = kitune("drift", "check", "--data", str(data), "--no-progress")
+        out = " ".join(r.output.split())
+        assert r.exit_code == 0 and "documents changed │ 0" in out and "questions new │ 0" in out
         now[0] = 10.0
         health = api.get("/healthz").json()
         assert health["status"] == "ok" and health["table"] == table
@@ -309,6 +313,8 @@ def test_three_jobs_through_one_gateway(tmp_path: Path, monkeypatch: pytest.Monk
 
         r = kitune("prompts", "rollback", name)
         assert r.exit_code == 0, r.output
+        r = kitune("drift", "check", "--data", str(data), "--no-progress")
+        assert "documents changed │ 1: curl" in " ".join(r.output.split())  # the old data is served again
         now[0] = 20.0
         assert api.get("/healthz").json()["table"] == served_table
         serving.served.store.close()

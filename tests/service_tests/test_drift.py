@@ -21,6 +21,7 @@ from kitune.service.serving.prompts import TABLE_TAG, open_registry, production_
 from kitune.service.serving.stores import SOURCE_CHANGED
 from kitune.service.tuning.optimize import run_optimize
 from kitune.service.tuning.options import OptimizeOptions
+from kitune.service.tuning.slice_fingerprint import follow_served_version
 from kitune.service.workflows.drift import drift_check, drift_run
 from kitune.testing.tracking import RecordingTracker
 from kitune.tracking.prompts import prompt_name
@@ -104,6 +105,27 @@ def test_drift_check_is_exact_and_read_only_and_run_stages(tmp_path: Path) -> No
         "Marie Curie was born in Warsaw in Poland."
     ]
     assert not any(k.payload.properties.docid == "d6" for k in new.iter_kis(Filter(statuses=("active",))))
+
+    # issue 37: the fingerprint follows what is served — promoting the staged version puts the
+    # drift run's data in place (nothing left to report), rolling back puts the old data back
+    state = first.state_dir
+    archived = json.loads((state / "fingerprints" / f"{name}-v{run.version}.json").read_text())
+    assert sorted(archived["corpus"]) == ["d1", "d2", "d3", "d4", "d5", "d7"]
+    assert follow_served_version(Path(cfg.workdir), name, previous=1, current=run.version) == [
+        state / "fingerprint.json"
+    ]
+    after = drift_check(cfg, data, deps=deps, progress=False)
+    assert not after.has_changes and after.unchanged_documents == 6 and after.affected_questions == ()
+    assert (state / "fingerprints" / f"{name}-v1.json").is_file()  # what version 1 was served on
+    assert follow_served_version(Path(cfg.workdir), name, previous=run.version, current=1) == [
+        state / "fingerprint.json"
+    ]
+    back = drift_check(cfg, data, deps=deps, progress=False)
+    assert back.changed_documents == ("d1",) and back.new_documents == ("d7",)
+    # a version no run staged (another program's prompt) moves nothing
+    assert (
+        follow_served_version(Path(cfg.workdir), prompt_name("tiny", "rewriter"), previous=1, current=2) == []
+    )
 
 
 def test_drift_without_a_run_is_a_clear_error(tmp_path: Path) -> None:

@@ -230,9 +230,11 @@ def promote_cmd(
 
     cfg = get_config(config)
     _fail_if_no_registry(cfg, name)  # opening an empty registry would create mlflow.db
+    previous = _production_version(cfg, name)
     pv = _switch_or_fail(promote_prompt, cfg, name, version, force=force, max_failed_share=max_failed_share)
     out.print(f"{pv.name}: production → version {pv.version}", highlight=False)
     _now_used(cfg, name)
+    _follow_fingerprint(cfg, name, previous, pv.version)
 
 
 @prompts_app.command("rollback")
@@ -247,9 +249,34 @@ def rollback_cmd(
 
     cfg = get_config(config)
     _fail_if_no_registry(cfg, name)
+    previous = _production_version(cfg, name)
     pv = _switch_or_fail(rollback_prompt, cfg, name, force=force, max_failed_share=max_failed_share)
     out.print(f"{pv.name}: production rolled back to version {pv.version}", highlight=False)
     _now_used(cfg, name)
+    _follow_fingerprint(cfg, name, previous, pv.version)
+
+
+def _production_version(cfg: Any, name: str) -> int | None:
+    """The version ``production`` points at now (None: none, or an unknown name)."""
+    from kitune.service.serving.prompts import open_registry
+
+    try:
+        return open_registry(cfg).get(name, "production").version
+    except KituneError:
+        return None
+
+
+def _follow_fingerprint(cfg: Any, name: str, previous: int | None, current: int) -> None:
+    """Put the drift fingerprint of the version now served in place and say where (nothing else moves)."""
+    from kitune.service.tuning.slice_fingerprint import follow_served_version
+
+    for path in follow_served_version(Path(cfg.workdir), name, previous=previous, current=current):
+        out.print(
+            f"drift fingerprint {path}: now the data version {current} was extracted from "
+            "(`kitune drift check` compares with it)",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 def _now_used(cfg: Any, name: str) -> None:

@@ -28,14 +28,14 @@ from kitune.optimizers.loop import LoopResult, Setting, start_prompts
 from kitune.optimizers.loop_state import read_state
 from kitune.optimizers.objective import LoopWeights
 from kitune.optimizers.power import measured_sd, power_lines, power_table
-from kitune.optimizers.program_task import PROGRAM_TASKS
+from kitune.optimizers.program_task import PROGRAM_TASKS, store_program
 from kitune.optimizers.registry import check_optimizer
 from kitune.service.pipelines.evaluation import make_judge
 from kitune.service.serving.prompts import promote_prompt
 from kitune.service.tuning.final_eval import FinalEvaluation, final_evaluation, start_setting
 from kitune.service.tuning.loop_env import LoopDeps, ServiceLoopEnv
 from kitune.service.tuning.options import OptimizeOptions
-from kitune.service.tuning.slice_fingerprint import write_fingerprint
+from kitune.service.tuning.slice_fingerprint import FINGERPRINT, archive_fingerprint, write_fingerprint
 from kitune.service.tuning.slicing import load_slice, write_question_ids
 from kitune.tracking.prompts import PromptRegistry, prompt_name
 from kitune.tracking.runner import run_experiment
@@ -223,6 +223,9 @@ def run_optimize(
             write_fingerprint(state_dir, questions, documents, opts)
 
     staged = _staged_versions(cfg, loop)
+    extractor_name = prompt_name(cfg.corpus_name, store_program())
+    if extractor_name in staged and (state_dir / FINGERPRINT).is_file():  # promote puts it in place
+        archive_fingerprint(state_dir, extractor_name, staged[extractor_name])
     promoted: dict[str, int] = {}
     refused = ""
     if staged:

@@ -40,6 +40,7 @@ from kitune.data.checksum import document_hash
 from kitune.data.loaders import Question, load_corpus, load_questions
 from kitune.errors import DataError
 from kitune.evaluation.report import summarize
+from kitune.ki import utcnow
 from kitune.optimizers.loop import Setting
 from kitune.optimizers.program_task import served_programs, store_program
 from kitune.programs.fact_extractor import FactExtractor
@@ -63,6 +64,8 @@ from kitune.service.tuning.options import OptimizeOptions
 from kitune.service.tuning.slice_fingerprint import (
     HASH_SCHEME,
     _sha,
+    archive_fingerprint,
+    fingerprint,
     legacy_document_hash,
     question_hash,
     read_fingerprint,
@@ -342,7 +345,7 @@ def drift_run(
     given = deps is not None
     if deps is None:
         deps = optimize_service.default_deps(cfg, TokenLedger())
-    _questions, documents = _load(data_dir)
+    questions, documents = _load(data_dir)
     program = store_program()
     served = production_setting(cfg, programs=served_programs())
     text = served.prompts[program]
@@ -391,7 +394,24 @@ def drift_run(
         ),
     )
     registry.set_alias(name, "candidate", pv.version)
-    _record_staged(Path(cfg.workdir) / "optimize" / run_name, report, name, pv.version, staged)
+    state_dir = Path(cfg.workdir) / "optimize" / run_name
+    _record_staged(state_dir, report, name, pv.version, staged)
+    # the staged table holds the data as it is now: its fingerprint is served once it is promoted
+    now = fingerprint(questions, documents)
+    archive_fingerprint(
+        state_dir,
+        name,
+        pv.version,
+        {
+            **read_fingerprint(state_dir),
+            **now,
+            "hash": HASH_SCHEME,
+            "all_questions": now["questions"],
+            "corpus": now["documents"],
+            "at": utcnow().isoformat(),
+            "staged_by": f"kitune drift run (table {staged})",
+        },
+    )
     return DriftRun(
         report=report,
         ran=True,
