@@ -127,3 +127,75 @@ def test_prompts_show_and_diff_on_a_fresh_workdir_exit_2_and_create_no_files(tmp
         assert r.exit_code == 2, r.output
         assert "no prompt named 'kitune-x-extractor': nothing is registered yet" in r.output
     assert not work.exists()
+
+
+def test_every_command_that_takes_a_prompt_takes_the_same_selectors(root: Any) -> None:
+    """Issue 37: --prompt-version, --prompt-alias and --packaged on every command taking a prompt."""
+    selectors = {"--prompt-version", "--prompt-alias", "--packaged"}
+    takers = {
+        name: {o for p in cmd.params for o in getattr(p, "opts", []) if o in selectors}
+        for name, cmd in _commands(root)
+    }
+    takers = {name: opts for name, opts in takers.items() if opts}
+    assert {"extract", "eval", "context", "serve", "mcp"} <= set(takers)
+    assert all(opts == selectors for opts in takers.values()), takers
+    helps = {
+        name: next(p.help for p in cmd.params if "--prompt-alias" in getattr(p, "opts", []))
+        for name, cmd in _commands(root)
+        if name in takers
+    }
+    assert len(set(helps.values())) == 1, helps  # the same words: the same meaning
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--prompt-alias", "3"], "--prompt-alias '3': takes an alias for every program"),
+        (["--prompt-alias", "3"], "use --prompt-version PROGRAM=VERSION, e.g. --prompt-version extractor=3"),
+        (["--prompt-version", "3"], "--prompt-version '3': a bare value must be an alias"),
+        (
+            ["--prompt-version", "rewriter=2"],
+            "kitune extract runs the extractor only: use --prompt-version extractor",
+        ),
+        (["--packaged", "--prompt-alias", "candidate"], "give one of them"),
+    ],
+)
+def test_a_bad_prompt_choice_names_the_option_and_the_fix(
+    tmp_path: Any, monkeypatch: Any, args: list[str], expected: str
+) -> None:
+    _register()
+    monkeypatch.setenv("KITUNE_WORKDIR", str(tmp_path / "w"))
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"docid": "d1", "title": "t", "text": "curl is released under the MIT license."}\n')
+    r = CliRunner().invoke(app, ["extract", "--data", str(corpus), *args])
+    assert r.exit_code == 2, r.output
+    assert expected in " ".join(r.output.split())
+    if "--prompt-alias" in args and "--packaged" not in args:  # the same words from eval and context
+        for cmd in (["eval", "--skill", "in-context", "--data", str(corpus)], ["context", "a question"]):
+            r = CliRunner().invoke(app, [*cmd, *args])
+            assert r.exit_code == 2 and expected in " ".join(r.output.split()), r.output
+
+
+def test_prompts_list_hints_use_the_commands_own_forms(tmp_path: Any, monkeypatch: Any) -> None:
+    from kitune.tracking.prompts import PromptRegistry
+
+    _register()
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("KITUNE_WORKDIR", str(tmp_path / "w"))
+    (tmp_path / "w").mkdir()
+    reg = PromptRegistry(f"sqlite:///{tmp_path / 'w' / 'mlflow.db'}")
+    reg.register("kitune-x-extractor", "Extract every fact.")
+    v2 = reg.register("kitune-x-extractor", "Extract every fact, with its date.")
+    reg.set_alias("kitune-x-extractor", "candidate", v2.version)
+    r = CliRunner().invoke(app, ["prompts", "list"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    hints = [
+        line.split("#")[0].split() for line in r.output.splitlines() if line.startswith("kitune prompts")
+    ]
+    assert [h[2] for h in hints] == ["show", "diff", "promote", "rollback"]
+    for hint in hints:  # every hint runs as printed (show and diff here; promote/rollback parse the same)
+        if hint[2] in ("show", "diff"):
+            shown = CliRunner().invoke(app, hint[1:])
+            assert shown.exit_code == 0, (hint, shown.output)
+    shown = CliRunner().invoke(app, ["prompts", "show", "kitune-x-extractor", "candidate"])
+    assert "version 2 [candidate]" in shown.output and "with its date" in shown.output

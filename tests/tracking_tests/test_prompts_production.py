@@ -123,7 +123,7 @@ def test_production_setting_follows_promote_and_rollback(cfg: KituneConfig) -> N
     assert packaged.versions["rewriter"].endswith("(--packaged)")
     with pytest.raises(PromptNotFoundError, match="has no version 7"):
         production_setting(cfg, select={"rewriter": "7"})
-    with pytest.raises(ConfigError, match="not both"):
+    with pytest.raises(ConfigError, match="give one of them"):
         production_setting(cfg, select={"rewriter": "1"}, packaged=True)
     PromptRegistry(cfg.mlflow_uri).rollback("kitune-fixture-extractor")
     back = production_setting(cfg)

@@ -75,16 +75,29 @@ PromptAliasOption = Annotated[
     typer.Option(
         "--prompt-alias",
         metavar="ALIAS",
-        help="Use every program's prompt at this alias or version instead of production (candidate, "
-        "latest, production); --prompt-version PROGRAM=VERSION overrides it for one program.",
+        help="Use every program's prompt at this alias instead of production (candidate, latest, "
+        "production); --prompt-version PROGRAM=VERSION overrides it for one program.",
         show_default=False,
     ),
 ]
 
 
 def prompt_specs(prompt_version: list[str] | None, prompt_alias: str | None) -> list[str]:
-    """``--prompt-alias`` then ``--prompt-version`` as one selection list (a later spec wins)."""
-    return [*([prompt_alias] if prompt_alias else []), *(prompt_version or [])]
+    """``--prompt-alias`` then ``--prompt-version`` as one selection list (a later spec wins).
+
+    Exits 2 naming ``--prompt-alias`` and the fix when the alias is empty, a version number or a
+    ``PROGRAM=VERSION`` pair (those are ``--prompt-version`` values).
+    """
+    if prompt_alias is not None:
+        alias = prompt_alias.strip()
+        if not alias or "=" in alias or alias.lstrip("vV").isdigit():
+            example = alias if "=" in alias else f"extractor={alias.lstrip('vV') or 3}"
+            fail(
+                f"--prompt-alias {prompt_alias!r}: takes an alias for every program (production, candidate, "
+                f"latest); for one program's version use --prompt-version PROGRAM=VERSION, e.g. "
+                f"--prompt-version {example}"
+            )
+    return [*([prompt_alias.strip()] if prompt_alias else []), *(prompt_version or [])]
 
 
 PackagedOption = Annotated[

@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kitune.cli.common import ConfigOption, fail, fail_with, get_config, quiet_progress
+from kitune.cli.context_cmds import PackagedOption, PromptAliasOption, PromptVersionOption, prompt_specs
 from kitune.cli.recording_opts import RecordOption, ReplayOption, record_overrides, with_recording
 from kitune.config import KituneConfig
 from kitune.errors import KituneError
@@ -60,22 +61,9 @@ def extract(
             show_default=False,
         ),
     ] = None,
-    prompt_alias: Annotated[
-        str | None,
-        typer.Option(
-            "--prompt-alias",
-            help="Use the registered extractor prompt kitune-<corpus>-extractor at this alias or version "
-            "(production, candidate, latest, 3), e.g. the draft written by `kitune bootstrap`. "
-            "Default: production if registered, else the packaged prompt.",
-            show_default=False,
-        ),
-    ] = None,
-    packaged: Annotated[
-        bool,
-        typer.Option(
-            "--packaged", help="Use the packaged extractor prompt, not the registry's production one."
-        ),
-    ] = False,
+    prompt_version: PromptVersionOption = None,
+    prompt_alias: PromptAliasOption = None,
+    packaged: PackagedOption = False,
     concurrency: Annotated[
         int | None, typer.Option(min=1, help="Documents in parallel (default: extraction.concurrency).")
     ] = None,
@@ -120,9 +108,11 @@ def extract(
         typer.echo(f"… and {load_report.n_skipped - 20} more skipped lines", err=True)
     if not docs:
         fail(f"no documents found in {data}: expected corpus.jsonl lines with docid and text")
-    if sum((instructions is not None, prompt_alias is not None, packaged)) > 1:
+    chosen = bool(prompt_alias is not None or prompt_version)
+    if sum((instructions is not None, chosen, packaged)) > 1:
         fail(
-            "--instructions, --prompt-alias and --packaged each pick the extractor prompt: give one, not both"
+            "--instructions, --prompt-version/--prompt-alias and --packaged each pick the extractor prompt: "
+            "give one of them"
         )
     if instructions is not None:
         if not instructions.is_file():
@@ -134,7 +124,7 @@ def extract(
             f"extractor prompt: {instructions} ({instruction_version('extractor', text)})", highlight=False
         )
     else:
-        text = _registered_instruction(cfg, prompt_alias, packaged=packaged)
+        text = _registered_instruction(cfg, prompt_specs(prompt_version, prompt_alias), packaged=packaged)
     extractor = FactExtractor.from_config(cfg, text)
     store_cfg = versioned_store_cfg(cfg, extractor.prompt_version)
     section = store_cfg.store
@@ -202,22 +192,36 @@ def _interrupted(state_path: Path, n_docs: int) -> NoReturn:
     )
 
 
-def _registered_instruction(cfg: KituneConfig, alias: str | None, *, packaged: bool = False) -> str:
-    """The extractor text at ``alias`` (None: production, else packaged); prints which.
+def _registered_instruction(cfg: KituneConfig, specs: list[str], *, packaged: bool = False) -> str:
+    """The extractor text ``specs`` select (:func:`prompt_specs`; none: production/packaged); prints which.
 
-    Exits 2 when an explicit ``alias`` is missing.
+    Exits 2 on a bad or missing choice, naming the option and the fix.
     """
-    from kitune.service.serving.prompts import describe_setting, production_setting
+    from kitune.service.serving.prompts import describe_setting, parse_prompt_selection, production_setting
 
     try:
-        setting = production_setting(
-            cfg, select={"extractor": alias} if alias else None, packaged=packaged, programs=("extractor",)
-        )
+        select = parse_prompt_selection(specs)
     except KituneError as e:
-        where = f"--prompt-alias {alias}" if alias else "extractor prompt"
+        fail(str(e))
+    other = sorted(p for p in select if p != "extractor" and not _is_bare(specs, select[p]))
+    if other:
+        fail(
+            f"--prompt-version {other[0]}=…: kitune extract runs the extractor only: use --prompt-version "
+            "extractor=VERSION (or --prompt-alias ALIAS)"
+        )
+    chosen = {"extractor": select["extractor"]} if "extractor" in select else None
+    try:
+        setting = production_setting(cfg, select=chosen, packaged=packaged, programs=("extractor",))
+    except KituneError as e:
+        where = f"--prompt-version extractor={chosen['extractor']}" if chosen else "extractor prompt"
         fail(f"{where}: {e} (run `kitune bootstrap` or `kitune optimize` first)")
     out.print(describe_setting(setting, ("extractor",))[0], highlight=False)
     return setting.prompts["extractor"]
+
+
+def _is_bare(specs: list[str], value: str) -> bool:
+    """Whether ``value`` came from a bare alias (applied to every program), not PROGRAM=VERSION."""
+    return any("=" not in s and s.strip() == value for s in specs)
 
 
 def register(app: typer.Typer) -> None:

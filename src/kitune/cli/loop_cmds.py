@@ -94,7 +94,11 @@ def list_cmd(config: ConfigOption = None) -> None:
     cfg = get_config(config)
     rows = [] if _no_registry(cfg) else _or_fail(list_prompts, cfg)
     if not rows:
-        out.print(f"No prompts registered yet in {cfg.mlflow_uri} (run `kitune optimize` first).")
+        out.print(
+            f"No prompts registered yet in {cfg.mlflow_uri} (run `kitune bootstrap` or `kitune optimize` "
+            "first, with the same --config).",
+            soft_wrap=True,
+        )
         return
     table = Table(title=f"Prompts in {cfg.mlflow_uri}")
     table.add_column("name")
@@ -109,11 +113,33 @@ def list_cmd(config: ConfigOption = None) -> None:
             str(row.aliases.get("candidate", "-")),
         )
     out.print(table)
+    # the same forms as the commands themselves: NAME then VERSION (a number or an alias)
+    row = next((r for r in rows if "candidate" in r.aliases), rows[0])
+    target = "candidate" if "candidate" in row.aliases else str(row.latest_version)
+    base = "production" if "production" in row.aliases else "1"
+    lines = [f"kitune prompts show {row.name} {target}       # one version's text (--versions: all of them)"]
+    if str(row.aliases.get(base, base)) != str(row.aliases.get(target, target)):
+        lines.append(f"kitune prompts diff {row.name} {base} {target}")
+    lines += [
+        f"kitune prompts promote {row.name} {target}    # checked first; a running serve follows",
+        f"kitune prompts rollback {row.name}",
+    ]
+    for line in lines:
+        out.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
 @prompts_app.command("show")
 def show_cmd(
     name: Annotated[str, typer.Argument(help="Prompt name, e.g. kitune-fixture-extractor.")],
+    which: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="[VERSION]",
+            help="Version (or alias, e.g. candidate), as `kitune prompts promote` takes it. Default: "
+            "production, else latest.",
+            show_default=False,
+        ),
+    ] = None,
     version: Annotated[str | None, typer.Option("--version", "-v", help="Version number.")] = None,
     alias: Annotated[
         str | None, typer.Option("--alias", "-a", help="Alias: production or candidate.")
@@ -123,10 +149,17 @@ def show_cmd(
     ] = False,
     config: ConfigOption = None,
 ) -> None:
-    """Print one version's text (default: production, else latest), or --versions for all."""
+    """Print one version's text (default: production, else latest), or --versions for all.
+
+    Example: kitune prompts show kitune-fixture-extractor candidate
+    """
     from kitune.service.serving.prompts import prompt_versions, show_prompt
 
     cfg = get_config(config)
+    if which is not None:
+        if version is not None or alias is not None:
+            fail(f"VERSION {which!r} and --version/--alias each choose the version: give one of them")
+        version = which
     _fail_if_no_registry(cfg, name)
     try:
         if history:

@@ -205,7 +205,9 @@ def production_setting(
     programs = served_programs() if programs is None else tuple(programs)
     chosen = dict(select or {})
     if packaged and chosen:
-        raise ConfigError("give either --packaged or --prompt-version, not both")
+        raise ConfigError(
+            "--packaged and --prompt-version/--prompt-alias each choose the prompts: give one of them"
+        )
     unknown = sorted(set(chosen) - set(programs))
     if unknown:
         raise ConfigError(f"no such program {unknown}: choose from {', '.join(programs)}")
@@ -420,7 +422,8 @@ def check_promotable(
         raise PromotionRefusedError(
             f"refusing to {verb} {name} v{pv.version}: its KI table {table} holds 0 active KIs, so every "
             "look-up would come back empty (production is unchanged). Extract into it first "
-            f"(`kitune extract --data DIR --prompt-alias {pv.version}`), or pass --force to {action} anyway",
+            f"(`kitune extract --data DIR --prompt-version extractor={pv.version}`), or pass --force to "
+            f"{action} anyway",
             table=table,
             kis=kis,
             failed=failed,
