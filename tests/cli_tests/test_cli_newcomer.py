@@ -169,3 +169,41 @@ def test_status_on_an_empty_workdir_suggests_only_what_can_work(
     assert code == 1, out
     assert "holds no active KI: run `kitune extract --data DIR` (same --config)" in out
     assert "rollback" not in out and "<corpus>" not in out
+
+
+# -- issue 37's newcomer findings: nothing created when there is nothing; the fixture named ----
+@pytest.mark.parametrize("args", [["expire"], ["expire", "--all"], ["expire", "--at", "2026-12-31"]])
+def test_expire_on_a_fresh_workdir_creates_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("KITUNE_CONFIG", raising=False)
+    monkeypatch.setenv("KITUNE_WORKDIR", str(tmp_path / "w"))
+    code, out = _invoke(args)
+    assert code == 0, out
+    assert (
+        "no KI table yet (kis-" in out and "nothing to expire; run `kitune extract --data DIR` first" in out
+    )
+    assert not (tmp_path / "w").exists()  # no empty lance table, no work dir
+
+
+def test_eval_in_context_on_a_fresh_workdir_creates_no_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fixture_dir: Path
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("KITUNE_CONFIG", raising=False)
+    monkeypatch.setenv("KITUNE_WORKDIR", str(tmp_path / "w"))
+    code, out = _invoke(["eval", "--skill", "in-context", "--data", str(fixture_dir), "--no-progress"])
+    assert code == 2, out
+    assert "--skill in-context: no KI table yet (" in out and "run `kitune extract --data DIR` first" in out
+    assert not (tmp_path / "w" / "lancedb").exists() and not (tmp_path / "w" / "runs").exists()
+
+
+@pytest.mark.parametrize("where", ["nowhere", "a-folder"])
+def test_loop_on_a_missing_corpus_names_the_shipped_fixture(tmp_path: Path, where: str) -> None:
+    corpus = tmp_path / where
+    if where == "a-folder":
+        corpus.mkdir()
+    code, out = _invoke(["loop", "--corpus", str(corpus), "--traces", str(tmp_path)])
+    assert code == 2, out
+    assert 'a corpus ships with kitune: --corpus "$(kitune demo --print-fixture)"' in out

@@ -36,6 +36,7 @@ def test_in_context_on_an_empty_ki_store_refuses_before_any_llm_call(
     built: list[str] = []
     monkeypatch.setattr(kitune.lm, "LiteLLMChatModel", lambda cfg, role, ledger=None: built.append(role))
     monkeypatch.setattr(retrieval, "create_store", lambda cfg: MemoryStore(embedder=HashEmbedder(dim=64)))
+    monkeypatch.setattr(retrieval, "store_exists", lambda cfg: True)  # a table that exists, empty
     monkeypatch.setenv("KITUNE_WORKDIR", str(tmp_path / "w"))
     _register()
     r = CliRunner().invoke(app, ["eval", "--skill", "in-context", "--data", str(fixture_dir), "--no-judge"])

@@ -65,12 +65,14 @@ def test_missing_category_uses_fallback_map_then_none() -> None:
 
 def test_category_markdown_two_runs() -> None:
     other = [tr("1", "temporal", False, 50), tr("4", "single-hop", True, 40)]
-    lines = category_markdown({"baseline": RUN, "in-context": other})
+    lines = category_markdown({"baseline": RUN, "in-context": other}, accuracy="correct (match)")
     assert lines[0] == "## By question category"
-    assert lines[2] == (
-        "| category | n | baseline: judge-correct (95% CI) | baseline: input tokens / question "
-        "| in-context: judge-correct (95% CI) | in-context: input tokens / question |"
+    assert lines[2] == (  # named as the report's accuracy row names it (issue 37: no "judge-correct")
+        "| category | n | baseline: correct (match) (95% CI) | baseline: input tokens / question "
+        "| in-context: correct (match) (95% CI) | in-context: input tokens / question |"
     )
+    assert lines[-1].startswith("Accuracy = correct (match) / graded")
+    assert "judge-correct" not in "\n".join(category_markdown({"baseline": RUN}))
     lo, hi = wilson_interval(2, 3)
     temporal = next(line for line in lines if line.startswith("| temporal"))
     assert temporal == (

@@ -46,6 +46,11 @@ def test_report_runs_reads_each_runs_grader_from_run_json(tmp_path: Path) -> Non
     md = files.markdown.read_text(encoding="utf-8")
     assert "| correct (match) |" in md and "judge-correct" not in md
     assert "Accuracy = correct (match) / graded" in md
+    # the per-category section names the same grader
+    categorised = [Trace(**{**_trace("3", True).to_dict(), "category": "multi-hop"})]
+    (run / "traces.jsonl").write_text(json.dumps(categorised[0].to_dict()) + "\n", encoding="utf-8")
+    md = report_runs([run], tmp_path / "out2").markdown.read_text(encoding="utf-8")
+    assert "in-context: correct (match) (95% CI)" in md and "judge-correct" not in md
 
 
 def test_write_report_without_graders_says_correct(tmp_path: Path) -> None:

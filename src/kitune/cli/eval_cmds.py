@@ -228,11 +228,17 @@ def eval_command(
 
 def _refuse_empty_ki_store(cfg: KituneConfig, select: dict[str, str], packaged: bool) -> None:
     """Exit 2 before any LLM call when the KI table an in-context run would use holds no KI."""
-    from kitune.retrieval import create_store
+    from kitune.retrieval import create_store, store_exists
     from kitune.service.serving.prompts import production_setting, setting_summary
 
     try:
         setting = production_setting(cfg, select=select, packaged=packaged)
+        if not store_exists(setting.store_cfg):  # a check must not create the table it looks for
+            fail(
+                f"--skill in-context: no KI table yet ({setting_summary(setting)['store']}): run `kitune "
+                "extract --data DIR` first (same --config), or pick another table with --prompt-version / "
+                "--prompt-alias / --packaged"
+            )
         store = create_store(setting.store_cfg)
         try:
             n = store.count()
@@ -244,7 +250,7 @@ def _refuse_empty_ki_store(cfg: KituneConfig, select: dict[str, str], packaged: 
         fail(
             f"--skill in-context: the KI store {setting_summary(setting)['store']} holds no KIs, so every "
             "look-up would come back empty: run `kitune extract --data DIR` first (same --config), or pick "
-            "another table with --prompt-version / --packaged"
+            "another table with --prompt-version / --prompt-alias / --packaged"
         )
 
 

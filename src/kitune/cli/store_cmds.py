@@ -174,8 +174,12 @@ def expire(
     if now_flag and at is not None:
         fail("--now and --at each name the sweep time: give one")
     when = _parse_now(at)  # before the store opens: a bad --at must not create a table
-    cfg, store = _open_store(config)
-    assert store is not None  # not read-only: created when missing
+    cfg, store = _open_store(config, read_only=True)  # nothing to sweep must not create a table
+    if store is None:
+        typer.echo(
+            f"no KI table yet ({_table_name(cfg)}): nothing to expire; run `kitune extract --data DIR` first"
+        )
+        return
     if expire_everything:
         try:
             n = expire_all(store)

@@ -4,7 +4,8 @@ Datasets such as LoCoMo label each question with a category (single-hop, multi-h
 open-domain); a run's headline accuracy hides that a skill may win on one category and lose on
 another. Every number here is :func:`kitune.evaluation.report.summarize` applied to the traces
 of one category, so a category row means exactly what the run's column in ``report.md`` means
-(accuracy = judge-correct / graded; grader errors and failed runs are excluded and counted).
+(accuracy = correct / graded, correct by the run's grader — ``correct (match)`` or ``correct
+(judge)`` as the report names it; grader errors and failed runs are excluded and counted).
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ def category_markdown(
     *,
     categories: Mapping[str, str] | None = None,
     title: str = "By question category",
+    accuracy: str = "correct",
 ) -> list[str]:
     """A Markdown section comparing runs per category: accuracy (95% Wilson CI) and tokens/question.
 
@@ -93,6 +95,9 @@ def category_markdown(
         runs: run name → traces, in column order.
         categories: query id → category fallback (see :func:`by_category`).
         title: the section heading.
+        accuracy: what counts as correct, as the report's accuracy row names it (``correct
+            (match)``, ``correct (judge)``; plain ``correct`` when the grader is not known:
+            :func:`kitune.evaluation.report.accuracy_label`).
 
     Returns:
         Lines without trailing newlines; ``[]`` when no trace has a category (nothing to break
@@ -107,7 +112,7 @@ def category_markdown(
         return []
     header = ["category", "n"]
     for name in runs:
-        header += [f"{name}: judge-correct (95% CI)", f"{name}: input tokens / question"]
+        header += [f"{name}: {accuracy} (95% CI)", f"{name}: input tokens / question"]
     lines = [f"## {title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for cat in [*cats, ALL]:
         ns = {rows[cat].n_total for rows in per_run.values() if cat in rows}
@@ -124,7 +129,7 @@ def category_markdown(
         lines.append("| " + " | ".join(row) + " |")
     lines += [
         "",
-        "Accuracy = judge-correct / graded with its 95% Wilson interval; tokens are the answering "
+        f"Accuracy = {accuracy} / graded with its 95% Wilson interval; tokens are the answering "
         "model's input tokens per question (+ tool tokens such as query rewrites).",
     ]
     return lines

@@ -382,7 +382,7 @@ def write_report(
     md += _comparison_md(comparisons)
     costs = token_costs(runs)
     md += ["", *token_cost_markdown(costs)]
-    by_category = category_markdown(runs)
+    by_category = category_markdown(runs, accuracy=label)
     if by_category:
         md += ["", *by_category]
     signals = _run_signals(runs)

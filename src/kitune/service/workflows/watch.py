@@ -117,6 +117,11 @@ class RoundResult:
     """The :class:`~kitune.service.tuning.optimize.OptimizeResult`."""
 
 
+_FIXTURE_HINT = (
+    'a corpus ships with kitune: --corpus "$(kitune demo --print-fixture)" (the 24-question fixture)'
+)
+
+
 def corpus_file(path: Path) -> Path:
     """The corpus JSONL behind ``--corpus``: the file itself, or a folder's corpus/documents file.
 
@@ -130,9 +135,12 @@ def corpus_file(path: Path) -> Path:
         for fname in (CORPUS_FILE, "documents.jsonl"):
             if (path / fname).is_file():
                 return (path / fname).resolve()
-        raise DataError(f"{path} has no {CORPUS_FILE} or documents.jsonl: pass --corpus FILE", path=str(path))
+        raise DataError(
+            f"{path} has no {CORPUS_FILE} or documents.jsonl: pass --corpus FILE; {_FIXTURE_HINT}",
+            path=str(path),
+        )
     if not path.is_file():
-        raise DataError(f"no corpus at {path}: pass --corpus FILE or DIR", path=str(path))
+        raise DataError(f"no corpus at {path}: pass --corpus FILE or DIR; {_FIXTURE_HINT}", path=str(path))
     return path.resolve()
 
 
