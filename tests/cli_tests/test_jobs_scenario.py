@@ -133,6 +133,48 @@ def _tree_digest(folder: Path) -> str:
     return h.hexdigest()
 
 
+def _drifted() -> tuple[dict[str, str], list[tuple[str, str, str, str]]]:
+    """The data after the drift: curl's license changed, less removed, wget and q6, q7 added."""
+    docs = dict(DOCS)
+    docs["curl"] = "curl is a tool for transferring data with URLs. curl is released under the curl license."
+    del docs["less"]
+    docs["wget"] = "wget is a network downloader. wget is released under the GPL-3 license."
+    questions = [
+        *QUESTIONS,
+        ("q6", "Which license is wget released under?", "GPL-3", "wget"),
+        ("q7", "What is jq?", "processor", "jq"),
+    ]
+    return docs, questions
+
+
+def _readme_block(marker: str) -> str:
+    """The README's bash block holding ``marker`` (the job walk-throughs' data blocks)."""
+    readme = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```bash\n(.*?)```", readme, re.S)
+    found = [b for b in blocks if marker in b]
+    assert len(found) == 1, f"README has {len(found)} bash blocks with {marker!r}"
+    return found[0]
+
+
+def test_readme_walkthrough_writes_the_scenario_data(tmp_path: Path) -> None:
+    """The README's paste-able data blocks write, byte for byte, what the scenario below runs on."""
+    import shutil
+    import subprocess
+
+    bash = shutil.which("bash")
+    if bash is None:
+        pytest.skip("no bash to run the README's blocks")
+    subprocess.run([bash, "-ec", _readme_block("cat > debian/corpus.jsonl")], cwd=tmp_path, check=True)
+    want = _write(tmp_path / "want", DOCS, QUESTIONS)
+    for name in ("corpus.jsonl", "questions.jsonl"):
+        assert (tmp_path / "debian" / name).read_bytes() == (want / name).read_bytes(), name
+    subprocess.run([bash, "-ec", _readme_block("# the data changes")], cwd=tmp_path, check=True)
+    want = _write(tmp_path / "want", *_drifted())
+    for name in ("corpus.jsonl", "questions.jsonl"):
+        assert (tmp_path / "debian" / name).read_bytes() == (want / name).read_bytes(), name
+    assert sorted(p.name for p in (tmp_path / "debian").iterdir()) == ["corpus.jsonl", "questions.jsonl"]
+
+
 @pytest.mark.slow
 def test_three_jobs_through_one_gateway(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from fastapi.testclient import TestClient
@@ -236,18 +278,8 @@ def test_three_jobs_through_one_gateway(tmp_path: Path, monkeypatch: pytest.Monk
         assert any("MIT" in k["title"] for k in api.post("/api/_get_context", json=ask).json()["kis"])
 
         # -- job 3: drift ------------------------------------------------------------------------
-        docs = dict(DOCS)
-        docs["curl"] = (
-            "curl is a tool for transferring data with URLs. curl is released under the curl license."
-        )
-        del docs["less"]
-        docs["wget"] = "wget is a network downloader. wget is released under the GPL-3 license."
+        docs, questions = _drifted()  # the README's drift block writes the same files (test above)
         gateway.docs = docs
-        questions = [
-            *QUESTIONS,
-            ("q6", "Which license is wget released under?", "GPL-3", "wget"),
-            ("q7", "What is jq?", "processor", "jq"),
-        ]
         gateway.gold.update({q: a for _, q, a, _ in questions})
         _write(data, docs, questions)
         lance = tmp_path / "work" / "lancedb" / f"{served_table}.lance"
