@@ -517,6 +517,7 @@ def compare_maintenance(args: argparse.Namespace, machine: Any) -> int:
         deletable = [
             i for i in random.Random(args.seed + 3).sample(loaded_ids, len(loaded_ids)) if i not in asked
         ]
+        results["questions"] = len(questions)
         phases: dict[str, Any] = {"load": measure_pair(stores, cfg, questions, args.size)}
         print(f"  load: {_pair_headline(phases['load'])}", flush=True)
 
@@ -605,9 +606,9 @@ def compare_maintenance(args: argparse.Namespace, machine: Any) -> int:
         *([f"- missed: {m}" for m in misses] or ["- all met"]),
     ]
     notes = [
-        f"Scale: {args.n} synthetic KIs (seed {args.seed}), {args.embedder} vectors; {args.queries} queries "
-        "per phase and setting (3 warm-up), each question on both settings back to back, in alternating "
-        "order.",
+        f"Scale: {args.n} synthetic KIs (seed {args.seed}), {args.embedder} vectors; {results['questions']} "
+        f"questions (--queries {args.queries}, capped by the sample of the bulk batches) per phase and "
+        "setting (3 warm-up), each on both settings back to back, in alternating order.",
         "before = main before issue 39.5 (maintenance requested at 32 fragments, started only after 1 s "
         "without writes); after = the store defaults (also at 2000 unindexed rows or 20 writes, started at "
         "the latest 10 s after the request).",
