@@ -22,7 +22,9 @@ quiet_progress({progress})
 import dspy  # what a command imports after its first line
 from tqdm.auto import tqdm
 bar = tqdm(range(3))  # GEPA's bar: dspy passes display_progress_bar=True itself
-print(bar.disable, logging.getLogger("dspy").getEffectiveLevel())
+import tqdm as tqdm_module
+forced = tqdm_module.tqdm(range(3), disable=False)  # dspy's bootstrap_trace: display_progress=True
+print(bar.disable and forced.disable, logging.getLogger("dspy").getEffectiveLevel())
 """
 
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -95,10 +96,35 @@ def quiet_progress(progress: bool) -> None:
     if progress:
         return
     os.environ["TQDM_DISABLE"] = "1"
+    _force_tqdm_off()
     import dspy  # noqa: F401  (it sets its logger to INFO when imported: import it first, then quiet it)
 
     for name in _QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def _force_tqdm_off() -> None:
+    """Make every tqdm bar of this process disabled, also one created with ``disable=False``.
+
+    ``TQDM_DISABLE`` only sets tqdm's default: an explicit ``disable=False`` wins over it, and
+    DSPy passes one where it hard-codes ``display_progress=True`` (``dspy.teleprompt
+    .bootstrap_trace``, which GEPA's trace capture calls; measured in the loop-dev-100 run's log,
+    where its "Average Metric" bars filled the log under ``--no-progress``). Only a command run
+    with ``--no-progress`` calls this (its own process); idempotent.
+    """
+    import tqdm.std
+
+    init = tqdm.std.tqdm.__init__
+    if getattr(init, "_kitune_forced_off", False):
+        return
+
+    @functools.wraps(init)
+    def _init(self: Any, *args: Any, **kwargs: Any) -> None:
+        kwargs["disable"] = True
+        init(self, *args, **kwargs)
+
+    _init._kitune_forced_off = True  # type: ignore[attr-defined]
+    tqdm.std.tqdm.__init__ = _init
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
