@@ -210,8 +210,12 @@ def test_make_context_fn_hides_disambiguation_kis_and_counts_rewrite_tokens() ->
     store.upsert([fact, twin])
     plain = make_context_fn(cfg, store, disambiguation=False)("LaHave River located in Lunenburg")
     assert plain.n_results == 1 and plain.doc_ids == ("100818",) and twin.id not in plain.text
+    # the facet line counts only the KI shown: not the hidden twin's entities or document
+    assert plain.facets.startswith("facets: ") and "100820" not in plain.facets
+    assert "municipal" not in plain.facets and "lunenburg-county 1" in plain.facets
     full = make_context_fn(cfg, store, disambiguation=True)("LaHave River located in Lunenburg")
     assert full.n_results == 2 and set(full.doc_ids) == {"100818", "100820"}
+    assert "100820 1" in full.facets and "lunenburg-municipal-district 1" in full.facets
 
     class Rewriter:  # stands in for QueryRewriter: reports 30/7 tokens per rewrite
         def rewrite(self, query, *, size, ledger=None):

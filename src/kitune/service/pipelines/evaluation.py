@@ -164,7 +164,10 @@ def make_context_fn(
             query, store=store, rewriter=rewriter, size=ask, cfg=cfg, ledger=ledger, rerank=rerank
         )
         if hidden or len(resp.kis) > size:
-            resp = resp.model_copy(update={"kis": [k for k in resp.kis if k.id not in hidden][:size]})
+            # the facets too: counted over the search's hits, they named the hidden disambiguation
+            # KIs' entities and documents (and the extra KIs asked for to make up for them)
+            kis = [k for k in resp.kis if k.id not in hidden][:size]
+            resp = resp.model_copy(update={"kis": kis, "aggregations": serving_context.facets_of(kis)})
         docs = tuple(dict.fromkeys(d for k in resp.kis for d in k.evidence_doc_ids))
         text = serving_context.render_context(resp)
         full = text.split("\n")

@@ -30,6 +30,7 @@ __all__ = [
     "RewriteTokenCount",
     "compact_line",
     "context_ids",
+    "facets_of",
     "get_context",
     "render_context",
 ]
@@ -179,7 +180,7 @@ def get_context(
             reranked = rerank(list(kis))
             if [k.id for k in reranked] != [k.id for k in kis]:
                 kis = reranked[:size]
-                aggs = _facets(kis)
+                aggs = facets_of(kis)
     else:
         compiled = store.compile(plan)
     return ContextResponse(
@@ -197,8 +198,12 @@ def get_context(
     )
 
 
-def _facets(kis: list[ContextKI]) -> ContextAggregations:
-    """Facets over ``kis`` after a re-rank (the store's rule, :func:`kitune.retrieval.fusion.aggregate`)."""
+def facets_of(kis: list[ContextKI]) -> ContextAggregations:
+    """Facets over exactly ``kis`` (the store's rule, :func:`kitune.retrieval.fusion.aggregate`).
+
+    For a response whose KIs were re-ranked or filtered after the search: the facet line must
+    count only the KIs it is shown with.
+    """
     a = aggregate(cast(Any, kis))  # ContextKI has the tags and evidence_doc_ids it reads
     return ContextAggregations(by_tag=dict(a.by_tag), by_doc=dict(a.by_doc), by_entity=dict(a.by_entity))
 
