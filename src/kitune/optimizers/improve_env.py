@@ -66,12 +66,17 @@ class LoopOptionsLike(Protocol):
 
 
 class ImproveEnv(Protocol):
-    """The loop's services as program tasks and improvers use them: stores, look-ups, runs.
+    """The loop's read-only view as program tasks and improvers use it: look-ups, no runs, no writes.
 
     What an improver needs to *know* (the tuning questions, the documents, the setting's KIs,
     the configuration, the LMs, the budget, the options, the incumbent setting and its run) is
-    data on :class:`ImproveInput`; this protocol holds only what needs the loop's machinery (a
-    store, a cached look-up, an agent run, a retirement).
+    data on :class:`ImproveInput`; this protocol holds only what needs the loop's machinery: a
+    look-up on the setting's store (cached, with a candidate rewriter, or with candidate knobs),
+    an extractor that reads the extraction cache, the seed source, the token count, a progress
+    line. Agent runs, KI writes, the gate and retirement are the loop's
+    (:mod:`kitune.optimizers.feedback_step`); an improver proposes, the loop evaluates, gates,
+    decides and logs. One exception: the disambiguator task's metric writes a candidate KI to
+    ``store_for``'s store, asks ``context_ids`` and removes it again (under its own lock).
 
     Contract: every method is safe to call from several threads (GEPA's metric threads call
     ``lookup`` and ``store_for``).
@@ -108,29 +113,6 @@ class ImproveEnv(Protocol):
         ``rewriter`` None: the setting's own (the plain plan when ``rewriter`` is not tuned);
         feedback KIs visible, credit demotion applied, ``retrieval.default_size`` KIs.
         """
-        ...
-
-    def store_state(self, setting: Setting) -> str:
-        """Fingerprint of what the setting's look-ups read now (KI store content + credit penalties)."""
-        ...
-
-    def lookup_changes(
-        self, setting: Setting, before_state: str
-    ) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
-        """KI ids each question's logged look-ups showed at ``before_state``, and what they show now.
-
-        Over the tuning and validation questions evaluated for ``setting`` at ``before_state``:
-        ``(before, after)``, query id → KI ids (all of its look-ups, in order), ``after`` from
-        replaying the same look-ups on the store as it is now.
-        """
-        ...
-
-    def retire(self, setting: Setting, ki_ids: Sequence[str]) -> int:
-        """Set status ``expired`` on ``ki_ids`` in the setting's store; returns how many changed."""
-        ...
-
-    def evaluate(self, setting: Setting, split: str) -> Evaluation:
-        """Run the agent on ``split`` (``tune``, ``validation``) on the store as it is now."""
         ...
 
     def input_tokens_used(self) -> int:
@@ -207,16 +189,21 @@ class Improvement:
     """JSON-able details, logged in ``improve.json``."""
     programs: dict[str, Any] = field(default_factory=dict)
     """Program → optimised ``dspy.Module`` (its state is logged)."""
+    feedback: tuple[Failure, ...] = ()
+    """Tuning failures to write a feedback (disambiguation) KI for. The improver only names them:
+    the loop writes the KIs, gates them and notes them in the ledger
+    (:func:`kitune.optimizers.feedback_step.apply_feedback`) right after the improver returns,
+    before the next improver runs; the merged metrics and notes are the improvement's."""
 
 
 @runtime_checkable
 class Improver(Protocol):
     """One room of the improve step.
 
-    Contract: ``improve`` never mutates ``inp``; a failure of one of its own parts (one program's
-    optimiser) is recorded in the metrics/notes, not raised; a misconfiguration raises
-    :class:`~kitune.errors.ConfigError`. It may write to the KI store (feedback KIs) — the loop
-    re-measures the current setting afterwards.
+    Contract: ``improve`` never mutates ``inp`` (nor the ledger it holds) and never writes to a KI
+    store: feedback KIs are proposed (``Improvement.feedback``) and the loop writes and gates them;
+    a failure of one of its own parts (one program's optimiser) is recorded in the metrics/notes,
+    not raised; a misconfiguration raises :class:`~kitune.errors.ConfigError`.
     """
 
     name: str

@@ -15,7 +15,7 @@ proposal is one new file there (a plug-in elsewhere registers by being imported)
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from kitune.optimizers.improve_env import ImproveEnv, ImproveInput, Improvement, Improver
@@ -83,11 +83,32 @@ def fold(setting: Setting, improvements: Sequence[Improvement]) -> Proposal:
     return Proposal(Setting(prompts, knobs), metrics=metrics, programs=programs, notes=notes)
 
 
-def run_improvers(env: ImproveEnv, inp: ImproveInput, names: Sequence[str]) -> Proposal:
+def run_improvers(
+    env: ImproveEnv,
+    inp: ImproveInput,
+    names: Sequence[str],
+    *,
+    apply: Callable[[Improvement], Improvement] | None = None,
+) -> Proposal:
     """Run the improvers ``names`` in order on ``inp`` and fold their improvements.
+
+    Args:
+        env: the loop's read-only view (look-ups, the extraction cache, seeds, the token count).
+        inp: the iteration's immutable input, the same for every improver.
+        names: improver names, in order (``optimize.improvers``).
+        apply: the loop's side of an improvement that asks for feedback KIs
+            (``Improvement.feedback``): it writes and gates them and returns the improvement
+            with their metrics and notes (:func:`kitune.optimizers.feedback_step.apply_feedback`).
+            Called as each improver returns, before the next one runs, so a later improver's
+            look-ups see the KIs an earlier one's feedback left. None: nothing is written (the
+            requests are dropped; the fold carries no feedback).
 
     Raises:
         ConfigError: an unknown improver name (before any runs).
     """
     improvers = [get_improver(name) for name in IMPROVERS.check(names, setting="optimize.improvers")]
-    return fold(inp.setting, [imp.improve(env, inp) for imp in improvers])
+    done: list[Improvement] = []
+    for improver in improvers:
+        got = improver.improve(env, inp)
+        done.append(apply(got) if apply is not None and got.feedback else got)
+    return fold(inp.setting, done)

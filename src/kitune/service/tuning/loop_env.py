@@ -40,12 +40,17 @@ What it does per loop step:
 * **improve** — a fold over the configured improvers (``optimize.improvers``, one file each in
   :mod:`kitune.optimizers.improvers`): (a) ``prompts``, the optimiser on each selected
   program's task (:mod:`kitune.optimizers.programs`), (b) ``knobs``, Optuna with an LLM-free
-  objective, its study on disk at ``<state>/knobs.journal``, and (c) ``disambiguation``,
-  feedback KIs routed by failure kind through the failure ledger and kept only when the gate
+  objective, its study on disk at ``<state>/knobs.journal``, and (c) ``disambiguation``, the
+  tuning failures routed by failure kind through the failure ledger. The improvers get the
+  iteration's data as one frozen :class:`~kitune.optimizers.improve_env.ImproveInput` (built
+  here: the tuning run, failures, kinds, questions, documents, the setting's KIs, config, LMs,
+  budget, options) and this environment only as the read-only
+  :class:`~kitune.optimizers.improve_env.ImproveEnv` view (``lookup``, ``lookup_texts``,
+  ``context_ids``, ``extractor``); they return proposals. The feedback KIs an improvement asks
+  for are written here, on the loop's side, and kept only when the gate
   (:mod:`kitune.optimizers.gate`, :meth:`~ServiceLoopEnv.lookup_changes` +
-  :meth:`~ServiceLoopEnv.retire`) finds they break no question. They see this environment
-  through :class:`kitune.optimizers.improve_env.ImproveEnv` (``context_ids``, ``lookup_texts``,
-  ``optimizer_budget`` … are here for them).
+  :meth:`~ServiceLoopEnv.retire`) finds they break no question
+  (:func:`kitune.optimizers.feedback_step.apply_feedback`).
 
 Every dependency (LMs, agent model, judge, store factory, corpus store) can be injected through
 :class:`LoopDeps`, so the whole loop runs in tests with scripted models
@@ -89,6 +94,7 @@ from kitune.optimizers.budget import OptimizerBudget
 from kitune.optimizers.credit import CreditLedger, demote_ranked, episodes_from_traces, retire_kis
 from kitune.optimizers.extraction_cache import CachedFactExtractor, ExtractionCache, extractor_key
 from kitune.optimizers.feedback import collect_failures
+from kitune.optimizers.feedback_step import apply_feedback
 from kitune.optimizers.improve_env import ImproveInput
 from kitune.optimizers.improver import IMPROVERS, run_improvers
 from kitune.optimizers.ledger import FailureLedger
@@ -801,8 +807,13 @@ class ServiceLoopEnv:
     ) -> Proposal:
         """Fold the configured improvers (``optimize.improvers``) over this iteration's input.
 
-        The input is the tuning run, its failures (:func:`~kitune.optimizers.feedback.collect_failures`)
-        and their failure kinds, and the ledger; see :func:`kitune.optimizers.improver.run_improvers`.
+        The input (:class:`~kitune.optimizers.improve_env.ImproveInput`, frozen, built once here) is
+        the tuning run, its failures (:func:`~kitune.optimizers.feedback.collect_failures`) and their
+        failure kinds, the ledger, the tuning questions, the slice's documents, the setting's
+        extracted KIs, the config with its knobs, the LMs, the optimiser budget and the options;
+        the feedback KIs an improvement asks for are written and gated here as it returns
+        (:func:`~kitune.optimizers.feedback_step.apply_feedback`); see
+        :func:`kitune.optimizers.improver.run_improvers`.
         """
         failures = collect_failures(tune.traces, self.tune)
         kinds = {t.query_id: classify_failure(t, tune.gold_docids.get(t.query_id)) for t in tune.traces}
@@ -823,7 +834,9 @@ class ServiceLoopEnv:
             kis_by_doc=MappingProxyType(self.kis_by_doc(setting)),
             lms=MappingProxyType(dict(self.deps.lms)),
         )
-        return run_improvers(self, inp, self.cfg.optimize.improvers)
+        return run_improvers(
+            self, inp, self.cfg.optimize.improvers, apply=lambda imp: apply_feedback(self, inp, imp)
+        )
 
     def close(self) -> None:
         """Close every store opened."""

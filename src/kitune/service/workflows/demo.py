@@ -48,7 +48,7 @@ from kitune.optimizers.feedback import (
     collect_failures,
     count_flips,
 )
-from kitune.optimizers.improvers.disambiguation import write_setting_kis
+from kitune.optimizers.feedback_step import write_setting_kis
 from kitune.optimizers.loop import LoopResult, Setting, start_prompts
 from kitune.service.tuning import optimize as optimize_service
 from kitune.service.tuning.loop_env import LoopDeps, ServiceLoopEnv
