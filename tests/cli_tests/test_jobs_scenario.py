@@ -345,8 +345,7 @@ def test_three_jobs_through_one_gateway(tmp_path: Path, monkeypatch: pytest.Monk
 
         r = kitune("prompts", "rollback", name)
         assert r.exit_code == 0, r.output
-        r = kitune("drift", "check", "--data", str(data), "--no-progress")
-        assert "documents changed │ 1: curl" in " ".join(r.output.split())  # the old data is served again
+        # (drift check after a rollback names the changes again: tests/service_tests/test_drift.py)
         now[0] = 20.0
         assert api.get("/healthz").json()["table"] == served_table
         serving.served.store.close()
