@@ -51,6 +51,8 @@ CFLAGS=()
 if [ -f "$CONSTRAINTS" ]; then CFLAGS=(-c "$CONSTRAINTS"); else
   echo "scripts/demo.sh: no $CONSTRAINTS; installing the newest versions pyproject.toml allows" >&2
 fi
+# pip runs quietly (its log is shown only on failure): say what the silent minutes are
+echo "scripts/demo.sh: installing kitune and its dependencies into .venv (quiet; a few minutes the first time)" >&2
 LOG=$(mktemp)
 if ! .venv/bin/python -m pip install -q "${CFLAGS[@]}" -e '.[server,local]' >"$LOG" 2>&1; then
   grep -v '^WARNING: Location' "$LOG" >&2; rm -f "$LOG"; exit 1
