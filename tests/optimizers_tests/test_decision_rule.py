@@ -7,13 +7,19 @@ import time
 
 import pytest
 
+from kitune.evaluation.trace import Trace
 from kitune.optimizers.acceptance import (
+    NO_STAGE_METRIC,
+    compare_paired,
     decide_change,
     decide_round,
+    decide_stage,
     paired_test,
+    round_tests,
     sign_test_p,
 )
 from kitune.optimizers.power import (
+    batch_round_false_accept_rate,
     minimum_detectable_effect,
     noise_false_accept_rate,
     permissive_round,
@@ -124,6 +130,16 @@ def test_pure_noise_rounds_of_8_accept_at_most_5_percent() -> None:
     assert cpu < 30  # ~2 s on an idle core; CPU time still inflates when other work shares the cores
 
 
+def test_rounds_with_a_ki_batch_at_the_margin_accept_at_most_alpha() -> None:
+    # a noise prompt and a feedback batch that truly lowers its metric by exactly the margin share
+    # α (Bonferroni over both): the batch's exact binomial test keeps its own share under α / 2
+    rate, batch, per = batch_round_false_accept_rate(rounds=100, seed=36)
+    print(f"rounds of a noise prompt + a boundary batch: any accepted {rate:.3f}, batch accepted {batch:.3f}")
+    assert rate <= 0.05 and batch <= 0.025
+    assert rate == pytest.approx(21 / 900) and batch == pytest.approx(13 / 900)  # seeded
+    assert max(per.values()) <= 0.10
+
+
 def test_permissive_rule_accepts_most_noise_rounds() -> None:
     # the old rule, measured on the same simulation (docs/loop-stages.md quotes a larger run)
     rate, per = noise_false_accept_rate(permissive_round, rounds=10, seed=36)
@@ -162,3 +178,47 @@ def test_no_end_to_end_questions_skips_the_check_and_says_so() -> None:
     stage = paired_test({q: 0.0 for q in ids}, {q: float(i < 20) for i, q in enumerate(ids)}, metric="m")
     d = decide_change("rewriter", stage, end_to_end=paired_test({}, {}, metric="e2e"))
     assert d.outcome == "accepted" and d.reason.endswith("; no end-to-end pairs (not checked)")
+
+
+def _graded(n: int) -> list[Trace]:
+    return [
+        Trace(f"q{i}", "in-context", "q", "a", status="answered", judge_correct=i < 3, judge_status="graded")
+        for i in range(n)
+    ]
+
+
+def test_a_changed_disambiguator_is_kept_at_the_incumbent_for_lack_of_a_stage_metric() -> None:
+    traces = _graded(24)
+    paired = compare_paired(traces, traces)
+    gepa = {"disambiguator_best_score": 1.0, "disambiguator_baseline_score": 0.5}
+    alone = decide_stage(
+        paired,
+        {},
+        {},
+        traces,
+        traces,
+        changed_programs=["disambiguator"],
+        reads_changed=False,
+        task_metrics=gepa,
+    )
+    # its GEPA gain (0.5 → 1.0, on the tuning failures it was optimised on) no longer accepts it
+    assert alone.outcome == "not_enough_evidence"
+    (d,) = alone.changes
+    assert (d.change, d.outcome, d.test) == ("disambiguator", "not_enough_evidence", None)
+    assert alone.reason == "disambiguator: " + NO_STAGE_METRIC.format(program="disambiguator")
+    assert alone.reason.startswith("disambiguator: kept the incumbent: no stage metric on validation")
+    # with the rewriter: the rewriter is tested alone (m = 1), the disambiguator keeps the proposal out
+    rr = {f"q{i}": 0.0 for i in range(24)}
+    better = {f"q{i}": 1.0 if i < 20 else 0.0 for i in range(24)}
+    both = decide_stage(
+        paired,
+        {"rewriter_mrr": rr},
+        {"rewriter_mrr": better},
+        traces,
+        traces,
+        changed_programs=["rewriter", "disambiguator"],
+    )
+    rewriter, disamb = both.changes
+    assert rewriter.outcome == "accepted" and rewriter.tests_in_round == 1
+    assert disamb.outcome == "not_enough_evidence" and both.outcome == "not_enough_evidence"
+    assert round_tests(["rewriter", "disambiguator"], False, 1) == 2

@@ -15,7 +15,10 @@ One iteration:
    splits but never decide;
 3. ``env.improve`` proposes a new setting from the tuning traces (prompt optimisation on each
    program's stage metric, Optuna knobs) and writes feedback KIs, routed by failure kind
-   through the ledger and kept only if the gate finds they break no question;
+   through the ledger and kept only if the gate finds they break no question; under the stage
+   rule the batch the gate kept is then decided (non-inferior on validation's gold reciprocal
+   ranks, :func:`~kitune.optimizers.acceptance.decide_noninferior`, one more test of the round)
+   and retired unless accepted, before step 5;
 4. a proposal whose changed instructions fail the sanity checks
    (:func:`~kitune.optimizers.acceptance.check_instruction`) is rejected before any evaluation;
 5. the current setting is re-measured on validation *on the store as it now is* and the

@@ -36,11 +36,21 @@ from statistics import NormalDist
 import numpy as np
 
 from kitune.evaluation.trace import Trace
-from kitune.optimizers.acceptance import STAGE_METRICS, compare_paired, decide, decide_round, paired_test
+from kitune.optimizers.acceptance import (
+    STAGE_METRICS,
+    compare_paired,
+    decide,
+    decide_change,
+    decide_noninferior,
+    decide_round,
+    noninferiority_test,
+    paired_test,
+)
 
 __all__ = [
     "PRIOR_SD",
     "DecisionPower",
+    "batch_round_false_accept_rate",
     "measured_sd",
     "minimum_detectable_effect",
     "noise_false_accept_rate",
@@ -339,6 +349,79 @@ def noise_false_accept_rate(
                     hits += rule(x.tolist(), ys)
                 per[(acc, n, ov)] = hits / rounds
     return sum(per.values()) / len(per), per
+
+
+def batch_round_false_accept_rate(
+    *,
+    rounds: int,
+    margin: float = 0.10,
+    alpha: float = 0.05,
+    accuracies: Iterable[float] = (0.2, 0.5, 0.8),
+    sizes: Iterable[int] = (24, 50, 100),
+    overlap: float = 0.5,
+    seed: int = 0,
+) -> tuple[float, float, dict[tuple[float, int], float]]:
+    """Share of rounds that accept anything when a round tests a noise prompt and a KI batch at the null.
+
+    Each round draws the incumbent's 0/1 values ``x_i ~ Bernoulli(accuracy)`` on ``size``
+    questions (a 0/1 stage metric: gold recall, answer coverage) and tests two changes at
+    ``alpha / 2`` (:func:`~kitune.optimizers.acceptance.round_tests`: one program + one batch):
+
+    * a prompt candidate that keeps each incumbent value with probability ``overlap`` and is
+      redrawn otherwise (same mean in truth), decided by
+      :func:`~kitune.optimizers.acceptance.decide_change`;
+    * a KI batch exactly at the non-inferiority boundary: each value 1 becomes 0 with probability
+      ``margin / accuracy`` (true share of questions lowered ``margin``, mean difference
+      ``−margin``), decided by :func:`~kitune.optimizers.acceptance.decide_noninferior` — the
+      hardest case a non-inferiority test must refuse (measured rather than assumed: a sign-flip
+      test of ``d_i + margin``, the first version, accepted 7.1% at a nominal 2.5%).
+
+    Any acceptance is false. ``numpy.random.default_rng(seed)``: same arguments ⇒ same rates.
+
+    Args:
+        rounds: rounds per (accuracy, size), ≥ 1.
+        margin: the non-inferiority margin, 0 < margin ≤ min(accuracies).
+        alpha: the round's one-sided level.
+        accuracies: incumbent means, 0–1.
+        sizes: validation sizes.
+        overlap: the prompt candidate's probability of keeping an incumbent value.
+        seed: the generator's seed.
+
+    Returns:
+        ``(round rate, batch-alone rate, {(accuracy, size): round rate})``.
+    """
+    rng = np.random.default_rng(seed)
+    per: dict[tuple[float, int], float] = {}
+    batch_hits_total = 0
+    cells = 0
+    for acc in accuracies:
+        for n in sizes:
+            hits = 0
+            ids = [str(i) for i in range(n)]
+            for _ in range(rounds):
+                x = (rng.random(n) < acc).astype(float)
+                prompt = np.where(rng.random(n) < overlap, x, (rng.random(n) < acc).astype(float))
+                batch = np.where(rng.random(n) < margin / acc, 0.0, x)
+                cur = dict(zip(ids, x.tolist(), strict=True))
+                p_test = paired_test(
+                    cur, dict(zip(ids, prompt.tolist(), strict=True)), metric="m", resamples=100
+                )
+                b_test = noninferiority_test(
+                    cur,
+                    dict(zip(ids, batch.tolist(), strict=True)),
+                    metric="m",
+                    margin=margin,
+                    resamples=2000,
+                )
+                prompt_ok = decide_change("p", p_test, alpha=alpha, tests_in_round=2).outcome == "accepted"
+                batch_ok = (
+                    decide_noninferior("b", b_test, alpha=alpha, tests_in_round=2).outcome == "accepted"
+                )
+                hits += prompt_ok or batch_ok
+                batch_hits_total += batch_ok
+            per[(acc, n)] = hits / rounds
+            cells += 1
+    return sum(per.values()) / len(per), batch_hits_total / (rounds * cells), per
 
 
 def power_lines(rows: Sequence[DecisionPower], *, alpha: float, power: float, margin: float) -> list[str]:
