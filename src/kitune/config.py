@@ -723,9 +723,14 @@ class OptimizeConfig(_Section):
         description="stage: each change (a program's instruction, the knobs) is accepted only when a "
         "one-sided paired test on its stage metric on validation reaches alpha / (changes tested in the "
         "round) with at least min_effect, and end-to-end accuracy is non-inferior "
-        "(kitune.optimizers.acceptance.decide_change); else the incumbent is kept ('not enough evidence') "
-        "or the change rejected (worse). permissive: the old rule (any paired end-to-end score gain, no "
-        "test; accepts most pure-noise rounds).",
+        "(kitune.optimizers.acceptance.decide_change); a KI batch (the feedback KIs the gate kept; a KI "
+        "change in the review queue) only when shown to lower the gold reciprocal rank of fewer than a "
+        "noninferiority_margin share of the questions (exact binomial) and to be non-inferior end to end "
+        "(decide_noninferior; batches count in the round's tests); a changed write-only program (the "
+        "disambiguator) keeps the incumbent for lack of a validation stage metric; else "
+        "the incumbent is kept ('not enough evidence') or the change rejected (worse). The review queue's "
+        "labelled gate uses the same rule. permissive: the old rule (any paired end-to-end score gain, no "
+        "test; accepts most pure-noise rounds; KI batches only gated).",
     )
     alpha: float = Field(
         default=0.05,
@@ -745,7 +750,9 @@ class OptimizeConfig(_Section):
         ge=0.0,
         le=1.0,
         description="End-to-end accuracy may be at most this much lower at the one-sided (1 - alpha) bound "
-        "of the paired difference for a change to be accepted.",
+        "of the paired difference for a change to be accepted; also the largest share of validation "
+        "questions whose gold reciprocal rank a KI batch may lower (acceptance.noninferiority_test: "
+        "nothing lowered passes from log(alpha/m)/log(1 - margin) questions, 35 at 0.025 and 0.1).",
     )
     power: float = Field(
         default=0.8,
