@@ -177,7 +177,7 @@ class EvalCache:
             self.evals_dir.glob(f"{key}-*.jsonl"), key=lambda x: x.stat().st_mtime, reverse=True
         )
         for f in newest_first:
-            old_state = f.stem.split("-", 1)[1]
+            old_state = f.stem[len(key) + 1 :]  # the key itself holds a "-" (<eval key>-<config key>)
             if old_state == state:
                 continue
             for t in read_traces(f):
