@@ -750,6 +750,13 @@ class ChangeDecision:
         return out
 
 
+def _end_to_end_note(end_to_end: PairedTest | None) -> str:
+    """The reason's end-to-end suffix: its summary, a no-pairs note, or "" when not checked."""
+    if end_to_end is None:
+        return ""
+    return f"; end to end {end_to_end.summary()}" if end_to_end.n else "; no end-to-end pairs (not checked)"
+
+
 def decide_change(
     change: str,
     test: PairedTest,
@@ -802,11 +809,7 @@ def decide_change(
         raise ValueError(f"tests_in_round={tests_in_round}: a round tests at least 1 change")
     level = alpha / tests_in_round
     what = test.summary()
-    e2e = ""
-    if end_to_end is not None:
-        e2e = (
-            f"; end to end {end_to_end.summary()}" if end_to_end.n else "; no end-to-end pairs (not checked)"
-        )
+    e2e = _end_to_end_note(end_to_end)
 
     def verdict(outcome: ChangeOutcome, reason: str) -> ChangeDecision:
         return ChangeDecision(change, outcome, reason, test, end_to_end, level, tests_in_round)
@@ -1076,11 +1079,7 @@ def decide_noninferior(
         )
     level = alpha / tests_in_round
     what = test.summary()
-    e2e = ""
-    if end_to_end is not None:
-        e2e = (
-            f"; end to end {end_to_end.summary()}" if end_to_end.n else "; no end-to-end pairs (not checked)"
-        )
+    e2e = _end_to_end_note(end_to_end)
 
     def verdict(outcome: ChangeOutcome, reason: str) -> ChangeDecision:
         return ChangeDecision(change, outcome, reason, test, end_to_end, level, tests_in_round)
